@@ -1,0 +1,74 @@
+"""Rendering helpers shared by the commands: one JSON document on stdout, rich tables, stderr logs, progress."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+from pydantic import BaseModel
+from rich.console import Console
+
+stdout = Console(soft_wrap=True)
+stderr = Console(stderr=True, soft_wrap=True)
+
+
+def to_jsonable(obj: Any) -> Any:
+    if isinstance(obj, BaseModel):
+        return obj.model_dump(mode="json")
+    if hasattr(obj, "__dataclass_fields__"):
+        import dataclasses
+
+        return to_jsonable(dataclasses.asdict(obj))
+    if isinstance(obj, dict):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_jsonable(v) for v in obj]
+    if hasattr(obj, "__fspath__"):
+        return str(obj)
+    return obj
+
+
+def print_json(obj: Any) -> None:
+    """Exactly one JSON document on stdout."""
+    sys.stdout.write(json.dumps(to_jsonable(obj), indent=2, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def print_error(message: str, hint: str | None) -> None:
+    stderr.print(f"[bold red]error:[/] {message}", highlight=False, markup=True)
+    if hint:
+        stderr.print(f"[dim]hint:[/] {hint}", highlight=False)
+
+
+def log(message: str) -> None:
+    stderr.print(message, highlight=False)
+
+
+def progress_enabled(json_mode: bool) -> bool:
+    return not json_mode and sys.stderr.isatty()
+
+
+@contextlib.contextmanager
+def progress(json_mode: bool, description: str, total: float | None = None) -> Iterator[Any]:
+    """A rich progress bar on stderr, or a no-op when --json is set or stderr is not a TTY.
+
+    Yields ``update(advance=1, **fields)``.
+    """
+    if not progress_enabled(json_mode):
+        yield lambda advance=1, **kw: None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        TextColumn("{task.fields[info]}"), console=stderr, transient=False,
+    ) as p:
+        task = p.add_task(description, total=total, info="")
+
+        def update(advance: float = 1, info: str | None = None) -> None:
+            p.update(task, advance=advance, **({"info": info} if info is not None else {}))
+
+        yield update

@@ -1,0 +1,18 @@
+from __future__ import annotations
+
+from .. import __version__
+from ..options import JsonOpt
+from . import app
+from .render import print_json, stdout
+
+
+@app.command()
+def version(json: JsonOpt = False) -> None:
+    """Print the eagle-migrate version.
+
+    Example: eagle-migrate version --json
+    """
+    if json:
+        print_json({"version": __version__})
+    else:
+        stdout.print(f"eagle-migrate {__version__}")

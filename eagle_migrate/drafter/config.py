@@ -1,0 +1,87 @@
+"""DrafterConfig: the one in-memory description of an EAGLE drafter, whatever layout it came from."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+Generation = Literal["eagle2", "eagle3"]
+
+
+class DrafterConfig(BaseModel):
+    """Sizes and flags of an EAGLE-2/EAGLE-3/EAGLE-3.1 drafter (Llama-style decoder layers).
+
+    Symbols as in docs/architecture.md: H = hidden_size, Ht = target_hidden_size, K = num_aux, V = vocab_size,
+    Vd = draft_vocab_size, I = intermediate_size.
+    """
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    generation: Generation = Field("eagle3", description="eagle2: fc over cat(embed, last target hidden); eagle3: fc over K aux states")
+    hidden_size: int = Field(..., gt=0, description="H, the drafter's hidden size")
+    target_hidden_size: int = Field(..., gt=0, description="Ht, the target's hidden size (fc input is K*Ht)")
+    num_aux: int = Field(3, ge=1, description="K, number of target aux hidden states fused by fc (eagle3)")
+    vocab_size: int = Field(..., gt=0, description="V, the target vocabulary size")
+    draft_vocab_size: int = Field(..., gt=0, description="Vd, rows of the drafter's lm_head")
+    intermediate_size: int = Field(..., gt=0, description="I, MLP width")
+    num_attention_heads: int = Field(..., gt=0)
+    num_key_value_heads: int = Field(..., gt=0)
+    head_dim: int = Field(..., gt=0)
+    num_layers: int = Field(1, ge=1, description="decoder layers (layer 0 takes 2H inputs, later ones H)")
+    rms_norm_eps: float = Field(1e-5, gt=0)
+    rope_theta: float = Field(10000.0, gt=0)
+    rope_scaling: dict[str, Any] | None = Field(None, description="HF rope_scaling dict (e.g. llama3), copied from the target")
+    max_position_embeddings: int = Field(2048, gt=0)
+    aux_layer_ids: list[int] | None = Field(
+        None, description="target layers feeding fc, vLLM convention (residual stream after i layers), ascending"
+    )
+    fc_norm: bool = Field(False, description="EAGLE-3.1: one RMSNorm [Ht] per aux chunk before fc")
+    norm_output: bool = Field(False, description="EAGLE-3.1: feed the post-final-norm state to the next draft step")
+    norm_before_fc: bool = Field(False, description="older option: one RMSNorm [K*Ht] over the concatenation")
+    norm_before_residual: bool = Field(False, description="layer-0 residual is hidden_norm(g) (True) or g (False)")
+    attention_bias: bool = Field(False, description="q/k/v projections carry a bias")
+    fc_bias: bool = Field(False, description="fc carries a bias (EAGLE-1/2 default)")
+    has_lm_head: bool = Field(True, description="the drafter has its own lm_head [Vd, H] (EAGLE-2: target's head is used)")
+    has_embed_tokens: bool = Field(False, description="the drafter ships its own embed_tokens [V, H]")
+    architecture: str = Field("llama", description="llama (supported) or mla (recognised, not convertible)")
+
+    @model_validator(mode="after")
+    def _check(self) -> DrafterConfig:
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"num_attention_heads={self.num_attention_heads} is not a multiple of "
+                f"num_key_value_heads={self.num_key_value_heads}"
+            )
+        if self.draft_vocab_size > self.vocab_size:
+            raise ValueError(f"draft_vocab_size={self.draft_vocab_size} > vocab_size={self.vocab_size}")
+        if self.aux_layer_ids is not None and self.generation == "eagle3" and len(self.aux_layer_ids) != self.num_aux:
+            raise ValueError(f"aux_layer_ids has {len(self.aux_layer_ids)} entries but num_aux={self.num_aux}")
+        if self.fc_norm and self.norm_before_fc:
+            # vLLM accepts both (input_norm first); speculators forbids it. We accept and apply in vLLM's order.
+            pass
+        return self
+
+    @property
+    def is_eagle31(self) -> bool:
+        return self.generation == "eagle3" and (self.fc_norm or self.norm_output)
+
+    @property
+    def format_name(self) -> str:
+        """`eagle2`, `eagle3` or `eagle3.1` as reported by inspect."""
+        if self.generation == "eagle2":
+            return "eagle2"
+        return "eagle3.1" if self.is_eagle31 else "eagle3"
+
+    @property
+    def fc_in_features(self) -> int:
+        return 2 * self.hidden_size if self.generation == "eagle2" else self.num_aux * self.target_hidden_size
+
+    @property
+    def uses_d2t(self) -> bool:
+        return self.draft_vocab_size != self.vocab_size
+
+    def default_aux_layer_ids(self, num_target_layers: int) -> list[int]:
+        """vLLM's fallback when no ids are written: (2, T//2, T-3)."""
+        t = num_target_layers
+        return [2, t // 2, t - 3]

@@ -1,0 +1,332 @@
+"""The EAGLE-3 / EAGLE-3.1 drafter as vLLM runs it (``vllm/model_executor/models/llama_eagle3.py``), in plain torch.
+
+Parameter names are the canonical (vLLM-layout) checkpoint names, so ``load_state_dict`` takes a vLLM-layout
+state dict as is: ``fc.weight``, ``fc_norm.{k}.weight``, ``input_norm.weight``, ``layers.{i}.self_attn.q_proj.weight``,
+``layers.{i}.hidden_norm.weight``, ``norm.weight``, ``lm_head.weight``, ``embed_tokens.weight`` and the ``d2t`` buffer.
+
+Math (docs/architecture.md):
+  g = fc(fc_norm(input_norm(cat(a_1..a_K))))                     # step 0 only
+  layer 0: attn_in = cat(input_layernorm(embed(tok)), hidden_norm(g)); residual = g | hidden_norm(g)
+           r = attn(attn_in) + residual; out = mlp(post_attention_layernorm(r)); (out, r)
+  layer i>0: r = out + r; x = input_layernorm(r); r = attn(x) + r; out = mlp(post_attention_layernorm(r))
+  h_pre = out + r; h_post = norm(h_pre); logits = lm_head(h_post)
+  fed back to step j+1: h_post if norm_output else h_pre (it replaces g; fc is skipped)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import DrafterConfig
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm as vLLM's ``forward_native``: normalise in fp32, cast back, then scale by the weight."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return xf.to(dtype) * self.weight.to(dtype)
+
+
+def _rope_inv_freq(cfg: DrafterConfig) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies and attention scaling, through transformers' own rope initialisers."""
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    rope = dict(cfg.rope_scaling or {})
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    params = {"rope_type": rope_type, "rope_theta": cfg.rope_theta, **{k: v for k, v in rope.items() if k != "type"}}
+    params["rope_type"] = rope_type
+    hf = LlamaConfig(
+        hidden_size=cfg.num_attention_heads * cfg.head_dim,
+        num_attention_heads=cfg.num_attention_heads,
+        head_dim=cfg.head_dim,
+        max_position_embeddings=cfg.max_position_embeddings,
+        rope_parameters=params,
+    )
+    if rope_type == "default":
+        base = cfg.rope_theta
+        inv = 1.0 / (base ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float32) / cfg.head_dim))
+        return inv, 1.0
+    inv, scaling = ROPE_INIT_FUNCTIONS[rope_type](hf, "cpu")
+    return inv.float(), float(scaling)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+@dataclass
+class KVCache:
+    """Per-layer keys/values, [B, n_kv, T, hd], appended step by step during drafting."""
+
+    keys: list[torch.Tensor | None] = field(default_factory=list)
+    values: list[torch.Tensor | None] = field(default_factory=list)
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        while len(self.keys) <= layer:
+            self.keys.append(None)
+            self.values.append(None)
+        if self.keys[layer] is not None:
+            k = torch.cat([self.keys[layer], k], dim=2)
+            v = torch.cat([self.values[layer], v], dim=2)
+        self.keys[layer], self.values[layer] = k, v
+        return k, v
+
+    @property
+    def length(self) -> int:
+        return 0 if not self.keys or self.keys[0] is None else self.keys[0].shape[2]
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: DrafterConfig, in_features: int):
+        super().__init__()
+        self.nh, self.nkv, self.hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.q_proj = nn.Linear(in_features, self.nh * self.hd, bias=cfg.attention_bias)
+        self.k_proj = nn.Linear(in_features, self.nkv * self.hd, bias=cfg.attention_bias)
+        self.v_proj = nn.Linear(in_features, self.nkv * self.hd, bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(self.nh * self.hd, cfg.hidden_size, bias=False)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor | None,
+        cache: KVCache | None,
+        layer: int,
+        want_probs: bool = False,
+        extra_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, tuple[torch.Tensor, torch.Tensor]]:
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.nh, self.hd).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, self.nkv, self.hd).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.nkv, self.hd).transpose(1, 2)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [B,1,T,hd]
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        new_kv = (k, v)
+        if cache is not None:
+            k, v = cache.update(layer, k, v)
+        if extra_kv is not None:
+            k = torch.cat([extra_kv[0], k], dim=2)
+            v = torch.cat([extra_kv[1], v], dim=2)
+        rep = self.nh // self.nkv
+        if rep > 1:
+            k = k.repeat_interleave(rep, dim=1)
+            v = v.repeat_interleave(rep, dim=1)
+        probs = None
+        if want_probs:
+            scores = (q.float() @ k.float().transpose(-1, -2)) / math.sqrt(self.hd)
+            if mask is not None:
+                scores = scores.masked_fill(~mask, float("-inf"))
+            probs = scores.softmax(-1)
+            out = (probs @ v.float()).to(q.dtype)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0 / math.sqrt(self.hd))
+        out = out.transpose(1, 2).reshape(b, t, self.nh * self.hd)
+        return self.o_proj(out), probs, new_kv
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: DrafterConfig, index: int):
+        super().__init__()
+        self.index = index
+        h = cfg.hidden_size
+        self.self_attn = Attention(cfg, 2 * h if index == 0 else h)
+        self.mlp = MLP(cfg)
+        self.input_layernorm = RMSNorm(h, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(h, cfg.rms_norm_eps)
+        if index == 0:
+            self.hidden_norm = RMSNorm(h, cfg.rms_norm_eps)
+        self.norm_before_residual = cfg.norm_before_residual
+
+
+@dataclass
+class StepOutput:
+    """One drafter forward over T positions."""
+
+    h_post: torch.Tensor  # [B,T,H] what lm_head sees
+    h_feed: torch.Tensor  # [B,T,H] what the next draft step receives in place of g
+    attn_probs: list[torch.Tensor] | None = None  # per layer [B,nh,T,S] when asked for
+    new_kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # per layer, this call's rotated keys/values
+
+
+class EagleDrafter(nn.Module):
+    """EAGLE-3 / EAGLE-3.1 drafter; ``cfg.generation`` must be ``eagle3``."""
+
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        if cfg.generation != "eagle3":
+            raise ValueError("EagleDrafter runs EAGLE-3 style drafters; convert EAGLE-2 weights first")
+        self.cfg = cfg
+        kht = cfg.num_aux * cfg.target_hidden_size
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        if cfg.norm_before_fc:
+            self.input_norm = RMSNorm(kht, cfg.rms_norm_eps)
+        if cfg.fc_norm:
+            self.fc_norm = nn.ModuleList([RMSNorm(cfg.target_hidden_size, cfg.rms_norm_eps) for _ in range(cfg.num_aux)])
+        self.fc = nn.Linear(kht, cfg.hidden_size, bias=cfg.fc_bias)
+        self.layers = nn.ModuleList([DecoderLayer(cfg, i) for i in range(cfg.num_layers)])
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
+        if cfg.uses_d2t:
+            self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
+        inv, scale = _rope_inv_freq(cfg)
+        self.register_buffer("_inv_freq", inv, persistent=False)
+        self._rope_scale = scale
+
+    # ----- pieces -------------------------------------------------------------------------------------------
+    def combine(self, aux: torch.Tensor) -> torch.Tensor:
+        """[.., K*Ht] target aux states -> [.., H] (input_norm, then fc_norm per chunk, then fc)."""
+        x = aux
+        if self.cfg.norm_before_fc:
+            x = self.input_norm(x)
+        if self.cfg.fc_norm:
+            chunks = x.chunk(self.cfg.num_aux, dim=-1)
+            x = torch.cat([n(c) for n, c in zip(self.fc_norm, chunks)], dim=-1)
+        return self.fc(x.to(self.fc.weight.dtype) if self.fc.weight.dtype.is_floating_point else x)
+
+    def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions.float().unsqueeze(-1) * self._inv_freq  # [B,T,hd/2]
+        emb = torch.cat([freqs, freqs], dim=-1)
+        return (emb.cos() * self._rope_scale).to(dtype), (emb.sin() * self._rope_scale).to(dtype)
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids + self.d2t[draft_ids] if self.cfg.uses_d2t else draft_ids
+
+    def logits(self, h_post: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(h_post)
+
+    # ----- one forward ---------------------------------------------------------------------------------------
+    def forward_step(
+        self,
+        input_ids: torch.Tensor,
+        hidden: torch.Tensor,
+        positions: torch.Tensor,
+        cache: KVCache | None = None,
+        mask: torch.Tensor | None = None,
+        want_probs: bool = False,
+        extra_kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
+    ) -> StepOutput:
+        """Run the decoder over T positions.
+
+        ``hidden`` is g (= ``combine(aux)``) at step 0 or the fed-back state at later steps. With ``cache`` the
+        keys/values are appended and every query sees the whole cache (causal inside the new block); ``mask``
+        ([B or 1, 1, T, S] bool, True = attend) overrides that. ``extra_kv`` are keys/values placed before the
+        cache/new ones (used by the unrolled training forward).
+        """
+        embeds = self.embed_tokens(input_ids).to(hidden.dtype)
+        cos, sin = self.rope(positions, hidden.dtype)
+        if mask is None:
+            past = cache.length if cache is not None else 0
+            t = input_ids.shape[1]
+            if t > 1 or extra_kv is not None:
+                extra = extra_kv[0][0].shape[2] if extra_kv else 0
+                s = extra + past + t
+                q_idx = torch.arange(t, device=hidden.device).unsqueeze(1) + past + extra
+                mask = (torch.arange(s, device=hidden.device).unsqueeze(0) <= q_idx)[None, None]
+        probs_all: list[torch.Tensor] = []
+        new_kv: list[tuple[torch.Tensor, torch.Tensor]] = []
+        out = hidden
+        residual: torch.Tensor | None = None
+        for i, layer in enumerate(self.layers):
+            if i == 0:
+                e = layer.input_layernorm(embeds)
+                hn = layer.hidden_norm(hidden)
+                residual = hn if layer.norm_before_residual else hidden
+                x = torch.cat([e, hn], dim=-1)
+            else:
+                residual = out + residual
+                x = layer.input_layernorm(residual)
+            a, p, kv = layer.self_attn(
+                x, cos, sin, mask, cache, i, want_probs, extra_kv[i] if extra_kv is not None else None
+            )
+            new_kv.append(kv)
+            if p is not None:
+                probs_all.append(p)
+            residual = a + residual
+            out = layer.mlp(layer.post_attention_layernorm(residual))
+        h_pre = out + residual
+        h_post = self.norm(h_pre)
+        return StepOutput(
+            h_post=h_post,
+            h_feed=h_post if self.cfg.norm_output else h_pre,
+            attn_probs=probs_all if want_probs else None,
+            new_kv=new_kv,
+        )
+
+    # ----- chain drafting, as vLLM's EAGLE proposer does it --------------------------------------------------
+    @torch.no_grad()
+    def draft(
+        self,
+        input_ids: torch.Tensor,
+        aux_hidden: torch.Tensor,
+        num_tokens: int,
+        start_position: int = 0,
+    ) -> torch.Tensor:
+        """Greedy chain of ``num_tokens`` draft tokens (target ids), [B, num_tokens].
+
+        ``input_ids`` [B, n+1]: the context x_0..x_n where x_n is the token the target just produced;
+        ``aux_hidden`` [B, n, K*Ht]: target aux states at positions 0..n-1. Step 0 pairs token x_{i+1} with
+        the target state at position i; step j >= 1 feeds the drafted token at position n-1+j with the previous
+        step's fed-back state.
+        """
+        cache = KVCache()
+        drafts, _ = self.draft_with_cache(input_ids, aux_hidden, num_tokens, cache, start_position)
+        return drafts
+
+    @torch.no_grad()
+    def draft_with_cache(
+        self,
+        input_ids: torch.Tensor,
+        aux_hidden: torch.Tensor,
+        num_tokens: int,
+        cache: KVCache,
+        start_position: int = 0,
+        want_probs: bool = False,
+    ) -> tuple[torch.Tensor, list[StepOutput]]:
+        b, n1 = input_ids.shape
+        n = n1 - 1
+        if aux_hidden.shape[1] != n:
+            raise ValueError(f"aux_hidden covers {aux_hidden.shape[1]} positions, expected {n}")
+        g = self.combine(aux_hidden)
+        pos = torch.arange(start_position, start_position + n, device=g.device).expand(b, n)
+        outs = [self.forward_step(input_ids[:, 1:], g, pos, cache=cache, want_probs=want_probs)]
+        feed = outs[-1].h_feed[:, -1:]
+        last = outs[-1].h_post[:, -1:]
+        drafts = []
+        for j in range(num_tokens):
+            d = self.to_target_ids(self.logits(last).argmax(-1))  # [B,1]
+            drafts.append(d)
+            if j == num_tokens - 1:
+                break
+            p = torch.full((b, 1), start_position + n + j, device=g.device, dtype=torch.long)
+            o = self.forward_step(d, feed, p, cache=cache, want_probs=want_probs)
+            outs.append(o)
+            feed, last = o.h_feed, o.h_post
+        return torch.cat(drafts, dim=1), outs

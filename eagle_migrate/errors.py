@@ -1,0 +1,103 @@
+"""The one exception hierarchy and its table of exit codes and hints.
+
+Every error a user can cause maps to one line on stderr (``error: <message>`` then ``hint: <hint>``) and an exit
+code: 2 for bad input or usage, 1 for a check that ran and failed. ``EAGLE_MIGRATE_DEBUG=1`` shows the traceback.
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_CHECK_FAILED = 1
+EXIT_BAD_INPUT = 2
+
+
+class EagleMigrateError(Exception):
+    """Base class. ``hint`` is one line telling the user what to do next."""
+
+    exit_code: int = EXIT_BAD_INPUT
+    default_hint: str = "run with EAGLE_MIGRATE_DEBUG=1 for the traceback"
+
+    def __init__(self, message: str, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint if hint is not None else self.default_hint
+
+
+class InputError(EagleMigrateError):
+    """A path, option or file given by the user cannot be used."""
+
+    default_hint = "check the path and the option values (see --help)"
+
+
+class CheckpointError(InputError):
+    """A drafter checkpoint is missing, unreadable, malformed or self-contradicting."""
+
+    default_hint = "run `eagle-migrate inspect PATH` on a copy you trust; the input was not modified"
+
+
+class UnsafeInputError(CheckpointError):
+    """A file would need unsafe deserialisation (arbitrary pickle)."""
+
+    default_hint = "convert the file to safetensors with a tool you trust; eagle-migrate never unpickles code"
+
+
+class UnsupportedError(InputError):
+    """Recognised, but not something this version can convert (e.g. MLA drafters)."""
+
+    default_hint = "open an issue with `eagle-migrate inspect PATH --json` attached"
+
+
+class TargetError(InputError):
+    """The target model cannot be loaded or read."""
+
+    default_hint = "pass a local folder with config.json and weights, or a hub id (set HF_HUB_OFFLINE=1 to stay offline)"
+
+
+class PairingError(InputError):
+    """Drafter and target do not fit together (hidden size, vocab, aux layer ids)."""
+
+    default_hint = "pass the target the drafter was trained for; `eagle-migrate inspect CKPT --target T` lists every mismatch"
+
+
+class DataError(InputError):
+    """Calibration or evaluation data cannot be read."""
+
+    default_hint = "see docs/cli.md for the accepted --data / --prompts layouts"
+
+
+class OutputExistsError(InputError):
+    """The output folder exists and --force was not given."""
+
+    default_hint = "pass --force to replace it, or choose another -o"
+
+
+class EngineError(EagleMigrateError):
+    """An inference engine (vLLM worker) failed to start or run."""
+
+    exit_code = EXIT_CHECK_FAILED
+    default_hint = "re-run with EAGLE_MIGRATE_DEBUG=1 to see the engine's log, or use --engine reference"
+
+
+class CheckFailed(EagleMigrateError):
+    """A quality gate ran and did not pass (e.g. --min-acceptance-length)."""
+
+    exit_code = EXIT_CHECK_FAILED
+    default_hint = "see the report for the failing suite; the thresholds are the options you passed"
+
+
+# The table: class -> (exit code, default hint). docs/cli.md is generated from it.
+ERROR_TABLE: dict[type[EagleMigrateError], tuple[int, str]] = {
+    cls: (cls.exit_code, cls.default_hint)
+    for cls in (
+        InputError,
+        CheckpointError,
+        UnsafeInputError,
+        UnsupportedError,
+        TargetError,
+        PairingError,
+        DataError,
+        OutputExistsError,
+        EngineError,
+        CheckFailed,
+    )
+}

@@ -1,0 +1,92 @@
+"""The one representation every producer layout is read into, and the registry of layouts.
+
+A ``Checkpoint`` is lazy: it holds the parsed ``DrafterConfig``, the producer, and a map from canonical
+(vLLM-layout) tensor names to the names stored on disk; tensors are read one at a time on demand.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Literal
+
+import torch
+from pydantic import BaseModel, Field
+
+from ..drafter.config import DrafterConfig
+from .io import TensorInfo, TensorStore
+
+Severity = Literal["error", "warning", "info"]
+
+
+class Finding(BaseModel):
+    """One problem or remark about a checkpoint (or a drafter/target pair)."""
+
+    severity: Severity
+    code: str = Field(..., description="stable identifier, e.g. aux_ids_out_of_range")
+    message: str
+
+
+@dataclass
+class Checkpoint:
+    path: Path
+    config: DrafterConfig
+    producer: str
+    store: TensorStore
+    name_map: dict[str, str]  # canonical name -> stored name
+    raw_config: dict[str, Any] | None = None
+    quantization: dict[str, Any] | None = None
+    findings: list[Finding] = field(default_factory=list)
+    layout: str = ""  # the reader that parsed it (e.g. "vllm", "safeailab-eagle3")
+    # canonical name -> function producing the tensor when the stored tensor needs a transform
+    transforms: dict[str, Callable[[torch.Tensor], torch.Tensor]] = field(default_factory=dict)
+
+    @property
+    def format(self) -> str:
+        return self.config.format_name
+
+    def canonical_names(self) -> list[str]:
+        return list(self.name_map)
+
+    def info(self, canonical: str) -> TensorInfo:
+        return self.store.infos[self.name_map[canonical]]
+
+    def has(self, canonical: str) -> bool:
+        return canonical in self.name_map
+
+    def tensor(self, canonical: str) -> torch.Tensor:
+        t = self.store.get(self.name_map[canonical])
+        fn = self.transforms.get(canonical)
+        return fn(t) if fn else t
+
+    def state_dict(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+        """All canonical tensors materialised (floating ones cast to ``dtype`` when given)."""
+        out = {}
+        for name in self.name_map:
+            t = self.tensor(name)
+            if dtype is not None and t.is_floating_point() and t.dtype.itemsize >= 2:
+                t = t.to(dtype)
+            out[name] = t
+        return out
+
+    @property
+    def num_parameters(self) -> int:
+        return sum(self.info(n).numel for n in self.name_map)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A producer layout: ``sniff`` scores how well a folder matches (0 = not at all); ``read`` parses it."""
+
+    name: str
+    producer: str
+    sniff: Callable[[dict[str, Any] | None, TensorStore], int]
+    read: Callable[[Path, dict[str, Any] | None, TensorStore], Checkpoint]
+
+
+LAYOUTS: dict[str, Layout] = {}
+
+
+def register_layout(layout: Layout) -> Layout:
+    LAYOUTS[layout.name] = layout
+    return layout

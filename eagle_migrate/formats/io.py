@@ -1,0 +1,304 @@
+"""Safe, cheap reading of checkpoint files and atomic writing of output folders.
+
+* safetensors: memory-mapped through the safetensors library (it validates header length, JSON and offsets);
+  listing names/shapes/dtypes reads only the headers.
+* ``.bin``: only ``torch.load(weights_only=True)`` (memory-mapped when the file is a zip archive). A pickle that
+  would run code is refused before anything runs.
+* Sharded checkpoints through ``*.index.json`` (every shard must exist inside the folder).
+* Outputs go to a temporary sibling folder and are renamed into place at the end; an existing output is replaced
+  only with ``force``; an input folder is never written to.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import pickle
+import shutil
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import CheckpointError, InputError, OutputExistsError, UnsafeInputError
+
+SAFETENSORS_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+    "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
+}
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+MAX_JSON_BYTES = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str  # torch dtype name without "torch.", e.g. "bfloat16"
+    file: str  # file name relative to the checkpoint folder
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+
+def _dtype_name(dt: torch.dtype) -> str:
+    return str(dt).removeprefix("torch.")
+
+
+def resolve_inside(folder: Path, name: str) -> Path:
+    """A file named by a checkpoint (index shard) must stay inside the checkpoint folder."""
+    p = (folder / name)
+    try:
+        rp = p.resolve(strict=True)
+    except FileNotFoundError:
+        raise CheckpointError(f"{folder}: the index names '{name}', which does not exist", "the checkpoint is incomplete: copy the missing shard") from None
+    except (RuntimeError, OSError) as e:  # symlink loops
+        raise CheckpointError(f"{p}: cannot be resolved ({e.__class__.__name__}: {e})") from None
+    if folder.resolve() not in rp.parents and rp != folder.resolve():
+        raise CheckpointError(f"{folder}: the index names '{name}', which lies outside the checkpoint folder")
+    return rp
+
+
+def read_json(path: Path, what: str = "JSON file") -> Any:
+    try:
+        size = path.stat().st_size
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot read {what} ({e.strerror or e})") from None
+    if size > MAX_JSON_BYTES:
+        raise CheckpointError(f"{path}: {what} is {size} bytes, larger than any real config")
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except UnicodeDecodeError:
+        raise CheckpointError(f"{path}: {what} is not UTF-8 text") from None
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{path}: {what} is not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot read {what} ({e.strerror or e})") from None
+
+
+class TensorStore:
+    """Lazy access to the tensors of one checkpoint folder (or single file)."""
+
+    def __init__(self, root: Path, files: list[Path]):
+        self.root = root
+        self.files = files
+        self.infos: dict[str, TensorInfo] = {}
+        self._bin_cache: dict[Path, dict[str, torch.Tensor]] = {}
+        self._where: dict[str, Path] = {}
+        for f in files:
+            for info in self._scan(f):
+                if info.name in self.infos:
+                    raise CheckpointError(f"{f}: tensor '{info.name}' also appears in {self.infos[info.name].file}")
+                self.infos[info.name] = info
+                self._where[info.name] = f
+
+    # -- scanning ---------------------------------------------------------------------------------------------
+    def _scan(self, f: Path) -> list[TensorInfo]:
+        rel = f.name
+        if f.suffix == ".safetensors":
+            from safetensors import safe_open
+
+            try:
+                out = []
+                with safe_open(str(f), framework="pt") as sf:
+                    for k in sf.keys():
+                        sl = sf.get_slice(k)
+                        dt = SAFETENSORS_DTYPES.get(sl.get_dtype())
+                        out.append(TensorInfo(k, tuple(sl.get_shape()), _dtype_name(dt) if dt else sl.get_dtype().lower(), rel))
+                return out
+            except CheckpointError:
+                raise
+            except Exception as e:  # SafetensorError and friends carry a precise reason
+                raise CheckpointError(f"{f}: not a valid safetensors file ({_short(e)})") from None
+        sd = self._load_bin(f)
+        return [TensorInfo(k, tuple(v.shape), _dtype_name(v.dtype), rel) for k, v in sd.items()]
+
+    def _load_bin(self, f: Path) -> dict[str, torch.Tensor]:
+        if f in self._bin_cache:
+            return self._bin_cache[f]
+        sd = load_bin_safely(f)
+        self._bin_cache[f] = sd
+        return sd
+
+    # -- access -----------------------------------------------------------------------------------------------
+    def names(self) -> list[str]:
+        return list(self.infos)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.infos
+
+    def get(self, name: str) -> torch.Tensor:
+        f = self._where.get(name)
+        if f is None:
+            raise CheckpointError(f"{self.root}: no tensor named '{name}'")
+        if f.suffix == ".safetensors":
+            from safetensors import safe_open
+
+            try:
+                with safe_open(str(f), framework="pt") as sf:
+                    return sf.get_tensor(name)
+            except Exception as e:
+                raise CheckpointError(f"{f}: cannot read tensor '{name}' ({_short(e)})") from None
+        return self._load_bin(f)[name]
+
+    def iter_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """One tensor at a time (safetensors memory-mapped), for streaming conversions."""
+        for name in self.infos:
+            yield name, self.get(name)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.stat().st_size for f in self.files)
+
+
+def _short(e: Exception) -> str:
+    s = str(e).strip().splitlines()[0] if str(e).strip() else e.__class__.__name__
+    return s[:200]
+
+
+def load_bin_safely(f: Path) -> dict[str, torch.Tensor]:
+    """``torch.load(weights_only=True)``; never plain unpickling. Returns a flat name -> tensor dict."""
+    try:
+        is_zip = zipfile.is_zipfile(f)
+    except OSError as e:
+        raise CheckpointError(f"{f}: cannot read ({e.strerror or e})") from None
+    try:
+        obj = torch.load(f, map_location="cpu", weights_only=True, mmap=is_zip)
+    except pickle.UnpicklingError as e:
+        msg = _short(e)
+        if "weights_only" in msg or "Unsupported global" in msg or "GLOBAL" in msg or "unsupported" in msg.lower():
+            raise UnsafeInputError(f"{f}: refusing to unpickle: the file holds objects beyond plain tensors ({msg[:120]})") from None
+        raise CheckpointError(f"{f}: not a readable PyTorch weights file ({msg})") from None
+    except (RuntimeError, EOFError, ValueError, OSError, zipfile.BadZipFile, KeyError, IndexError, TypeError, AttributeError) as e:
+        raise CheckpointError(f"{f}: not a readable PyTorch weights file ({_short(e)})") from None
+    if isinstance(obj, dict) and "state_dict" in obj and isinstance(obj["state_dict"], dict):
+        obj = obj["state_dict"]
+    if not isinstance(obj, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items()):
+        raise CheckpointError(f"{f}: expected a dict of name -> tensor, found {type(obj).__name__}")
+    return obj
+
+
+def weight_files(folder: Path) -> list[Path]:
+    """The weight files of a checkpoint folder: an index's shards, else model.safetensors / pytorch_model.bin / any."""
+    for idx_name in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+        idx = folder / idx_name
+        if idx.is_file():
+            data = read_json(idx, "weight index")
+            wm = data.get("weight_map") if isinstance(data, dict) else None
+            if not isinstance(wm, dict) or not wm or not all(isinstance(v, str) for v in wm.values()):
+                raise CheckpointError(f"{idx}: no usable 'weight_map' (expected {{tensor name: shard file}})")
+            return [resolve_inside(folder, name) for name in sorted(set(wm.values()))]
+    for name in ("model.safetensors", "pytorch_model.bin"):
+        p = folder / name
+        if p.exists():
+            return [resolve_inside(folder, name)]
+    found = sorted(p for p in folder.iterdir() if p.suffix in (".safetensors",) and p.is_file())
+    if not found:
+        found = sorted(p for p in folder.iterdir() if p.suffix in (".bin", ".pt", ".pth") and p.is_file())
+    return [resolve_inside(folder, p.name) for p in found]
+
+
+def open_checkpoint_path(path: Path) -> tuple[Path, list[Path], dict[str, Any] | None]:
+    """Validate a checkpoint path and return (folder, weight files, config.json dict or None)."""
+    path = Path(path)
+    try:
+        exists = path.exists()
+        if path.is_symlink() and not exists:
+            path.resolve(strict=True)
+    except (RuntimeError, OSError) as e:
+        raise CheckpointError(f"{path}: cannot be resolved ({_short(e)})", "a symbolic link points to itself or nowhere") from None
+    if not exists:
+        raise CheckpointError(f"{path}: no such file or folder", "check the path")
+    if path.is_file():
+        folder, files = path.parent, [path]
+        if path.suffix not in WEIGHT_SUFFIXES:
+            raise CheckpointError(f"{path}: not a weights file (expected .safetensors or .bin)")
+    else:
+        folder = path
+        try:
+            files = weight_files(folder)
+        except PermissionError as e:
+            raise CheckpointError(f"{path}: cannot be read ({e.strerror})") from None
+        if not files:
+            raise CheckpointError(
+                f"{path}: no weight files (model.safetensors, *.safetensors or pytorch_model.bin)",
+                "point at the folder that holds the drafter's weights and config.json",
+            )
+    cfg = None
+    cfg_path = folder / "config.json"
+    if cfg_path.exists():
+        cfg = read_json(cfg_path, "config.json")
+        if not isinstance(cfg, dict):
+            raise CheckpointError(f"{cfg_path}: expected a JSON object, found {type(cfg).__name__}")
+    return folder, files, cfg
+
+
+def sha256_files(files: list[Path], chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    for f in sorted(files):
+        h.update(f.name.encode())
+        with open(f, "rb") as fh:
+            while b := fh.read(chunk):
+                h.update(b)
+    return h.hexdigest()
+
+
+# ----- outputs ---------------------------------------------------------------------------------------------------
+def check_output_dir(out: Path, force: bool, inputs: list[Path] = ()) -> None:
+    out = Path(out)
+    ro = out.resolve()
+    for i in inputs:
+        ri = Path(i).resolve()
+        if ro == ri or ri in ro.parents or ro in ri.parents:
+            raise InputError(f"output {out} overlaps the input {i}", "choose an output folder outside the input checkpoint")
+    if out.exists() and not force:
+        raise OutputExistsError(f"{out} already exists")
+    if out.exists() and not out.is_dir():
+        raise InputError(f"{out} exists and is not a folder")
+
+
+@contextlib.contextmanager
+def atomic_output_dir(out: Path, force: bool = False, inputs: list[Path] = ()) -> Iterator[Path]:
+    """Yield a temporary sibling folder; rename it to ``out`` when the block succeeds, delete it otherwise."""
+    out = Path(out)
+    check_output_dir(out, force, list(inputs))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if out.exists():
+        old = out.parent / f".{out.name}.old-{os.getpid()}"
+        os.replace(out, old)
+        os.replace(tmp, out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, out)
+
+
+def write_json(path: Path, data: Any) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=2, sort_keys=False)
+        f.write("\n")
+
+
+def save_safetensors(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None) -> None:
+    from safetensors.torch import save_file
+
+    save_file({k: v.detach().contiguous() for k, v in tensors.items()}, str(path), metadata=metadata or {})

@@ -1,0 +1,149 @@
+"""The vLLM layout (what ``vllm serve --speculative-config '{"method": "eagle3", ...}'`` loads): read and write.
+
+Written exactly per the emit checklist in docs/formats.md: ``LlamaForCausalLMEagle3`` + ``model_type: llama``;
+3.1 flags at the top level; aux layer ids at the top level and in ``eagle_config`` (+ ``num_aux_hidden_states``
+when K != 3); no ``model.`` prefix; ``d2t`` iff Vd != V; never ``t2d``; ``tie_word_embeddings: false``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .. import __version__
+from ..drafter.config import DrafterConfig
+from .io import save_safetensors, write_json
+
+VLLM_ARCH = "LlamaForCausalLMEagle3"
+
+
+def rope_from_config(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
+    """(rope_theta, rope_scaling) from an HF config dict; transformers-5 ``rope_parameters`` understood."""
+    theta = cfg.get("rope_theta")
+    scaling = cfg.get("rope_scaling")
+    rp = cfg.get("rope_parameters")
+    if isinstance(rp, dict):
+        theta = theta if theta is not None else rp.get("rope_theta")
+        rtype = rp.get("rope_type", rp.get("type", "default"))
+        if scaling is None and rtype not in (None, "default"):
+            scaling = {k: v for k, v in rp.items() if k != "rope_theta"}
+    if isinstance(scaling, dict) and scaling.get("rope_type", scaling.get("type")) in (None, "default"):
+        scaling = None
+    return float(theta if theta is not None else 10000.0), scaling
+
+
+def vllm_config_dict(cfg: DrafterConfig, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """config.json of the vLLM layout for an EAGLE-3/3.1 drafter."""
+    if cfg.generation != "eagle3":
+        raise ValueError("the vLLM eagle3 layout holds EAGLE-3 style drafters only")
+    d: dict[str, Any] = {
+        "architectures": [VLLM_ARCH],
+        "model_type": "llama",
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_attention_heads": cfg.num_attention_heads,
+        "num_key_value_heads": cfg.num_key_value_heads,
+        "head_dim": cfg.head_dim,
+        "num_hidden_layers": cfg.num_layers,
+        "hidden_act": "silu",
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "rope_theta": cfg.rope_theta,
+        "rope_scaling": cfg.rope_scaling,
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "vocab_size": cfg.vocab_size,
+        "draft_vocab_size": cfg.draft_vocab_size,
+        "target_hidden_size": cfg.target_hidden_size,
+        "tie_word_embeddings": False,
+        "attention_bias": cfg.attention_bias,
+        "fc_norm": cfg.fc_norm,
+        "norm_output": cfg.norm_output,
+        "norm_before_fc": cfg.norm_before_fc,
+        "norm_before_residual": cfg.norm_before_residual,
+        "torch_dtype": "bfloat16",
+    }
+    if cfg.aux_layer_ids is not None:
+        ids = sorted(cfg.aux_layer_ids)
+        d["eagle_aux_hidden_state_layer_ids"] = ids
+        d["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": ids, "use_aux_hidden_state": True}
+    if cfg.num_aux != 3:
+        d["num_aux_hidden_states"] = cfg.num_aux
+    d["eagle_migrate"] = {"version": __version__}
+    if extra:
+        d.update(extra)
+    return d
+
+
+def vllm_tensor_names(cfg: DrafterConfig) -> list[str]:
+    """Every tensor the vLLM loader needs for this config (it never complains about a missing one)."""
+    names = ["fc.weight", "norm.weight", "lm_head.weight"]
+    if cfg.fc_bias:
+        names.append("fc.bias")
+    if cfg.fc_norm:
+        names += [f"fc_norm.{k}.weight" for k in range(cfg.num_aux)]
+    if cfg.norm_before_fc:
+        names.append("input_norm.weight")
+    if cfg.uses_d2t:
+        names.append("d2t")
+    if cfg.has_embed_tokens or cfg.hidden_size != cfg.target_hidden_size:
+        names.append("embed_tokens.weight")
+    for i in range(cfg.num_layers):
+        p = f"layers.{i}."
+        names += [p + f"self_attn.{x}_proj.weight" for x in "qkvo"]
+        if cfg.attention_bias:
+            names += [p + f"self_attn.{x}_proj.bias" for x in "qkv"]
+        names += [p + f"mlp.{x}_proj.weight" for x in ("gate", "up", "down")]
+        names += [p + "input_layernorm.weight", p + "post_attention_layernorm.weight"]
+        if i == 0:
+            names.append(p + "hidden_norm.weight")
+    return names
+
+
+def write_vllm(
+    cfg: DrafterConfig,
+    tensors: dict[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
+    out: Path,
+    *,
+    dtype: torch.dtype | None = torch.bfloat16,
+    metadata: dict[str, str] | None = None,
+    extra_config: dict[str, Any] | None = None,
+) -> list[str]:
+    """Write config.json + model.safetensors into ``out`` (an existing, empty folder). Returns tensor names.
+
+    Floating tensors are cast to ``dtype`` (None keeps them); ``d2t`` is int64; ``t2d`` is dropped.
+    """
+    items = tensors.items() if isinstance(tensors, dict) else tensors
+    sd: dict[str, torch.Tensor] = {}
+    for name, t in items:
+        if name == "t2d":
+            continue
+        if name == "d2t":
+            if not cfg.uses_d2t:
+                continue
+            t = t.to(torch.int64)
+        elif dtype is not None and t.is_floating_point() and t.dtype.itemsize >= 2:
+            t = t.to(dtype)
+        sd[name] = t
+    missing = [n for n in vllm_tensor_names(cfg) if n not in sd and not (n == "embed_tokens.weight" and cfg.hidden_size == cfg.target_hidden_size)]
+    if missing:
+        raise ValueError(f"cannot write a vLLM drafter without {', '.join(missing)}")
+    meta = {"format": "pt", "producer": f"eagle-migrate {__version__}"}
+    meta.update(metadata or {})
+    save_safetensors(sd, out / "model.safetensors", meta)
+    d = vllm_config_dict(cfg, extra_config)
+    if dtype is not None:
+        d["torch_dtype"] = str(dtype).removeprefix("torch.")
+    write_json(out / "config.json", d)
+    return list(sd)
+
+
+def speculative_config(model: str, num_speculative_tokens: int = 3) -> dict[str, Any]:
+    """The ``--speculative-config`` dict vLLM takes for this drafter."""
+    return {"model": model, "method": "eagle3", "num_speculative_tokens": num_speculative_tokens}
+
+
+def speculative_config_json(model: str, num_speculative_tokens: int = 3) -> str:
+    return json.dumps(speculative_config(model, num_speculative_tokens))

@@ -1,0 +1,63 @@
+"""Shared typed CLI options, defined once (the huggingface_hub CLI habit)."""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+
+class DeviceChoice(str, Enum):
+    auto = "auto"
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+class DtypeChoice(str, Enum):
+    auto = "auto"
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+
+
+class OutputFormat(str, Enum):
+    vllm = "vllm"
+    speculators = "speculators"
+
+
+CheckpointArg = Annotated[Path, typer.Argument(help="Drafter checkpoint folder (or a single weights file).", show_default=False)]
+TargetOpt = Annotated[
+    Optional[str], typer.Option("--target", "-t", help="Target model: local folder or hub id (HF_HUB_OFFLINE honoured).")
+]
+RequiredTargetOpt = Annotated[str, typer.Option("--target", "-t", help="Target model: local folder or hub id (HF_HUB_OFFLINE honoured).")]
+OutputOpt = Annotated[Path, typer.Option("--output", "-o", help="Output folder (written atomically; see --force).")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print exactly one JSON document on stdout (logs go to stderr).")]
+ForceOpt = Annotated[bool, typer.Option("--force", help="Replace the output folder if it exists.")]
+DeviceOpt = Annotated[DeviceChoice, typer.Option("--device", help="auto uses CUDA when present.")]
+DtypeOpt = Annotated[DtypeChoice, typer.Option("--dtype", help="auto: bfloat16 on GPU, float32 on CPU.")]
+SeedOpt = Annotated[int, typer.Option("--seed", help="Random seed (results are deterministic for a seed).")]
+NumSpecTokensOpt = Annotated[int, typer.Option("--num-speculative-tokens", "-k", min=1, max=16, help="Draft tokens per step (k).")]
+
+
+def resolve_device(device: DeviceChoice | str) -> str:
+    import torch
+
+    d = device.value if isinstance(device, DeviceChoice) else device
+    if d == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if d == "cuda" and not torch.cuda.is_available():
+        from .errors import InputError
+
+        raise InputError("--device cuda was asked for but no CUDA device is visible", "use --device auto or cpu")
+    return d
+
+
+def resolve_dtype(dtype: DtypeChoice | str, device: str):
+    import torch
+
+    d = dtype.value if isinstance(dtype, DtypeChoice) else dtype
+    if d == "auto":
+        return torch.bfloat16 if device.startswith("cuda") else torch.float32
+    return getattr(torch, d)

@@ -1,0 +1,187 @@
+"""Tiny target/drafter pairs whose acceptance lengths are known in advance (tests, demo, benchmarks).
+
+The "successor world": vocabulary V = hidden size H, token x is embedded as ``sqrt(H) * onehot(x)`` (RMS 1).
+The target's attention outputs are zero and each MLP adds ``alpha`` times the normalised residual, so the
+residual stream after i layers is ``(1 + alpha)^i * E[x]`` (hidden-state magnitude grows with depth, as in real
+LLMs) while the final norm undoes it: ``lm_head[y] = E[y - 1]`` makes the greedy next token ``x + 1 (mod V)``.
+
+Drafters in that world (aux states are scaled one-hots, so every map is a permutation matrix):
+* ``oracle``: fc maps the aux states of token x_i to ``E[x_i + 1]``, the decoder layer's MLP adds +1 to the
+  encoded token, lm_head reads the token back: every draft is right -> AL = k + 1 exactly.
+* ``aux-only``: like oracle but the MLP adds nothing and fc maps to ``E[x_i + 2]``: the first draft is right, the
+  later ones repeat it -> AL = 2 exactly.
+* ``random``: random weights -> AL about 1.
+Every fc chunk k is divided by the RMS of aux layer k, so ``fc_norm`` weights equal to those RMS reproduce the
+source exactly: the test of norm initialisation.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+
+from .drafter.config import DrafterConfig
+
+ToyKind = Literal["oracle", "aux-only", "random"]
+
+H = 64
+NUM_LAYERS = 6
+AUX_IDS = [1, 3, 5]
+ALPHA = 0.5
+HEADS, KV_HEADS, HEAD_DIM = 2, 1, 32  # vLLM CPU attention supports head_dim 32+
+
+
+def _shift(n: int, by: int) -> torch.Tensor:
+    """Permutation matrix P with P @ onehot(x) = onehot(x + by mod n)."""
+    p = torch.zeros(n, n)
+    for x in range(n):
+        p[(x + by) % n, x] = 1.0
+    return p
+
+
+def _mlp_gain(h: int) -> float:
+    """silu(s) * s for the normalised one-hot entry s = sqrt(h) (gate = up = identity)."""
+    s = math.sqrt(h)
+    return float(F.silu(torch.tensor(s)) * s)
+
+
+def aux_rms(layer_id: int, alpha: float = ALPHA) -> float:
+    return (1.0 + alpha) ** layer_id
+
+
+def target_state_dict(h: int = H, layers: int = NUM_LAYERS, alpha: float = ALPHA, seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    s = math.sqrt(h)
+    emb = torch.eye(h) * s
+    sd = {"model.embed_tokens.weight": emb, "model.norm.weight": torch.ones(h), "lm_head.weight": (_shift(h, 1) @ emb).T.contiguous() / s}
+    # lm_head[y] = E[y-1] / s  ->  logits_y = <norm(E[x]), E[y-1]>/s, maximal at y = x + 1
+    sd["lm_head.weight"] = torch.stack([emb[(y - 1) % h] for y in range(h)]) / s
+    gain = _mlp_gain(h)
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        sd[p + "self_attn.q_proj.weight"] = torch.randn(HEADS * HEAD_DIM, h, generator=g) * 0.1
+        sd[p + "self_attn.k_proj.weight"] = torch.randn(KV_HEADS * HEAD_DIM, h, generator=g) * 0.1
+        sd[p + "self_attn.v_proj.weight"] = torch.randn(KV_HEADS * HEAD_DIM, h, generator=g) * 0.1
+        sd[p + "self_attn.o_proj.weight"] = torch.zeros(h, HEADS * HEAD_DIM)
+        sd[p + "mlp.gate_proj.weight"] = torch.eye(h)
+        sd[p + "mlp.up_proj.weight"] = torch.eye(h)
+        # residual r = c * E[x]; MLP input = norm(r) = E[x]; output = alpha * c * E[x] -> needs c: use the
+        # layer's known residual scale (1 + alpha)^i
+        sd[p + "mlp.down_proj.weight"] = torch.eye(h) * (alpha * (1 + alpha) ** i * s / gain)
+        sd[p + "input_layernorm.weight"] = torch.ones(h)
+        sd[p + "post_attention_layernorm.weight"] = torch.ones(h)
+    return sd
+
+
+def target_config(h: int = H, layers: int = NUM_LAYERS) -> dict:
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": h,
+        "intermediate_size": h,
+        "num_attention_heads": HEADS,
+        "num_key_value_heads": KV_HEADS,
+        "head_dim": HEAD_DIM,
+        "num_hidden_layers": layers,
+        "vocab_size": h,
+        "max_position_embeddings": 1024,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "hidden_act": "silu",
+        "tie_word_embeddings": False,
+        "bos_token_id": 0,
+        "eos_token_id": h - 1,
+        "torch_dtype": "float32",
+    }
+
+
+def write_target(out: Path, h: int = H, layers: int = NUM_LAYERS, alpha: float = ALPHA) -> Path:
+    """Write the successor target as an HF folder (config.json + model.safetensors, no tokenizer)."""
+    from .formats.io import save_safetensors, write_json
+
+    out.mkdir(parents=True, exist_ok=True)
+    save_safetensors(target_state_dict(h, layers, alpha), out / "model.safetensors", {"format": "pt"})
+    write_json(out / "config.json", target_config(h, layers))
+    return out
+
+
+def drafter_config(fc_norm: bool = False, norm_output: bool = False, h: int = H, **kw) -> DrafterConfig:
+    return DrafterConfig(
+        hidden_size=h,
+        target_hidden_size=h,
+        num_aux=len(AUX_IDS),
+        vocab_size=h,
+        draft_vocab_size=kw.pop("draft_vocab_size", h),
+        intermediate_size=h,
+        num_attention_heads=HEADS,
+        num_key_value_heads=KV_HEADS,
+        head_dim=HEAD_DIM,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        max_position_embeddings=1024,
+        aux_layer_ids=list(AUX_IDS),
+        fc_norm=fc_norm,
+        norm_output=norm_output,
+        **kw,
+    )
+
+
+def drafter_state_dict(kind: ToyKind = "oracle", h: int = H, alpha: float = ALPHA, seed: int = 1) -> dict[str, torch.Tensor]:
+    """Canonical (vLLM-layout) tensors of a toy EAGLE-3 drafter for the successor target."""
+    g = torch.Generator().manual_seed(seed)
+    s = math.sqrt(h)
+    k = len(AUX_IDS)
+    sd: dict[str, torch.Tensor] = {}
+    if kind == "random":
+        std = 0.2
+        sd["fc.weight"] = torch.randn(h, k * h, generator=g) * std / math.sqrt(k)
+        for n, shape in {
+            "self_attn.q_proj.weight": (HEADS * HEAD_DIM, 2 * h),
+            "self_attn.k_proj.weight": (KV_HEADS * HEAD_DIM, 2 * h),
+            "self_attn.v_proj.weight": (KV_HEADS * HEAD_DIM, 2 * h),
+            "self_attn.o_proj.weight": (h, HEADS * HEAD_DIM),
+            "mlp.gate_proj.weight": (h, h),
+            "mlp.up_proj.weight": (h, h),
+            "mlp.down_proj.weight": (h, h),
+        }.items():
+            sd["layers.0." + n] = torch.randn(*shape, generator=g) * std
+        sd["lm_head.weight"] = torch.randn(h, h, generator=g) * std
+    else:
+        ahead = 1 if kind == "oracle" else 2
+        p = _shift(h, ahead)
+        # chunk k gets 1/K of the signal, divided by that aux layer's RMS
+        sd["fc.weight"] = torch.cat([p / (k * aux_rms(i, alpha)) for i in AUX_IDS], dim=1)
+        sd["layers.0.self_attn.q_proj.weight"] = torch.randn(HEADS * HEAD_DIM, 2 * h, generator=g) * 0.1
+        sd["layers.0.self_attn.k_proj.weight"] = torch.randn(KV_HEADS * HEAD_DIM, 2 * h, generator=g) * 0.1
+        sd["layers.0.self_attn.v_proj.weight"] = torch.randn(KV_HEADS * HEAD_DIM, 2 * h, generator=g) * 0.1
+        sd["layers.0.self_attn.o_proj.weight"] = torch.zeros(h, HEADS * HEAD_DIM)
+        sd["layers.0.mlp.gate_proj.weight"] = torch.eye(h)
+        sd["layers.0.mlp.up_proj.weight"] = torch.eye(h)
+        # residual = g = E[t] (RMS 1); MLP input norm(g) = E[t]; output (P - I) E[t] -> h_pre = E[t + 1]
+        sd["layers.0.mlp.down_proj.weight"] = (
+            (_shift(h, 1) - torch.eye(h)) * (s / _mlp_gain(h)) if kind == "oracle" else torch.zeros(h, h)
+        )
+        sd["lm_head.weight"] = torch.eye(h) * 1.0  # logits_y = norm(h_pre)_y: argmax is the encoded token
+    for n in ("input_layernorm", "post_attention_layernorm", "hidden_norm"):
+        sd[f"layers.0.{n}.weight"] = torch.ones(h)
+    sd["norm.weight"] = torch.ones(h)
+    return sd
+
+
+def write_drafter(out: Path, kind: ToyKind = "oracle", dtype: torch.dtype | None = torch.float32) -> Path:
+    """Write a toy EAGLE-3 drafter in the vLLM layout."""
+    from .formats.vllm import write_vllm
+
+    out.mkdir(parents=True, exist_ok=True)
+    write_vllm(drafter_config(), drafter_state_dict(kind), out, dtype=dtype)
+    return out
+
+
+def prompts(n: int = 4, length: int = 12, seed: int = 0, h: int = H) -> list[list[int]]:
+    """Random token prompts for the successor world."""
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, h, (length,), generator=g).tolist() for _ in range(n)]
