@@ -1,0 +1,182 @@
+"""The target model: its config (cheap, for pairing checks) and, when needed, the model itself through transformers.
+
+``spec`` is a local folder, a single ``.gguf`` file, or a hub id. Hub ids go through huggingface_hub's cache and
+honour ``HF_HUB_OFFLINE``. Aux hidden states are captured at exactly the layers vLLM feeds: id i = the residual
+stream after i decoder layers = transformers' ``output_hidden_states[i]``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .errors import TargetError
+from .formats.io import read_json
+from .formats.vllm import rope_from_config
+
+
+@dataclass(frozen=True)
+class TargetInfo:
+    """What the pairing checks need, read from config.json alone."""
+
+    path: str
+    hidden_size: int
+    num_layers: int
+    vocab_size: int
+    max_position_embeddings: int | None
+    rope_theta: float
+    rope_scaling: dict[str, Any] | None
+    rms_norm_eps: float
+    model_type: str
+    raw: dict[str, Any]
+
+
+def _local_dir_and_gguf(spec: str) -> tuple[Path | None, str | None]:
+    p = Path(spec).expanduser()
+    if p.is_file() and p.suffix == ".gguf":
+        return p.parent, p.name
+    if p.is_dir():
+        ggufs = sorted(x.name for x in p.glob("*.gguf"))
+        if not (p / "config.json").exists() and ggufs:
+            return p, ggufs[0]
+        return p, None
+    return None, None
+
+
+def _looks_like_hub_id(spec: str) -> bool:
+    return not spec.startswith((".", "/", "~")) and spec.count("/") == 1 and not Path(spec).exists()
+
+
+def resolve_config(spec: str) -> dict[str, Any]:
+    d, gguf = _local_dir_and_gguf(spec)
+    if d is not None and gguf is None:
+        return read_json(d / "config.json", "target config.json") if (d / "config.json").exists() else _missing(spec)
+    if d is not None and gguf is not None:
+        from transformers import AutoConfig
+
+        try:
+            return AutoConfig.from_pretrained(str(d), gguf_file=gguf).to_dict()
+        except Exception as e:
+            raise TargetError(f"{spec}: cannot read the GGUF file's config ({str(e)[:160]})") from None
+    if _looks_like_hub_id(spec):
+        try:
+            from huggingface_hub import hf_hub_download
+
+            path = hf_hub_download(spec, "config.json")
+        except Exception as e:
+            offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0")
+            raise TargetError(
+                f"{spec}: config.json not found locally or on the Hub ({e.__class__.__name__})",
+                "download the model first (HF_HUB_OFFLINE is set)" if offline else None,
+            ) from None
+        return read_json(Path(path), "target config.json")
+    raise TargetError(f"{spec}: no such folder, .gguf file or hub id")
+
+
+def _missing(spec: str):
+    raise TargetError(f"{spec}: the folder has no config.json")
+
+
+def target_info(spec: str) -> TargetInfo:
+    cfg = resolve_config(spec)
+    if isinstance(cfg.get("text_config"), dict):  # multimodal wrappers
+        cfg = {**cfg, **cfg["text_config"]}
+    try:
+        hidden = int(cfg["hidden_size"])
+        layers = int(cfg["num_hidden_layers"])
+        vocab = int(cfg["vocab_size"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise TargetError(f"{spec}: config.json lacks {e} (hidden_size, num_hidden_layers, vocab_size)") from None
+    theta, scaling = rope_from_config(cfg)
+    return TargetInfo(
+        path=spec,
+        hidden_size=hidden,
+        num_layers=layers,
+        vocab_size=vocab,
+        max_position_embeddings=cfg.get("max_position_embeddings"),
+        rope_theta=theta,
+        rope_scaling=scaling,
+        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        model_type=str(cfg.get("model_type", "")),
+        raw=cfg,
+    )
+
+
+@dataclass
+class Target:
+    model: Any  # transformers PreTrainedModel
+    tokenizer: Any | None
+    info: TargetInfo
+    device: torch.device
+
+    @property
+    def lm_head_weight(self) -> torch.Tensor:
+        return self.model.get_output_embeddings().weight
+
+    @property
+    def embed_weight(self) -> torch.Tensor:
+        return self.model.get_input_embeddings().weight
+
+    @property
+    def final_norm_weight(self) -> torch.Tensor | None:
+        base = getattr(self.model, "model", None)
+        norm = getattr(base, "norm", None)
+        return None if norm is None else norm.weight
+
+    @torch.no_grad()
+    def forward(self, input_ids: torch.Tensor, layer_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(aux [B,T,K*Ht] at ``layer_ids`` ascending, logits [B,T,V]) for one batch."""
+        bad = [i for i in layer_ids if not 0 <= i < self.info.num_layers]
+        if bad:
+            raise TargetError(f"aux layer ids {bad} are outside the target's 0..{self.info.num_layers - 1}")
+        out = self.model(input_ids=input_ids.to(self.device), output_hidden_states=True, use_cache=False)
+        hs = out.hidden_states
+        aux = torch.cat([hs[i] for i in sorted(layer_ids)], dim=-1)
+        return aux, out.logits
+
+    def iter_aux(self, sequences: list[list[int]], layer_ids: list[int]) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """Stream (input_ids [1,T], aux [1,T,K*Ht], logits [1,T,V]) one sequence at a time (never all in memory)."""
+        for seq in sequences:
+            ids = torch.tensor([seq], dtype=torch.long)
+            aux, logits = self.forward(ids, layer_ids)
+            yield ids, aux, logits
+
+
+def load_target(
+    spec: str,
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    device_map: str | dict | None = None,
+    with_tokenizer: bool = True,
+) -> Target:
+    """Load the target with transformers (``device_map="auto"`` spreads a large target over the visible GPUs)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    info = target_info(spec)
+    d, gguf = _local_dir_and_gguf(spec)
+    src = str(d) if d is not None else spec
+    kw: dict[str, Any] = {"dtype": dtype}
+    if gguf:
+        kw["gguf_file"] = gguf
+    if device_map is not None:
+        kw["device_map"] = device_map
+    try:
+        model = AutoModelForCausalLM.from_pretrained(src, **kw)
+    except Exception as e:
+        raise TargetError(f"{spec}: transformers cannot load the target ({e.__class__.__name__}: {str(e)[:200]})") from None
+    if device_map is None:
+        model = model.to(device)
+    model.eval()
+    tok = None
+    if with_tokenizer:
+        try:
+            tok = AutoTokenizer.from_pretrained(src, **({"gguf_file": gguf} if gguf else {}))
+        except Exception:
+            tok = None  # tokenizer-less toys: token ids only
+    dev = next(model.parameters()).device
+    return Target(model=model, tokenizer=tok, info=info, device=dev)

@@ -1,0 +1,1 @@
+"""Acceptance-length validation: vLLM engine (subprocess worker), reference engine (pure torch), reports."""

@@ -1,0 +1,97 @@
+"""The vLLM engine: starts ``vllm_worker`` in a subprocess (its own Python, ``--vllm-python``) and parses counters."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..errors import EngineError
+from .metrics import AcceptanceStats
+from .vllm_worker import RESULT_MARK
+
+
+def vllm_python_default() -> str:
+    return os.environ.get("EAGLE_MIGRATE_VLLM_PYTHON", sys.executable)
+
+
+def vllm_importable(python: str | None = None) -> bool:
+    python = python or vllm_python_default()
+    if python == sys.executable:
+        import importlib.util
+
+        return importlib.util.find_spec("vllm") is not None
+    r = subprocess.run([python, "-c", "import importlib.util,sys; sys.exit(importlib.util.find_spec('vllm') is None)"], capture_output=True)
+    return r.returncode == 0
+
+
+def run_worker(request: dict[str, Any], python: str | None = None, timeout: float = 1800) -> dict[str, Any]:
+    """Run one worker process; raise EngineError with the tail of its log when it fails."""
+    python = python or vllm_python_default()
+    env = dict(os.environ)
+    env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # the worker is importable by path even when eagle_migrate is not installed in that Python
+    src = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    try:
+        p = subprocess.run(
+            [python, "-m", "eagle_migrate.validate.vllm_worker"],
+            input=json.dumps(request), capture_output=True, text=True, env=env, timeout=timeout,
+        )
+    except FileNotFoundError:
+        raise EngineError(f"vLLM python '{python}' not found", "pass --vllm-python PATH or use --engine reference") from None
+    except subprocess.TimeoutExpired:
+        raise EngineError(f"the vLLM worker did not finish within {timeout:.0f} s") from None
+    line = next((ln for ln in reversed(p.stdout.splitlines()) if ln.startswith(RESULT_MARK)), None)
+    if line is None:
+        tail = (p.stderr or p.stdout).strip().splitlines()[-3:]
+        raise EngineError(f"the vLLM worker exited with {p.returncode} and no result: {' | '.join(tail)[:400]}")
+    res = json.loads(line[len(RESULT_MARK):])
+    if not res.get("ok"):
+        if os.environ.get("EAGLE_MIGRATE_DEBUG"):
+            sys.stderr.write(p.stderr[-8000:])
+        raise EngineError(f"vLLM failed: {res.get('error', '?')[:400]}")
+    return res
+
+
+def measure(
+    target: str,
+    drafter: str | None,
+    suites: dict[str, dict[str, Any]],
+    *,
+    num_speculative_tokens: int = 3,
+    dtype: str = "float32",
+    max_model_len: int = 2048,
+    temperature: float = 0.0,
+    skip_tokenizer_init: bool = False,
+    tensor_parallel_size: int = 1,
+    python: str | None = None,
+    **extra: Any,
+) -> dict[str, tuple[AcceptanceStats, dict[str, Any]]]:
+    """Acceptance stats per suite from one vLLM engine. ``suites`` = {name: {"prompts": [...], "max_tokens": n}}."""
+    req = {
+        "target": str(target), "drafter": str(drafter) if drafter else None, "method": "eagle3",
+        "num_speculative_tokens": num_speculative_tokens, "dtype": dtype, "max_model_len": max_model_len,
+        "temperature": temperature, "skip_tokenizer_init": skip_tokenizer_init,
+        "tensor_parallel_size": tensor_parallel_size, "suites": suites, **extra,
+    }
+    if "gpu_memory_utilization" not in req:
+        import torch
+
+        req["gpu_memory_utilization"] = None if torch.cuda.is_available() else 0.25
+    res = run_worker(req, python)
+    out = {}
+    for name, r in res["suites"].items():
+        stats = AcceptanceStats(
+            num_drafts=r.get("num_drafts", 0), num_draft_tokens=r.get("num_draft_tokens", 0),
+            num_accepted_tokens=r.get("num_accepted_tokens", 0),
+            accepted_per_position=r.get("accepted_per_position", []),
+            num_prompts=r["num_prompts"], num_output_tokens=r["output_tokens"],
+        )
+        out[name] = (stats, {"outputs": r["outputs"], "seconds": r["seconds"], "vllm_version": res.get("vllm_version")})
+    return out
