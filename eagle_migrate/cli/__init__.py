@@ -14,7 +14,10 @@ from ..errors import EagleMigrateError
 
 app = typer.Typer(
     name="eagle-migrate",
-    help="Inspect, convert to EAGLE-3.1, calibrate, quantize, validate and publish EAGLE speculative-decoding drafters.",
+    help=(
+        "Inspect, convert to EAGLE-3.1, calibrate, quantize, validate and publish EAGLE speculative-decoding drafters."
+        "\n\nExit codes: 0 ok, 1 a check failed, 2 bad input or usage. EAGLE_MIGRATE_DEBUG=1 shows tracebacks."
+    ),
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -38,10 +41,7 @@ _register()
 
 @app.callback()
 def _root() -> None:
-    """Inspect, convert to EAGLE-3.1, calibrate, quantize, validate and publish EAGLE drafters.
-
-    Exit codes: 0 ok, 1 a check failed, 2 bad input or usage. EAGLE_MIGRATE_DEBUG=1 shows tracebacks.
-    """
+    """Group callback: keeps single-command apps a group."""
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,68 @@
+"""The CLI shell: help, version, usage errors, and the error -> exit-code mapping of main()."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from eagle_migrate.errors import ERROR_TABLE, CheckFailed, CheckpointError, EagleMigrateError
+
+
+def run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    e = dict(os.environ, **(env or {}))
+    return subprocess.run([sys.executable, "-m", "eagle_migrate", *args], capture_output=True, text=True, env=e, timeout=120)
+
+
+def test_root_help_lists_commands():
+    r = run("--help")
+    assert r.returncode == 0
+    assert "version" in r.stdout and "Exit codes" in r.stdout
+
+
+def test_version_json_is_one_document():
+    r = run("version", "--json")
+    assert r.returncode == 0
+    from eagle_migrate import __version__
+
+    assert json.loads(r.stdout) == {"version": __version__}
+
+
+def test_unknown_command_is_usage_error():
+    r = run("no-such-command")
+    assert r.returncode == 2
+    assert "Traceback" not in r.stderr
+
+
+def test_error_table_exit_codes():
+    assert ERROR_TABLE[CheckpointError][0] == 2
+    assert ERROR_TABLE[CheckFailed][0] == 1
+    assert all(issubclass(c, EagleMigrateError) and hint for c, (_, hint) in ERROR_TABLE.items())
+
+
+@pytest.mark.parametrize("debug", [False, True])
+def test_main_renders_errors_as_one_line(monkeypatch, capsys, debug):
+    from eagle_migrate import cli
+
+    @cli.app.command("_boom", hidden=True)
+    def _boom() -> None:
+        raise CheckpointError("the file is broken", "try another file")
+
+    try:
+        if debug:
+            monkeypatch.setenv("EAGLE_MIGRATE_DEBUG", "1")
+            with pytest.raises(CheckpointError):
+                cli.main(["_boom"])
+        else:
+            monkeypatch.delenv("EAGLE_MIGRATE_DEBUG", raising=False)
+            with pytest.raises(SystemExit) as ei:
+                cli.main(["_boom"])
+            assert ei.value.code == 2
+            err = capsys.readouterr().err
+            assert "error:" in err and "the file is broken" in err and "hint:" in err
+            assert "Traceback" not in err
+    finally:
+        cli.app.registered_commands[:] = [c for c in cli.app.registered_commands if c.name != "_boom"]
