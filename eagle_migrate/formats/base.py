@@ -40,6 +40,8 @@ class Checkpoint:
     layout: str = ""  # the reader that parsed it (e.g. "vllm", "safeailab-eagle3")
     # canonical name -> function producing the tensor when the stored tensor needs a transform
     transforms: dict[str, Callable[[torch.Tensor], torch.Tensor]] = field(default_factory=dict)
+    # reader notes: aux-id convention and raw ids, stripped prefix, logical shapes of packed tensors, ...
+    meta: dict[str, Any] = field(default_factory=dict)
 
     @property
     def format(self) -> str:
@@ -74,14 +76,45 @@ class Checkpoint:
         return sum(self.info(n).numel for n in self.name_map)
 
 
+@dataclass
+class Probe:
+    """Everything detection looks at, read cheaply once: config, tensor headers, names, side files."""
+
+    path: Path  # what the user passed
+    folder: Path
+    files: list[Path]
+    config: dict[str, Any] | None
+    store: TensorStore
+    scan: Any  # formats.common.NameScan
+    st_metadata: dict[str, str] = field(default_factory=dict)  # safetensors header metadata (first file)
+    side: dict[str, Any] = field(default_factory=dict)  # e.g. {"hf_quant_config.json": {...}}
+
+    @property
+    def names(self) -> list[str]:
+        return self.scan.names
+
+    @property
+    def has_bin(self) -> bool:
+        return any(f.suffix in (".bin", ".pt", ".pth") for f in self.files)
+
+    @property
+    def architectures(self) -> list[str]:
+        a = (self.config or {}).get("architectures")
+        return [str(x) for x in a] if isinstance(a, list) else []
+
+
 @dataclass(frozen=True)
 class Layout:
-    """A producer layout: ``sniff`` scores how well a folder matches (0 = not at all); ``read`` parses it."""
+    """A producer layout: ``sniff`` scores how well a probe matches (0 = not at all); ``read`` parses it.
+
+    Detection takes the highest score; ties go to the layout registered first.
+    """
 
     name: str
     producer: str
-    sniff: Callable[[dict[str, Any] | None, TensorStore], int]
-    read: Callable[[Path, dict[str, Any] | None, TensorStore], Checkpoint]
+    sniff: Callable[[Probe], int]
+    read: Callable[[Probe], Checkpoint]
+    description: str = ""
 
 
 LAYOUTS: dict[str, Layout] = {}

@@ -1,0 +1,28 @@
+"""NVIDIA ModelOpt EAGLE-3 export (``modelopt/torch/export/plugins/hf_spec_export.py``)."""
+from __future__ import annotations
+
+from .base import Checkpoint, Layout, Probe, register_layout
+from .common import derive, hf_view, quant_scheme, weights_generation
+
+MODELOPT_EAGLE_KEYS = ("use_input_layernorm_in_first_layer", "use_last_layernorm", "use_mtp_layernorm", "next_layer_regular")
+
+
+def _sniff(p: Probe) -> int:
+    if weights_generation(p) != "eagle3":
+        return 0
+    ec = (p.config or {}).get("eagle_config")
+    if isinstance(ec, dict) and any(k in ec for k in MODELOPT_EAGLE_KEYS):
+        return 70
+    hq = p.side.get("hf_quant_config.json") or {}
+    if isinstance(hq.get("producer"), dict) and str(hq["producer"].get("name", "")).lower() == "modelopt":
+        return 65
+    return 0
+
+
+def _read(p: Probe) -> Checkpoint:
+    view = hf_view(p.config, aux_offset=1, convention="output-of-layer", nbr_default=False)
+    return derive(p.folder, p.store, p.scan, view, producer="modelopt", layout="modelopt", raw_config=p.config,
+                  quantization=quant_scheme(p.config, p.side.get("hf_quant_config.json")))
+
+
+MODELOPT = register_layout(Layout("modelopt", "modelopt", _sniff, _read, "ModelOpt export: layers.0.*, eagle_config.use_* keys"))

@@ -1,0 +1,33 @@
+"""SpecForge (sgl-project/SpecForge ``specforge/modeling/draft/llama3_eagle.py``) after ``specforge export``.
+
+``midlayer.*`` names, model.safetensors (bf16), ``LlamaForCausalLMEagle3`` config; ``t2d`` and ``d2t`` always (an
+identity ``d2t`` when Vd = V, which vLLM >= 0.30 rejects); ``embed_tokens`` dropped by ``--to sglang``, included by
+``--to hf``. ``head_dim`` honoured; ``fc_norm`` list fixed at 3. Aux layer ids, when stored, follow the
+output-of-layer convention of SGLang / SpecForge training (id k = output of layer k = vLLM id k + 1).
+``norm_output`` before SpecForge PR #879 only gated the norm in front of ``lm_head`` (pre-norm state fed back).
+"""
+
+from __future__ import annotations
+
+from .base import Checkpoint, Layout, Probe, register_layout
+from .common import EAGLE3_ARCHS, derive, hf_view, quant_scheme, weights_generation
+
+
+def _sniff(p: Probe) -> int:
+    if not p.scan.midlayer or weights_generation(p) != "eagle3":
+        return 0
+    if not any(a in EAGLE3_ARCHS for a in p.architectures):
+        return 0
+    score = 40
+    if "t2d" in p.scan.name_map and "d2t" in p.scan.name_map:
+        score += 5
+    return score
+
+
+def _read(p: Probe) -> Checkpoint:
+    view = hf_view(p.config, aux_offset=1, convention="output-of-layer", nbr_default=False)
+    return derive(p.folder, p.store, p.scan, view, producer="specforge", layout="specforge", raw_config=p.config,
+                  quantization=quant_scheme(p.config))
+
+
+SPECFORGE = register_layout(Layout("specforge", "specforge", _sniff, _read, "SpecForge export: midlayer.*, LlamaForCausalLMEagle3, t2d/d2t always"))

@@ -1,0 +1,188 @@
+"""read_checkpoint on tiny checkpoints of every layout; write_checkpoint round trips (vLLM and speculators)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from eagle_migrate import toy
+from eagle_migrate.drafter.config import DrafterConfig
+from eagle_migrate.errors import UnsupportedError
+from eagle_migrate.formats import read_checkpoint, write_checkpoint
+
+from ..layouts import EXPECTED, LAYOUT_NAMES, MLA, canonical_state_dict, write_layout
+
+SIZE_FIELDS = ("hidden_size", "target_hidden_size", "num_aux", "vocab_size", "draft_vocab_size", "intermediate_size",
+               "num_attention_heads", "num_key_value_heads", "head_dim", "num_layers")
+
+# A drafter that exercises every size: H != Ht, Vd < V, K = 3, GQA, two layers, EAGLE-3.1 flags.
+BIG = DrafterConfig(hidden_size=32, target_hidden_size=48, num_aux=3, vocab_size=100, draft_vocab_size=40, intermediate_size=64,
+                    num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_layers=2, aux_layer_ids=[2, 5, 9],
+                    fc_norm=True, norm_output=True, max_position_embeddings=4096, rope_theta=500000.0, has_embed_tokens=True)
+
+# layouts whose producer cannot express H != Ht / a second layer / the config at all
+NO_BIG = {"modelopt", "safeailab-eagle3-noconfig", "vllm-v0-eagle", "safeailab-eagle2", "mla"}
+
+
+def _sizes(cfg: DrafterConfig) -> dict[str, int]:
+    return {k: getattr(cfg, k) for k in SIZE_FIELDS}
+
+
+@pytest.mark.parametrize("name", LAYOUT_NAMES)
+def test_every_layout_toy(tmp_path, name):
+    cfg, sd = toy.drafter_config(), toy.drafter_state_dict("oracle")
+    ck = read_checkpoint(write_layout(name, cfg, sd, tmp_path / name))
+    exp = EXPECTED[name]
+    assert (ck.layout, ck.producer) == (exp["layout"], exp["producer"])
+    assert ck.format == (exp["format"] or cfg.format_name)
+    got = _sizes(ck.config)
+    if name in ("vllm-v0-eagle", "safeailab-eagle2"):
+        assert ck.config.generation == "eagle2" and ck.config.has_lm_head == (name == "vllm-v0-eagle")
+        assert (got["hidden_size"], got["vocab_size"], got["draft_vocab_size"]) == (64, 64, 64)
+        assert ck.config.fc_bias and ck.config.fc_in_features == 128
+        return
+    if name == "mla":
+        assert ck.config.architecture == "mla"
+        assert any(f.code == "mla_not_convertible" for f in ck.findings)
+        assert got["head_dim"] == MLA["qk_nope_head_dim"] + MLA["qk_rope_head_dim"]
+        return
+    assert got == _sizes(cfg)
+    if name != "safeailab-eagle3-noconfig":
+        assert ck.config.aux_layer_ids == (None if name.startswith("safeailab") else toy.AUX_IDS)
+        assert ck.config.max_position_embeddings == 1024
+
+
+@pytest.mark.parametrize("name", [n for n in LAYOUT_NAMES if n not in NO_BIG])
+def test_every_layout_all_sizes(tmp_path, name):
+    sd = canonical_state_dict(BIG)
+    ck = read_checkpoint(write_layout(name, BIG, sd, tmp_path / name))
+    assert ck.layout == EXPECTED[name]["layout"] and ck.producer == EXPECTED[name]["producer"]
+    assert ck.format == "eagle3.1"
+    assert _sizes(ck.config) == _sizes(BIG)
+    assert ck.config.fc_norm and ck.config.norm_output and ck.config.has_embed_tokens
+    if not name.startswith("safeailab"):
+        assert ck.config.aux_layer_ids == BIG.aux_layer_ids, "aux ids must come out in vLLM's convention"
+    assert ck.config.rope_theta == (10000.0 if name.startswith("safeailab") else 500000.0)
+    errors = [f.code for f in ck.findings if f.severity == "error"]
+    expected_errors = {"model-prefix": ["model_prefix"]}.get(name, [])
+    assert errors == expected_errors
+
+
+def test_output_of_layer_ids_are_shifted_and_reported(tmp_path):
+    cfg, sd = toy.drafter_config(), toy.drafter_state_dict("oracle")
+    for name in ("specforge", "modelopt", "torchspec"):
+        ck = read_checkpoint(write_layout(name, cfg, sd, tmp_path / name))
+        assert ck.meta["aux_ids_stored"] == [0, 2, 4]
+        assert ck.config.aux_layer_ids == [1, 3, 5]
+        assert any(f.code == "aux_ids_convention" and f.severity == "info" for f in ck.findings)
+
+
+def test_safeailab_without_config_reads_weights_only(tmp_path):
+    cfg, sd = toy.drafter_config(), toy.drafter_state_dict("oracle")
+    p = write_layout("safeailab-eagle3-noconfig", cfg, sd, tmp_path / "s")
+    assert not (p / "config.json").exists() and (p / "pytorch_model.bin").exists()
+    ck = read_checkpoint(p / "pytorch_model.bin")  # a single file works too
+    assert ck.layout == "safeailab-eagle3" and _sizes(ck.config) == _sizes(cfg)
+    codes = {f.code for f in ck.findings}
+    assert {"config_missing", "aux_ids_missing", "head_dim_guessed"} <= codes
+
+
+def _same_tensors(a, b):
+    assert set(a.canonical_names()) - {"t2d", "d2t"} == set(b.canonical_names()) - {"t2d", "d2t"}
+    for n in a.canonical_names():
+        if n in ("t2d", "d2t") and not b.has(n):
+            continue
+        ta, tb = a.tensor(n), b.tensor(n)
+        assert ta.dtype == tb.dtype and torch.equal(ta, tb), n
+
+
+@pytest.mark.parametrize("src", ["safeailab-eagle3", "specforge", "speculators", "modelopt", "torchspec", "sharded", "model-prefix"])
+@pytest.mark.parametrize("out_layout", ["vllm", "speculators"])
+def test_write_round_trip(tmp_path, src, out_layout):
+    cfg = BIG if src != "modelopt" else BIG.model_copy(update={"target_hidden_size": 32, "has_embed_tokens": False})
+    sd = canonical_state_dict(cfg)
+    ck = read_checkpoint(write_layout(src, cfg, sd, tmp_path / "src"))
+    if src.startswith("safeailab"):  # ids are never stored by SafeAILab: the user supplies them on conversion
+        ck.config = ck.config.model_copy(update={"aux_layer_ids": [2, 5, 9], "norm_output": True, "rope_theta": 500000.0})
+    out = write_checkpoint(ck, tmp_path / "out", layout=out_layout, verifier="toy-target")
+    back = read_checkpoint(out)
+    assert back.producer == "eagle-migrate" and back.layout == out_layout
+    assert back.config == ck.config
+    assert not [f for f in back.findings if f.severity == "error"], back.findings
+    _same_tensors(ck, back)
+    names = set(back.store.names())
+    assert not any(n.startswith(("model.", "midlayer.")) for n in names)
+    assert ("d2t" in names) == cfg.uses_d2t
+    assert ("t2d" in names) == (out_layout == "speculators" and cfg.uses_d2t)
+
+
+def test_vllm_writer_emit_checklist(tmp_path):
+    sd = canonical_state_dict(BIG)
+    out = write_checkpoint(BIG, tmp_path / "o", "vllm", sd)
+    c = json.loads((out / "config.json").read_text())
+    assert c["architectures"] == ["LlamaForCausalLMEagle3"] and c["model_type"] == "llama"
+    assert c["fc_norm"] is True and c["norm_output"] is True and c["norm_before_residual"] is False
+    assert c["eagle_aux_hidden_state_layer_ids"] == c["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 5, 9]
+    assert c["num_hidden_layers"] == 2 and c["target_hidden_size"] == 48 and c["tie_word_embeddings"] is False
+
+
+def test_speculators_writer_config(tmp_path):
+    sd = canonical_state_dict(BIG)
+    out = write_checkpoint(BIG, tmp_path / "o", "speculators", sd, verifier="meta-llama/X")
+    c = json.loads((out / "config.json").read_text())
+    assert "model_type" not in c and c["speculators_model_type"] == "eagle3"
+    for k in ("fc_norm", "norm_output", "norm_before_residual", "norm_before_fc"):
+        assert k in c and isinstance(c[k], bool)
+    assert c["transformer_layer_config"]["vocab_size"] == 100 and c["draft_vocab_size"] == 40
+    assert c["speculators_config"]["verifier"]["name_or_path"] == "meta-llama/X"
+    assert c["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 3
+    # vLLM's own parser accepts it
+    pytest.importorskip("vllm")
+    from vllm.transformers_utils.configs.speculators.base import SpeculatorsConfig
+
+    SpeculatorsConfig.validate_speculators_config(c)
+    hf = SpeculatorsConfig.extract_transformers_pre_trained_config(json.loads(json.dumps(c)))
+    assert hf["fc_norm"] and hf["norm_output"] and hf["norm_before_residual"] is False
+    assert hf["eagle_aux_hidden_state_layer_ids"] == [2, 5, 9]
+
+
+def test_write_refuses_existing_output_and_unsupported(tmp_path):
+    from eagle_migrate.errors import OutputExistsError
+
+    cfg, sd = toy.drafter_config(), toy.drafter_state_dict("oracle")
+    (tmp_path / "o").mkdir()
+    with pytest.raises(OutputExistsError):
+        write_checkpoint(cfg, tmp_path / "o", "vllm", sd)
+    for name in ("mla", "safeailab-eagle2"):
+        ck = read_checkpoint(write_layout(name, cfg, sd, tmp_path / name))
+        with pytest.raises(UnsupportedError):
+            write_checkpoint(ck, tmp_path / f"w-{name}")
+        assert not (tmp_path / f"w-{name}").exists()
+
+
+def test_write_is_atomic_on_missing_tensor(tmp_path):
+    cfg, sd = toy.drafter_config(), toy.drafter_state_dict("oracle")
+    del sd["norm.weight"]
+    with pytest.raises(Exception, match="norm.weight"):
+        write_checkpoint(cfg, tmp_path / "o", "vllm", sd)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_quantized_checkpoints_report_scheme_and_logical_shapes(tmp_path):
+    cfg, sd = toy.drafter_config(), toy.drafter_state_dict("oracle")
+    fp8 = read_checkpoint(write_layout("quantized-fp8", cfg, sd, tmp_path / "fp8"))
+    assert fp8.quantization["quant_method"] == "compressed-tensors" and fp8.quantization["format"] == "float-quantized"
+    assert fp8.quantization["scheme"].startswith("float-quantized:w8f")
+    w4 = read_checkpoint(write_layout("quantized-w4a16", cfg, sd, tmp_path / "w4"))
+    assert "g16" in w4.quantization["scheme"]
+    assert w4.meta["logical_shapes"]["layers.0.self_attn.q_proj.weight"] == (64, 128)
+    assert _sizes(w4.config) == _sizes(cfg)
+    # a quantized checkpoint is copied as is, with its quantization_config
+    out = write_checkpoint(fp8, tmp_path / "fp8-out")
+    c = json.loads((out / "config.json").read_text())
+    assert c["quantization_config"]["format"] == "float-quantized"
+    back = read_checkpoint(out)
+    assert back.info("layers.0.self_attn.q_proj.weight").dtype == "float8_e4m3fn"
+    assert back.info("layers.0.self_attn.q_proj.weight_scale").dtype == "float32"
