@@ -1,4 +1,17 @@
-"""NVIDIA ModelOpt EAGLE-3 export (``modelopt/torch/export/plugins/hf_spec_export.py``)."""
+"""NVIDIA ModelOpt EAGLE-3 export (``modelopt/torch/export/plugins/hf_spec_export.py``).
+
+``layers.N.*`` names from a fixed key set (``layers.0.{self_attn.*, mlp.*, hidden_norm, input_layernorm,
+post_attention_layernorm}``, ``norm``, ``fc``; optional ``d2t``, ``lm_head`` -- the base model's head [V, H] is
+copied in when the draft has none); model.safetensors + config.json from a template: ``LlamaForCausalLMEagle3``
+(or ``Eagle3DeepseekV2ForCausalLM`` / ``model_type: kimi_k2`` for MLA) with ``eagle_config.{
+eagle_aux_hidden_state_layer_ids, use_aux_hidden_state, use_input_layernorm_in_first_layer, use_last_layernorm,
+use_mtp_layernorm, next_layer_regular, parallel_draft_step, ...}``; no ``target_hidden_size``; quantized exports add
+``quantization_config`` and ``hf_quant_config.json``.
+
+Aux ids: ModelOpt's HF plugin captures them with a forward hook on the decoder layer's *output*
+(default ``[1, L//2 - 1, L - 4]`` via ``list(set(...))``, so possibly unsorted) and the exporter copies them
+unchanged: output-of-layer convention, vLLM id = stored id + 1.
+"""
 from __future__ import annotations
 
 from .base import Checkpoint, Layout, Probe, register_layout

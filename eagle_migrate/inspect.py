@@ -1,0 +1,350 @@
+"""``inspect_checkpoint``: what a drafter checkpoint is, and every trap that would make vLLM load it silently wrong.
+
+Cheap by construction: safetensors are read through their headers (names, shapes, dtypes); the only tensor data
+read are ``d2t``/``t2d`` and small tensors (norm weights and anything of at most ``SMALL_NUMEL`` elements, for the
+NaN/Inf check). ``deep=True`` checks every tensor for NaN/Inf, one tensor at a time. With a target, the pairing is
+checked from the target's config.json alone (no target weights are read).
+
+Findings have a stable ``code`` (docs/formats.md lists them all) and a severity: ``error`` (vLLM refuses it or runs
+it wrongly: exit 1), ``warning`` (probably wrong, or wrong on some vLLM versions) and ``info``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import BaseModel, Field
+
+from .formats.base import Checkpoint, Finding
+from .formats.common import QUANT_SUFFIXES, finding
+
+SMALL_NUMEL = 1 << 16
+
+
+class Sizes(BaseModel):
+    """H, Ht, K, V, Vd, I, heads and layers of the drafter (from its weights)."""
+
+    hidden_size: int = Field(..., description="H")
+    target_hidden_size: int = Field(..., description="Ht (fc input is K*Ht)")
+    num_aux: int = Field(..., description="K, aux hidden states fused by fc (EAGLE-1/2: fc takes cat(embed, h), reported as 2)")
+    vocab_size: int = Field(..., description="V, target vocabulary")
+    draft_vocab_size: int = Field(..., description="Vd, lm_head rows")
+    intermediate_size: int = Field(..., description="I, MLP width")
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    num_layers: int = Field(..., description="decoder layers, counted from the weights")
+
+
+class Flags(BaseModel):
+    fc_norm: bool
+    norm_output: bool
+    norm_before_fc: bool
+    norm_before_residual: bool
+
+
+class FileEntry(BaseModel):
+    name: str
+    bytes: int
+
+
+class TargetSummary(BaseModel):
+    """The target's config as the pairing checks saw it."""
+
+    path: str
+    hidden_size: int
+    num_layers: int
+    vocab_size: int
+    max_position_embeddings: int | None
+    rope_theta: float
+    rope_scaling: dict[str, Any] | None
+    model_type: str
+
+
+class InspectReport(BaseModel):
+    """Everything ``eagle-migrate inspect`` prints (one JSON document with --json)."""
+
+    path: str
+    format: str = Field(..., description="eagle2 (EAGLE-1/2 weights), eagle3 or eagle3.1")
+    producer: str = Field(..., description="safeailab, specforge, speculators, modelopt, torchspec, vllm, eagle-migrate or unknown")
+    layout: str = Field(..., description="the reader that parsed it, e.g. safeailab-eagle3, torchspec-vllm")
+    architecture: str = Field(..., description="llama (convertible) or mla (recognised, not convertible)")
+    sizes: Sizes
+    aux_layer_ids: list[int] | None = Field(..., description="in vLLM's convention (residual stream after i layers), ascending")
+    aux_layer_ids_stored: list[int] | None = Field(..., description="as written in the checkpoint's config")
+    aux_layer_ids_convention: str = Field(..., description="input-to-layer (vLLM) or output-of-layer (SGLang-style trainers)")
+    flags: Flags
+    rope_theta: float
+    rope_scaling: dict[str, Any] | None
+    max_position_embeddings: int
+    dtype: str = Field(..., description="dtype of the floating weights (or 'mixed: a, b')")
+    num_parameters: int = Field(..., description="elements of all tensors (packed weights counted unpacked)")
+    num_tensors: int
+    files: list[FileEntry]
+    total_bytes: int
+    quantization: dict[str, Any] | None
+    target: TargetSummary | None = None
+    deep: bool = Field(False, description="every tensor was checked for NaN/Inf")
+    findings: list[Finding]
+
+    @property
+    def errors(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity == "error"]
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+
+_SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
+
+
+# ----- tensor-value checks ---------------------------------------------------------------------------------------
+def _is_norm(name: str) -> bool:
+    return name.endswith("norm.weight") or name.startswith("fc_norm.") or name == "input_norm.weight"
+
+
+def _check_finite(ck: Checkpoint, deep: bool) -> list[Finding]:
+    bad: list[str] = []
+    checked = 0
+    for c, stored in ck.name_map.items():
+        info = ck.store.infos[stored]
+        if not (_is_norm(c) or info.numel <= SMALL_NUMEL or deep):
+            continue
+        if info.dtype in ("bool", "int8", "uint8", "int16", "int32", "int64"):
+            continue
+        t = ck.store.get(stored)
+        checked += 1
+        if not t.is_floating_point():
+            continue
+        if not bool(torch.isfinite(t.float() if t.dtype.itemsize == 1 else t).all()):
+            bad.append(c)
+        del t
+    out = []
+    if bad:
+        out.append(finding("error", "nonfinite_weights", f"NaN/Inf in {len(bad)} tensor(s): {', '.join(bad[:6])}{' ...' if len(bad) > 6 else ''}"))
+    if not deep:
+        out.append(finding("info", "nonfinite_check_partial", f"NaN/Inf checked in {checked} norm/small tensor(s); --deep checks every tensor"))
+    return out
+
+
+def _check_vocab_maps(ck: Checkpoint, v_target: int | None) -> list[Finding]:
+    out: list[Finding] = []
+    cfg = ck.config
+    v = v_target or ck.meta.get("vocab_size_declared") or cfg.vocab_size
+    d2t = t2d = None
+    if ck.has("d2t"):
+        d2t = ck.tensor("d2t")
+        if d2t.dtype.is_floating_point or d2t.dtype == torch.bool:
+            out.append(finding("error", "d2t_dtype", f"d2t has dtype {str(d2t.dtype).removeprefix('torch.')}; it must hold int64 offsets"))
+        else:
+            tgt = torch.arange(d2t.numel()) + d2t.long()
+            if d2t.numel() and (int(tgt.min()) < 0 or int(tgt.max()) >= v):
+                out.append(finding("error", "d2t_out_of_range", f"draft id + d2t reaches [{int(tgt.min())}, {int(tgt.max())}], outside the target vocab [0, {v})"))
+            if d2t.numel() > 1 and not bool((tgt[1:] > tgt[:-1]).all()):
+                out.append(finding("error", "d2t_not_monotonic", "draft id + d2t is not strictly increasing: not an offset table (ids stored instead of offsets, or duplicated tokens)"))
+            if cfg.draft_vocab_size == v and bool((d2t == 0).all()):
+                pass  # identity table, already reported as d2t_with_full_vocab by the reader
+    if ck.has("t2d"):
+        t2d = ck.tensor("t2d")
+        if t2d.numel() != v:
+            out.append(finding("warning", "t2d_shape", f"t2d has {t2d.numel()} entries, the target vocab is {v} (vLLM ignores t2d)"))
+        elif int(t2d.bool().sum()) != cfg.draft_vocab_size:
+            out.append(finding("warning", "t2d_inconsistent", f"t2d marks {int(t2d.bool().sum())} tokens but Vd = {cfg.draft_vocab_size} (vLLM ignores t2d; d2t decides)"))
+        elif d2t is not None and not d2t.dtype.is_floating_point and d2t.dtype != torch.bool:
+            tgt = torch.arange(d2t.numel()) + d2t.long()
+            if int(tgt.min()) >= 0 and int(tgt.max()) < v and not bool(t2d.bool()[tgt].all()):
+                out.append(finding("warning", "t2d_inconsistent", "t2d and d2t disagree about which target tokens are in the draft vocab (vLLM ignores t2d)"))
+    return out
+
+
+def _check_norm_weights(ck: Checkpoint) -> list[Finding]:
+    """fc_norm weights that are all ones are what vLLM silently uses when they are missing: worth a remark."""
+    out = []
+    if ck.config.fc_norm:
+        ones = []
+        for k in range(ck.config.num_aux):
+            n = f"fc_norm.{k}.weight"
+            if ck.has(n):
+                t = ck.tensor(n)
+                if t.is_floating_point() and bool((t == 1).all()):
+                    ones.append(n)
+        if ones and len(ones) == ck.config.num_aux:
+            out.append(finding("info", "fc_norm_all_ones", "every fc_norm weight is exactly 1.0: an uncalibrated EAGLE-3.1 conversion?"))
+    return out
+
+
+# ----- target pairing ---------------------------------------------------------------------------------------------
+def _pairing(ck: Checkpoint, ti: Any) -> list[Finding]:
+    cfg = ck.config
+    out: list[Finding] = []
+    t_layers = ti.num_layers
+    need_ht = cfg.hidden_size if cfg.generation == "eagle2" else cfg.target_hidden_size
+    if need_ht != ti.hidden_size:
+        out.append(finding("error", "target_hidden_size_mismatch", f"the drafter expects target hidden size {need_ht}, the target has {ti.hidden_size}"))
+    v_declared = ck.meta.get("vocab_size_declared", cfg.vocab_size)
+    if v_declared != ti.vocab_size:
+        out.append(finding("error", "vocab_size_mismatch_target", f"the drafter's vocab V={v_declared}, the target's {ti.vocab_size}: vLLM requires them equal"))
+    if cfg.draft_vocab_size > ti.vocab_size:
+        out.append(finding("error", "draft_vocab_exceeds_vocab", f"draft vocab Vd={cfg.draft_vocab_size} > target vocab {ti.vocab_size}"))
+    if cfg.generation == "eagle3":
+        if cfg.draft_vocab_size == ti.vocab_size and ck.has("d2t") and not any(f.code == "d2t_with_full_vocab" for f in ck.findings):
+            out.append(finding("error", "d2t_with_full_vocab", "d2t present although Vd equals the target vocab: vLLM >= 0.30 refuses to load it"))
+        if cfg.draft_vocab_size != ti.vocab_size and not ck.has("d2t") and not any(f.code == "d2t_missing" for f in ck.findings):
+            out.append(finding("error", "d2t_missing", f"Vd={cfg.draft_vocab_size} differs from the target vocab {ti.vocab_size} but there is no d2t"))
+        ids = cfg.aux_layer_ids
+        if ids is None:
+            default = [2, t_layers // 2, t_layers - 3]
+            if len(set(default)) != len(default) or min(default) < 0 or len(default) != cfg.num_aux:
+                out.append(finding("error", "aux_ids_default_invalid", f"no aux ids, and vLLM's fallback (2, T//2, T-3) = {default} for T={t_layers} does not give {cfg.num_aux} distinct layers: vLLM crashes on the first request"))
+            else:
+                out.append(finding("info", "aux_ids_default", f"without ids vLLM uses {default} for this target; eagle-migrate writes them explicitly on conversion"))
+        else:
+            bad = [i for i in ids if i < 0 or i > t_layers]
+            if bad:
+                out.append(finding("error", "aux_ids_out_of_range", f"aux layer ids {bad} (vLLM convention) are outside 0..{t_layers} for a {t_layers}-layer target"))
+            elif t_layers in ids:
+                out.append(finding("warning", "aux_id_last_layer", f"aux id {t_layers} = the residual stream after the last layer: vLLM captures it before the final norm, transformers' hidden_states[{t_layers}] is after it"))
+            stored = ck.meta.get("aux_ids_stored")
+            if ck.meta.get("aux_offset", 0) == 0 and stored and ck.producer in ("vllm", "unknown") and min(stored) == 1:
+                out.append(finding("info", "aux_ids_convention_hint", f"first aux id is 1: some trainers (SGLang-style, output-of-layer) write {stored} meaning vLLM ids {[i + 1 for i in stored]}; the producer is not known, so they are taken as written"))
+    if ti.max_position_embeddings and cfg.max_position_embeddings < int(ti.max_position_embeddings):
+        out.append(finding("warning", "max_position_embeddings_low", f"drafter max_position_embeddings={cfg.max_position_embeddings} < the target's {ti.max_position_embeddings}: vLLM < 0.27 crashes past it (vllm#48894), later versions raise it silently"))
+    if abs(cfg.rope_theta - ti.rope_theta) > 1e-6 * max(1.0, ti.rope_theta):
+        out.append(finding("warning", "rope_theta_mismatch", f"drafter rope_theta={cfg.rope_theta:g}, target {ti.rope_theta:g}: fine only if the drafter was trained that way (a missing rope_theta defaults to 10000, SpecForge#265)"))
+    if _norm_scaling(cfg.rope_scaling) != _norm_scaling(ti.rope_scaling):
+        out.append(finding("warning", "rope_scaling_mismatch", f"drafter rope_scaling={cfg.rope_scaling}, target {ti.rope_scaling} (dropped rope_scaling: speculators#574)"))
+    if abs(cfg.rms_norm_eps - ti.rms_norm_eps) > 1e-12 and ck.raw_config:
+        out.append(finding("info", "rms_norm_eps_differs", f"drafter rms_norm_eps={cfg.rms_norm_eps:g}, target {ti.rms_norm_eps:g}"))
+    return out
+
+
+def _norm_scaling(s: dict[str, Any] | None) -> dict[str, Any] | None:
+    if not s:
+        return None
+    d = dict(s)
+    if "type" in d and "rope_type" not in d:
+        d["rope_type"] = d.pop("type")
+    d.pop("type", None)
+    d.pop("rope_theta", None)
+    return {k: (float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v) for k, v in sorted(d.items())}
+
+
+# ----- report -----------------------------------------------------------------------------------------------------
+def _dtype_summary(ck: Checkpoint) -> str:
+    counts: dict[str, int] = {}
+    for c, s in ck.name_map.items():
+        info = ck.store.infos[s]
+        if c in ("d2t", "t2d") or c.rsplit(".", 1)[-1] in QUANT_SUFFIXES:
+            continue
+        counts[info.dtype] = counts.get(info.dtype, 0) + info.numel
+    if not counts:
+        return "unknown"
+    ordered = sorted(counts, key=lambda k: -counts[k])
+    return ordered[0] if len(ordered) == 1 else "mixed: " + ", ".join(ordered)
+
+
+def _num_parameters(ck: Checkpoint) -> int:
+    shapes = ck.meta.get("logical_shapes", {})
+    n = 0
+    for c, s in ck.name_map.items():
+        if c.rsplit(".", 1)[-1] in QUANT_SUFFIXES:
+            if c.endswith(".weight_packed"):
+                shp = shapes.get(c[: -len("_packed")])
+                if shp:
+                    k = 1
+                    for x in shp:
+                        k *= x
+                    n += k
+            continue
+        shp = shapes.get(c) or ck.store.infos[s].shape
+        k = 1
+        for x in shp:
+            k *= x
+        n += k
+    return n
+
+
+def report_from_checkpoint(ck: Checkpoint, target: str | None = None, deep: bool = False) -> InspectReport:
+    findings = list(ck.findings)
+    ti = None
+    if target is not None:
+        from .target import target_info
+
+        ti = target_info(target)
+    findings += _check_vocab_maps(ck, ti.vocab_size if ti else None)
+    findings += _check_finite(ck, deep)
+    findings += _check_norm_weights(ck)
+    if ti is not None:
+        findings += _pairing(ck, ti)
+    # one finding per code+message, errors first
+    seen = set()
+    uniq = []
+    for f in findings:
+        key = (f.code, f.message)
+        if key not in seen:
+            seen.add(key)
+            uniq.append(f)
+    uniq.sort(key=lambda f: _SEVERITY_ORDER[f.severity])
+    cfg = ck.config
+    root = Path(ck.path).resolve()
+    files = []
+    for f in ck.store.files:
+        try:
+            name = str(Path(f).relative_to(root))
+        except ValueError:
+            name = str(f)
+        files.append(FileEntry(name=name, bytes=Path(f).stat().st_size))
+    extra_files = [p for p in ("config.json", "hf_quant_config.json", "model.safetensors.index.json", "pytorch_model.bin.index.json")
+                   if (Path(ck.path) / p).is_file()]
+    for p in extra_files:
+        files.append(FileEntry(name=p, bytes=(Path(ck.path) / p).stat().st_size))
+    return InspectReport(
+        path=str(ck.meta.get("input_path", ck.path)),
+        format=ck.format,
+        producer=ck.producer,
+        layout=ck.layout,
+        architecture=cfg.architecture,
+        sizes=Sizes(
+            hidden_size=cfg.hidden_size, target_hidden_size=cfg.target_hidden_size,
+            num_aux=cfg.num_aux if cfg.generation == "eagle3" else 2,
+            vocab_size=ck.meta.get("vocab_size_declared", cfg.vocab_size), draft_vocab_size=cfg.draft_vocab_size,
+            intermediate_size=cfg.intermediate_size, num_attention_heads=cfg.num_attention_heads,
+            num_key_value_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim, num_layers=cfg.num_layers,
+        ),
+        aux_layer_ids=cfg.aux_layer_ids,
+        aux_layer_ids_stored=ck.meta.get("aux_ids_stored"),
+        aux_layer_ids_convention=ck.meta.get("aux_convention", "input-to-layer"),
+        flags=Flags(fc_norm=cfg.fc_norm, norm_output=cfg.norm_output, norm_before_fc=cfg.norm_before_fc,
+                    norm_before_residual=cfg.norm_before_residual),
+        rope_theta=cfg.rope_theta,
+        rope_scaling=cfg.rope_scaling,
+        max_position_embeddings=cfg.max_position_embeddings,
+        dtype=_dtype_summary(ck),
+        num_parameters=_num_parameters(ck),
+        num_tensors=len(ck.name_map),
+        files=files,
+        total_bytes=sum(f.bytes for f in files),
+        quantization=ck.quantization,
+        target=None if ti is None else TargetSummary(
+            path=str(ti.path), hidden_size=ti.hidden_size, num_layers=ti.num_layers, vocab_size=ti.vocab_size,
+            max_position_embeddings=ti.max_position_embeddings, rope_theta=ti.rope_theta, rope_scaling=ti.rope_scaling,
+            model_type=ti.model_type,
+        ),
+        deep=deep,
+        findings=uniq,
+    )
+
+
+def inspect_checkpoint(path: str | Path, target: str | None = None, deep: bool = False) -> InspectReport:
+    """Read ``path`` (any supported layout; never modified) and report what it is and what is wrong with it.
+
+    Raises CheckpointError (exit 2) when the input cannot be read at all; TargetError when ``target`` cannot.
+    """
+    from .formats import read_checkpoint
+
+    ck = read_checkpoint(path)
+    ck.meta["input_path"] = str(path)
+    return report_from_checkpoint(ck, target=target, deep=deep)
