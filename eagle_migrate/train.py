@@ -1,0 +1,733 @@
+"""Training that matches inference: the drafter unrolled over k speculation steps exactly as vLLM drafts.
+
+EAGLE-3's *training-time test*, for a sequence t_0..t_{T-1} with target aux states a_0..a_{T-1}:
+
+* step 0, all positions in parallel: position i takes token t_{i+1} and g_i = fc(fc_norm(a_i)), attends causally
+  to the step-0 keys at positions <= i, and predicts t_{i+2} (this is vLLM's step 0 over the verified context);
+* step j >= 1: position i takes token t_{i+1+j} and, in place of g, the state the drafter fed back from step j-1
+  at the same position (``h_post`` under ``norm_output``, ``h_pre`` otherwise); its RoPE position is i+j; it attends
+  to the step-0 keys at positions <= i and to its own chain's keys from steps 1..j (all at column i), and predicts
+  t_{i+2+j}. This is what vLLM computes for the j-th draft token when the context ends at t_{i+1}.
+
+Feeding the true token t_{i+1+j} (not the drafter's own guess) is exact for acceptance: draft j only counts when
+drafts 0..j-1 were accepted, i.e. equal to the true tokens. ``tests/unit/test_train.py`` proves that the unrolled
+forward equals :meth:`EagleDrafter.draft_with_cache` (the multi-step drafting forward) on the same inputs.
+
+Loss: cross-entropy of the drafter's distribution over the draft vocabulary against the target's distribution
+restricted to the draft-vocabulary ids (target id = draft id + d2t[draft id]), at every step, weighted 0.8^j.
+
+Target features (aux states, the target's post-norm last hidden state for the labels) come from a
+:class:`FeatureStore`: computed batch by batch from the target (streamed), cached on disk as one safetensors file
+per batch (``cache_dir``), or read from precomputed files (:class:`PrecomputedFeatures`).
+
+:func:`fit` is the optimisation loop shared by plain EAGLE-3 training (``benchmarks/train_smollm2_eagle3.py``) and
+calibration (``eagle_migrate/calibrate.py``): AdamW (fused on CUDA), warm-up + cosine/linear/constant schedule,
+gradient clipping, bf16 autocast on CUDA and fp32 on CPU, a deterministic data order from the seed, held-out
+evaluation with best-checkpoint keeping and early stopping, and exact resume from ``resume_dir``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel, Field
+
+from .drafter.model import EagleDrafter, StepOutput
+
+STEP_DECAY = 0.8
+Progress = Callable[[dict[str, Any]], None]
+
+
+# ----- the unrolled forward ------------------------------------------------------------------------------------------
+def chain_mask(t: int, j: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """[1, 1, T, (j+1)*T] bool (True = attend) for step j >= 1.
+
+    Keys are laid out as [step-0 keys (T) | step-1 keys (T) | ... | step-j keys (T)]: the query of step j at
+    position i sees step-0 keys at positions <= i and, in every later block, only column i (its own chain).
+    """
+    ar = torch.arange(t, device=device)
+    causal = ar[None, :] <= ar[:, None]
+    eye = torch.eye(t, dtype=torch.bool, device=device)
+    return torch.cat([causal] + [eye] * j, dim=1)[None, None]
+
+
+def shift_tokens(ids: torch.Tensor, by: int, fill: int = 0) -> torch.Tensor:
+    """[B, T] -> out[:, i] = ids[:, i + by] (``fill`` past the end)."""
+    out = torch.full_like(ids, fill)
+    t = ids.shape[1]
+    if by < t:
+        out[:, : t - by] = ids[:, by:]
+    return out
+
+
+def unrolled_forward(
+    model: EagleDrafter,
+    input_ids: torch.Tensor,
+    aux: torch.Tensor,
+    k: int,
+    positions: torch.Tensor | None = None,
+) -> list[StepOutput]:
+    """k drafter steps over every position at once (see the module docstring). ``outs[j].h_post[:, i]`` is the
+    state from which the drafter predicts t_{i+2+j}; ``input_ids`` [B, T], ``aux`` [B, T, K*Ht]."""
+    b, t = input_ids.shape
+    if aux.shape[:2] != (b, t):
+        raise ValueError(f"aux covers {tuple(aux.shape[:2])}, input_ids {(b, t)}")
+    pos = positions if positions is not None else torch.arange(t, device=input_ids.device).expand(b, t)
+    hidden = model.combine(aux)
+    outs: list[StepOutput] = []
+    kv: list[tuple[torch.Tensor, torch.Tensor]] = []
+    for j in range(k):
+        toks = shift_tokens(input_ids, 1 + j)
+        if j == 0:
+            o = model.forward_step(toks, hidden, pos)
+            kv = list(o.new_kv)
+        else:
+            o = model.forward_step(toks, hidden, pos + j, mask=chain_mask(t, j, input_ids.device), extra_kv=kv)
+            kv = [(torch.cat([a, na], 2), torch.cat([b_, nb], 2)) for (a, b_), (na, nb) in zip(kv, o.new_kv)]
+        outs.append(o)
+        hidden = o.h_feed
+    return outs
+
+
+def step_weights(k: int, decay: float = STEP_DECAY) -> list[float]:
+    return [decay**j for j in range(k)]
+
+
+# ----- target side ---------------------------------------------------------------------------------------------------
+def draft_to_target_ids(model: EagleDrafter) -> torch.Tensor:
+    """[Vd] target token id of every draft id."""
+    ar = torch.arange(model.cfg.draft_vocab_size, device=model.lm_head.weight.device)
+    return model.to_target_ids(ar)
+
+
+@dataclass
+class TargetHead:
+    """The target's output layer restricted to the draft vocabulary: logits over Vd from its post-norm state."""
+
+    weight: torch.Tensor  # [Vd, Ht]
+    bias: torch.Tensor | None = None
+
+    @classmethod
+    def from_target(cls, target: Any, t_ids: torch.Tensor, device: torch.device | str = "cpu") -> TargetHead:
+        head = target.model.get_output_embeddings()
+        w = head.weight.detach()[t_ids.to(head.weight.device)].to(device=device, dtype=torch.float32)
+        b = getattr(head, "bias", None)
+        return cls(w, None if b is None else b.detach()[t_ids.to(b.device)].to(device=device, dtype=torch.float32))
+
+    def logits(self, final: torch.Tensor) -> torch.Tensor:
+        out = final.float() @ self.weight.T
+        return out if self.bias is None else out + self.bias
+
+
+@dataclass
+class FeatureBatch:
+    """One batch of target features. Positions past ``lengths`` are padding (right-padded)."""
+
+    input_ids: torch.Tensor  # [B, T] int64
+    aux: torch.Tensor  # [B, T, K*Ht]
+    loss_mask: torch.Tensor  # [B, T] bool: the target's prediction at position p (of token p+1) is trained on
+    final: torch.Tensor | None = None  # [B, T, Ht] the target's post-norm last hidden state
+    target_logits: torch.Tensor | None = None  # [B, T, Vd] already restricted to the draft vocabulary
+    lengths: torch.Tensor | None = None  # [B] real lengths (None: every row is T long)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.loss_mask.sum())
+
+    def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> FeatureBatch:
+        cast = (lambda x: x.to(device=device, dtype=dtype)) if dtype is not None else (lambda x: x.to(device))
+        return FeatureBatch(
+            self.input_ids.to(device), cast(self.aux), self.loss_mask.to(device),
+            None if self.final is None else cast(self.final),
+            None if self.target_logits is None else self.target_logits.to(device), self.lengths,
+        )
+
+    def labels(self, head: TargetHead | None) -> torch.Tensor:
+        if self.target_logits is not None:
+            return self.target_logits.float()
+        if self.final is None or head is None:
+            raise ValueError("a batch needs target_logits, or final states plus a TargetHead")
+        return head.logits(self.final)
+
+
+def _base_model(model: Any) -> Any:
+    get = getattr(model, "get_decoder", None)
+    base = get() if callable(get) else None
+    return base if base is not None else getattr(model, "model", model)
+
+
+@torch.no_grad()
+def capture(target: Any, input_ids: torch.Tensor, lengths: torch.Tensor, layer_ids: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(aux [B,T,K*Ht] at ``layer_ids`` ascending, post-norm last hidden [B,T,Ht]) for a right-padded batch."""
+    t = input_ids.shape[1]
+    attn = (torch.arange(t)[None, :] < lengths[:, None]).long()
+    dev = target.device
+    out = _base_model(target.model)(
+        input_ids=input_ids.to(dev), attention_mask=attn.to(dev), output_hidden_states=True, use_cache=False
+    )
+    hs = out.hidden_states
+    aux = torch.cat([hs[i] for i in sorted(layer_ids)], dim=-1)
+    return aux, out.last_hidden_state
+
+
+def pad_batch(seqs: Sequence[Sequence[int]], masks: Sequence[Sequence[bool]] | None, seq_len: int, pad_id: int = 0):
+    seqs = [list(s)[:seq_len] for s in seqs]
+    t = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), t), pad_id, dtype=torch.long)
+    lm = torch.zeros((len(seqs), t), dtype=torch.bool)
+    lengths = torch.tensor([len(s) for s in seqs], dtype=torch.long)
+    for r, s in enumerate(seqs):
+        ids[r, : len(s)] = torch.tensor(s, dtype=torch.long)
+        if masks is None:
+            lm[r, : len(s)] = True
+        else:
+            m = list(masks[r])[: len(s)]
+            lm[r, : len(m)] = torch.tensor(m, dtype=torch.bool)
+    return ids, lengths, lm
+
+
+class FeatureStore:
+    """Target features for a list of token sequences, one :class:`FeatureBatch` per ``batch`` sequences.
+
+    Without ``cache_dir`` every access runs the target (streaming: never more than one batch in memory). With it,
+    each batch is written once to ``cache_dir/features-<name>-<key>/batch-00000.safetensors`` (``input_ids``,
+    ``lengths``, ``loss_mask``, ``aux``, ``final``) and read back afterwards; the key hashes the target, layer ids,
+    sequences, masks and shapes, so a changed input never reuses stale features.
+    """
+
+    def __init__(
+        self,
+        target: Any,
+        sequences: Sequence[Sequence[int]],
+        layer_ids: Sequence[int],
+        *,
+        batch: int = 4,
+        seq_len: int = 512,
+        loss_masks: Sequence[Sequence[bool]] | None = None,
+        cache_dir: str | os.PathLike | None = None,
+        name: str = "train",
+        store_dtype: torch.dtype = torch.float32,
+    ):
+        if not sequences:
+            raise ValueError("no sequences to capture target features from")
+        self.target = target
+        self.sequences = [list(s)[:seq_len] for s in sequences]
+        self.masks = None if loss_masks is None else [list(m)[:seq_len] for m in loss_masks]
+        self.layer_ids = sorted(layer_ids)
+        self.batch = batch
+        self.seq_len = seq_len
+        self.store_dtype = store_dtype
+        self.dir: Path | None = None
+        if cache_dir is not None:
+            h = hashlib.sha256()
+            h.update(json.dumps([str(getattr(getattr(target, "info", None), "path", "")), self.layer_ids, seq_len, batch, str(store_dtype)]).encode())
+            for s in self.sequences:
+                h.update(json.dumps(s).encode())
+            if self.masks is not None:
+                for m in self.masks:
+                    h.update(bytes(bytearray(int(x) for x in m)))
+            self.dir = Path(cache_dir) / f"features-{name}-{h.hexdigest()[:16]}"
+            self.dir.mkdir(parents=True, exist_ok=True)
+
+    def __len__(self) -> int:
+        return math.ceil(len(self.sequences) / self.batch)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(s) for s in self.sequences)
+
+    def _file(self, i: int) -> Path | None:
+        return None if self.dir is None else self.dir / f"batch-{i:05d}.safetensors"
+
+    def _compute(self, i: int) -> FeatureBatch:
+        seqs = self.sequences[i * self.batch : (i + 1) * self.batch]
+        masks = None if self.masks is None else self.masks[i * self.batch : (i + 1) * self.batch]
+        ids, lengths, lm = pad_batch(seqs, masks, self.seq_len)
+        aux, final = capture(self.target, ids, lengths, self.layer_ids)
+        return FeatureBatch(ids, aux.to("cpu", self.store_dtype), lm, final.to("cpu", self.store_dtype), lengths=lengths)
+
+    def __getitem__(self, i: int) -> FeatureBatch:
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        f = self._file(i)
+        if f is not None and f.exists():
+            return read_feature_file(f)
+        fb = self._compute(i)
+        if f is not None:
+            from safetensors.torch import save_file
+
+            tmp = f.with_name(f.name + ".part")
+            save_file({"input_ids": fb.input_ids, "lengths": fb.lengths, "loss_mask": fb.loss_mask.to(torch.uint8),
+                       "aux": fb.aux.contiguous(), "final": fb.final.contiguous()}, str(tmp), metadata={"layer_ids": json.dumps(self.layer_ids)})
+            os.replace(tmp, f)
+        return fb
+
+    def prefetch(self, progress: Progress | None = None) -> None:
+        """Compute and cache every missing batch (no-op without ``cache_dir``)."""
+        if self.dir is None:
+            return
+        for i in range(len(self)):
+            f = self._file(i)
+            if not f.exists():
+                self[i]
+            if progress:
+                progress({"phase": "capture", "batch": i + 1, "batches": len(self)})
+
+
+def read_feature_file(f: Path) -> FeatureBatch:
+    from safetensors.torch import load_file
+
+    d = load_file(str(f))
+    lengths = d.get("lengths")
+    return FeatureBatch(d["input_ids"].long(), d["aux"], d["loss_mask"].bool(), d.get("final"), d.get("target_logits"),
+                        None if lengths is None else lengths.long())
+
+
+class PrecomputedFeatures:
+    """Features another pipeline wrote. Layout ``eagle-migrate``: a folder of ``*.safetensors`` files, each one
+    batch with ``input_ids`` [B,T], ``loss_mask`` [B,T], ``aux`` [B,T,K*Ht] (aux layers ascending, concatenated)
+    and either ``final`` [B,T,Ht] (target post-norm last hidden state) or ``target_logits`` [B,T,Vd] (already
+    restricted to the draft vocabulary). See docs/calibration.md for converting speculators / SpecForge data."""
+
+    def __init__(self, folder: str | os.PathLike):
+        self.files = sorted(Path(folder).glob("*.safetensors"))
+        if not self.files:
+            raise ValueError(f"{folder}: no *.safetensors feature files")
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, i: int) -> FeatureBatch:
+        return read_feature_file(self.files[i])
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self[i].num_tokens for i in range(len(self)))
+
+    def prefetch(self, progress: Progress | None = None) -> None:
+        return None
+
+
+# ----- loss ----------------------------------------------------------------------------------------------------------
+@dataclass
+class LossOutput:
+    loss: torch.Tensor
+    step_loss: list[float]
+    step_acc: list[float]  # top-1 agreement with the target's argmax inside the draft vocabulary
+    tokens: int
+
+
+def unrolled_loss(
+    model: EagleDrafter,
+    fb: FeatureBatch,
+    head: TargetHead | None,
+    k: int,
+    decay: float = STEP_DECAY,
+) -> LossOutput:
+    """Weighted (decay^j) soft cross-entropy of the k unrolled steps against the target's draft-vocab distribution."""
+    outs = unrolled_forward(model, fb.input_ids, fb.aux, k)
+    tl = fb.labels(head)
+    t = fb.input_ids.shape[1]
+    total = torch.zeros((), device=fb.aux.device)
+    wsum = 0.0
+    sl, sa = [], []
+    tokens = 0
+    for j, (o, w) in enumerate(zip(outs, step_weights(k, decay))):
+        n = t - 1 - j
+        if n <= 0:
+            break
+        dl = model.logits(o.h_post[:, :n]).float()
+        tj = tl[:, 1 + j : 1 + j + n]
+        m = fb.loss_mask[:, 1 + j : 1 + j + n].to(dl.device)
+        cnt = m.sum()
+        ce = -(tj.softmax(-1) * dl.log_softmax(-1)).sum(-1)
+        lj = (ce * m).sum() / cnt.clamp(min=1)
+        total = total + w * lj
+        wsum += w
+        sl.append(float(lj.detach()))
+        sa.append(float(((dl.argmax(-1) == tj.argmax(-1)) & m).sum() / cnt.clamp(min=1)))
+        if j == 0:
+            tokens = int(cnt)
+    return LossOutput(total / max(wsum, 1e-9), sl, sa, tokens)
+
+
+# ----- simulated acceptance ------------------------------------------------------------------------------------------
+class SimulatedAcceptance(BaseModel):
+    """Greedy acceptance of k-token chains, walked as vLLM walks a greedy generation (AL = 1 + accepted / drafts)."""
+
+    acceptance_length: float
+    per_position_rate: list[float] = Field(description="accepted at draft position j / drafts")
+    num_drafts: int
+    num_accepted: int
+    num_sequences: int
+
+
+@dataclass
+class HeldoutSequence:
+    """A prompt followed by the target's own greedy continuation (the draft at step j is accepted iff it equals
+    the sequence's next tokens). ``prompt_len`` = number of prompt tokens."""
+
+    ids: list[int]
+    prompt_len: int
+
+
+def walk_acceptance(preds: torch.Tensor, ids: torch.Tensor, prompt_len: int, length: int, k: int) -> tuple[int, list[int]]:
+    """(drafts, accepted per position) for one sequence. ``preds`` [k, T]: step-j draft (target id) at position i."""
+    drafts, acc = 0, [0] * k
+    i = prompt_len - 1
+    p = preds.tolist()
+    s = ids.tolist()
+    while i + 2 <= length - 1:
+        a = 0
+        for j in range(k):
+            if i + 2 + j > length - 1 or p[j][i] != s[i + 2 + j]:
+                break
+            a += 1
+        drafts += 1
+        for j in range(a):
+            acc[j] += 1
+        i += a + 1
+    return drafts, acc
+
+
+@torch.no_grad()
+def simulated_acceptance(
+    model: EagleDrafter,
+    store: Any,
+    prompt_lens: Sequence[int],
+    k: int,
+    device: torch.device | str = "cpu",
+    autocast: bool = False,
+) -> SimulatedAcceptance:
+    """Simulated AL over a :class:`FeatureStore` of held-out sequences (target greedy continuations)."""
+    was = model.training
+    model.eval()
+    drafts, acc, nseq, row = 0, [0] * k, 0, 0
+    for bi in range(len(store)):
+        fb = store[bi].to(device, None)
+        with _autocast(device, autocast):
+            outs = unrolled_forward(model, fb.input_ids, fb.aux.to(model.fc.weight.dtype), k)
+        preds = torch.stack([model.to_target_ids(model.logits(o.h_post).argmax(-1)) for o in outs], 1).cpu()  # [B,k,T]
+        b, t = fb.input_ids.shape
+        lengths = fb.lengths.tolist() if fb.lengths is not None else [t] * b
+        for r in range(b):
+            d, a = walk_acceptance(preds[r], fb.input_ids[r].cpu(), prompt_lens[row], int(lengths[r]), k)
+            drafts += d
+            acc = [x + y for x, y in zip(acc, a)]
+            nseq += 1
+            row += 1
+    model.train(was)
+    n = sum(acc)
+    return SimulatedAcceptance(
+        acceptance_length=1.0 + n / drafts if drafts else 1.0,
+        per_position_rate=[a / drafts if drafts else 0.0 for a in acc],
+        num_drafts=drafts, num_accepted=n, num_sequences=nseq,
+    )
+
+
+def _autocast(device: torch.device | str, enabled: bool):
+    dev = torch.device(device)
+    if enabled and dev.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
+# ----- greedy continuations ------------------------------------------------------------------------------------------
+@torch.no_grad()
+def greedy_continuations(target: Any, prompts: Sequence[Sequence[int]], max_new_tokens: int, batch: int = 8,
+                         eos_ids: Iterable[int] | None = None) -> list[HeldoutSequence]:
+    """The target's own greedy continuations of ``prompts`` (transformers ``generate``, left-padded batches)."""
+    model = target.model
+    gc = getattr(model, "generation_config", None)
+    eos = set(eos_ids) if eos_ids is not None else set()
+    if not eos and gc is not None and gc.eos_token_id is not None:
+        eos = set(gc.eos_token_id if isinstance(gc.eos_token_id, list) else [gc.eos_token_id])
+    pad = 0
+    out: list[HeldoutSequence] = []
+    for s in range(0, len(prompts), batch):
+        chunk = [list(p) for p in prompts[s : s + batch]]
+        t = max(len(p) for p in chunk)
+        ids = torch.full((len(chunk), t), pad, dtype=torch.long)
+        attn = torch.zeros((len(chunk), t), dtype=torch.long)
+        for r, p in enumerate(chunk):
+            ids[r, t - len(p):] = torch.tensor(p)
+            attn[r, t - len(p):] = 1
+        gen = model.generate(input_ids=ids.to(target.device), attention_mask=attn.to(target.device), do_sample=False,
+                             max_new_tokens=max_new_tokens, pad_token_id=pad,
+                             eos_token_id=sorted(eos) if eos else None, temperature=None, top_p=None, top_k=None)
+        for r, p in enumerate(chunk):
+            cont = gen[r, t:].tolist()
+            for c, tok in enumerate(cont):
+                if tok in eos:
+                    cont = cont[: c + 1]
+                    break
+            out.append(HeldoutSequence(p + cont, len(p)))
+    return out
+
+
+# ----- the optimisation loop -----------------------------------------------------------------------------------------
+Schedule = Literal["cosine", "linear", "constant"]
+
+
+class FitConfig(BaseModel):
+    steps: int = Field(200, ge=0)
+    lr: float = Field(1e-3, gt=0)
+    warmup: int = Field(20, ge=0)
+    schedule: Schedule = "cosine"
+    min_lr_ratio: float = Field(0.1, ge=0, le=1)
+    clip: float = Field(1.0, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    k: int = Field(3, ge=1)
+    decay: float = Field(STEP_DECAY, gt=0)
+    seed: int = 0
+    eval_every: int = Field(25, ge=1)
+    save_every: int | None = Field(None, ge=1, description="resume checkpoint period (default: eval_every)")
+    patience: int | None = Field(4, ge=1, description="early stop after this many evaluations without improvement")
+    min_delta: float = Field(1e-3, ge=0, description="an evaluation must beat the best score by this much")
+
+
+def lr_at(step: int, cfg: FitConfig) -> float:
+    if cfg.warmup and step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    if cfg.schedule == "constant" or cfg.steps <= cfg.warmup:
+        return cfg.lr
+    frac = min(1.0, (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup))
+    lo = cfg.lr * cfg.min_lr_ratio
+    if cfg.schedule == "linear":
+        return cfg.lr - (cfg.lr - lo) * frac
+    return lo + 0.5 * (cfg.lr - lo) * (1 + math.cos(math.pi * frac))
+
+
+def batch_order(n: int, step: int, seed: int) -> int:
+    """The batch index used at ``step``: a fresh seeded permutation each epoch (resume needs no RNG state)."""
+    epoch, r = divmod(step, n)
+    g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    return int(torch.randperm(n, generator=g)[r])
+
+
+@dataclass
+class FitResult:
+    steps_run: int
+    best_step: int
+    best_score: float | None
+    initial_score: float | None
+    history: list[dict[str, Any]] = field(default_factory=list)
+    tokens_seen: int = 0
+    seconds: float = 0.0
+    stopped_early: bool = False
+    resumed_from: int | None = None
+
+
+def _state_path(resume_dir: Path) -> Path:
+    return resume_dir / "state.pt"
+
+
+def fit(
+    model: EagleDrafter,
+    trainable: Sequence[str],
+    data: Any,
+    head: TargetHead | None,
+    cfg: FitConfig,
+    *,
+    device: torch.device | str = "cpu",
+    evaluate: Callable[[], float] | None = None,
+    initial_score: float | None = None,
+    resume_dir: str | os.PathLike | None = None,
+    progress: Progress | None = None,
+) -> FitResult:
+    """Train the parameters named in ``trainable`` (everything else frozen) on ``data`` (indexable FeatureBatches).
+
+    ``evaluate()`` returns a score (higher is better; held-out simulated AL): it runs every ``eval_every`` steps and
+    at the end; the parameters of the best evaluation (the initial weights included, scored ``initial_score``)
+    are loaded back before returning. Without ``evaluate`` the final weights are kept. ``resume_dir``: every
+    ``save_every`` steps ``state.pt`` (step, trainable tensors, optimiser state, best-so-far, history, RNG) is
+    written atomically; a later call with the same folder continues from it and reaches the same weights.
+    """
+    device = torch.device(device)
+    t0 = time.perf_counter()
+    named = dict(model.named_parameters())
+    unknown = [n for n in trainable if n not in named]
+    if unknown:
+        raise ValueError(f"no parameters named {unknown}")
+    for n, p in named.items():
+        p.requires_grad_(n in trainable)
+    params = [named[n] for n in trainable]
+    cuda = device.type == "cuda"
+    opt_kw: dict[str, Any] = {"lr": cfg.lr, "betas": (0.9, 0.95), "weight_decay": cfg.weight_decay}
+    if cuda:
+        opt_kw["fused"] = True
+    opt = torch.optim.AdamW(params, **opt_kw)
+    torch.manual_seed(cfg.seed)
+    n_batches = len(data)
+    save_every = cfg.save_every or cfg.eval_every
+
+    start = 0
+    history: list[dict[str, Any]] = []
+    tokens = 0
+    best_score = initial_score
+    best_step = 0
+    best_state = {n: named[n].detach().clone() for n in trainable}
+    bad = 0
+    resumed_from = None
+    rdir = Path(resume_dir) if resume_dir is not None else None
+    if rdir is not None and _state_path(rdir).exists():
+        st = torch.load(_state_path(rdir), map_location="cpu", weights_only=True)
+        if list(st["trainable"]) != list(trainable):
+            raise ValueError(f"{rdir}: the saved run trained other parameters; use a fresh --resume folder")
+        with torch.no_grad():
+            for n in trainable:
+                named[n].copy_(st["params"][n])
+        opt.load_state_dict(st["optim"])
+        start = int(st["step"])
+        history = list(st["history"])
+        tokens = int(st["tokens"])
+        best_score = st["best_score"]
+        best_step = int(st["best_step"])
+        best_state = {n: v.to(device) for n, v in st["best"].items()}
+        bad = int(st["bad"])
+        torch.set_rng_state(st["rng"])
+        resumed_from = start
+        if progress:
+            progress({"phase": "resume", "step": start})
+
+    def save(step: int) -> None:
+        if rdir is None:
+            return
+        rdir.mkdir(parents=True, exist_ok=True)
+        st = {
+            "step": step, "trainable": list(trainable),
+            "params": {n: named[n].detach().cpu().clone() for n in trainable},
+            "optim": opt.state_dict(), "history": history, "tokens": tokens,
+            "best_score": best_score, "best_step": best_step,
+            "best": {n: v.detach().cpu().clone() for n, v in best_state.items()}, "bad": bad,
+            "rng": torch.get_rng_state(),
+        }
+        tmp = _state_path(rdir).with_suffix(".part")
+        torch.save(st, tmp)
+        os.replace(tmp, _state_path(rdir))
+
+    def run_eval(step: int) -> bool:
+        """Evaluate; keep the best; True when patience is exhausted."""
+        nonlocal best_score, best_step, best_state, bad
+        if evaluate is None:
+            return False
+        score = float(evaluate())
+        improved = best_score is None or score > best_score + cfg.min_delta
+        if improved:
+            best_score, best_step, bad = score, step, 0
+            best_state = {n: named[n].detach().clone() for n in trainable}
+        else:
+            bad += 1
+        rec = {"step": step, "score": score, "best_step": best_step, "best_score": best_score}
+        history.append(rec)
+        if progress:
+            progress({"phase": "eval", **rec})
+        return cfg.patience is not None and bad >= cfg.patience
+
+    model.train()
+    stopped = False
+    step = start
+    while step < cfg.steps:
+        lr = lr_at(step, cfg)
+        for g_ in opt.param_groups:
+            g_["lr"] = lr
+        fb = data[batch_order(n_batches, step, cfg.seed)].to(device, model.fc.weight.dtype)
+        with _autocast(device, cuda):
+            out = unrolled_loss(model, fb, head, cfg.k, cfg.decay)
+        opt.zero_grad(set_to_none=True)
+        out.loss.backward()
+        gnorm = torch.nn.utils.clip_grad_norm_(params, cfg.clip)
+        opt.step()
+        tokens += out.tokens
+        step += 1
+        rec = {"phase": "train", "step": step, "steps": cfg.steps, "loss": float(out.loss.detach()), "lr": lr,
+               "grad_norm": float(gnorm), "step_acc": out.step_acc, "tokens": tokens}
+        if progress:
+            progress(rec)
+        if step % cfg.eval_every == 0 or step == cfg.steps:
+            if run_eval(step):
+                stopped = True
+        if step % save_every == 0 or stopped or step == cfg.steps:
+            save(step)
+        if stopped:
+            break
+    if evaluate is not None:
+        with torch.no_grad():
+            for n in trainable:
+                named[n].copy_(best_state[n])
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return FitResult(
+        steps_run=step, best_step=best_step if evaluate is not None else step, best_score=best_score,
+        initial_score=initial_score, history=history, tokens_seen=tokens, seconds=time.perf_counter() - t0,
+        stopped_early=stopped, resumed_from=resumed_from,
+    )
+
+
+# ----- building a fresh EAGLE-3 drafter for a target ----------------------------------------------------------------
+def token_frequencies(sequences: Iterable[Sequence[int]], masks: Iterable[Sequence[bool]] | None = None) -> Counter:
+    c: Counter = Counter()
+    if masks is None:
+        for s in sequences:
+            c.update(s)
+    else:
+        for s, m in zip(sequences, masks):
+            c.update(t for t, keep in zip(s, m) if keep)
+    return c
+
+
+def build_draft_vocab(freqs: Counter, vocab_size: int, draft_vocab_size: int, always: Iterable[int] = ()) -> torch.Tensor:
+    """[Vd] sorted target ids of the draft vocabulary: ``always`` first, then the most frequent ids, then the lowest
+    unseen ids to fill up. ``d2t = t_ids - arange(Vd)``."""
+    chosen: list[int] = []
+    seen = set()
+    for t in list(always) + [t for t, _ in freqs.most_common()]:
+        if 0 <= t < vocab_size and t not in seen and len(chosen) < draft_vocab_size:
+            chosen.append(t)
+            seen.add(t)
+    t = 0
+    while len(chosen) < draft_vocab_size:
+        if t not in seen:
+            chosen.append(t)
+            seen.add(t)
+        t += 1
+    return torch.tensor(sorted(chosen), dtype=torch.long)
+
+
+def init_from_target(model: EagleDrafter, target: Any, t_ids: torch.Tensor, seed: int = 0, std: float = 0.02) -> None:
+    """Fresh EAGLE-3 weights for ``target``: embeddings from the target, lm_head = the target's output rows for the
+    draft vocabulary, final norm from the target, d2t from ``t_ids``; the rest random (normal ``std``), norms 1."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if n.endswith("norm.weight") or ".norm" in n or n.startswith("fc_norm") or n == "norm.weight":
+                p.fill_(1.0)
+            elif p.dim() >= 2:
+                p.copy_(torch.randn(p.shape, generator=g) * std)
+            else:
+                p.zero_()
+        emb = target.model.get_input_embeddings().weight.detach().float().cpu()
+        if model.embed_tokens.weight.shape == emb.shape:
+            model.embed_tokens.weight.copy_(emb)
+        head = target.model.get_output_embeddings().weight.detach().float().cpu()
+        if model.lm_head.weight.shape[1] == head.shape[1]:
+            model.lm_head.weight.copy_(head[t_ids])
+        base = _base_model(target.model)
+        fn = getattr(base, "norm", None)
+        if fn is not None and fn.weight.shape == model.norm.weight.shape:
+            model.norm.weight.copy_(fn.weight.detach().float().cpu())
+        if model.cfg.uses_d2t:
+            model.d2t.copy_(t_ids - torch.arange(len(t_ids)))

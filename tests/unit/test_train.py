@@ -1,0 +1,219 @@
+"""The unrolled training forward (EAGLE-3 training-time test) against the multi-step drafting forward, and the
+training loop: loss decreases, deterministic, resume reaches the same weights, best checkpoint kept."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from eagle_migrate.drafter import DrafterConfig, EagleDrafter, KVCache
+from eagle_migrate.train import (
+    FeatureBatch,
+    FitConfig,
+    HeldoutSequence,
+    build_draft_vocab,
+    chain_mask,
+    fit,
+    lr_at,
+    unrolled_forward,
+    unrolled_loss,
+    walk_acceptance,
+)
+
+
+def _model(norm_output: bool, layers: int = 1, seed: int = 0, **kw) -> EagleDrafter:
+    torch.manual_seed(seed)
+    cfg = DrafterConfig(hidden_size=32, target_hidden_size=24, vocab_size=50, draft_vocab_size=kw.pop("vd", 40),
+                        intermediate_size=48, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                        num_layers=layers, fc_norm=True, norm_output=norm_output, rms_norm_eps=1e-6, **kw)
+    m = EagleDrafter(cfg)
+    with torch.no_grad():
+        for n, p in m.named_parameters():
+            if "norm" in n:
+                p.copy_(1 + 0.3 * torch.randn_like(p))
+            elif p.dim() >= 2:
+                p.copy_(torch.randn_like(p) * 0.3)
+        if cfg.uses_d2t:
+            m.d2t.copy_(torch.randint(0, cfg.vocab_size - cfg.draft_vocab_size + 1, (cfg.draft_vocab_size,)))
+    return m.eval()
+
+
+def test_chain_mask_pattern():
+    m = chain_mask(4, 2)[0, 0]
+    assert m.shape == (4, 12)
+    assert m[2, :4].tolist() == [True, True, True, False]  # step-0 keys at positions <= 2
+    assert m[2, 4:8].tolist() == [False, False, True, False]  # step-1 key of its own chain only
+    assert m[2, 8:].tolist() == [False, False, True, False]
+
+
+@pytest.mark.parametrize("norm_output,layers,nbr", [(False, 1, False), (True, 1, True), (True, 2, False), (False, 2, True)])
+def test_unrolled_forward_equals_multistep_drafting(norm_output, layers, nbr):
+    """Teacher-forcing the drafter's own drafts, step j of the unrolled forward at position n-1 reproduces the
+    j-th draft step of draft_with_cache (the chain vLLM runs) for every context length n."""
+    m = _model(norm_output, layers, norm_before_residual=nbr)
+    k = 4
+    torch.manual_seed(1)
+    t = 14
+    aux = torch.randn(1, t + k, 3 * 24) * 3
+    for n in (1, 2, 5, 9, t - 1):
+        ctx = torch.randint(0, 50, (1, n + 1))
+        drafts, outs = m.draft_with_cache(ctx, aux[:, :n], k, KVCache())
+        seq = torch.cat([ctx, drafts], dim=1)  # context + the drafter's own drafts
+        un = unrolled_forward(m, seq, aux[:, : seq.shape[1]], k)
+        for j in range(k):
+            ref = outs[j].h_post[:, -1]  # drafting step j (step 0: last context position)
+            got = un[j].h_post[:, n - 1]
+            assert torch.allclose(got, ref, atol=1e-4, rtol=1e-4), (n, j, (got - ref).abs().max())
+            got_id = m.to_target_ids(m.logits(un[j].h_post[:, n - 1]).argmax(-1))
+            assert int(got_id) == int(drafts[0, j])
+
+
+def test_unrolled_step0_is_plain_causal_forward():
+    m = _model(True)
+    ids, aux = torch.randint(0, 50, (2, 9)), torch.randn(2, 9, 72)
+    un = unrolled_forward(m, ids, aux, 1)
+    ref = m.forward_step(torch.cat([ids[:, 1:], torch.zeros(2, 1, dtype=torch.long)], 1), m.combine(aux),
+                         torch.arange(9).expand(2, 9))
+    assert torch.allclose(un[0].h_post, ref.h_post, atol=1e-6)
+
+
+def test_walk_acceptance_follows_vllm_greedy_walk():
+    # sequence 0..11, prompt of 4 tokens: first draft at i = 3 predicts tokens 5, 6, 7
+    ids = torch.arange(12)
+    preds = torch.full((3, 12), -1)
+    preds[0, 3], preds[1, 3], preds[2, 3] = 5, 6, 99  # 2 accepted -> next i = 6
+    preds[0, 6] = 8  # 1 accepted -> next i = 8
+    drafts, acc = walk_acceptance(preds, ids, 4, 12, 3)
+    # i = 3 (2 acc), 6 (1 acc), 8 (0), 9 (0): i + 2 <= 11 holds up to i = 9
+    assert drafts == 4 and acc == [2, 1, 0]
+
+
+def _toy_batches(m_teacher: EagleDrafter, n: int = 3, b: int = 2, t: int = 12, seed: int = 0) -> list[FeatureBatch]:
+    """Labels from a 'teacher' drafter so a student can fit them."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        ids = torch.randint(0, 50, (b, t), generator=g)
+        aux = torch.randn(b, t, 72, generator=g)
+        with torch.no_grad():
+            # the teacher's step-0 logits at position p-1 are the target distribution of token p+1 at position p
+            h = m_teacher.forward_step(ids, m_teacher.combine(aux), torch.arange(t).expand(b, t)).h_post
+            tl = m_teacher.logits(h) * 3
+        out.append(FeatureBatch(ids, aux, torch.ones(b, t, dtype=torch.bool), target_logits=tl))
+    return out
+
+
+def test_loss_decreases_and_training_is_deterministic():
+    teacher = _model(True, seed=5)
+    data = _toy_batches(teacher)
+    cfg = FitConfig(steps=40, lr=1e-2, warmup=2, k=3, seed=0, eval_every=100, patience=None)
+    runs = []
+    for _ in range(2):
+        m = _model(True, seed=0)
+        losses = []
+        fit(m, [n for n, _ in m.named_parameters() if n != "embed_tokens.weight"], data, None, cfg,
+            progress=lambda e: losses.append(e["loss"]) if e.get("phase") == "train" else None)
+        runs.append((losses, {n: p.detach().clone() for n, p in m.named_parameters()}))
+    losses = runs[0][0]
+    assert sum(losses[-5:]) / 5 < 0.8 * sum(losses[:5]) / 5
+    assert runs[0][0] == runs[1][0]
+    assert all(torch.equal(runs[0][1][n], runs[1][1][n]) for n in runs[0][1])
+
+
+def test_loss_covers_every_step():
+    m = _model(False)
+    teacher = _model(False, seed=3)
+    fb = _toy_batches(teacher, n=1)[0]
+    out = unrolled_loss(m, fb, None, 3)
+    assert len(out.step_loss) == 3 and all(x > 0 for x in out.step_loss)
+    # a gradient reaches the fed-back path: the chain's later steps depend on hidden_norm through h_feed
+    out.loss.backward()
+    assert m.layers[0].hidden_norm.weight.grad is not None and m.layers[0].hidden_norm.weight.grad.abs().sum() > 0
+
+
+class _Interrupt(Exception):
+    pass
+
+
+def test_resume_reaches_the_same_weights(tmp_path):
+    teacher = _model(True, seed=5)
+    data = _toy_batches(teacher)
+    names = ["fc_norm.0.weight", "fc_norm.1.weight", "fc_norm.2.weight", "layers.0.hidden_norm.weight", "norm.weight", "fc.weight"]
+    cfg = FitConfig(steps=12, lr=5e-3, warmup=3, k=3, seed=7, eval_every=4, patience=None)
+    step_score = iter(range(100))
+
+    def evaluate_factory():
+        return lambda: float(next(step_score))  # strictly increasing: the last evaluation is the best
+
+    ref = _model(True, seed=0)
+    r_ref = fit(ref, names, data, None, cfg, evaluate=evaluate_factory(), initial_score=-1.0)
+
+    step_score = iter(range(100))
+    m = _model(True, seed=0)
+
+    def interrupt(e):
+        if e.get("phase") == "train" and e["step"] == 6:
+            raise _Interrupt
+
+    with pytest.raises(_Interrupt):
+        fit(m, names, data, None, cfg, evaluate=evaluate_factory(), initial_score=-1.0, resume_dir=tmp_path, progress=interrupt)
+    assert (tmp_path / "state.pt").exists()
+    m2 = _model(True, seed=0)  # a fresh process would start from the initial weights
+    seen = []
+    r = fit(m2, names, data, None, cfg, evaluate=evaluate_factory(), initial_score=-1.0, resume_dir=tmp_path,
+            progress=lambda e: seen.append(e))
+    assert r.resumed_from == 4  # the last saved step before the interruption
+    assert [e["step"] for e in seen if e.get("phase") == "train"][0] == 5
+    for n, p in ref.named_parameters():
+        assert torch.equal(p, dict(m2.named_parameters())[n]), n
+    assert r.steps_run == r_ref.steps_run == 12
+
+
+def test_best_checkpoint_is_returned():
+    teacher = _model(True, seed=5)
+    data = _toy_batches(teacher)
+    names = ["fc.weight", "norm.weight"]
+    cfg = FitConfig(steps=12, lr=5e-3, warmup=0, k=2, eval_every=3, patience=None)
+    m = _model(True, seed=0)
+    snapshots = {}
+    scores = iter([1.0, 3.0, 2.0, 0.5])  # evaluations at steps 3, 6, 9, 12: the best is step 6
+
+    def evaluate():
+        snapshots[len(snapshots) * 3 + 3] = m.fc.weight.detach().clone()
+        return next(scores)
+
+    r = fit(m, names, data, None, cfg, evaluate=evaluate, initial_score=0.0)
+    assert r.best_step == 6 and r.best_score == 3.0
+    assert torch.equal(m.fc.weight, snapshots[6])
+
+
+def test_early_stop_and_initial_weights_kept_when_nothing_improves():
+    teacher = _model(True, seed=5)
+    data = _toy_batches(teacher)
+    m = _model(True, seed=0)
+    before = m.fc.weight.detach().clone()
+    cfg = FitConfig(steps=50, lr=5e-3, warmup=0, k=2, eval_every=2, patience=2)
+    r = fit(m, ["fc.weight"], data, None, cfg, evaluate=lambda: 0.0, initial_score=1.0)
+    assert r.stopped_early and r.steps_run == 4 and r.best_step == 0
+    assert torch.equal(m.fc.weight, before)
+
+
+def test_lr_schedule():
+    cfg = FitConfig(steps=100, lr=1.0, warmup=10, schedule="cosine", min_lr_ratio=0.1)
+    assert lr_at(0, cfg) == pytest.approx(0.1) and lr_at(9, cfg) == pytest.approx(1.0)
+    assert lr_at(100, cfg) == pytest.approx(0.1)
+    assert lr_at(55, cfg) == pytest.approx(0.55)
+
+
+def test_build_draft_vocab_keeps_frequent_ids_sorted():
+    from collections import Counter
+
+    v = build_draft_vocab(Counter({7: 10, 3: 5, 9: 1}), 20, 4, always=[0])
+    assert v.tolist() == [0, 3, 7, 9]
+    v = build_draft_vocab(Counter({7: 10}), 20, 4)
+    assert v.tolist() == [0, 1, 2, 7]
+
+
+def test_heldout_sequence_dataclass():
+    s = HeldoutSequence([1, 2, 3], 2)
+    assert s.prompt_len == 2
