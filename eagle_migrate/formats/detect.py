@@ -37,6 +37,9 @@ def probe_checkpoint(path: Path | str) -> Probe:
     """Open ``path`` and gather what detection needs; reads no tensor data from safetensors files."""
     path = Path(path)
     folder, files, cfg = open_checkpoint_path(path)
+    for f in files:
+        if not f.is_file():
+            raise CheckpointError(f"{f}: is a {'folder' if f.is_dir() else 'special file'}, not a weights file")
     store = TensorStore(folder, files)
     scan = scan_names(store)
     st_meta: dict[str, str] = {}
@@ -83,7 +86,13 @@ def read_checkpoint(path: Path | str) -> Checkpoint:
     """
     probe = probe_checkpoint(path)
     layout, scores = detect_layout(probe)
-    ck = layout.read(probe) if layout is not None else _read_unknown(probe)
+    try:
+        ck = layout.read(probe) if layout is not None else _read_unknown(probe)
+    except CheckpointError as e:
+        if not e.message.startswith(str(probe.folder)):
+            e.message = f"{probe.folder}: {e.message}"
+            e.args = (e.message,)
+        raise
     ck.meta.setdefault("layout_scores", {k: v for k, v in scores.items() if v})
     root = probe.folder.resolve()
     ck.meta.setdefault("files", [str(f.relative_to(root)) if f.is_relative_to(root) else str(f) for f in probe.files])

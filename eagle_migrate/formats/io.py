@@ -167,6 +167,22 @@ def _short(e: Exception) -> str:
     return s[:200]
 
 
+def _unpickler_detail(full: str) -> str:
+    """The one informative line of torch's long weights_only error."""
+    lines = [ln.strip() for ln in full.splitlines() if ln.strip()]
+    for ln in lines:
+        if "GLOBAL" in ln:
+            return ln
+    if "WeightsUnpickler error:" in full:
+        rest = [ln.strip() for ln in full.split("WeightsUnpickler error:", 1)[1].splitlines() if ln.strip()]
+        if rest:
+            return rest[0]
+    for ln in lines:
+        if not ln.startswith(("Weights only load failed", "Check the documentation", "Please file an issue")):
+            return ln
+    return ""
+
+
 def load_bin_safely(f: Path) -> dict[str, torch.Tensor]:
     """``torch.load(weights_only=True)``; never plain unpickling. Returns a flat name -> tensor dict."""
     try:
@@ -176,16 +192,21 @@ def load_bin_safely(f: Path) -> dict[str, torch.Tensor]:
     try:
         obj = torch.load(f, map_location="cpu", weights_only=True, mmap=is_zip)
     except pickle.UnpicklingError as e:
-        msg = _short(e)
-        if "weights_only" in msg or "Unsupported global" in msg or "GLOBAL" in msg or "unsupported" in msg.lower():
-            raise UnsafeInputError(f"{f}: refusing to unpickle: the file holds objects beyond plain tensors ({msg[:120]})") from None
-        raise CheckpointError(f"{f}: not a readable PyTorch weights file ({msg})") from None
-    except (RuntimeError, EOFError, ValueError, OSError, zipfile.BadZipFile, KeyError, IndexError, TypeError, AttributeError) as e:
-        raise CheckpointError(f"{f}: not a readable PyTorch weights file ({_short(e)})") from None
+        full = str(e)
+        # torch's message is long; the useful part follows "WeightsUnpickler error:"
+        detail = _unpickler_detail(full) or _short(e)
+        if "Unsupported global" in full or "GLOBAL" in full:
+            raise UnsafeInputError(f"{f}: refusing to unpickle: the file would import and call Python code ({detail[:160]})") from None
+        raise CheckpointError(f"{f}: not a readable PyTorch weights file ({detail[:160]})") from None
+    except Exception as e:  # any other failure of a hostile or corrupt file is still "unreadable input"
+        raise CheckpointError(f"{f}: not a readable PyTorch weights file ({e.__class__.__name__}: {_short(e)})") from None
     if isinstance(obj, dict) and "state_dict" in obj and isinstance(obj["state_dict"], dict):
         obj = obj["state_dict"]
-    if not isinstance(obj, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items()):
+    if not isinstance(obj, dict):
         raise CheckpointError(f"{f}: expected a dict of name -> tensor, found {type(obj).__name__}")
+    for k, v in obj.items():
+        if not isinstance(k, str) or not isinstance(v, torch.Tensor):
+            raise CheckpointError(f"{f}: expected a dict of name -> tensor, but {k!r} holds a {type(v).__name__}")
     return obj
 
 
