@@ -237,9 +237,10 @@ def _dtype_summary(ck: Checkpoint) -> str:
     counts: dict[str, int] = {}
     for c, s in ck.name_map.items():
         info = ck.store.infos[s]
-        if c in ("d2t", "t2d") or c.rsplit(".", 1)[-1] in QUANT_SUFFIXES:
+        if c in ("d2t", "t2d") or (c.rsplit(".", 1)[-1] in QUANT_SUFFIXES and not c.endswith(".weight_packed")):
             continue
-        counts[info.dtype] = counts.get(info.dtype, 0) + info.numel
+        label = f"{info.dtype} (packed)" if c.endswith(".weight_packed") else info.dtype
+        counts[label] = counts.get(label, 0) + info.numel
     if not counts:
         return "unknown"
     ordered = sorted(counts, key=lambda k: -counts[k])
