@@ -59,6 +59,37 @@ def run_worker(request: dict[str, Any], python: str | None = None, timeout: floa
     return res
 
 
+def _request(target: str, *, num_speculative_tokens: int, dtype: str, max_model_len: int, temperature: float,
+             skip_tokenizer_init: bool, tensor_parallel_size: int, extra: dict[str, Any]) -> dict[str, Any]:
+    req = {
+        "target": str(target), "method": "eagle3",
+        "num_speculative_tokens": num_speculative_tokens, "dtype": dtype, "max_model_len": max_model_len,
+        "temperature": temperature, "skip_tokenizer_init": skip_tokenizer_init,
+        "tensor_parallel_size": tensor_parallel_size, **extra,
+    }
+    if "gpu_memory_utilization" not in req:
+        import torch
+
+        req["gpu_memory_utilization"] = None if torch.cuda.is_available() else 0.25
+    return req
+
+
+def _parse_suites(suites: dict[str, Any], vllm_version: str | None) -> dict[str, tuple[AcceptanceStats, dict[str, Any]]]:
+    out = {}
+    for name, r in suites.items():
+        stats = AcceptanceStats(
+            num_drafts=r.get("num_drafts", 0), num_draft_tokens=r.get("num_draft_tokens", 0),
+            num_accepted_tokens=r.get("num_accepted_tokens", 0),
+            accepted_per_position=r.get("accepted_per_position", []),
+            num_prompts=r["num_prompts"], num_output_tokens=r["output_tokens"],
+        )
+        extra = {"outputs": r["outputs"], "seconds": r["seconds"], "vllm_version": vllm_version}
+        if "drafts" in r:
+            extra["drafts"] = r["drafts"]
+        out[name] = (stats, extra)
+    return out
+
+
 def measure(
     target: str,
     drafter: str | None,
@@ -73,25 +104,39 @@ def measure(
     python: str | None = None,
     **extra: Any,
 ) -> dict[str, tuple[AcceptanceStats, dict[str, Any]]]:
-    """Acceptance stats per suite from one vLLM engine. ``suites`` = {name: {"prompts": [...], "max_tokens": n}}."""
-    req = {
-        "target": str(target), "drafter": str(drafter) if drafter else None, "method": "eagle3",
-        "num_speculative_tokens": num_speculative_tokens, "dtype": dtype, "max_model_len": max_model_len,
-        "temperature": temperature, "skip_tokenizer_init": skip_tokenizer_init,
-        "tensor_parallel_size": tensor_parallel_size, "suites": suites, **extra,
-    }
-    if "gpu_memory_utilization" not in req:
-        import torch
+    """Acceptance stats per suite from one vLLM engine. ``suites`` = {name: {"prompts": [...], "max_tokens": n}}.
 
-        req["gpu_memory_utilization"] = None if torch.cuda.is_available() else 0.25
-    res = run_worker(req, python)
-    out = {}
-    for name, r in res["suites"].items():
-        stats = AcceptanceStats(
-            num_drafts=r.get("num_drafts", 0), num_draft_tokens=r.get("num_draft_tokens", 0),
-            num_accepted_tokens=r.get("num_accepted_tokens", 0),
-            accepted_per_position=r.get("accepted_per_position", []),
-            num_prompts=r["num_prompts"], num_output_tokens=r["output_tokens"],
-        )
-        out[name] = (stats, {"outputs": r["outputs"], "seconds": r["seconds"], "vllm_version": res.get("vllm_version")})
-    return out
+    ``record_drafts=True`` (in ``extra``) also returns, per suite, ``extra["drafts"]``: per prompt the list of
+    proposals ``{"n", "next_token", "drafts"}`` (see vllm_worker).
+    """
+    return measure_many(
+        target, [drafter], suites, num_speculative_tokens=num_speculative_tokens, dtype=dtype,
+        max_model_len=max_model_len, temperature=temperature, skip_tokenizer_init=skip_tokenizer_init,
+        tensor_parallel_size=tensor_parallel_size, python=python, **extra,
+    )[0]
+
+
+def measure_many(
+    target: str,
+    drafters: list[str | None],
+    suites: dict[str, dict[str, Any]],
+    *,
+    num_speculative_tokens: int = 3,
+    dtype: str = "float32",
+    max_model_len: int = 2048,
+    temperature: float = 0.0,
+    skip_tokenizer_init: bool = False,
+    tensor_parallel_size: int = 1,
+    python: str | None = None,
+    timeout: float = 3600,
+    **extra: Any,
+) -> list[dict[str, tuple[AcceptanceStats, dict[str, Any]]]]:
+    """Several drafters (None = the target alone, no speculation) against one target, one after the other in one
+    worker process (vLLM is imported once). One result dict per drafter, in order."""
+    req = _request(target, num_speculative_tokens=num_speculative_tokens, dtype=dtype, max_model_len=max_model_len,
+                   temperature=temperature, skip_tokenizer_init=skip_tokenizer_init,
+                   tensor_parallel_size=tensor_parallel_size, extra=extra)
+    req["suites"] = suites
+    req["runs"] = [{"drafter": str(d) if d else None} for d in drafters]
+    res = run_worker(req, python, timeout=timeout)
+    return [_parse_suites(r["suites"], res.get("vllm_version")) for r in res["runs"]]

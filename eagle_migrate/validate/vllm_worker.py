@@ -4,18 +4,33 @@ runs in any Python that has vLLM (``--vllm-python``), whatever torch that Python
 
 Request: {"target", "drafter" (or null for no speculation), "method", "num_speculative_tokens", "dtype",
 "max_model_len", "tensor_parallel_size", "seed", "enforce_eager", "gpu_memory_utilization",
-"suites": {name: {"prompts": [[token ids]] | ["text"], "max_tokens": int}}, "temperature", "skip_tokenizer_init"}
-Result: {"ok": true, "suites": {name: {counters..., "outputs": [[ids]], "seconds": s, "output_tokens": n}}, "vllm_version"}
+"suites": {name: {"prompts": [[token ids]] | ["text"], "max_tokens": int, "ignore_eos": bool}},
+"temperature", "skip_tokenizer_init", "record_drafts" (opt-in), "runs" (optional)}
+
+``runs``: a list of {"drafter": path | null, "num_speculative_tokens"?, "suites"?} run one after the other in this
+one process against the same target (each run builds its own ``LLM``; counters never leak between them). Without
+``runs`` the top-level ``drafter``/``suites`` make the single run.
+
+``record_drafts: true`` hooks the EAGLE proposer (in-process engine only, ``VLLM_ENABLE_V1_MULTIPROCESSING=0``) and
+returns, per prompt, every proposal vLLM made: ``{"n": i, "next_token": x_i, "drafts": [d_1..d_k]}`` where ``n``
+is the index of the just-verified token in prompt+output (the drafter saw x_0..x_i, target states at 0..i-1).
+Prompts are then generated one at a time so each proposal belongs to exactly one prompt.
+
+Result: {"ok": true, "vllm_version", "suites": {...} (first run), "runs": [{"drafter", "suites": {name: {counters...,
+"outputs": [[ids]], "seconds": s, "output_tokens": n, "num_prompts": n, "drafts"?: [[records]]}}}]}
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
 import time
 
 RESULT_MARK = "EAGLE_MIGRATE_RESULT "
+
+_RECORDS: list | None = None  # proposals of the prompt in flight when record_drafts is on
 
 
 def _counters(llm) -> dict:
@@ -49,12 +64,35 @@ def _delta(a: dict, b: dict) -> dict:
     }
 
 
-def run(req: dict) -> dict:
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    import vllm
-    from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
+def _install_draft_recorder() -> None:
+    """Wrap the EAGLE proposer's ``propose`` (class level, so the in-process engine's instance picks it up)."""
+    from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
 
+    if getattr(SpecDecodeBaseProposer.propose, "_eagle_migrate_hook", False):
+        return
+    orig = SpecDecodeBaseProposer.propose
+
+    def propose(self, num_speculative_tokens, target_token_ids, target_positions, target_hidden_states,
+                next_token_ids, token_indices_to_sample, common_attn_metadata, *args, **kwargs):
+        idx = token_indices_to_sample
+        if idx is None:
+            idx = common_attn_metadata.query_start_loc[1:] - 1
+        pos = target_positions[..., idx.long()].reshape(-1).tolist() if target_positions.dim() == 1 else None
+        nxt = next_token_ids.reshape(-1).tolist()
+        out = orig(self, num_speculative_tokens, target_token_ids, target_positions, target_hidden_states,
+                   next_token_ids, idx if token_indices_to_sample is not None else None, common_attn_metadata,
+                   *args, **kwargs)
+        if _RECORDS is not None:
+            drafts = out.tolist() if hasattr(out, "tolist") else [list(x) for x in out]
+            for r, d in enumerate(drafts):
+                _RECORDS.append({"n": (pos[r] + 1) if pos is not None else None, "next_token": nxt[r], "drafts": d})
+        return out
+
+    propose._eagle_migrate_hook = True  # type: ignore[attr-defined]
+    SpecDecodeBaseProposer.propose = propose
+
+
+def _engine_kwargs(req: dict, drafter: str | None, k: int) -> dict:
     kw = dict(
         model=req["target"],
         dtype=req.get("dtype", "auto"),
@@ -68,33 +106,81 @@ def run(req: dict) -> dict:
     )
     if req.get("gpu_memory_utilization") is not None:
         kw["gpu_memory_utilization"] = req["gpu_memory_utilization"]
-    if req.get("drafter"):
+    if req.get("max_num_batched_tokens") is not None:
+        kw["max_num_batched_tokens"] = req["max_num_batched_tokens"]
+    if drafter:
         kw["speculative_config"] = {
-            "model": req["drafter"],
+            "model": drafter,
             "method": req.get("method", "eagle3"),
-            "num_speculative_tokens": req.get("num_speculative_tokens", 3),
+            "num_speculative_tokens": k,
         }
-    llm = LLM(**kw)
-    result = {"ok": True, "vllm_version": vllm.__version__, "suites": {}}
-    for name, suite in req["suites"].items():
-        sp = SamplingParams(
-            max_tokens=suite.get("max_tokens", 64),
-            temperature=req.get("temperature", 0.0),
-            ignore_eos=suite.get("ignore_eos", False),
-            seed=req.get("seed", 0),
-            detokenize=False,
-        )
-        prompts = [TokensPrompt(prompt_token_ids=p) if isinstance(p, list) else p for p in suite["prompts"]]
-        before = _counters(llm) if req.get("drafter") else None
+    return kw
+
+
+def _run_one(req: dict, drafter: str | None, k: int, suites: dict) -> dict:
+    global _RECORDS
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    record = bool(req.get("record_drafts")) and bool(drafter)
+    llm = LLM(**_engine_kwargs(req, drafter, k))
+    out: dict = {}
+    try:
+        for name, suite in suites.items():
+            sp = SamplingParams(
+                max_tokens=suite.get("max_tokens", 64),
+                temperature=req.get("temperature", 0.0),
+                top_p=req.get("top_p", 1.0),
+                ignore_eos=suite.get("ignore_eos", False),
+                seed=req.get("seed", 0),
+                detokenize=False,
+            )
+            prompts = [TokensPrompt(prompt_token_ids=p) if isinstance(p, list) else p for p in suite["prompts"]]
+            before = _counters(llm) if drafter else None
+            t0 = time.perf_counter()
+            drafts: list[list[dict]] = []
+            if record:
+                outs = []
+                for p in prompts:
+                    _RECORDS = []
+                    outs += llm.generate([p], sp, use_tqdm=False)
+                    drafts.append(_RECORDS)
+                    _RECORDS = None
+            else:
+                outs = llm.generate(prompts, sp, use_tqdm=False)
+            dt = time.perf_counter() - t0
+            res = _delta(_counters(llm), before) if before is not None else {}
+            res["outputs"] = [list(o.outputs[0].token_ids) for o in outs]
+            res["prompt_token_ids"] = [list(o.prompt_token_ids or []) for o in outs] if req.get("return_prompt_ids") else None
+            res["output_tokens"] = sum(len(x) for x in res["outputs"])
+            res["seconds"] = dt
+            res["num_prompts"] = len(prompts)
+            if record:
+                res["drafts"] = drafts
+            out[name] = res
+    finally:
+        del llm
+        gc.collect()
+    return out
+
+
+def run(req: dict) -> dict:
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    import vllm
+
+    if req.get("record_drafts"):
+        if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") != "0":
+            raise RuntimeError("record_drafts needs the in-process engine (VLLM_ENABLE_V1_MULTIPROCESSING=0)")
+        _install_draft_recorder()
+    runs = req.get("runs") or [{"drafter": req.get("drafter")}]
+    result: dict = {"ok": True, "vllm_version": vllm.__version__, "runs": []}
+    for r in runs:
+        k = int(r.get("num_speculative_tokens", req.get("num_speculative_tokens", 3)))
         t0 = time.perf_counter()
-        outs = llm.generate(prompts, sp, use_tqdm=False)
-        dt = time.perf_counter() - t0
-        res = _delta(_counters(llm), before) if before is not None else {}
-        res["outputs"] = [list(o.outputs[0].token_ids) for o in outs]
-        res["output_tokens"] = sum(len(x) for x in res["outputs"])
-        res["seconds"] = dt
-        res["num_prompts"] = len(prompts)
-        result["suites"][name] = res
+        suites = _run_one(req, r.get("drafter"), k, r.get("suites") or req["suites"])
+        result["runs"].append({"drafter": r.get("drafter"), "num_speculative_tokens": k, "suites": suites,
+                               "seconds": time.perf_counter() - t0})
+    result["suites"] = result["runs"][0]["suites"]
     return result
 
 
@@ -103,6 +189,9 @@ def main() -> None:
     try:
         res = run(req)
     except Exception as e:  # reported to the parent as data; the parent decides how to show it
+        import traceback
+
+        traceback.print_exc(file=sys.stderr)
         res = {"ok": False, "error": f"{e.__class__.__name__}: {e}"}
     sys.stdout.write("\n" + RESULT_MARK + json.dumps(res) + "\n")
     sys.stdout.flush()

@@ -1,0 +1,162 @@
+"""Our torch drafter (eagle_migrate/drafter/model.py) drafts exactly the tokens vLLM drafts, on the same weights.
+
+A tiny random Llama target (non-trivial attention, hidden states of every scale) and random-weight drafters covering
+EAGLE-3 and the EAGLE-3.1 flags (fc_norm with non-trivial weights, norm_output, norm_before_residual both ways,
+norm_before_fc, a reduced draft vocabulary with d2t, own embeddings with H != Ht, two decoder layers). vLLM runs
+greedy with k = 4; the worker records every proposal (context length n, the verified token, the k drafts) through a
+hook on the proposer. For each proposal we rebuild the context from vLLM's own output, take the target's aux
+states from transformers, and run EagleDrafter.draft: the k tokens must be identical.
+
+All drafters run in one worker process (one vLLM import); about 30-40 s on 2 CPU cores.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from eagle_migrate.drafter import DrafterConfig
+from eagle_migrate.formats.io import save_safetensors, write_json
+from eagle_migrate.formats.vllm import write_vllm
+from eagle_migrate.target import load_target
+from eagle_migrate.validate.reference import load_drafter
+from eagle_migrate.validate.vllm_engine import measure_many
+
+from ..conftest import requires_vllm
+
+pytestmark = [pytest.mark.vllm, requires_vllm]
+
+HT, V, LAYERS, AUX = 64, 128, 6, [1, 3, 5]
+HEADS, KV_HEADS, HD = 2, 1, 32
+K_SPEC = 4
+
+VARIANTS: dict[str, dict] = {
+    "eagle3": {},
+    "eagle3-nbr": {"norm_before_residual": True},
+    "eagle31": {"fc_norm": True, "norm_output": True},
+    "eagle31-nbr": {"fc_norm": True, "norm_output": True, "norm_before_residual": True},
+    "fcnorm-d2t": {"fc_norm": True, "draft_vocab_size": 96},
+    "normout-nbfc-embed-h96": {"norm_output": True, "norm_before_fc": True, "hidden_size": 96, "num_attention_heads": 3},
+    "eagle31-2layers": {"fc_norm": True, "norm_output": True, "num_layers": 2},
+}
+
+
+def _random_target(out: Path) -> Path:
+    """A small Llama with random weights large enough that attention and every layer matter."""
+    g = torch.Generator().manual_seed(0)
+    sd = {"model.embed_tokens.weight": torch.randn(V, HT, generator=g), "model.norm.weight": 0.5 + torch.rand(HT, generator=g),
+          "lm_head.weight": torch.randn(V, HT, generator=g) * 0.3}
+    for i in range(LAYERS):
+        p = f"model.layers.{i}."
+        for n, shape, std in (("self_attn.q_proj", (HEADS * HD, HT), 0.3), ("self_attn.k_proj", (KV_HEADS * HD, HT), 0.3),
+                              ("self_attn.v_proj", (KV_HEADS * HD, HT), 0.2), ("self_attn.o_proj", (HT, HEADS * HD), 0.15),
+                              ("mlp.gate_proj", (2 * HT, HT), 0.2), ("mlp.up_proj", (2 * HT, HT), 0.2),
+                              ("mlp.down_proj", (HT, 2 * HT), 0.15)):
+            sd[p + n + ".weight"] = torch.randn(*shape, generator=g) * std
+        sd[p + "input_layernorm.weight"] = 0.5 + torch.rand(HT, generator=g)
+        sd[p + "post_attention_layernorm.weight"] = 0.5 + torch.rand(HT, generator=g)
+    out.mkdir(parents=True, exist_ok=True)
+    save_safetensors(sd, out / "model.safetensors", {"format": "pt"})
+    write_json(out / "config.json", {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": HT, "intermediate_size": 2 * HT,
+        "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS, "head_dim": HD, "num_hidden_layers": LAYERS,
+        "vocab_size": V, "max_position_embeddings": 512, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+        "hidden_act": "silu", "tie_word_embeddings": False, "bos_token_id": 0, "eos_token_id": V - 1,
+        "torch_dtype": "float32",
+    })
+    return out
+
+
+def _random_drafter(out: Path, seed: int, **flags) -> Path:
+    h = flags.pop("hidden_size", HT)
+    heads = flags.pop("num_attention_heads", HEADS)
+    vd = flags.pop("draft_vocab_size", V)
+    layers = flags.pop("num_layers", 1)
+    cfg = DrafterConfig(hidden_size=h, target_hidden_size=HT, num_aux=3, vocab_size=V, draft_vocab_size=vd,
+                        intermediate_size=2 * h, num_attention_heads=heads, num_key_value_heads=1, head_dim=HD,
+                        num_layers=layers, rms_norm_eps=1e-6, rope_theta=10000.0, max_position_embeddings=512,
+                        aux_layer_ids=AUX, has_embed_tokens=h != HT, **flags)
+    g = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape, std=1.0):
+        return torch.randn(*shape, generator=g) * std
+
+    def norm_w(n):
+        return 0.3 + 1.4 * torch.rand(n, generator=g)  # clearly not ones
+
+    sd = {"fc.weight": rnd(h, 3 * HT, std=1 / math.sqrt(3 * HT)), "norm.weight": norm_w(h), "lm_head.weight": rnd(vd, h, std=0.5)}
+    if cfg.fc_norm:
+        for k in range(3):
+            sd[f"fc_norm.{k}.weight"] = norm_w(HT)
+    if cfg.norm_before_fc:
+        sd["input_norm.weight"] = norm_w(3 * HT)
+    if cfg.uses_d2t:  # draft id i -> target id i + d2t[i]: a sorted random subset of the target vocabulary
+        chosen = torch.sort(torch.randperm(V, generator=g)[:vd]).values
+        sd["d2t"] = chosen - torch.arange(vd)
+    if h != HT:
+        sd["embed_tokens.weight"] = rnd(V, h)
+    for i in range(layers):
+        p = f"layers.{i}."
+        fin = 2 * h if i == 0 else h
+        # q/k large enough that attention is far from uniform
+        sd[p + "self_attn.q_proj.weight"] = rnd(heads * HD, fin, std=2.0 / math.sqrt(fin))
+        sd[p + "self_attn.k_proj.weight"] = rnd(HD, fin, std=2.0 / math.sqrt(fin))
+        sd[p + "self_attn.v_proj.weight"] = rnd(HD, fin, std=1.0 / math.sqrt(fin))
+        sd[p + "self_attn.o_proj.weight"] = rnd(h, heads * HD, std=1.0 / math.sqrt(heads * HD))
+        sd[p + "mlp.gate_proj.weight"] = rnd(2 * h, h, std=1 / math.sqrt(h))
+        sd[p + "mlp.up_proj.weight"] = rnd(2 * h, h, std=1 / math.sqrt(h))
+        sd[p + "mlp.down_proj.weight"] = rnd(h, 2 * h, std=1 / math.sqrt(2 * h))
+        sd[p + "input_layernorm.weight"] = norm_w(h)
+        sd[p + "post_attention_layernorm.weight"] = norm_w(h)
+        if i == 0:
+            sd[p + "hidden_norm.weight"] = norm_w(h)
+    out.mkdir(parents=True, exist_ok=True)
+    write_vllm(cfg, sd, out, dtype=torch.float32)
+    return out
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("equiv")
+    target = _random_target(root / "target")
+    drafters = {name: _random_drafter(root / name, seed=10 + i, **dict(flags)) for i, (name, flags) in enumerate(VARIANTS.items())}
+    return target, drafters
+
+
+def test_torch_drafter_drafts_what_vllm_drafts(pair):
+    target_dir, drafters = pair
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(1, V - 1, (n,), generator=g).tolist() for n in (7, 19, 33)]
+    names = list(drafters)
+    results = measure_many(
+        str(target_dir), [str(drafters[n]) for n in names],
+        {"equiv": {"prompts": prompts, "max_tokens": 24, "ignore_eos": True}},
+        num_speculative_tokens=K_SPEC, skip_tokenizer_init=True, max_model_len=256, record_drafts=True,
+    )
+    target = load_target(str(target_dir), with_tokenizer=False)
+    report = {}
+    for name, res in zip(names, results):
+        stats, extra = res["equiv"]
+        drafter = load_drafter(drafters[name], target)
+        ids_list = drafter.cfg.aux_layer_ids
+        checked = mismatched = 0
+        first_bad = None
+        for prompt, out, records in zip(prompts, extra["outputs"], extra["drafts"]):
+            seq = prompt + out
+            assert records, f"{name}: vLLM made no proposals"
+            aux_all, _ = target.forward(torch.tensor([seq]), ids_list)
+            for r in records:
+                n = r["n"]
+                assert seq[n] == r["next_token"], f"{name}: record n={n} does not sit on the verified token"
+                ours = drafter.draft(torch.tensor([seq[: n + 1]]), aux_all[:, :n], K_SPEC)[0].tolist()
+                checked += 1
+                if ours != r["drafts"]:
+                    mismatched += 1
+                    first_bad = first_bad or (n, ours, r["drafts"])
+        report[name] = (checked, mismatched, first_bad, round(stats.acceptance_length, 3))
+    bad = {k: v for k, v in report.items() if v[1]}
+    assert not bad, f"torch drafter disagrees with vLLM: {bad}"
+    assert all(v[0] >= 10 for v in report.values()), report
