@@ -1,0 +1,153 @@
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from ..options import (
+    CheckpointArg,
+    DeviceChoice,
+    DeviceOpt,
+    DtypeChoice,
+    DtypeOpt,
+    ForceOpt,
+    JsonOpt,
+    NumSpecTokensOpt,
+    OutputFormat,
+    OutputOpt,
+    RequiredTargetOpt,
+    SeedOpt,
+)
+from . import app
+from .render import print_json, progress_enabled, stderr, stdout
+
+DataOpt = Annotated[Optional[str], typer.Option("--data", help="Calibration data: JSONL/JSON of prompts, chat messages or {\"token_ids\": [...]}, ShareGPT JSON, an HF dataset id; default: the built-in set.")]
+HiddenStatesOpt = Annotated[Optional[Path], typer.Option("--hidden-states", help="Precomputed target hidden states (eagle-migrate features, speculators data_*.pt or SpecForge *.ckpt) instead of running the target.")]
+NumSeqOpt = Annotated[int, typer.Option("--num-sequences", "-n", min=2, help="Calibration sequences (a quarter, at most 16, held out to measure agreement).")]
+StepsOpt = Annotated[Optional[int], typer.Option("--steps", min=0, help="Calibration fine-tune steps (passed to the calibration stage).")]
+CalibrateOpt = Annotated[Optional[bool], typer.Option("--calibrate/--no-calibrate", help="Run the calibration fine-tune after the structural conversion (default: on, off for an EAGLE-3.1 source).")]
+FormatOpt = Annotated[OutputFormat, typer.Option("--output-format", help="Layout of the output: vllm (HF folder vLLM loads) or speculators.")]
+
+
+@app.command()
+def convert(
+    ckpt: CheckpointArg,
+    target: RequiredTargetOpt,
+    output: OutputOpt,
+    data: DataOpt = None,
+    hidden_states: HiddenStatesOpt = None,
+    num_sequences: NumSeqOpt = 32,
+    steps: StepsOpt = None,
+    calibrate: CalibrateOpt = None,
+    output_format: FormatOpt = OutputFormat.vllm,
+    num_speculative_tokens: NumSpecTokensOpt = 3,
+    device: DeviceOpt = DeviceChoice.auto,
+    dtype: DtypeOpt = DtypeChoice.auto,
+    force: ForceOpt = False,
+    seed: SeedOpt = 0,
+    json: JsonOpt = False,
+) -> None:
+    """Convert an EAGLE-2 / EAGLE-3 drafter to EAGLE-3.1 (fc_norm + norm_output) in the layout vLLM loads.
+
+    The new norms are initialised from the target's hidden-state statistics so that the converted drafter drafts
+    like the source before any training; the report gives the step-0..k top-1 agreement with the source on
+    held-out sequences, what was inserted and how the norms were initialised. EAGLE-2 sources become a warm start
+    that needs the calibration fine-tune. The source is never modified; the output appears atomically.
+
+    Exit codes: 0 ok, 2 bad input (unreadable checkpoint, drafter/target mismatch, existing output without --force).
+
+    Example: eagle-migrate convert ./eagle3-ckpt --target ./Llama-3.1-8B-Instruct -o ./eagle31
+    """
+    from ..convert import convert as run_convert
+
+    cmd = " ".join(["eagle-migrate"] + [shlex.quote(a) for a in sys.argv[1:]])
+    with _Progress(json) as prog:
+        res = run_convert(
+            ckpt, target, output, data=data, hidden_states_dir=hidden_states, num_sequences=num_sequences,
+            output_format=output_format.value, device=device.value, dtype=dtype.value, calibrate=calibrate,
+            force=force, seed=seed, progress=prog, steps=steps, num_speculative_tokens=num_speculative_tokens,
+            command=cmd,
+        )
+    if json:
+        print_json(res)
+    else:
+        render_result(res)
+
+
+class _Progress:
+    """Stage-wise rich progress on stderr (TTY only, never with --json)."""
+
+    def __init__(self, json_mode: bool):
+        self.enabled = progress_enabled(json_mode)
+        self._p = None
+        self._tasks: dict[str, int] = {}
+
+    def __enter__(self):
+        if self.enabled:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._p = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                               console=stderr, transient=False)
+            self._p.__enter__()
+        return self
+
+    def __call__(self, stage: str, done: int, total: int | None) -> None:
+        if self._p is None:
+            return
+        if stage not in self._tasks:
+            self._tasks[stage] = self._p.add_task(stage, total=total)
+        self._p.update(self._tasks[stage], completed=done, total=total)
+
+    def __exit__(self, *exc):
+        if self._p is not None:
+            self._p.__exit__(*exc)
+        return False
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f}%"
+
+
+def render_result(r) -> None:
+    from rich.table import Table
+
+    t = Table(title=f"{r.source} -> {r.output}", show_header=False, title_justify="left")
+    t.add_column("field", style="bold")
+    t.add_column("value")
+    t.add_row("source", f"{r.source_format} ({r.source_producer})" + ("  [passed through]" if r.passthrough else ""))
+    t.add_row("output", f"eagle3.1, {r.output_format} layout: {', '.join(r.output_files)}")
+    t.add_row("aux layer ids", str(r.aux_layer_ids))
+    if r.inserted:
+        t.add_row("inserted", "\n".join(r.inserted))
+    if r.changes:
+        t.add_row("changes", "\n".join(r.changes))
+    if r.norm_init is not None:
+        ni = r.norm_init
+        t.add_row("fc_norm init", ni.method + "  " + ", ".join(f"layer {w.layer_id}: {w.mean:.4g}" for w in ni.fc_norm))
+        if ni.candidates:
+            t.add_row("candidates (step-0 agreement)", "\n".join(
+                f"{'*' if c.chosen else ' '} {c.method}: {_pct(c.step0_agreement)}"
+                + (f", fc rel. error {c.fc_rel_error:.3g}" if c.fc_rel_error is not None else "") for c in ni.candidates))
+        if ni.statistics is not None:
+            st = ni.statistics
+            t.add_row("target statistics", f"{st.num_sequences} sequences, {st.num_tokens} tokens (position 0 excluded)\n" + "\n".join(
+                f"layer {ls.layer_id}: RMS mean {ls.rms_mean:.4g}, median {ls.rms_median:.4g}"
+                + (f", position 0: {ls.rms_first_position:.4g}" if ls.rms_first_position is not None else "") for ls in st.layers))
+    if r.norm_output is not None:
+        no = r.norm_output
+        lines = [f"{'*' if v.chosen else ' '} {v.name}: steps 1..k {', '.join(_pct(a) for a in v.step_agreement)}" for v in no.variants]
+        t.add_row("norm_output", f"{no.method}" + (f" (R = {no.scale:.4g})" if no.scale else "") + ("\n" + "\n".join(lines) if lines else ""))
+    a = r.agreement
+    if a.step0 is not None:
+        t.add_row("agreement with source", f"step 0: {_pct(a.step0)}; steps 1..{len(a.steps)}: {', '.join(_pct(x) for x in a.steps)}"
+                  f"  ({a.held_out_sequences} held-out sequences, {a.num_positions} positions, {a.num_chains} chains)")
+    cal = r.calibration
+    t.add_row("calibration", f"{cal.status}" + (" (REQUIRED)" if r.calibration_required else "") + (f": {cal.reason}" if cal.reason else ""))
+    for w in r.warnings:
+        t.add_row("warning", w)
+    stdout.print(t)
+    stdout.print(f"serve: vllm serve {r.provenance.target} --speculative-config "
+                 f"'{{\"model\": \"{r.output}\", \"method\": \"eagle3\", \"num_speculative_tokens\": 3}}'", highlight=False)

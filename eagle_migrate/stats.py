@@ -1,0 +1,462 @@
+"""Target statistics for EAGLE-3.1 norm initialisation, computed in one streaming pass.
+
+For every sequence the target's aux hidden states ``[T, K*Ht]`` (the layers vLLM feeds the drafter, vLLM's id
+convention) are folded into running sums and then dropped: nothing but per-token scalars (one RMS per aux layer and
+token, for the medians) and a few ``[Ht]`` / ``[K*Ht]`` vectors stays in memory. Position 0 of every sequence is
+excluded from the statistics (its hidden state carries a huge activation: RMS ~1,000 where the median is 6-23 on
+SmolLM2, see docs/norm-init.md) but its RMS is recorded for the report.
+
+What is estimated (docs/norm-init.md has the derivation):
+
+* per aux layer k: the RMS of ``h_k`` per token -> mean, median, 5/95 % quantiles, and the "source scale"
+  ``a_k = rms(h_k) / rho`` with ``rho = rms(cat(h))`` when the source drafter had ``norm_before_fc`` (else 1);
+  the scalar initialisations ``fc_norm[k] = mean(a_k)`` or ``median(a_k)`` come from it;
+* per channel: the channel RMS (reported; as an initialisation it is known to be worse than ones) and the
+  independent per-channel least-squares fit ``w_i = E[u_i^2 a] / E[u_i^2]`` (``u`` = the RMS-normalised state);
+* optionally, with the source's ``fc`` weight, the fits in ``fc``-output space: K scalars (always cheap) and, when
+  ``K*Ht`` is small enough, the full per-channel least squares ``min_w E||fc(w * u) - fc(a * u)||^2``.
+
+Precomputed hidden states (``--hidden-states DIR``) are read by :func:`iter_hidden_states`; the accepted layouts
+are documented there and in docs/norm-init.md.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import BaseModel, Field
+
+from .errors import DataError
+
+#: largest K*Ht for which the full [K*Ht, K*Ht] least-squares system is accumulated (3 x 2048 = Llama-1B size)
+FULL_LSTSQ_MAX_DIM = 6144
+
+
+def rms(x: torch.Tensor, eps: float = 0.0) -> torch.Tensor:
+    """RMS over the last dimension, in fp32."""
+    xf = x.float()
+    return torch.sqrt(xf.pow(2).mean(-1) + eps)
+
+
+def rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """``x / sqrt(mean(x^2) + eps)`` in fp32 (what vLLM's RMSNorm does before its weight)."""
+    xf = x.float()
+    return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+
+
+class LayerStatistics(BaseModel):
+    """Statistics of one aux layer's hidden state over the calibration tokens (position 0 excluded)."""
+
+    layer_id: int = Field(..., description="aux layer id, vLLM convention (residual stream after i layers)")
+    chunk: int = Field(..., description="index k of this layer's chunk in fc's input (ascending layer ids)")
+    rms_mean: float = Field(..., description="mean over tokens of the per-token RMS")
+    rms_median: float
+    rms_p05: float
+    rms_p95: float
+    rms_first_position: float | None = Field(None, description="mean RMS at position 0 (excluded from the rest)")
+    scale_mean: float = Field(..., description="mean of a_k = rms(h_k)/rho (rho = rms of the concat under norm_before_fc, else 1)")
+    scale_median: float
+    channel_rms_min: float = Field(..., description="smallest per-channel RMS")
+    channel_rms_max: float = Field(..., description="largest per-channel RMS (outlier channels)")
+    channel_rms_median: float
+
+
+class TargetStatistics(BaseModel):
+    """What the norm initialisation was estimated from."""
+
+    layer_ids: list[int]
+    hidden_size: int
+    num_sequences: int = 0
+    num_tokens: int = Field(0, description="tokens counted (position 0 of every sequence excluded)")
+    first_position_excluded: bool = True
+    norm_before_fc_source: bool = Field(False, description="the source normalised the concat before fc (a_k is relative)")
+    layers: list[LayerStatistics] = Field(default_factory=list)
+
+
+@dataclass
+class Fits:
+    """Initialisation candidates for the K fc_norm weights (each a list of K tensors [Ht])."""
+
+    candidates: dict[str, list[torch.Tensor]]
+    notes: dict[str, str]
+
+
+class StatsAccumulator:
+    """Streaming statistics of the aux hidden states for one drafter.
+
+    ``fc_weight`` ([H, K*Ht], the source fc with any ``input_norm`` weight folded in) enables the fc-space fits.
+    """
+
+    def __init__(
+        self,
+        layer_ids: list[int],
+        hidden_size: int,
+        *,
+        eps: float,
+        norm_before_fc: bool = False,
+        fc_weight: torch.Tensor | None = None,
+        full_lstsq_max_dim: int = FULL_LSTSQ_MAX_DIM,
+        device: str | torch.device = "cpu",
+    ):
+        self.layer_ids = list(layer_ids)
+        self.k = len(layer_ids)
+        self.ht = hidden_size
+        self.eps = eps
+        self.norm_before_fc = norm_before_fc
+        self.device = torch.device(device)
+        d = self.k * self.ht
+        self._rms: list[list[torch.Tensor]] = [[] for _ in range(self.k)]
+        self._scale: list[list[torch.Tensor]] = [[] for _ in range(self.k)]
+        self._first: list[list[float]] = [[] for _ in range(self.k)]
+        self._sumsq = torch.zeros(d, dtype=torch.float64, device=self.device)  # raw channel sum of squares
+        self._u2 = torch.zeros(d, dtype=torch.float64, device=self.device)  # sum u_i^2
+        self._u2a = torch.zeros(d, dtype=torch.float64, device=self.device)  # sum u_i^2 a_k(i)
+        self.num_tokens = 0
+        self.num_sequences = 0
+        self.fc = fc_weight.to(self.device, torch.float32) if fc_weight is not None else None
+        self.full = self.fc is not None and d <= full_lstsq_max_dim
+        acc = torch.float64 if d <= 4096 else torch.float32
+        if self.fc is not None:
+            self._G = torch.zeros(self.k, self.k, dtype=torch.float64, device=self.device)  # sum y_k . y_l
+            self._r = torch.zeros(self.k, dtype=torch.float64, device=self.device)  # sum y_k . z
+        if self.full:
+            self._U = torch.zeros(d, d, dtype=acc, device=self.device)  # sum u u^T
+            self._C = torch.zeros(d, d, dtype=acc, device=self.device)  # sum u (a*u)^T
+
+    # ----- streaming -----------------------------------------------------------------------------------------
+    def split(self, aux: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """aux [T, K*Ht] -> (u [T, K*Ht] normalised per chunk, a [T, K] source scales, raw rms [T, K])."""
+        t = aux.shape[0]
+        h = aux.float().view(t, self.k, self.ht)
+        r = torch.sqrt(h.pow(2).mean(-1) + self.eps)  # [T, K]  (vLLM RMSNorm's denominator)
+        u = (h / r.unsqueeze(-1)).view(t, -1)
+        if self.norm_before_fc:
+            rho = torch.sqrt(h.pow(2).mean(dim=(1, 2)) + self.eps)  # [T]
+            a = r / rho.unsqueeze(-1)
+        else:
+            a = r
+        return u, a, r
+
+    @torch.no_grad()
+    def update(self, aux: torch.Tensor, first_is_position_zero: bool = True) -> None:
+        """Add one sequence's aux states ``[T, K*Ht]`` (or ``[1, T, K*Ht]``)."""
+        if aux.dim() == 3:
+            aux = aux[0]
+        if aux.shape[-1] != self.k * self.ht:
+            raise DataError(f"aux hidden states are {aux.shape[-1]} wide, expected K*Ht = {self.k}*{self.ht} = {self.k * self.ht}")
+        aux = aux.to(self.device)
+        self.num_sequences += 1
+        if first_is_position_zero:
+            r0 = rms(aux[:1].view(1, self.k, self.ht))[0]
+            for k in range(self.k):
+                self._first[k].append(float(r0[k]))
+            aux = aux[1:]
+        if aux.shape[0] == 0:
+            return
+        u, a, r = self.split(aux)
+        for k in range(self.k):
+            self._rms[k].append(r[:, k].cpu())
+            self._scale[k].append(a[:, k].cpu())
+        self.num_tokens += aux.shape[0]
+        self._sumsq += aux.double().pow(2).sum(0)
+        u2 = u.double().pow(2)
+        self._u2 += u2.sum(0)
+        a_exp = a.double().repeat_interleave(self.ht, dim=1)  # [T, K*Ht]
+        self._u2a += (u2 * a_exp).sum(0)
+        if self.fc is not None:
+            t = u.shape[0]
+            w = self.fc.view(self.fc.shape[0], self.k, self.ht)
+            uk = u.view(t, self.k, self.ht)
+            y = torch.einsum("tkj,hkj->tkh", uk, w).double()  # [T, K, H]: fc_k applied to chunk k
+            z = (y * a.double().unsqueeze(-1)).sum(1)  # [T, H] the source's fc output
+            self._G += torch.einsum("tkh,tlh->kl", y, y)
+            self._r += torch.einsum("tkh,th->k", y, z)
+        if self.full:
+            uu = u.to(self._U.dtype)
+            self._U += uu.T @ uu
+            self._C += uu.T @ (uu * a_exp.to(self._U.dtype))
+
+    # ----- results -------------------------------------------------------------------------------------------
+    def _cat(self, parts: list[torch.Tensor]) -> torch.Tensor:
+        return torch.cat(parts) if parts else torch.zeros(0)
+
+    def statistics(self) -> TargetStatistics:
+        if self.num_tokens == 0:
+            raise DataError("no tokens to estimate statistics from (every sequence was a single token?)",
+                            "pass longer calibration sequences (--data) or more of them")
+        layers = []
+        ch = torch.sqrt(self._sumsq / self.num_tokens).float().cpu().view(self.k, self.ht)
+        for k, lid in enumerate(self.layer_ids):
+            r = self._cat(self._rms[k])
+            a = self._cat(self._scale[k])
+            q = torch.quantile(r[: 1 << 24].float(), torch.tensor([0.05, 0.95])) if r.numel() else torch.zeros(2)
+            layers.append(LayerStatistics(
+                layer_id=lid, chunk=k,
+                rms_mean=float(r.mean()), rms_median=float(r.median()), rms_p05=float(q[0]), rms_p95=float(q[1]),
+                rms_first_position=(sum(self._first[k]) / len(self._first[k])) if self._first[k] else None,
+                scale_mean=float(a.mean()), scale_median=float(a.median()),
+                channel_rms_min=float(ch[k].min()), channel_rms_max=float(ch[k].max()), channel_rms_median=float(ch[k].median()),
+            ))
+        return TargetStatistics(layer_ids=self.layer_ids, hidden_size=self.ht, num_sequences=self.num_sequences,
+                                num_tokens=self.num_tokens, norm_before_fc_source=self.norm_before_fc, layers=layers)
+
+    def fits(self, ridge: float = 1e-3) -> Fits:
+        """Every initialisation candidate for the fc_norm weights."""
+        st = self.statistics()
+        k, ht = self.k, self.ht
+        cand: dict[str, list[torch.Tensor]] = {}
+        notes: dict[str, str] = {}
+        cand["ones"] = [torch.ones(ht) for _ in range(k)]
+        cand["mean-rms"] = [torch.full((ht,), st.layers[i].scale_mean) for i in range(k)]
+        cand["median-rms"] = [torch.full((ht,), st.layers[i].scale_median) for i in range(k)]
+        ch = torch.sqrt(self._sumsq / self.num_tokens).float().cpu().view(k, ht)
+        if self.norm_before_fc:
+            # the source saw h / rho: per-channel RMS of that is channel RMS scaled by E[1/rho]-ish; use the ratio
+            ratio = torch.tensor([st.layers[i].scale_mean / max(st.layers[i].rms_mean, 1e-12) for i in range(k)])
+            ch = ch * ratio.unsqueeze(-1)
+        cand["channel-rms"] = [ch[i].clone() for i in range(k)]
+        diag = (self._u2a / self._u2.clamp_min(1e-30)).float().cpu().view(k, ht)
+        cand["lstsq-channel-independent"] = [diag[i].clone() for i in range(k)]
+        notes["lstsq-channel-independent"] = "w_i = E[u_i^2 a] / E[u_i^2] per channel, ignoring fc"
+        if self.fc is not None:
+            g = self._G
+            c = torch.linalg.solve(g + 1e-9 * torch.trace(g) / k * torch.eye(k, dtype=g.dtype, device=g.device), self._r)
+            cand["lstsq-scalar"] = [torch.full((ht,), float(c[i])) for i in range(k)]
+            notes["lstsq-scalar"] = "K scalars minimising E||fc(c*u) - fc(a*u)||^2"
+            if self.full:
+                p = self.fc.double().T @ self.fc.double()  # [D, D]
+                a_mat = p * self._U.double()
+                b = (p * self._C.double()).sum(1)
+                lam = ridge * float(torch.diagonal(a_mat).mean())
+                w0 = torch.cat([torch.full((ht,), float(c[i]), dtype=torch.float64, device=p.device) for i in range(k)])
+                w = torch.linalg.solve(a_mat + lam * torch.eye(a_mat.shape[0], dtype=a_mat.dtype, device=a_mat.device), b + lam * w0)
+                w = w.float().cpu().view(k, ht)
+                cand["lstsq-channel"] = [w[i].clone() for i in range(k)]
+                notes["lstsq-channel"] = f"per-channel weights minimising E||fc(w*u) - fc(a*u)||^2 (ridge {ridge} towards lstsq-scalar)"
+            else:
+                notes["lstsq-channel"] = f"skipped: K*Ht = {k * ht} > {FULL_LSTSQ_MAX_DIM} (the [K*Ht]^2 system would not fit comfortably)"
+        return Fits(cand, notes)
+
+
+# ===== precomputed hidden states ===================================================================================
+@dataclass
+class HiddenRecord:
+    """One sequence: token ids [T], aux states [T, K*Ht] at the drafter's aux layers, optional post-norm last [T, Ht]."""
+
+    input_ids: torch.Tensor
+    aux: torch.Tensor
+    last: torch.Tensor | None = None
+
+
+def write_hidden_states(out: Path, records: list[HiddenRecord] | Iterator[HiddenRecord], layer_ids: list[int], batch: int = 1) -> Path:
+    """Write records in our own feature layout (the one ``eagle_migrate.train.FeatureStore`` caches): one
+    ``batch-NNNNN.safetensors`` per ``batch`` sequences, right-padded, with ``input_ids`` [B,T] int64, ``lengths``
+    [B], ``loss_mask`` [B,T] uint8, ``aux`` [B,T,K*Ht], ``final`` [B,T,Ht] when known, metadata ``layer_ids``."""
+    from safetensors.torch import save_file
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    buf: list[HiddenRecord] = []
+    n = 0
+
+    def flush() -> None:
+        nonlocal n
+        if not buf:
+            return
+        t = max(r.input_ids.numel() for r in buf)
+        b = len(buf)
+        d = buf[0].aux.shape[-1]
+        ids = torch.zeros(b, t, dtype=torch.int64)
+        aux = torch.zeros(b, t, d, dtype=buf[0].aux.dtype)
+        lm = torch.zeros(b, t, dtype=torch.uint8)
+        lengths = torch.tensor([r.input_ids.numel() for r in buf], dtype=torch.int64)
+        has_final = all(r.last is not None for r in buf)
+        final = torch.zeros(b, t, buf[0].last.shape[-1], dtype=buf[0].last.dtype) if has_final else None
+        for i, r in enumerate(buf):
+            L = r.input_ids.numel()
+            ids[i, :L] = r.input_ids.reshape(-1)
+            aux[i, :L] = r.aux.reshape(L, -1)
+            lm[i, :L] = 1
+            if final is not None:
+                final[i, :L] = r.last.reshape(L, -1)
+        tensors = {"input_ids": ids, "lengths": lengths, "loss_mask": lm, "aux": aux}
+        if final is not None:
+            tensors["final"] = final
+        save_file(tensors, str(out / f"batch-{n:05d}.safetensors"), metadata={"layer_ids": json.dumps(sorted(layer_ids))})
+        n += 1
+        buf.clear()
+
+    for rec in records:
+        buf.append(rec)
+        if len(buf) >= batch:
+            flush()
+    flush()
+    return out
+
+
+def _find_layer_ids(obj: Any) -> list[int] | None:
+    if isinstance(obj, dict):
+        for key in ("layer_ids", "aux_layer_ids", "eagle_aux_hidden_state_layer_ids"):
+            v = obj.get(key)
+            if isinstance(v, list) and v and all(isinstance(i, int) for i in v):
+                return v
+        for v in obj.values():
+            r = _find_layer_ids(v)
+            if r is not None:
+                return r
+    return None
+
+
+def _torch_load(path: Path) -> Any:
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except RuntimeError:
+        try:
+            return torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as e:  # noqa: BLE001
+            raise DataError(f"{path}: not a readable hidden-states file ({str(e)[:160]})") from None
+    except Exception as e:  # noqa: BLE001  (UnpicklingError for anything beyond tensors/lists/dicts)
+        raise DataError(f"{path}: not a readable hidden-states file ({str(e)[:160]})") from None
+
+
+def _st_header(f: Path) -> tuple[set[str], dict[str, str]]:
+    from safetensors import safe_open
+
+    with safe_open(str(f), framework="pt") as sf:
+        return set(sf.keys()), dict(sf.metadata() or {})
+
+
+def describe_hidden_states(path: Path) -> dict[str, Any]:
+    """Which layout a hidden-states folder is in, its files and (when recorded) its layer ids."""
+    path = Path(path)
+    if not path.is_dir():
+        raise DataError(f"{path}: --hidden-states must be a folder")
+    st = sorted(path.glob("*.safetensors"))
+    if st:
+        keys, meta = _st_header(st[0])
+        if "aux" not in keys or "input_ids" not in keys:
+            raise DataError(f"{st[0]}: not an eagle-migrate feature file (needs 'input_ids' and 'aux')")
+        ids = None
+        if meta.get("layer_ids"):
+            try:
+                ids = json.loads(meta["layer_ids"])
+            except json.JSONDecodeError:
+                ids = None
+        return {"layout": "eagle-migrate", "files": st, "layer_ids": ids, "has_last": "final" in keys}
+    spec = sorted(path.glob("data_*.pt"), key=lambda p: (len(p.name), p.name))
+    if spec:
+        ids = None
+        cfg = path / "data_config.json"
+        if cfg.is_file():
+            try:
+                ids = _find_layer_ids(json.loads(cfg.read_text()))
+            except json.JSONDecodeError:
+                ids = None
+        return {"layout": "speculators", "files": spec, "layer_ids": ids, "has_last": False}
+    sf = sorted(path.rglob("*.ckpt"))
+    if sf:
+        return {"layout": "specforge", "files": sf, "layer_ids": None, "has_last": True}
+    raise DataError(f"{path}: no hidden states found (expected eagle-migrate *.safetensors feature files, speculators data_*.pt, or SpecForge *.ckpt)",
+                    "see docs/norm-init.md, section 'Precomputed hidden states'")
+
+
+def _records_of(f: Path, layout: str, k: int, pick: list[int] | None) -> Iterator[tuple[Any, Any, Any]]:
+    if layout == "eagle-migrate":
+        from safetensors.torch import load_file
+
+        d = load_file(str(f))
+        ids, aux, fin = d["input_ids"], d["aux"], d.get("final")
+        if ids.dim() == 1:
+            yield ids, aux, fin
+            return
+        lengths = d.get("lengths")
+        for b in range(ids.shape[0]):
+            n = int(lengths[b]) if lengths is not None else ids.shape[1]
+            yield ids[b, :n], aux[b, :n], (fin[b, :n] if fin is not None else None)
+    elif layout == "speculators":
+        d = _torch_load(f)
+        hs = d.get("hidden_states") if isinstance(d, dict) else None
+        if not isinstance(hs, (list, tuple)) or len(hs) < k:
+            raise DataError(f"{f}: expected 'hidden_states' as a list of >= {k} tensors")
+        chosen = [hs[i] for i in pick] if pick is not None else list(hs[:k])
+        yield d["input_ids"], torch.cat([h.reshape(h.shape[-2], -1) for h in chosen], dim=-1), None
+    else:
+        d = _torch_load(f)
+        if not isinstance(d, dict) or "aux_hidden_state" not in d or "input_ids" not in d:
+            raise DataError(f"{f}: expected a SpecForge record with 'input_ids' and 'aux_hidden_state'")
+        yield d["input_ids"], d["aux_hidden_state"], d.get("hidden_state")
+
+
+def iter_hidden_states(path: Path, layer_ids: list[int], hidden_size: int, limit: int | None = None) -> Iterator[HiddenRecord]:
+    """Stream precomputed target hidden states, one sequence at a time.
+
+    Accepted layouts (aux states must be those of ``layer_ids``, vLLM convention, ascending):
+
+    * **eagle-migrate** (ours; what ``eagle_migrate.train.FeatureStore`` caches and :func:`write_hidden_states`
+      writes): ``*.safetensors`` files, each a right-padded batch with ``input_ids`` [B,T] int64, ``lengths`` [B],
+      ``aux`` [B,T,K*Ht] (aux layers ascending, concatenated), optionally ``final`` [B,T,Ht] (post-final-norm last
+      hidden state) and ``loss_mask``; header metadata ``layer_ids`` (JSON list) must equal the drafter's ids.
+    * **speculators** (``scripts/data_generation_offline.py``): ``data_N.pt`` = ``{"input_ids": [T],
+      "hidden_states": [[T, Ht] per captured layer], "loss_mask": [T]}`` with the layer list in
+      ``data_config.json``; speculators captures ``[aux..., L-1]`` (one more than the aux layers): the first K are
+      used. When ``data_config.json`` records layer ids, they must contain the drafter's.
+    * **SpecForge** offline data (``scripts/prepare_hidden_states.py``): ``**/*.ckpt`` = ``{"input_ids": [T],
+      "loss_mask": [T], "aux_hidden_state": [1, T, K*Ht], "hidden_state": [1, T, Ht]}``; SpecForge records no layer
+      ids (its defaults are the same tensors as vLLM's); only the width K*Ht is checked.
+    """
+    info = describe_hidden_states(path)
+    k = len(layer_ids)
+    want = sorted(layer_ids)
+    rec_ids = info["layer_ids"]
+    if info["layout"] == "eagle-migrate" and rec_ids is not None and sorted(rec_ids) != want:
+        raise DataError(f"{path}: hidden states were captured at layers {rec_ids}, the drafter needs {want}")
+    pick: list[int] | None = None
+    if info["layout"] == "speculators" and rec_ids is not None:
+        if not set(want) <= set(rec_ids):
+            raise DataError(f"{path}: speculators data captured layers {rec_ids}, the drafter needs {want}")
+        pick = [rec_ids.index(i) for i in want]
+    n = 0
+    for f in info["files"]:
+        for ids, aux, last in _records_of(f, info["layout"], k, pick):
+            if limit is not None and n >= limit:
+                return
+            ids = torch.as_tensor(ids).reshape(-1).to(torch.int64)
+            aux = aux.reshape(-1, aux.shape[-1])
+            if aux.shape[-1] != k * hidden_size:
+                raise DataError(f"{f}: aux hidden states are {aux.shape[-1]} wide, expected K*Ht = {k}*{hidden_size} = {k * hidden_size}")
+            if aux.shape[0] != ids.shape[0]:
+                raise DataError(f"{f}: {ids.shape[0]} token ids but {aux.shape[0]} hidden-state rows")
+            if last is not None:
+                last = last.reshape(-1, last.shape[-1])
+                if last.shape[-1] != hidden_size:
+                    last = None
+            yield HiddenRecord(ids, aux, last)
+            n += 1
+
+
+def count_hidden_states(path: Path) -> int:
+    """How many sequences a hidden-states folder holds (reads headers only where possible)."""
+    info = describe_hidden_states(path)
+    if info["layout"] != "eagle-migrate":
+        return len(info["files"])
+    from safetensors import safe_open
+
+    n = 0
+    for f in info["files"]:
+        with safe_open(str(f), framework="pt") as sf:
+            shape = sf.get_slice("input_ids").get_shape()
+        n += 1 if len(shape) == 1 else shape[0]
+    return n
+
+
+def quantiles_summary(values: torch.Tensor) -> dict[str, float]:
+    if values.numel() == 0:
+        return {"mean": math.nan, "median": math.nan}
+    v = values.float()
+    return {"mean": float(v.mean()), "median": float(v.median()), "min": float(v.min()), "max": float(v.max())}

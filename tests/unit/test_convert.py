@@ -1,0 +1,345 @@
+"""convert: EAGLE-2/3 -> EAGLE-3.1 on the toy successor world (exact predictions), every producer layout, pairing
+errors, overwrite rules, pass-through, the CLI."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from eagle_migrate import toy
+from eagle_migrate.convert import convert
+from eagle_migrate.drafter import EagleDrafter
+from eagle_migrate.errors import OutputExistsError, PairingError
+from eagle_migrate.formats import read_checkpoint
+from eagle_migrate.formats.io import save_safetensors, write_json
+
+from ..layouts import LAYOUT_NAMES, write_layout
+
+# an 8-layer successor target whose vLLM default aux ids (2, T//2, T-3) are the drafter's: every layout converts,
+# SafeAILab's (which stores no ids) included
+LAYERS = 8
+IDS = [2, 4, 5]
+KW = dict(num_sequences=8, command="test")
+
+
+def toy_sd(kind: str = "oracle") -> dict[str, torch.Tensor]:
+    sd = toy.drafter_state_dict(kind)
+    if kind != "random":
+        p = toy._shift(toy.H, 1 if kind == "oracle" else 2)
+        sd["fc.weight"] = torch.cat([p / (3 * toy.aux_rms(i)) for i in IDS], dim=1)
+    return sd
+
+
+def toy_cfg(**kw):
+    return toy.drafter_config(**kw).model_copy(update={"aux_layer_ids": IDS})
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("convert")
+    toy.write_target(d / "target", layers=LAYERS)
+    return d
+
+
+@pytest.fixture(scope="module")
+def target(world) -> str:
+    return str(world / "target")
+
+
+def write_src(path: Path, kind: str = "oracle", cfg=None, sd=None) -> Path:
+    from eagle_migrate.formats.vllm import write_vllm
+
+    path.mkdir(parents=True, exist_ok=True)
+    write_vllm(cfg or toy_cfg(), sd or toy_sd(kind), path, dtype=torch.float32)
+    return path
+
+
+def tree_hash(p: Path) -> str:
+    h = hashlib.sha256()
+    for f in sorted(p.rglob("*")):
+        if f.is_file():
+            h.update(f.name.encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def target_aux(ids: list[int]) -> torch.Tensor:
+    e = torch.eye(toy.H) * toy.H**0.5
+    return torch.cat([e[ids] * toy.aux_rms(i) for i in IDS], dim=-1).unsqueeze(0)
+
+
+def load_drafter(path: Path) -> EagleDrafter:
+    ck = read_checkpoint(path)
+    m = EagleDrafter(ck.config)
+    sd = ck.state_dict()
+    sd.setdefault("embed_tokens.weight", torch.eye(toy.H) * toy.H**0.5)
+    # o_proj.bias: zeros written for vLLM (it builds o_proj with a bias whenever attention_bias is set)
+    assert all(not k.endswith("o_proj.bias") or not sd[k].any() for k in sd)
+    m.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in sd.items() if k != "t2d" and not k.endswith("o_proj.bias")})
+    return m.eval()
+
+
+# ----- the toy pair: exact ----------------------------------------------------------------------------------------
+def test_oracle_converts_exactly(world, target):
+    src = write_src(world / "oracle")
+    before = tree_hash(src)
+    res = convert(src, target, world / "oracle-31", **KW)
+    assert tree_hash(src) == before  # the source is never touched
+    assert res.agreement.step0 == 1.0 and res.agreement.steps == [1.0, 1.0, 1.0]
+    assert res.norm_init.method == "mean-rms"
+    for w, lid in zip(res.norm_init.fc_norm, IDS):
+        assert w.mean == pytest.approx(toy.aux_rms(lid), rel=1e-5)
+    assert not res.calibration_required and res.calibration.status == "not calibrated"
+    assert sorted(res.output_files) == ["config.json", "model.safetensors", "provenance.json"]
+    ck = read_checkpoint(world / "oracle-31")
+    assert ck.format == "eagle3.1" and ck.config.fc_norm and ck.config.norm_output
+    assert not [f for f in ck.findings if f.severity == "error"]
+    cfg = json.loads((world / "oracle-31" / "config.json").read_text())
+    assert cfg["fc_norm"] is True and cfg["norm_output"] is True
+    assert cfg["eagle_aux_hidden_state_layer_ids"] == IDS == cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+    # the written drafter (3.1 flags, vLLM math) drafts exactly the successors
+    m = load_drafter(world / "oracle-31")
+    ids = [5, 9, 10, 11]
+    assert m.draft(torch.tensor([ids]), target_aux(ids[:-1]), 4).tolist() == [[12, 13, 14, 15]]
+    prov = json.loads((world / "oracle-31" / "provenance.json").read_text())
+    assert prov["source_sha256"] == res.provenance.source_sha256 and len(prov["source_sha256"]) == 64
+    assert prov["command"] == "test" and prov["statistics"]["num_tokens"] > 0 and prov["finished_at"]
+    from safetensors import safe_open
+
+    with safe_open(str(world / "oracle-31" / "model.safetensors"), "pt") as f:
+        meta = f.metadata()
+    assert meta["source_sha256"] == res.provenance.source_sha256 and "eagle-migrate" in meta["producer"]
+
+
+def test_random_drafter_step0_agreement_and_written_equals_simulated(world, target):
+    src = write_src(world / "random", "random")
+    res = convert(src, target, world / "random-31", **KW)
+    assert res.agreement.step0 >= 0.99
+    ones = next(c for c in res.norm_init.candidates if c.method == "ones")
+    assert ones.step0_agreement < res.agreement.step0  # all-ones (vLLM's default) loses the source
+    # the checkpoint on disk drafts what the report measured: compare it with the source on toy contexts
+    s, c = load_drafter(src), load_drafter(world / "random-31")
+    agree0 = n = 0
+    for p in toy.prompts(8, 16, seed=3):
+        aux = target_aux(p[:-1])
+        a, b = s.draft(torch.tensor([p]), aux, 1), c.draft(torch.tensor([p]), aux, 1)
+        agree0 += int((a == b).all())
+        n += 1
+    assert agree0 == n
+
+
+@pytest.mark.parametrize("nbr", [True, False])
+def test_norm_output_fold_is_exact_with_norm_before_residual(world, target, nbr):
+    sd = toy_sd("random")
+    g = torch.Generator().manual_seed(7)
+    sd["norm.weight"] = 1 + 0.5 * torch.rand(toy.H, generator=g)  # a non-flat final norm
+    src = write_src(world / f"rnd-nbr{nbr}", cfg=toy_cfg(norm_before_residual=nbr), sd=sd)
+    res = convert(src, target, world / f"rnd-nbr{nbr}-31", **KW)
+    v = {x.name: x for x in res.norm_output.variants}
+    fold, naive = v["norm_output+fold-rms"], v["norm_output"]
+    assert res.norm_output.applied and fold.chosen
+    assert sum(fold.step_agreement) >= sum(naive.step_agreement)
+    if nbr:
+        assert fold.step_agreement == [1.0, 1.0, 1.0]  # exact: hidden_norm and the residual are scale-free
+    ck = read_checkpoint(world / f"rnd-nbr{nbr}-31")
+    nw = ck.tensor("norm.weight")
+    assert torch.allclose(nw, torch.full_like(nw, res.norm_output.scale))
+
+
+def test_norm_before_fc_source_is_folded(world, target):
+    cfg = toy_cfg(norm_before_fc=True)
+    sd = toy_sd("oracle")
+    g = torch.Generator().manual_seed(2)
+    sd["input_norm.weight"] = 0.5 + torch.rand(3 * toy.H, generator=g)
+    # keep the source an oracle: divide fc by what input_norm does to the constant-RMS toy states
+    rho = (sum(toy.aux_rms(i) ** 2 for i in IDS) / 3) ** 0.5
+    sd["fc.weight"] = sd["fc.weight"] * rho / sd["input_norm.weight"]
+    src = write_src(world / "nbf", cfg=cfg, sd=sd)
+    res = convert(src, target, world / "nbf-31", **KW)
+    assert res.agreement.step0 == 1.0
+    assert any("input_norm" in c for c in res.changes)
+    ck = read_checkpoint(world / "nbf-31")
+    assert not ck.config.norm_before_fc and not ck.has("input_norm.weight")
+
+
+def toy_layout_sd():
+    return toy_sd("oracle")
+
+
+@pytest.mark.parametrize("name", [n for n in LAYOUT_NAMES if n not in ("mla", "quantized-fp8", "quantized-w4a16", "vllm-v0-eagle", "safeailab-eagle2")])
+def test_every_producer_layout_converts(world, target, name):
+    src = write_layout(name, toy_cfg(), toy_layout_sd(), world / f"layout-{name}")
+    res = convert(src, target, world / f"layout-{name}-31", **KW)
+    assert res.agreement.step0 >= 0.99 and min(res.agreement.steps) >= 0.99
+    ck = read_checkpoint(world / f"layout-{name}-31")
+    assert ck.format == "eagle3.1" and ck.config.aux_layer_ids == IDS
+    assert not [f for f in ck.findings if f.severity == "error"]
+
+
+@pytest.mark.parametrize("name", ["mla", "quantized-fp8"])
+def test_unsupported_layouts_fail_cleanly(world, target, name):
+    from eagle_migrate.errors import UnsupportedError
+
+    src = write_layout(name, toy_cfg(), toy_layout_sd(), world / f"bad-{name}")
+    with pytest.raises(UnsupportedError):
+        convert(src, target, world / f"bad-{name}-31", **KW)
+    assert not (world / f"bad-{name}-31").exists()
+
+
+# ----- EAGLE-2 -----------------------------------------------------------------------------------------------------
+def eagle2_oracle(path: Path) -> Path:
+    """SafeAILab EAGLE-1/2 files whose drafts are the successors: fc's hidden half shifts the (post-norm) last
+    target state by one token, the embedding half is zero, attention and MLP add nothing."""
+    from ..layouts import _eagle2_config
+
+    h = toy.H
+    cfg = toy_cfg()
+    sd = {"embed_tokens.weight": torch.eye(h) * h**0.5, "fc.weight": torch.cat([torch.zeros(h, h), toy._shift(h, 1)], dim=1)}
+    p = "layers.0."
+    g = torch.Generator().manual_seed(0)
+    sd[p + "self_attn.q_proj.weight"] = torch.randn(toy.HEADS * toy.HEAD_DIM, h, generator=g) * 0.1
+    sd[p + "self_attn.k_proj.weight"] = torch.randn(toy.KV_HEADS * toy.HEAD_DIM, h, generator=g) * 0.1
+    sd[p + "self_attn.v_proj.weight"] = torch.randn(toy.KV_HEADS * toy.HEAD_DIM, h, generator=g) * 0.1
+    sd[p + "self_attn.o_proj.weight"] = torch.zeros(h, toy.HEADS * toy.HEAD_DIM)
+    sd[p + "mlp.gate_proj.weight"] = torch.eye(h)
+    sd[p + "mlp.up_proj.weight"] = torch.eye(h)
+    sd[p + "mlp.down_proj.weight"] = torch.zeros(h, h)
+    sd[p + "post_attention_layernorm.weight"] = torch.ones(h)
+    path.mkdir(parents=True, exist_ok=True)
+    torch.save(sd, path / "pytorch_model.bin")
+    d = _eagle2_config(cfg)
+    d["bias"] = False
+    write_json(path / "config.json", d)
+    return path
+
+
+def test_eagle2_oracle_maps_exactly_at_step0(world, target):
+    src = eagle2_oracle(world / "e2-oracle")
+    res = convert(src, target, world / "e2-oracle-31", **KW)
+    assert res.source_format == "eagle2"
+    assert res.calibration_required and res.calibration.required
+    assert res.eagle2_mapping is not None and res.aux_layer_ids == [2, 4, LAYERS - 1]
+    assert res.agreement.step0 == 1.0  # the hidden half maps exactly; steps >= 1 need the calibration
+    ck = read_checkpoint(world / "e2-oracle-31")
+    assert ck.format == "eagle3.1" and not [f for f in ck.findings if f.severity == "error"]
+    prov = json.loads((world / "e2-oracle-31" / "provenance.json").read_text())
+    assert prov["calibration_required"] is True
+
+
+@pytest.mark.parametrize("name", ["safeailab-eagle2", "vllm-v0-eagle"])
+def test_eagle2_layouts_convert_to_valid_31(world, target, name):
+    src = write_layout(name, toy_cfg(), toy_layout_sd(), world / f"e2-{name}")
+    res = convert(src, target, world / f"e2-{name}-31", **KW)
+    assert res.calibration_required and res.agreement.step0 is not None
+    ck = read_checkpoint(world / f"e2-{name}-31")
+    assert ck.format == "eagle3.1" and not [f for f in ck.findings if f.severity == "error"]
+    load_drafter(world / f"e2-{name}-31")  # every tensor the 3.1 module needs is there
+
+
+# ----- pass-through, formats, overwrite ----------------------------------------------------------------------------
+def test_eagle31_source_passes_through(world, target):
+    first = world / "oracle-31"
+    if not first.exists():
+        convert(write_src(world / "oracle"), target, first, **KW)
+    res = convert(first, target, world / "oracle-31-again", **KW)
+    assert res.passthrough and res.agreement.step0 is None and not res.calibration_required
+    a, b = read_checkpoint(first), read_checkpoint(world / "oracle-31-again")
+    for n in a.canonical_names():
+        assert torch.equal(a.tensor(n), b.tensor(n)), n
+
+
+def test_speculators_output_format(world, target):
+    res = convert(write_src(world / "oracle-s"), target, world / "oracle-spec", output_format="speculators", **KW)
+    ck = read_checkpoint(world / "oracle-spec")
+    assert ck.layout == "speculators" and ck.format == "eagle3.1"
+    assert "provenance.json" in res.output_files
+
+
+def test_refuses_to_overwrite_without_force(world, target):
+    src = write_src(world / "ow-src")
+    out = world / "ow-out"
+    out.mkdir()
+    (out / "keep.txt").write_text("x")
+    with pytest.raises(OutputExistsError):
+        convert(src, target, out, **KW)
+    assert (out / "keep.txt").read_text() == "x"
+    convert(src, target, out, force=True, **KW)
+    assert not (out / "keep.txt").exists() and (out / "model.safetensors").exists()
+
+
+def test_output_inside_source_is_refused(world, target):
+    from eagle_migrate.errors import InputError
+
+    src = write_src(world / "inside")
+    with pytest.raises(InputError):
+        convert(src, target, src / "out", **KW)
+
+
+# ----- pairing -----------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def other_targets(world):
+    toy.write_target(world / "t-h32", h=32, layers=LAYERS)
+    big = world / "t-vocab"
+    toy.write_target(big, layers=LAYERS)
+    cfg = json.loads((big / "config.json").read_text())
+    cfg["vocab_size"] = 65
+    sd = toy.target_state_dict(layers=LAYERS)
+    sd["model.embed_tokens.weight"] = torch.cat([sd["model.embed_tokens.weight"], torch.zeros(1, toy.H)])
+    sd["lm_head.weight"] = torch.cat([sd["lm_head.weight"], torch.zeros(1, toy.H)])
+    save_safetensors(sd, big / "model.safetensors")
+    write_json(big / "config.json", cfg)
+    toy.write_target(world / "t-short", layers=4)
+    return world
+
+
+@pytest.mark.parametrize("tname,needles", [
+    ("t-h32", ["Ht=64", "hidden_size=32"]),
+    ("t-vocab", ["vocab_size=64", "vocab_size=65"]),
+    ("t-short", ["aux layer id 4", "4 layers"]),
+])
+def test_bad_pairs_raise_pairing_error_naming_both_numbers(world, other_targets, tname, needles):
+    src = write_src(world / "pair-src")
+    with pytest.raises(PairingError) as ei:
+        convert(src, str(world / tname), world / f"pair-{tname}", **KW)
+    for n in needles:
+        assert n in ei.value.message
+    assert not (world / f"pair-{tname}").exists()
+
+
+# ----- CLI -----------------------------------------------------------------------------------------------------------
+def cli(*args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    return subprocess.run([sys.executable, "-m", "eagle_migrate", *args], capture_output=True, text=True, env=env, timeout=600)
+
+
+def test_cli_help():
+    r = cli("convert", "--help")
+    assert r.returncode == 0
+    for opt in ("--target", "--output", "--data", "--hidden-states", "--steps", "--no-calibrate", "--output-format", "--device", "--dtype", "--force", "--seed", "--json", "Example"):
+        assert opt in r.stdout, opt
+
+
+def test_cli_json_and_exit_codes(world, target, other_targets):
+    src = write_src(world / "cli-src")
+    out = world / "cli-out"
+    r = cli("convert", str(src), "--target", target, "-o", str(out), "--json", "--num-sequences", "8", "--no-calibrate")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["agreement"]["step0"] == 1.0 and doc["norm_init"]["method"] == "mean-rms"
+    assert doc["calibration"]["status"] == "not calibrated" and doc["provenance"]["command"].startswith("eagle-migrate convert")
+    # existing output -> exit 2, one line, no traceback
+    r = cli("convert", str(src), "--target", target, "-o", str(out), "--json")
+    assert r.returncode == 2 and "error:" in r.stderr and "Traceback" not in r.stderr and r.stdout == ""
+    # bad pair -> exit 2 naming both numbers
+    r = cli("convert", str(src), "--target", str(world / "t-h32"), "-o", str(world / "cli-bad"))
+    assert r.returncode == 2 and "Ht=64" in r.stderr and "hidden_size=32" in r.stderr
+    # the human summary
+    r = cli("convert", str(src), "--target", target, "-o", str(out), "--force", "--num-sequences", "8")
+    assert r.returncode == 0 and "agreement with source" in r.stdout and "fc_norm init" in r.stdout
