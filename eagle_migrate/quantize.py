@@ -18,7 +18,6 @@ What is written (shared/reference quant-formats.md §2-§4):
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import time
 from collections.abc import Callable, Iterable
@@ -510,81 +509,27 @@ def build_drafter(cfg: DrafterConfig, sd: dict[str, torch.Tensor], target=None, 
     return m.eval()
 
 
-def load_sequences(data: Any, target, n: int, max_len: int = 512) -> tuple[list[list[int]], str]:
-    """Calibration token sequences from ``data``: token-id lists, a JSONL/JSON file (``prompt_token_ids``,
-    ``input_ids``, ``text``/``prompt``, ``messages``/``conversations``), a plain-text file, or (None) the
-    built-in prompts of ``eagle_migrate.data`` when available, else random tokens."""
+def _tokenizer_or_bytes(tok, vocab_size: int):
+    from .data import ByteTokenizer
+
+    return tok if tok is not None else ByteTokenizer(vocab_size)
+
+
+def load_sequences(data: Any, target, n: int, max_len: int = 512, seed: int = 0) -> tuple[list[list[int]], str]:
+    """Calibration token sequences: token-id lists as given, or any prompt source ``eagle_migrate.data`` reads
+    (None = the built-in chat set; a JSONL/JSON file; ``sharegpt``; ``hf:ORG/NAME``), rendered with the target's
+    chat template (UTF-8 bytes mod vocab for a tokenizer-less target)."""
+    from . import data as data_mod
+
     if isinstance(data, (list, tuple)) and data and all(isinstance(x, (list, tuple)) for x in data):
-        return [list(map(int, x))[:max_len] for x in data[:n]], "token ids given"
-    try:
-        from . import data as data_mod  # type: ignore[attr-defined]
-    except ImportError:
-        data_mod = None
-    tok = getattr(target, "tokenizer", None)
-    if data is None:
-        if data_mod is not None and hasattr(data_mod, "calibration_sequences"):
-            return data_mod.calibration_sequences(None, tok, n=n, max_len=max_len), "built-in prompts"
-        g = torch.Generator().manual_seed(0)
-        v = target.info.vocab_size
-        return [torch.randint(0, v, (min(max_len, 64),), generator=g).tolist() for _ in range(n)], "random tokens (pass --data for real statistics)"
-    if data_mod is not None and hasattr(data_mod, "calibration_sequences"):
-        return data_mod.calibration_sequences(data, tok, n=n, max_len=max_len), str(data)
-    p = Path(str(data))
-    if not p.is_file():
-        raise DataError(f"{data}: no such file")
-    records: list[Any] = []
-    try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise DataError(f"{data}: cannot read ({e})") from None
-    if p.suffix == ".jsonl":
-        for i, line in enumerate(text.splitlines()):
-            if line.strip():
-                try:
-                    records.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise DataError(f"{data}: line {i + 1} is not JSON ({e.msg})") from None
-    elif p.suffix == ".json":
-        try:
-            obj = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise DataError(f"{data}: not valid JSON ({e.msg})") from None
-        records = obj if isinstance(obj, list) else [obj]
-    else:
-        records = [{"text": t} for t in text.split("\n\n") if t.strip()]
-    seqs: list[list[int]] = []
-    for r in records:
-        if len(seqs) >= n:
-            break
-        ids = None
-        if isinstance(r, list) and all(isinstance(x, int) for x in r):
-            ids = r
-        elif isinstance(r, str):
-            ids = _encode(tok, r, data)
-        elif isinstance(r, dict):
-            if isinstance(r.get("prompt_token_ids") or r.get("input_ids"), list):
-                ids = r.get("prompt_token_ids") or r.get("input_ids")
-            elif isinstance(r.get("text") or r.get("prompt"), str):
-                ids = _encode(tok, r.get("text") or r.get("prompt"), data)
-            elif isinstance(r.get("messages") or r.get("conversations"), list):
-                msgs = [{"role": m.get("role") or {"human": "user", "gpt": "assistant"}.get(m.get("from"), m.get("from")),
-                         "content": m.get("content") or m.get("value") or ""} for m in (r.get("messages") or r.get("conversations"))]
-                if tok is None:
-                    raise DataError(f"{data}: chat records need the target's tokenizer")
-                ids = tok.apply_chat_template(msgs, tokenize=True)
-                if isinstance(ids, dict):
-                    ids = ids["input_ids"]
-        if ids:
-            seqs.append([int(x) for x in ids][:max_len])
+        return [[int(t) for t in x][:max_len] for x in data[:n]], "token ids given"
+    convs = data_mod.load_conversations(None if data is None else str(data), limit=n, seed=seed)
+    tok = _tokenizer_or_bytes(getattr(target, "tokenizer", None), target.info.vocab_size)
+    seqs = [data_mod.render(c, tok)[:max_len] for c in convs]
+    seqs = [x for x in seqs if len(x) >= 3]
     if not seqs:
-        raise DataError(f"{data}: no usable records (token ids, text or chat messages)")
-    return seqs, str(data)
-
-
-def _encode(tok, text: str, data) -> list[int]:
-    if tok is None:
-        raise DataError(f"{data}: text records need the target's tokenizer (the target has none)")
-    return list(tok(text)["input_ids"])
+        raise DataError(f"{data or 'builtin'}: no calibration sequence of 3 tokens or more")
+    return seqs, "builtin:chat" if data is None else str(data)
 
 
 @torch.no_grad()
@@ -676,18 +621,6 @@ def _acceptance_from(engine: str, k: int, before: dict[str, Any], after: dict[st
                             passed=None if max_drop is None else drop <= max_drop, note=note)
 
 
-BUILTIN_PROMPTS = [
-    "Explain the difference between a process and a thread.",
-    "Write a Python function that checks whether a string is a palindrome.",
-    "Summarise the causes of the French Revolution in three sentences.",
-    "What are good habits for writing unit tests?",
-    "Translate 'the weather is nice today' into French and German.",
-    "Give me a recipe for a simple tomato soup.",
-    "How does a hash table handle collisions?",
-    "Write a short poem about the sea.",
-]
-
-
 def _tokenizer(target_spec: str | None, target=None):
     if target is not None:
         return getattr(target, "tokenizer", None)
@@ -701,32 +634,19 @@ def _tokenizer(target_spec: str | None, target=None):
         return None
 
 
-def default_suites(target_spec: str | None, target=None, n: int = 8, max_tokens: int = 64) -> dict[str, dict[str, Any]]:
-    """Acceptance prompts when none are given: the data module's quick suites when available, else built-in chat
-    prompts (chat template applied), or random token prompts for a tokenizer-less target (toys)."""
-    try:
-        from . import data as data_mod  # type: ignore[attr-defined]
-    except ImportError:
-        data_mod = None
-    tok = _tokenizer(target_spec, target)
-    if data_mod is not None and hasattr(data_mod, "quick_suites"):
-        return data_mod.quick_suites(tok, n=n, max_tokens=max_tokens)
-    if tok is None:
-        from .target import target_info
+def default_suites(target_spec: str, target=None, *, names: tuple[str, ...] = ("chat", "code"), num_prompts: int = 8,
+                   max_tokens: int = 64, max_model_len: int | None = None) -> dict[str, dict[str, Any]]:
+    """Acceptance prompts when none are given: small versions of the validate suites (``eagle_migrate.data``)."""
+    from . import data as data_mod
+    from .target import target_info
 
-        v = target_info(str(target_spec)).vocab_size
-        g = torch.Generator().manual_seed(0)
-        return {"random-tokens": {"prompts": [torch.randint(0, v, (16,), generator=g).tolist() for _ in range(n)],
-                                  "max_tokens": max_tokens, "ignore_eos": True}}
-    prompts = []
-    for text in BUILTIN_PROMPTS[:n]:
-        try:
-            ids = tok.apply_chat_template([{"role": "user", "content": text}], tokenize=True, add_generation_prompt=True)
-            ids = ids["input_ids"] if isinstance(ids, dict) else ids
-        except Exception:
-            ids = tok(text)["input_ids"]
-        prompts.append([int(x) for x in ids])
-    return {"chat": {"prompts": prompts, "max_tokens": max_tokens}}
+    info = target_info(str(target_spec))
+    tok = _tokenizer(target_spec, target)
+    out = {}
+    for name in names:
+        s = data_mod.suite(name, tok, info, num_prompts=num_prompts, max_tokens=max_tokens, max_model_len=max_model_len)
+        out[name] = {"prompts": s.prompts, "max_tokens": s.max_tokens}
+    return out
 
 
 def _vllm_needs_no_tokenizer(suites: dict[str, dict[str, Any]]) -> bool:
@@ -763,6 +683,12 @@ def measure_acceptance_reference(target_spec: str, before: Path, after_dense: Pa
     b = fn(target_spec, str(before), suites, num_speculative_tokens=k)
     a = fn(target_spec, str(after_dense), suites, num_speculative_tokens=k)
     return {n: (s[0] if isinstance(s, tuple) else s) for n, s in b.items()}, {n: (s[0] if isinstance(s, tuple) else s) for n, s in a.items()}
+
+
+def _max_model_len(target_spec: str, cap: int = 2048) -> int:
+    from .target import target_info
+
+    return min(cap, int(target_info(str(target_spec)).max_position_embeddings or cap))
 
 
 def _cuda() -> bool:
@@ -896,15 +822,13 @@ def quantize(
         if engine is not None:
             say(f"measuring acceptance before/after ({engine})")
             vopts = dict(vllm_options or {})
-            sts = suites if suites is not None else default_suites(target, tgt)
+            mp = _max_model_len(target)
+            sts = suites if suites is not None else default_suites(target, tgt, max_model_len=mp)
             with tempfile.TemporaryDirectory(prefix=".eagle-migrate-quantize-", dir=str(out.parent)) as work:
                 dense_before = Path(work) / "before"
                 _write_dense(dense_before, cfg, sd, None)
                 if engine == "vllm":
-                    from .target import target_info
-
-                    mp = target_info(target).max_position_embeddings or 2048
-                    vopts.setdefault("max_model_len", min(2048, int(mp)))
+                    vopts.setdefault("max_model_len", mp)
                     before_s, after_s = measure_acceptance_vllm(target, dense_before, tmp, sts, k=num_speculative_tokens, **vopts)
                     acceptance = _acceptance_from("vllm", num_speculative_tokens, before_s, after_s, max_al_drop_pct)
                 else:

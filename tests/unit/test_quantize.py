@@ -264,8 +264,6 @@ def test_oracle_weights_are_exact_in_fp8(qdir, toy_oracle):
 def test_random_drafter_draft_agreement(outputs, scheme, min_agree):
     """Dequantised random-weight drafter: its step-0 draft token at every context position (toy target states)
     mostly matches the original's."""
-    from eagle_migrate.drafter.model import EagleDrafter  # noqa: F401
-
     out, _ = outputs[scheme]
     cfg, deq, _qc = read_quantized(out)
     src = {k: v.to(torch.bfloat16).float() for k, v in toy.drafter_state_dict("random").items()}
@@ -306,7 +304,7 @@ def test_static_scales_come_from_calibrated_activation_amax(qdir, toy_oracle, to
 
 def test_calibration_data_from_jsonl(qdir, toy_oracle, toy_target):
     data = qdir / "calib.jsonl"
-    data.write_text("\n".join(json.dumps({"prompt_token_ids": p}) for p in toy.prompts(3, 10)) + "\n")
+    data.write_text("\n".join(json.dumps({"token_ids": p}) for p in toy.prompts(3, 10)) + "\n")
     r = quantize(toy_oracle, qdir / "oracle-fp8-jsonl", "fp8", target=str(toy_target), data=str(data), validate="none")
     assert r.calibration.num_sequences == 3 and r.calibration.source == str(data)
 

@@ -1,0 +1,85 @@
+"""`eagle-migrate quantize` on the command line: --help, --json, exit codes (0 ok, 1 gate failed, 2 bad input)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    env.pop("EAGLE_MIGRATE_DEBUG", None)
+    return subprocess.run([sys.executable, "-m", "eagle_migrate", *args], capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_help_has_schemes_and_example():
+    r = run("quantize", "--help")
+    assert r.returncode == 0
+    for s in ("fp8-dynamic", "nvfp4a16", "--quantize-fc", "--max-al-drop", "--target", "--data", "Example"):
+        assert s in r.stdout
+
+
+def test_json_is_one_document(tmp_path, toy_random):
+    r = run("quantize", str(toy_random), "-o", str(tmp_path / "q"), "--scheme", "nvfp4a16", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["scheme"] == "nvfp4a16" and doc["format"] == "nvfp4-pack-quantized"
+    assert doc["ignore"] == ["lm_head", "re:.*fc$"] and len(doc["layers"]) == 7
+    assert doc["acceptance"] is None and doc["quantized_ratio"] > 6  # fp32 source
+    assert (tmp_path / "q" / "config.json").exists()
+
+
+def _main(args: list[str]) -> int:
+    from eagle_migrate import cli
+
+    try:
+        cli.main(args)
+    except SystemExit as e:
+        return int(e.code or 0)
+    return 0
+
+
+@pytest.fixture
+def no_debug(monkeypatch):
+    monkeypatch.delenv("EAGLE_MIGRATE_DEBUG", raising=False)
+
+
+def test_static_scheme_without_target_is_bad_input(tmp_path, toy_random, capsys, no_debug):
+    assert _main(["quantize", str(toy_random), "-o", str(tmp_path / "q"), "--scheme", "fp8"]) == 2
+    err = capsys.readouterr().err
+    assert "calibrates activation scales" in err and "hint:" in err and "Traceback" not in err
+
+
+def test_unknown_scheme_is_usage_error(tmp_path, toy_random, no_debug):
+    assert _main(["quantize", str(toy_random), "-o", str(tmp_path / "q"), "--scheme", "int3"]) == 2
+
+
+def test_existing_output_needs_force(tmp_path, toy_random, capsys, no_debug):
+    out = tmp_path / "q"
+    out.mkdir()
+    assert _main(["quantize", str(toy_random), "-o", str(out), "--scheme", "fp8-dynamic"]) == 2
+    assert "--force" in capsys.readouterr().err
+    assert _main(["quantize", str(toy_random), "-o", str(out), "--scheme", "fp8-dynamic", "--force", "--json"]) == 0
+
+
+def test_gate_failure_exits_1_with_report(tmp_path, toy_oracle, toy_target, capsys, monkeypatch, no_debug):
+    import eagle_migrate.quantize as q
+    from eagle_migrate.validate.metrics import AcceptanceStats
+
+    def fake(*_a, **_k):
+        return ({"chat": AcceptanceStats(num_drafts=10, num_accepted_tokens=30)},
+                {"chat": AcceptanceStats(num_drafts=10, num_accepted_tokens=20)})
+
+    monkeypatch.setattr(q, "measure_acceptance_vllm", fake)
+    code = _main(["quantize", str(toy_oracle), "-o", str(tmp_path / "q"), "--scheme", "fp8-dynamic", "--target",
+                  str(toy_target), "--max-al-drop", "2", "--json"])
+    assert code == 1
+    out = capsys.readouterr()
+    doc = json.loads(out.out)
+    assert doc["acceptance"]["passed"] is False and doc["acceptance"]["before"] == 4.0 and doc["acceptance"]["after"] == 3.0
+    assert "error:" in out.err and "--max-al-drop" in out.err
+    assert not (tmp_path / "q").exists()
