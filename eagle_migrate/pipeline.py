@@ -1,0 +1,511 @@
+"""A generic resumable stage runner with one manifest in the output folder (what ``migrate`` and ``demo`` run on).
+
+    pipe = Pipeline(out_dir, [Stage("convert", convert_fn, {"checkpoint": Path(ckpt), "target": "org/name"}),
+                              Stage("validate", validate_fn, lambda results: {"min_al": 2.0})])
+    result = pipe.run()          # PipelineResult: one JSON summary; result.exit_code from the gates
+
+* Each stage writes into its own subfolder ``OUT/<stage>/`` through ``atomic_output_dir``: the stage function gets
+  a temporary sibling folder (``ctx.out``) that is renamed into place only when the function returns, so a kill
+  never leaves a half-written stage folder behind.
+* ``OUT/migrate-manifest.json`` (pydantic ``Manifest``) records per stage: the inputs hash, the inputs, the outputs,
+  the status (pending | running | done | failed), started/finished times, the gate result and the error. It is
+  rewritten atomically (temporary file, fsync, ``os.replace``) at every state change.
+* A re-run skips a stage whose record is ``done`` with an unchanged inputs hash and whose folder exists, and resumes
+  at the first stage that is not (failed, interrupted, killed, new inputs). The inputs hash covers the stage's own
+  inputs (``Path`` values by content: sha256, cached in the manifest by size + mtime; pass a ``str`` to hash a name
+  only) and the inputs hashes of every earlier stage, so a stage whose upstream ran with different inputs runs again.
+* Gates: a stage returns ``StageResult(gate_passed=False, message=...)`` to keep its output (e.g. a report) and stop
+  the pipeline with exit code 1; raising ``CheckFailed`` does the same without keeping the output. Any other
+  ``EagleMigrateError`` stops it with that error's exit code. SIGTERM / SIGINT mark the running stage failed
+  ("interrupted") and the result's exit code is 128 + signal; SIGKILL leaves it ``running``, which a re-run treats
+  the same way. Stage functions must be deterministic in their inputs for skipping to be sound.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from enum import Enum
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from . import __version__
+from .errors import EXIT_CHECK_FAILED, EXIT_OK, EagleMigrateError, InputError
+from .formats.io import atomic_output_dir
+
+MANIFEST_NAME = "migrate-manifest.json"
+LOCK_NAME = ".migrate.lock"
+_STAGE_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
+_HASH_CHUNK = 1 << 22
+
+Status = Literal["pending", "running", "done", "failed"]
+Action = Literal["ran", "skipped", "not-run"]
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file in the same folder, fsync, then ``os.replace``."""
+    path = Path(path)
+    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
+# ----- the manifest ----------------------------------------------------------------------------------------------
+class FileHash(BaseModel):
+    """Content hash of one file, valid while its size and mtime are unchanged."""
+
+    size: int
+    mtime_ns: int
+    sha256: str
+
+
+class StageRecord(BaseModel):
+    """What the manifest knows about one stage."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    name: str
+    status: Status = Field("pending", description="pending | running | done | failed")
+    inputs_hash: str | None = Field(None, description="sha256 over this stage's inputs and the earlier stages' hashes")
+    inputs: dict[str, Any] = Field(default_factory=dict, description="the resolved inputs, for people (paths as given)")
+    outputs: dict[str, Any] = Field(default_factory=dict, description="what the stage returned (JSON)")
+    output_dir: str | None = Field(None, description="the stage's folder, relative to the pipeline folder")
+    gate_passed: bool | None = Field(None, description="False: the stage's gate failed and the pipeline stopped")
+    message: str | None = Field(None, description="one line from the stage (e.g. the gate's verdict)")
+    started_at: str | None = None
+    finished_at: str | None = None
+    seconds: float | None = None
+    error: str | None = Field(None, description="one-line error of the last failed attempt")
+    error_type: str | None = None
+    exit_code: int | None = None
+    attempts: int = Field(0, description="how many times the stage was started")
+    pid: int | None = Field(None, description="the process running it (status running)")
+
+
+class Manifest(BaseModel):
+    """``OUT/migrate-manifest.json``: one record per stage, in pipeline order."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    schema_version: Literal[1] = 1
+    tool: str = "eagle-migrate"
+    tool_version: str = __version__
+    created_at: str = Field(default_factory=_now)
+    updated_at: str = Field(default_factory=_now)
+    stages: dict[str, StageRecord] = Field(default_factory=dict)
+    hash_cache: dict[str, FileHash] = Field(default_factory=dict, description="absolute file path -> content hash")
+
+
+# ----- stages ----------------------------------------------------------------------------------------------------
+class StageResult(BaseModel):
+    """What a stage function may return (a plain dict means ``StageResult(outputs=dict)``)."""
+
+    outputs: dict[str, Any] = Field(default_factory=dict)
+    gate_passed: bool | None = Field(None, description="False keeps the output and stops the pipeline with exit 1")
+    message: str | None = None
+
+
+@dataclass
+class StageContext:
+    """Handed to a stage function."""
+
+    name: str
+    out: Path  # temporary folder: write everything here; it becomes ``final_dir`` when the function returns
+    final_dir: Path
+    pipeline_dir: Path
+    inputs: dict[str, Any]
+    results: dict[str, dict[str, Any]]  # outputs of the earlier stages, by name
+    log: Callable[[str], None]
+
+    def path(self, stage: str) -> Path:
+        """The folder of an earlier stage."""
+        return self.pipeline_dir / stage
+
+
+InputsSpec = Mapping[str, Any] | Callable[[dict[str, dict[str, Any]]], Mapping[str, Any]]
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One step: ``fn(ctx) -> StageResult | dict | None``; ``inputs`` (or a function of the earlier outputs) is
+    hashed to decide whether a finished stage can be skipped."""
+
+    name: str
+    fn: Callable[[StageContext], StageResult | Mapping[str, Any] | None]
+    inputs: InputsSpec = field(default_factory=dict)
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if not _STAGE_NAME.match(self.name):
+            raise ValueError(f"stage name {self.name!r} must match {_STAGE_NAME.pattern}")
+
+
+class StageSummary(BaseModel):
+    name: str
+    status: Status
+    action: Action = Field(..., description="ran in this invocation, skipped (done before, inputs unchanged), or not-run")
+    gate_passed: bool | None = None
+    message: str | None = None
+    error: str | None = None
+    seconds: float | None = None
+    output_dir: str | None = None
+    outputs: dict[str, Any] = Field(default_factory=dict)
+
+
+class PipelineResult(BaseModel):
+    """The one JSON summary for CI."""
+
+    ok: bool
+    exit_code: int = Field(..., description="0 ok, 1 a gate/check failed, 2 bad input, 128+N interrupted by signal N")
+    out_dir: str
+    manifest: str
+    failed_stage: str | None = None
+    interrupted: bool = False
+    tool_version: str = __version__
+    stages: list[StageSummary]
+
+
+class Interrupted(KeyboardInterrupt):
+    """Raised inside the running stage when the process gets SIGTERM (SIGINT raises KeyboardInterrupt)."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"interrupted by signal {signum}")
+        self.signum = signum
+
+
+# ----- hashing ---------------------------------------------------------------------------------------------------
+class _Hasher:
+    def __init__(self, cache: dict[str, FileHash]):
+        self.cache = cache
+        self.used: set[str] = set()
+
+    def file(self, p: Path) -> str:
+        st = p.stat()
+        key = str(p.resolve())
+        self.used.add(key)
+        hit = self.cache.get(key)
+        if hit and hit.size == st.st_size and hit.mtime_ns == st.st_mtime_ns:
+            return hit.sha256
+        h = hashlib.sha256()
+        with open(p, "rb") as f:
+            while b := f.read(_HASH_CHUNK):
+                h.update(b)
+        self.cache[key] = FileHash(size=st.st_size, mtime_ns=st.st_mtime_ns, sha256=h.hexdigest())
+        return h.hexdigest()
+
+    def path(self, p: Path) -> dict[str, Any]:
+        if p.is_file():
+            return {"file": self.file(p)}
+        if p.is_dir():
+            h = hashlib.sha256()
+            for f in sorted(x for x in p.rglob("*") if x.is_file()):
+                h.update(f.relative_to(p).as_posix().encode() + b"\0" + self.file(f).encode() + b"\n")
+            return {"dir": h.hexdigest()}
+        return {"missing": True}
+
+    def canonical(self, v: Any, where: str) -> Any:
+        """JSON value standing for ``v`` in the hash (paths by content)."""
+        if isinstance(v, Path):
+            return {"__path__": self.path(v)}
+        if isinstance(v, BaseModel):
+            return self.canonical(v.model_dump(mode="json"), where)
+        if isinstance(v, Enum):
+            return self.canonical(v.value, where)
+        if isinstance(v, Mapping):
+            return {str(k): self.canonical(x, f"{where}.{k}") for k, x in sorted(v.items(), key=lambda kv: str(kv[0]))}
+        if isinstance(v, (list, tuple)):
+            return [self.canonical(x, f"{where}[{i}]") for i, x in enumerate(v)]
+        if v is None or isinstance(v, (str, int, float, bool)):
+            return v
+        raise TypeError(f"stage input {where} is a {type(v).__name__}; use JSON values or pathlib.Path")
+
+
+def _display(v: Any) -> Any:
+    """The inputs as people read them in the manifest."""
+    if isinstance(v, Path):
+        return str(v)
+    if isinstance(v, BaseModel):
+        return v.model_dump(mode="json")
+    if isinstance(v, Enum):
+        return v.value
+    if isinstance(v, Mapping):
+        return {str(k): _display(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_display(x) for x in v]
+    return v
+
+
+def _jsonable_outputs(v: Any, tmp: Path, final: Path, base: Path) -> Any:
+    """Stage outputs as JSON; paths inside the temporary folder (``Path`` values, or strings naming one) are
+    rewritten to their final place, relative to the pipeline folder."""
+    if isinstance(v, str) and (v == str(tmp) or v.startswith(str(tmp) + os.sep)):
+        v = Path(v)
+    if isinstance(v, Path):
+        p = v
+        with contextlib.suppress(ValueError):
+            p = final / v.relative_to(tmp)
+        with contextlib.suppress(ValueError):
+            return p.relative_to(base).as_posix()
+        return str(p)
+    if isinstance(v, BaseModel):
+        return v.model_dump(mode="json")
+    if isinstance(v, Enum):
+        return v.value
+    if isinstance(v, Mapping):
+        return {str(k): _jsonable_outputs(x, tmp, final, base) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_jsonable_outputs(x, tmp, final, base) for x in v]
+    if v is None or isinstance(v, (str, int, float, bool)):
+        return v
+    return str(v)
+
+
+def _pid_alive(pid: int | None) -> bool:
+    if not pid or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _one_line(e: BaseException) -> str:
+    s = str(e).strip()
+    return (s.splitlines()[0] if s else e.__class__.__name__)[:500]
+
+
+# ----- the runner ------------------------------------------------------------------------------------------------
+class Pipeline:
+    """Runs ``stages`` in order inside ``out_dir``; see the module docstring."""
+
+    def __init__(self, out_dir: Path, stages: list[Stage], *, protect: list[Path] = (), log: Callable[[str], None] | None = None):
+        names = [s.name for s in stages]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"duplicate stage names: {', '.join(dup)}")
+        self.out_dir = Path(out_dir)
+        self.stages = list(stages)
+        self.manifest_path = self.out_dir / MANIFEST_NAME
+        self._log = log or (lambda msg: None)
+        ro = self.out_dir.resolve()
+        for p in protect:
+            rp = Path(p).resolve()
+            if ro == rp or rp in ro.parents or ro in rp.parents:
+                raise InputError(f"output {out_dir} overlaps the input {p}", "choose an output folder outside the input checkpoint")
+        if self.out_dir.exists() and not self.out_dir.is_dir():
+            raise InputError(f"{out_dir} exists and is not a folder")
+
+    # -- manifest ---------------------------------------------------------------------------------------------
+    def load_manifest(self) -> Manifest:
+        if not self.manifest_path.exists():
+            return Manifest()
+        try:
+            return Manifest.model_validate_json(self.manifest_path.read_text(encoding="utf-8"))
+        except (ValidationError, ValueError, OSError) as e:
+            raise InputError(
+                f"{self.manifest_path}: not a readable eagle-migrate manifest ({_one_line(e)[:200]})",
+                f"delete {self.manifest_path} (and the stage folders) to start over",
+            ) from None
+
+    def _save(self, m: Manifest) -> None:
+        m.updated_at = _now()
+        m.tool_version = __version__
+        atomic_write_text(self.manifest_path, m.model_dump_json(indent=2) + "\n")
+
+    # -- housekeeping -----------------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _lock(self) -> Iterator[None]:
+        lock = self.out_dir / LOCK_NAME
+        for _ in range(2):
+            try:
+                fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                try:
+                    other = int(lock.read_text().strip() or 0)
+                except (OSError, ValueError):
+                    other = 0
+                if other != os.getpid() and _pid_alive(other):
+                    raise InputError(
+                        f"another eagle-migrate process (pid {other}) is running in {self.out_dir}",
+                        "wait for it to finish, or stop it; a re-run resumes where it stopped",
+                    ) from None
+                with contextlib.suppress(FileNotFoundError):
+                    lock.unlink()  # stale: its process is gone (killed)
+                continue
+            with os.fdopen(fd, "w") as f:
+                f.write(str(os.getpid()))
+            break
+        else:
+            raise InputError(f"cannot take the lock {lock}", f"delete {lock} if no eagle-migrate process runs there")
+        try:
+            yield
+        finally:
+            with contextlib.suppress(OSError):
+                lock.unlink()
+
+    def _clean_stale(self) -> None:
+        """Remove temporary folders/files a killed run left behind (``.<stage>.tmp-PID``, ``.<stage>.old-PID``)."""
+        names = {s.name for s in self.stages} | {MANIFEST_NAME}
+        pat = re.compile(r"^\.(?P<name>.+)\.(?:tmp|old)-(?P<pid>\d+)(?:-\d+)?$")
+        for p in self.out_dir.iterdir():
+            m = pat.match(p.name)
+            if not m or m.group("name") not in names:
+                continue
+            if int(m.group("pid")) != os.getpid() and _pid_alive(int(m.group("pid"))):
+                continue
+            self._log(f"removing {p.name} left by an interrupted run")
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    p.unlink()
+
+    @contextlib.contextmanager
+    def _signals(self) -> Iterator[None]:
+        """SIGTERM raises ``Interrupted`` in the main thread (the default would end the process with no cleanup)."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def handler(signum, frame):  # noqa: ARG001
+            raise Interrupted(signum)
+
+        old = signal.signal(signal.SIGTERM, handler)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGTERM, old)
+
+    # -- running ----------------------------------------------------------------------------------------------
+    def run(self, *, force: bool = False) -> PipelineResult:
+        """Run (or resume) the pipeline. ``force`` re-runs every stage. Never raises for a failing stage:
+        the result carries the exit code (unexpected exceptions, i.e. bugs, are recorded and re-raised)."""
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        with self._lock(), self._signals():
+            return self._run(force)
+
+    def _run(self, force: bool) -> PipelineResult:
+        m = self.load_manifest()
+        self._clean_stale()
+        for rec in m.stages.values():
+            if rec.status == "running" and not (rec.pid == os.getpid()):
+                rec.status, rec.error, rec.error_type = "failed", f"interrupted (process {rec.pid} stopped without finishing)", "Interrupted"
+        # keep the records of this pipeline's stages, in its order
+        m.stages = {s.name: m.stages[s.name] for s in self.stages if s.name in m.stages}
+        hasher = _Hasher(m.hash_cache)
+        results: dict[str, dict[str, Any]] = {}
+        summaries: list[StageSummary] = []
+        chain: list[tuple[str, str]] = []
+        exit_code, failed, interrupted = EXIT_OK, None, False
+
+        for stage in self.stages:
+            rec = m.stages.get(stage.name)
+            if failed is not None:
+                summaries.append(self._summary(rec or StageRecord(name=stage.name), "not-run"))
+                continue
+            raw_inputs = stage.inputs(results) if callable(stage.inputs) else stage.inputs
+            raw_inputs = dict(raw_inputs)
+            digest = hashlib.sha256(
+                json.dumps({"inputs": hasher.canonical(raw_inputs, stage.name), "upstream": chain}, sort_keys=True).encode()
+            ).hexdigest()
+            chain.append((stage.name, digest))
+            final = self.out_dir / stage.name
+
+            if not force and rec is not None and rec.status == "done" and rec.inputs_hash == digest and final.is_dir():
+                self._log(f"[{stage.name}] done before with the same inputs: skipped")
+                results[stage.name] = rec.outputs
+                summaries.append(self._summary(rec, "skipped"))
+                if rec.gate_passed is False:
+                    exit_code, failed = EXIT_CHECK_FAILED, stage.name
+                continue
+
+            rec = StageRecord(
+                name=stage.name, status="running", inputs_hash=digest, inputs=_display(raw_inputs),
+                started_at=_now(), attempts=(rec.attempts if rec else 0) + 1, pid=os.getpid(),
+                output_dir=stage.name,
+            )
+            m.stages[stage.name] = rec
+            self._save(m)
+            self._log(f"[{stage.name}] running")
+            t0 = time.perf_counter()
+            try:
+                with atomic_output_dir(final, force=True) as tmp:
+                    ctx = StageContext(
+                        name=stage.name, out=tmp, final_dir=final, pipeline_dir=self.out_dir,
+                        inputs=raw_inputs, results=dict(results), log=self._log,
+                    )
+                    got = stage.fn(ctx)
+                    res = got if isinstance(got, StageResult) else StageResult(outputs=dict(got or {}))
+                    outputs = _jsonable_outputs(res.outputs, tmp, final, self.out_dir)
+            except EagleMigrateError as e:
+                self._fail(m, rec, t0, e.message, e.__class__.__name__, e.exit_code)
+                exit_code, failed = e.exit_code, stage.name
+                summaries.append(self._summary(rec, "ran"))
+                continue
+            except KeyboardInterrupt as e:
+                signum = e.signum if isinstance(e, Interrupted) else signal.SIGINT
+                self._fail(m, rec, t0, f"interrupted by signal {signum}", "Interrupted", 128 + int(signum))
+                exit_code, failed, interrupted = 128 + int(signum), stage.name, True
+                summaries.append(self._summary(rec, "ran"))
+                continue
+            except Exception as e:
+                self._fail(m, rec, t0, f"unexpected {e.__class__.__name__}: {_one_line(e)}", e.__class__.__name__, EXIT_CHECK_FAILED)
+                raise
+            rec.status, rec.outputs, rec.gate_passed, rec.message = "done", outputs, res.gate_passed, res.message
+            rec.finished_at, rec.seconds, rec.pid = _now(), round(time.perf_counter() - t0, 3), None
+            rec.error = rec.error_type = rec.exit_code = None
+            results[stage.name] = outputs
+            m.hash_cache = {k: v for k, v in hasher.cache.items() if k in hasher.used or Path(k).exists()}
+            self._save(m)
+            self._log(f"[{stage.name}] done in {rec.seconds:.1f} s" + (f": {res.message}" if res.message else ""))
+            summaries.append(self._summary(rec, "ran"))
+            if res.gate_passed is False:
+                exit_code, failed = EXIT_CHECK_FAILED, stage.name
+
+        m.hash_cache = {k: v for k, v in hasher.cache.items() if k in hasher.used or Path(k).exists()}
+        self._save(m)
+        return PipelineResult(
+            ok=exit_code == EXIT_OK, exit_code=exit_code, out_dir=str(self.out_dir), manifest=str(self.manifest_path),
+            failed_stage=failed, interrupted=interrupted, stages=summaries,
+        )
+
+    def _fail(self, m: Manifest, rec: StageRecord, t0: float, error: str, etype: str, code: int) -> None:
+        rec.status, rec.error, rec.error_type, rec.exit_code = "failed", error, etype, code
+        rec.finished_at, rec.seconds, rec.pid = _now(), round(time.perf_counter() - t0, 3), None
+        self._save(m)
+        self._log(f"[{rec.name}] failed: {error}")
+
+    @staticmethod
+    def _summary(rec: StageRecord, action: Action) -> StageSummary:
+        return StageSummary(
+            name=rec.name, status=rec.status, action=action, gate_passed=rec.gate_passed, message=rec.message,
+            error=rec.error if rec.status == "failed" else None, seconds=rec.seconds if action == "ran" else None,
+            output_dir=rec.output_dir if rec.status == "done" else None, outputs=rec.outputs if rec.status == "done" else {},
+        )
