@@ -343,3 +343,22 @@ def test_cli_json_and_exit_codes(world, target, other_targets):
     # the human summary
     r = cli("convert", str(src), "--target", target, "-o", str(out), "--force", "--num-sequences", "8")
     assert r.returncode == 0 and "agreement with source" in r.stdout and "fc_norm init" in r.stdout
+
+
+# ----- data sources -----------------------------------------------------------------------------------------------
+def test_precomputed_hidden_states_and_token_id_data(world, target):
+    from eagle_migrate.convert import _TargetSide
+    from eagle_migrate.stats import write_hidden_states
+
+    seqs = toy.prompts(10, 24, seed=5)
+    data = world / "data.jsonl"
+    data.write_text("".join(json.dumps({"token_ids": s}) + "\n" for s in seqs))
+    src = write_src(world / "hs-src", "random")
+    a = convert(src, target, world / "hs-data", data=str(data), num_sequences=10, command="t")
+    ts = _TargetSide(target, "cpu", torch.float32)
+    write_hidden_states(world / "hs", ts.capture(seqs, IDS, want_last=True), IDS, batch=3)
+    b = convert(src, target, world / "hs-pre", hidden_states_dir=world / "hs", num_sequences=10, command="t")
+    assert b.norm_init.statistics.num_tokens == a.norm_init.statistics.num_tokens
+    for la, lb in zip(a.norm_init.statistics.layers, b.norm_init.statistics.layers):
+        assert la.rms_mean == pytest.approx(lb.rms_mean, rel=1e-5)
+    assert b.agreement.step0 == a.agreement.step0 and b.provenance.hidden_states_dir == str(world / "hs")
