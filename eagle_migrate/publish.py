@@ -650,12 +650,10 @@ def _resolve_token(token: str | None) -> str:
 
 
 def _hub_error(e: Exception, token: str, what: str) -> EagleMigrateError:
-    from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled, RepositoryNotFoundError, RevisionNotFoundError
+    from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
 
     first = str(e).strip().splitlines()
     msg = scrub(" ".join(x.strip() for x in first[:3] if x.strip())[:300] or e.__class__.__name__, token)
-    if isinstance(e, OfflineModeIsEnabled):
-        return InputError("HF_HUB_OFFLINE is set: publishing needs the network", "unset HF_HUB_OFFLINE, or use --dry-run")
     if isinstance(e, RevisionNotFoundError):
         return InputError(f"{what}: revision not found ({msg})", "check --revision")
     if isinstance(e, RepositoryNotFoundError):

@@ -305,7 +305,13 @@ def test_upload_errors_are_one_line_and_scrubbed(toy_oracle, tmp_path):
         assert hub.state.commits == []
     assert bad.returncode == 2 and "refused the token (HTTP 401)" in bad.stderr and "Traceback" not in bad.stderr
     assert none.returncode == 2 and "no Hugging Face token" in none.stderr
-    assert_no_token_anywhere(TOKEN, bad.stdout, bad.stderr, folders=[tmp_path])
+    with socket.socket() as s:  # a port nothing listens on: the Hub is unreachable
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    down = run_cli([str(toy_oracle), "--repo-id", "o/n", "--report", str(rep)],
+                   {**hub_env(hub, tmp_path / "h3"), "HF_ENDPOINT": f"http://127.0.0.1:{port}"}, tmp_path)
+    assert down.returncode == 1 and "create_repo o/n" in down.stderr and "Traceback" not in down.stderr
+    assert_no_token_anywhere(TOKEN, bad.stdout, bad.stderr, down.stdout, down.stderr, folders=[tmp_path])
 
 
 def test_offline_mode_and_dry_run_need_no_token(toy_oracle, tmp_path):
