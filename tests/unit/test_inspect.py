@@ -358,3 +358,16 @@ def test_cli_bad_target_exits_2(tmp_path):
     r = subprocess.run([sys.executable, "-m", "eagle_migrate", "inspect", str(p), "--target", str(tmp_path / "nope")],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "Traceback" not in r.stderr and "error:" in r.stderr
+
+
+def test_every_finding_code_is_documented():
+    import re
+
+    root = Path(__file__).resolve().parents[2]
+    src = "".join((root / "eagle_migrate" / p).read_text() for p in
+                  ["inspect.py", *[f"formats/{f.name}" for f in (root / "eagle_migrate" / "formats").glob("*.py")]])
+    codes = set(re.findall(r'finding\(\s*"(?:error|warning|info)",\s*"([a-z0-9_]+)"', src))
+    doc = (root / "docs" / "formats.md").read_text()
+    assert len(codes) > 40
+    missing = sorted(c for c in codes if f"`{c}`" not in doc)
+    assert not missing, missing
