@@ -71,30 +71,60 @@ def shift_tokens(ids: torch.Tensor, by: int, fill: int = 0) -> torch.Tensor:
     return out
 
 
+def _chunk_mask(a: int, b: int, j: int, device: torch.device | str) -> torch.Tensor:
+    """Mask of step j >= 1 for the query block [a, b): keys = [step-0 keys 0..b-1 | steps 1..j keys a..b-1]."""
+    q = torch.arange(a, b, device=device)
+    causal = torch.arange(b, device=device)[None, :] <= q[:, None]
+    eye = torch.eye(b - a, dtype=torch.bool, device=device)
+    return torch.cat([causal] + [eye] * j, dim=1)[None, None]
+
+
 def unrolled_forward(
     model: EagleDrafter,
     input_ids: torch.Tensor,
     aux: torch.Tensor,
     k: int,
     positions: torch.Tensor | None = None,
+    chunk: int | None = None,
 ) -> list[StepOutput]:
     """k drafter steps over every position at once (see the module docstring). ``outs[j].h_post[:, i]`` is the
-    state from which the drafter predicts t_{i+2+j}; ``input_ids`` [B, T], ``aux`` [B, T, K*Ht]."""
+    state from which the drafter predicts t_{i+2+j}; ``input_ids`` [B, T], ``aux`` [B, T, K*Ht].
+
+    ``chunk``: run steps >= 1 in query blocks of this many positions (same result; attention work and mask memory
+    drop from T x (j+1)T to about T x (T/2 + j*chunk), which matters for long held-out sequences)."""
     b, t = input_ids.shape
     if aux.shape[:2] != (b, t):
         raise ValueError(f"aux covers {tuple(aux.shape[:2])}, input_ids {(b, t)}")
     pos = positions if positions is not None else torch.arange(t, device=input_ids.device).expand(b, t)
     hidden = model.combine(aux)
     outs: list[StepOutput] = []
-    kv: list[tuple[torch.Tensor, torch.Tensor]] = []
+    kv0: list[tuple[torch.Tensor, torch.Tensor]] = []
+    chain: list[list[tuple[torch.Tensor, torch.Tensor]]] = []  # steps 1..j-1, per layer (K, V) over all T
     for j in range(k):
         toks = shift_tokens(input_ids, 1 + j)
         if j == 0:
             o = model.forward_step(toks, hidden, pos)
-            kv = list(o.new_kv)
+            kv0 = list(o.new_kv)
+        elif chunk is None or chunk >= t:
+            extra = [(torch.cat([k0] + [c[li][0] for c in chain], 2), torch.cat([v0] + [c[li][1] for c in chain], 2))
+                     for li, (k0, v0) in enumerate(kv0)]
+            o = model.forward_step(toks, hidden, pos + j, mask=chain_mask(t, j, input_ids.device), extra_kv=extra)
+            chain.append(list(o.new_kv))
         else:
-            o = model.forward_step(toks, hidden, pos + j, mask=chain_mask(t, j, input_ids.device), extra_kv=kv)
-            kv = [(torch.cat([a, na], 2), torch.cat([b_, nb], 2)) for (a, b_), (na, nb) in zip(kv, o.new_kv)]
+            parts: list[StepOutput] = []
+            for a in range(0, t, chunk):
+                e = min(t, a + chunk)
+                extra = [(torch.cat([k0[:, :, :e]] + [c[li][0][:, :, a:e] for c in chain], 2),
+                          torch.cat([v0[:, :, :e]] + [c[li][1][:, :, a:e] for c in chain], 2))
+                         for li, (k0, v0) in enumerate(kv0)]
+                parts.append(model.forward_step(toks[:, a:e], hidden[:, a:e], pos[:, a:e] + j,
+                                                mask=_chunk_mask(a, e, j, input_ids.device), extra_kv=extra))
+            o = StepOutput(
+                h_post=torch.cat([p.h_post for p in parts], 1), h_feed=torch.cat([p.h_feed for p in parts], 1),
+                new_kv=[(torch.cat([p.new_kv[li][0] for p in parts], 2), torch.cat([p.new_kv[li][1] for p in parts], 2))
+                        for li in range(len(kv0))],
+            )
+            chain.append(list(o.new_kv))
         outs.append(o)
         hidden = o.h_feed
     return outs
@@ -409,6 +439,7 @@ def simulated_acceptance(
     k: int,
     device: torch.device | str = "cpu",
     autocast: bool = False,
+    chunk: int | None = 512,
 ) -> SimulatedAcceptance:
     """Simulated AL over a :class:`FeatureStore` of held-out sequences (target greedy continuations)."""
     was = model.training
@@ -417,7 +448,7 @@ def simulated_acceptance(
     for bi in range(len(store)):
         fb = store[bi].to(device, None)
         with _autocast(device, autocast):
-            outs = unrolled_forward(model, fb.input_ids, fb.aux.to(model.fc.weight.dtype), k)
+            outs = unrolled_forward(model, fb.input_ids, fb.aux.to(model.fc.weight.dtype), k, chunk=chunk)
         preds = torch.stack([model.to_target_ids(model.logits(o.h_post).argmax(-1)) for o in outs], 1).cpu()  # [B,k,T]
         b, t = fb.input_ids.shape
         lengths = fb.lengths.tolist() if fb.lengths is not None else [t] * b

@@ -217,3 +217,13 @@ def test_build_draft_vocab_keeps_frequent_ids_sorted():
 def test_heldout_sequence_dataclass():
     s = HeldoutSequence([1, 2, 3], 2)
     assert s.prompt_len == 2
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 5])
+def test_chunked_unrolled_forward_equals_full(chunk):
+    m = _model(True, layers=2)
+    ids, aux = torch.randint(0, 50, (2, 11)), torch.randn(2, 11, 72)
+    full = unrolled_forward(m, ids, aux, 3)
+    part = unrolled_forward(m, ids, aux, 3, chunk=chunk)
+    for a, b in zip(full, part):
+        assert torch.allclose(a.h_post, b.h_post, atol=1e-4, rtol=1e-4)

@@ -1,0 +1,464 @@
+"""Calibration: a short fine-tune of a converted EAGLE-3.1 drafter, trained the way vLLM runs it.
+
+The objective, the unrolled k-step attention pattern and the loop live in :mod:`eagle_migrate.train`; this module
+picks what trains (``norms`` | ``norms+fc`` | ``all``), evaluates simulated greedy acceptance per held-out suite
+(chat, long context, template shift: sequences that are the target's own greedy continuations) for the source and
+the candidate, keeps the best checkpoint, stops early, and refuses to hand back a drafter worse than the one it got
+without saying so (``require_improvement`` turns that into :class:`CheckFailed`, exit 1).
+
+Two entry points:
+* :func:`calibrate` -- library form: an :class:`EagleDrafter` and a loaded :class:`Target` in, the model updated in
+  place (best weights) and a :class:`CalibrationResult` out.
+* :func:`calibrate_checkpoint` -- a checkpoint folder in the vLLM layout in, calibrated in place (what ``convert``
+  calls). ``calibrate(checkpoint=..., target="path")`` forwards there, so convert's keyword hook works with either.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import sys
+import time
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from pydantic import BaseModel, Field
+
+from .drafter.model import EagleDrafter
+from .errors import CheckFailed, InputError
+from .train import (
+    FeatureStore,
+    FitConfig,
+    HeldoutSequence,
+    PrecomputedFeatures,
+    Progress,
+    SimulatedAcceptance,
+    TargetHead,
+    draft_to_target_ids,
+    fit,
+    greedy_continuations,
+    simulated_acceptance,
+)
+
+TrainMode = Literal["norms", "norms+fc", "all"]
+TRAIN_MODES: tuple[str, ...] = ("norms", "norms+fc", "all")
+# learning rates per mode (docs/calibration.md has the sweep they come from)
+DEFAULT_LR: dict[str, float] = {"norms": 5e-3, "norms+fc": 5e-4, "all": 3e-4}
+DEFAULTS: dict[str, Any] = {"steps": 200, "warmup": 10, "schedule": "cosine", "clip": 1.0, "k": 3, "seq_len": 512,
+                            "batch": 4, "eval_every": 25, "patience": 4, "heldout_new_tokens": 64}
+NORM_SUFFIXES = ("hidden_norm.weight", "input_layernorm.weight", "post_attention_layernorm.weight")
+
+
+def trainable_names(model: EagleDrafter, mode: str) -> list[str]:
+    """Parameter names that train in ``mode`` (embeddings and d2t never do).
+
+    norms: ``fc_norm.*`` (the inserted EAGLE-3.1 norms), ``input_norm`` when present, and the norms they feed or
+    that see the fed-back state: every layer's ``hidden_norm`` / ``input_layernorm`` / ``post_attention_layernorm``
+    and the final ``norm``. norms+fc: plus ``fc``. all: every parameter except ``embed_tokens``.
+    """
+    if mode not in TRAIN_MODES:
+        raise InputError(f"--train {mode!r}: expected one of {', '.join(TRAIN_MODES)}")
+    names = [n for n, _ in model.named_parameters()]
+    norms = [n for n in names if n.startswith("fc_norm.") or n in ("input_norm.weight", "norm.weight") or n.endswith(NORM_SUFFIXES)]
+    if mode == "norms":
+        return norms
+    if mode == "norms+fc":
+        return norms + [n for n in names if n.startswith("fc.")]
+    return [n for n in names if n != "embed_tokens.weight"]
+
+
+class SuiteAcceptance(BaseModel):
+    """Simulated greedy acceptance on one held-out suite."""
+
+    suite: str
+    num_sequences: int
+    before: SimulatedAcceptance = Field(description="the drafter as it came in (initialised / converted)")
+    after: SimulatedAcceptance = Field(description="the drafter handed back (best checkpoint)")
+    source: SimulatedAcceptance | None = Field(None, description="the original source drafter, when given")
+
+    @property
+    def delta(self) -> float:
+        return self.after.acceptance_length - self.before.acceptance_length
+
+
+class CalibrationResult(BaseModel):
+    """What a calibration run did and what it achieved (JSON via ``model_dump``; Markdown via :meth:`markdown`)."""
+
+    train: str = Field(description="norms | norms+fc | all")
+    trainable: list[str]
+    device: str
+    settings: dict[str, Any]
+    steps_run: int
+    best_step: int = Field(description="0 = the initial weights were kept")
+    stopped_early: bool
+    resumed_from: int | None = None
+    improved: bool = Field(description="the held-out score of the returned drafter beats the initial one")
+    score_before: float = Field(description="mean simulated AL over the suites, initial drafter")
+    score_after: float = Field(description="mean simulated AL over the suites, returned drafter")
+    score_source: float | None = None
+    suites: dict[str, SuiteAcceptance]
+    seconds: float
+    tokens_seen: int = Field(description="training positions (step 0) the drafter was trained on")
+    train_sequences: int
+    history: list[dict[str, Any]] = Field(default_factory=list)
+    warning: str | None = None
+
+    def markdown(self) -> str:
+        k = self.settings.get("k", 3)
+        lines = [
+            f"## Calibration ({self.train}, {self.device})", "",
+            f"{self.steps_run} steps (best at {self.best_step}{', stopped early' if self.stopped_early else ''}), "
+            f"{self.tokens_seen} training tokens, {self.seconds:.0f} s. Simulated greedy AL, k = {k}.", "",
+            "| suite | sequences | source | before | after | per-position after |", "|---|---|---|---|---|---|",
+        ]
+        for s in self.suites.values():
+            src = f"{s.source.acceptance_length:.3f}" if s.source else "-"
+            pp = ", ".join(f"{x:.3f}" for x in s.after.per_position_rate)
+            lines.append(f"| {s.suite} | {s.num_sequences} | {src} | {s.before.acceptance_length:.3f} | "
+                         f"{s.after.acceptance_length:.3f} | {pp} |")
+        if self.warning:
+            lines += ["", f"**Warning:** {self.warning}"]
+        return "\n".join(lines) + "\n"
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    if device in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def _seq_hash(seqs: Sequence[Sequence[int]], extra: Any) -> str:
+    h = hashlib.sha256(json.dumps(extra, default=str).encode())
+    for s in seqs:
+        h.update(json.dumps(list(s)).encode())
+    return h.hexdigest()[:16]
+
+
+def heldout_sequences(target: Any, prompts: Sequence[Any], new_tokens: int, cache_dir: Path | None, name: str) -> list[HeldoutSequence]:
+    """Held-out sequences: given ones as they are; token lists are prompts, continued greedily by the target
+    (cached as JSON in ``cache_dir`` so a re-run does not generate again)."""
+    ready = [p for p in prompts if isinstance(p, HeldoutSequence)]
+    if len(ready) == len(prompts):
+        return list(ready)
+    plain = [list(p.ids if isinstance(p, HeldoutSequence) else p) for p in prompts]
+    f = None
+    if cache_dir is not None:
+        key = _seq_hash(plain, [str(getattr(getattr(target, "info", None), "path", "")), new_tokens])
+        f = Path(cache_dir) / f"heldout-{name}-{key}.json"
+        if f.exists():
+            return [HeldoutSequence(d["ids"], d["prompt_len"]) for d in json.loads(f.read_text())]
+    out = greedy_continuations(target, plain, new_tokens, batch=4)
+    if f is not None:
+        f.parent.mkdir(parents=True, exist_ok=True)
+        tmp = f.with_suffix(".part")
+        tmp.write_text(json.dumps([{"ids": h.ids, "prompt_len": h.prompt_len} for h in out]))
+        tmp.replace(f)
+    return out
+
+
+def calibrate(
+    model: EagleDrafter | None = None,
+    target: Any = None,
+    train_sequences: Sequence[Sequence[int]] | None = None,
+    heldout: Mapping[str, Sequence[Any]] | None = None,
+    *,
+    train: str = "norms",
+    steps: int | None = None,
+    lr: float | None = None,
+    warmup: int | None = None,
+    schedule: str | None = None,
+    clip: float | None = None,
+    k: int | None = None,
+    seq_len: int | None = None,
+    batch: int | None = None,
+    seed: int = 0,
+    device: str | torch.device | None = "auto",
+    cache_dir: str | Path | None = None,
+    resume_dir: str | Path | None = None,
+    require_improvement: bool = False,
+    progress: Callable[..., None] | None = None,
+    source: EagleDrafter | None = None,
+    loss_masks: Sequence[Sequence[bool]] | None = None,
+    precomputed: str | Path | None = None,  # a folder of feature files instead of running the target
+    eval_every: int | None = None,
+    patience: int | None = None,
+    heldout_new_tokens: int | None = None,
+    checkpoint: str | Path | None = None,
+    data: str | None = None,
+    hidden_states_dir: str | Path | None = None,
+    dtype: Any = None,
+    num_sequences: int | None = None,
+    in_place: bool = True,
+) -> CalibrationResult:
+    """Fine-tune ``model`` (in place) on ``train_sequences`` under the unrolled k-step objective.
+
+    ``heldout``: {suite: sequences}; a sequence is a :class:`HeldoutSequence` (prompt + the target's greedy
+    continuation) or a token list (a prompt: the target continues it greedily for ``heldout_new_tokens``).
+    ``source``: the original drafter, evaluated on the same suites for the report. ``precomputed``: a folder of
+    feature files (:class:`eagle_migrate.train.PrecomputedFeatures`) used instead of running the target on
+    ``train_sequences``. Returns the report; the model holds the best weights (possibly the initial ones).
+    Raises :class:`CheckFailed` when ``require_improvement`` and the held-out score did not improve.
+    """
+    if model is None:
+        if checkpoint is None:
+            raise InputError("calibrate needs a model (or checkpoint=PATH)")
+        return calibrate_checkpoint(checkpoint, target, data=data, hidden_states_dir=hidden_states_dir, train=train,
+                                    steps=steps, seed=seed, device=device, num_sequences=num_sequences,
+                                    cache_dir=cache_dir, resume_dir=resume_dir, require_improvement=require_improvement,
+                                    progress=progress, in_place=in_place)
+    report = _progress_adapter(progress)
+    t0 = time.perf_counter()
+    dev = resolve_device(device)
+    cfg = FitConfig(
+        steps=DEFAULTS["steps"] if steps is None else steps, lr=lr or DEFAULT_LR.get(train, 5e-4),
+        warmup=DEFAULTS["warmup"] if warmup is None else warmup, schedule=schedule or DEFAULTS["schedule"],
+        clip=clip or DEFAULTS["clip"], k=k or DEFAULTS["k"], seed=seed,
+        eval_every=eval_every or DEFAULTS["eval_every"], patience=DEFAULTS["patience"] if patience is None else patience,
+    )
+    seq_len = seq_len or DEFAULTS["seq_len"]
+    batch = batch or DEFAULTS["batch"]
+    new_tokens = heldout_new_tokens or DEFAULTS["heldout_new_tokens"]
+    names = trainable_names(model, train)
+    if not names:
+        raise InputError(f"--train {train}: the drafter has no such parameters")
+    layer_ids = model.cfg.aux_layer_ids or model.cfg.default_aux_layer_ids(target.info.num_layers)
+    cdir = Path(cache_dir) if cache_dir is not None else None
+
+    model.to(dev, torch.float32)
+    if source is not None:
+        source.to(dev, torch.float32).eval()
+    head = TargetHead.from_target(target, draft_to_target_ids(model).cpu(), dev)
+
+    # training features
+    precomputed = precomputed or hidden_states_dir
+    if precomputed is not None:
+        feats: Any = PrecomputedFeatures(precomputed)
+        n_train = len(feats)
+    else:
+        if not train_sequences:
+            raise InputError("calibration needs training sequences (or precomputed features)")
+        feats = FeatureStore(target, train_sequences, layer_ids, batch=batch, seq_len=seq_len, loss_masks=loss_masks,
+                             cache_dir=cdir, name="calib-train")
+        n_train = len(train_sequences)
+        if cdir is not None:
+            feats.prefetch(lambda e: report({"phase": "capture", **e}))
+
+    # held-out suites: greedy continuations + their features (long ones are not truncated)
+    suites: dict[str, tuple[FeatureStore, list[int]]] = {}
+    for name, seqs in (heldout or {}).items():
+        if not seqs:
+            continue
+        report({"phase": "heldout", "suite": name, "sequences": len(seqs)})
+        held = heldout_sequences(target, list(seqs), new_tokens, cdir, name)
+        store = FeatureStore(target, [h.ids for h in held], layer_ids, batch=1 if max(len(h.ids) for h in held) > 1024 else 4,
+                             seq_len=max(len(h.ids) for h in held), cache_dir=cdir, name=f"heldout-{name}")
+        suites[name] = (store, [h.prompt_len for h in held])
+
+    def evaluate_model(m: EagleDrafter) -> dict[str, SimulatedAcceptance]:
+        return {n: simulated_acceptance(m, st, pl, cfg.k, dev, autocast=dev.type == "cuda") for n, (st, pl) in suites.items()}
+
+    def score(res: dict[str, SimulatedAcceptance]) -> float:
+        return sum(r.acceptance_length for r in res.values()) / len(res) if res else float("nan")
+
+    before = evaluate_model(model)
+    src_res = evaluate_model(source) if source is not None and suites else None
+    s_before = score(before)
+    report({"phase": "before", "score": s_before, **{n: r.acceptance_length for n, r in before.items()}})
+
+    def evaluate() -> float:
+        res = evaluate_model(model)
+        report({"phase": "heldout-eval", **{n: r.acceptance_length for n, r in res.items()}})
+        return score(res)
+
+    fr = fit(model, names, feats, head, cfg, device=dev, evaluate=evaluate if suites else None,
+             initial_score=s_before if suites else None, resume_dir=resume_dir, progress=report)
+    after = evaluate_model(model)
+    s_after = score(after)
+    improved = bool(suites) and s_after > s_before + cfg.min_delta
+    warning = None
+    if not suites:
+        warning = "no held-out suites: the final weights are returned unchecked"
+    elif not improved:
+        warning = (f"calibration did not improve the held-out simulated AL ({s_before:.3f} -> best {s_after:.3f}); "
+                   "the initial weights are returned unchanged" if fr.best_step == 0 else
+                   f"calibration did not improve the held-out simulated AL ({s_before:.3f} -> {s_after:.3f})")
+    else:
+        worse = [n for n in after if after[n].acceptance_length < before[n].acceptance_length - 0.01]
+        if worse:
+            warning = "simulated AL went down on " + ", ".join(
+                f"{n} ({before[n].acceptance_length:.3f} -> {after[n].acceptance_length:.3f})" for n in worse)
+    if warning:
+        warnings.warn(warning, stacklevel=2)
+        report({"phase": "warning", "message": warning})
+        print(f"eagle-migrate calibrate: WARNING: {warning}", file=sys.stderr)
+    result = CalibrationResult(
+        train=train, trainable=names, device=str(dev),
+        settings={**cfg.model_dump(), "seq_len": seq_len, "batch": batch, "heldout_new_tokens": new_tokens,
+                  "aux_layer_ids": list(layer_ids)},
+        steps_run=fr.steps_run, best_step=fr.best_step, stopped_early=fr.stopped_early, resumed_from=fr.resumed_from,
+        improved=improved, score_before=s_before, score_after=s_after,
+        score_source=score(src_res) if src_res else None,
+        suites={n: SuiteAcceptance(suite=n, num_sequences=before[n].num_sequences, before=before[n], after=after[n],
+                                   source=src_res[n] if src_res else None) for n in before},
+        seconds=time.perf_counter() - t0, tokens_seen=fr.tokens_seen, train_sequences=n_train, history=fr.history,
+        warning=warning,
+    )
+    if require_improvement and not improved:
+        raise CheckFailed(f"calibration did not improve the drafter: held-out simulated AL {s_before:.3f} -> {s_after:.3f}",
+                          "more or more varied --data, more --steps, or --train norms+fc; the output keeps the initial weights")
+    return result
+
+
+def _progress_adapter(progress: Callable[..., None] | None) -> Progress:
+    """Our events are dicts; convert's hook passes a ``(stage, done, total)`` callback: adapt to either."""
+    if progress is None:
+        return lambda e: None
+    try:
+        n = len([p for p in inspect.signature(progress).parameters.values()
+                 if p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)])
+    except (TypeError, ValueError):
+        n = 1
+    if n >= 3:
+        def three(e: dict[str, Any]) -> None:
+            if e.get("phase") == "train":
+                progress("calibrate", e["step"], e["steps"])
+        return three
+    return progress
+
+
+# ----- rich progress ------------------------------------------------------------------------------------------------
+class RichProgress:
+    """A rich progress bar with loss, per-step agreement and the last held-out AL; use as ``progress=``."""
+
+    def __init__(self, console: Any = None):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress as RP, TextColumn, TimeElapsedColumn
+
+        self.rp = RP(TextColumn("[bold]calibrate"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                     TextColumn("{task.fields[info]}"), console=console, transient=False)
+        self.task = None
+        self.heldout = ""
+
+    def __enter__(self) -> RichProgress:
+        self.rp.__enter__()
+        return self
+
+    def __exit__(self, *a: Any) -> None:
+        self.rp.__exit__(*a)
+
+    def __call__(self, e: dict[str, Any]) -> None:
+        ph = e.get("phase")
+        if ph == "train":
+            if self.task is None:
+                self.task = self.rp.add_task("calibrate", total=e["steps"], info="")
+            acc = "/".join(f"{x:.2f}" for x in e.get("step_acc", []))
+            self.rp.update(self.task, completed=e["step"], info=f"loss {e['loss']:.3f} acc {acc} {self.heldout}")
+        elif ph in ("heldout-eval", "before"):
+            self.heldout = "AL " + " ".join(f"{k}={v:.3f}" for k, v in e.items() if isinstance(v, float) and k != "score")
+        elif ph == "warning":
+            self.rp.console.print(f"[bold red]warning:[/] {e['message']}")
+
+
+# ----- checkpoint form (what convert calls) -------------------------------------------------------------------------
+def load_drafter(checkpoint: str | Path, target: Any | None = None) -> tuple[EagleDrafter, Any]:
+    """An EagleDrafter from any readable checkpoint; embeddings taken from the target when the checkpoint has none."""
+    from .formats import read_checkpoint
+
+    ck = read_checkpoint(Path(checkpoint))
+    model = EagleDrafter(ck.config)
+    sd = ck.state_dict(torch.float32)
+    sd.pop("t2d", None)
+    missing, unexpected = model.load_state_dict(sd, strict=False)
+    if unexpected:
+        raise InputError(f"{checkpoint}: tensors the drafter does not have: {unexpected[:5]}")
+    if "embed_tokens.weight" in missing:
+        if target is None:
+            raise InputError(f"{checkpoint}: no embed_tokens and no target to share them from")
+        emb = target.model.get_input_embeddings().weight.detach().float().cpu()
+        with torch.no_grad():
+            model.embed_tokens.weight.copy_(emb)
+        missing = [m for m in missing if m != "embed_tokens.weight"]
+    if missing:
+        raise InputError(f"{checkpoint}: missing tensors {missing[:5]}")
+    return model, ck
+
+
+def default_data(target: Any, data: str | None, num_sequences: int, seed: int, seq_len: int,
+                 suites: Sequence[str] = ("chat", "long", "template-shift"), heldout_per_suite: int = 4,
+                 max_model_len: int = 8192) -> tuple[list[list[int]], dict[str, list[list[int]]]]:
+    """(training prompts, held-out prompts per suite) through eagle_migrate.data: training from ``data`` (or the
+    built-in chat set), held-out from the project's drift-probing suites with a different seed."""
+    from . import data as dm
+
+    tok = target.tokenizer
+    convs = dm.load_conversations(data, limit=num_sequences, seed=seed)
+    train = [ids[:seq_len] for ids in (dm.render(c, tok) for c in convs) if len(ids) >= 3]
+    held: dict[str, list[list[int]]] = {}
+    for s in suites:
+        try:
+            su = dm.suite(s, tok, target.info, num_prompts=heldout_per_suite if s != "long" else 1, seed=seed + 1000,
+                          max_model_len=max_model_len)
+            held[s] = su.prompts
+        except Exception as e:  # a suite that cannot be built here is reported, not fatal
+            warnings.warn(f"held-out suite {s} skipped: {e}", stacklevel=2)
+    return train, held
+
+
+def calibrate_checkpoint(
+    checkpoint: str | Path,
+    target: Any,
+    *,
+    data: str | None = None,
+    hidden_states_dir: str | Path | None = None,
+    train: str = "norms",
+    steps: int | None = None,
+    seed: int = 0,
+    device: str | torch.device | None = "auto",
+    dtype: Any = None,
+    num_sequences: int | None = None,
+    cache_dir: str | Path | None = None,
+    resume_dir: str | Path | None = None,
+    require_improvement: bool = False,
+    progress: Callable[..., None] | None = None,
+    in_place: bool = True,
+    out: str | Path | None = None,
+    **kw: Any,
+) -> CalibrationResult:
+    """Calibrate the drafter in ``checkpoint`` (vLLM layout) against ``target`` (path or loaded Target) and write
+    the best weights back (``in_place``) or to ``out``; every tensor and config key but the trained ones is kept."""
+    from .formats.io import atomic_output_dir
+    from .formats.vllm import write_vllm
+    from .target import Target, load_target
+
+    dev = resolve_device(device)
+    tgt = target if isinstance(target, Target) else load_target(str(target), device=str(dev), dtype=torch.float32)
+    model, ck = load_drafter(checkpoint, tgt)
+    seq_len = kw.pop("seq_len", None) or DEFAULTS["seq_len"]
+    train_seqs, held = default_data(tgt, data, num_sequences or 64, seed, seq_len)
+    res = calibrate(model, tgt, train_seqs, held, train=train, steps=steps, seed=seed, device=dev, cache_dir=cache_dir,
+                    resume_dir=resume_dir, require_improvement=False, progress=progress, seq_len=seq_len,
+                    precomputed=hidden_states_dir, **kw)
+    dest = Path(out) if out is not None else Path(checkpoint)
+    if res.best_step > 0 and (in_place or out is not None):
+        sd = {n: t.detach().cpu() for n, t in model.state_dict().items()}
+        if not ck.has("embed_tokens.weight"):
+            sd.pop("embed_tokens.weight", None)
+        raw = json.loads((Path(checkpoint) / "config.json").read_text()) if (Path(checkpoint) / "config.json").exists() else {}
+        dt = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(str(raw.get("torch_dtype", "float32")), torch.float32)
+        with atomic_output_dir(dest, force=True) as tmp:
+            write_vllm(model.cfg, sd, tmp, dtype=dt, metadata={"calibrated": res.train},
+                       extra_config={"eagle_migrate_calibration": {"train": res.train, "steps": res.steps_run, "best_step": res.best_step,
+                                                                   "score_before": round(res.score_before, 4), "score_after": round(res.score_after, 4)}})
+            for extra in Path(checkpoint).iterdir():  # provenance.json and other sidecar files travel along
+                if extra.is_file() and extra.name not in ("config.json", "model.safetensors") and not extra.name.endswith(".safetensors"):
+                    (tmp / extra.name).write_bytes(extra.read_bytes())
+    if require_improvement and not res.improved:
+        raise CheckFailed(f"calibration did not improve the drafter: held-out simulated AL {res.score_before:.3f} -> {res.score_after:.3f}")
+    return res
+
+
+__all__ = ["CalibrationResult", "SuiteAcceptance", "RichProgress", "TRAIN_MODES", "DEFAULT_LR", "DEFAULTS", "calibrate",
+           "calibrate_checkpoint", "trainable_names", "load_drafter", "heldout_sequences"]

@@ -1,0 +1,99 @@
+"""calibrate() on the toy successor world: a drafter whose fc_norm is mis-initialised recovers by training the
+norms; the initial weights come back when nothing improves; --require-improvement raises; what trains per mode."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from eagle_migrate import toy
+from eagle_migrate.calibrate import CalibrationResult, calibrate, trainable_names
+from eagle_migrate.drafter import EagleDrafter
+from eagle_migrate.errors import CheckFailed
+from eagle_migrate.target import load_target
+from eagle_migrate.train import HeldoutSequence
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    return load_target(str(toy.write_target(tmp_path_factory.mktemp("t") / "target")), with_tokenizer=False)
+
+
+def _drafter(fc0_scale: float) -> EagleDrafter:
+    """The toy oracle as EAGLE-3.1: fc_norm = aux RMS reproduces it; chunk 0 scaled by ``fc0_scale`` breaks it
+    (the fused state gets too large and the MLP's +1 no longer wins)."""
+    m = EagleDrafter(toy.drafter_config(fc_norm=True, norm_output=True, norm_before_residual=False))
+    m.load_state_dict(toy.drafter_state_dict("oracle"), strict=False)
+    with torch.no_grad():
+        m.embed_tokens.weight.copy_(torch.eye(toy.H) * toy.H**0.5)
+        for k, layer in enumerate(toy.AUX_IDS):
+            m.fc_norm[k].weight.fill_(toy.aux_rms(layer))
+        m.fc_norm[0].weight.mul_(fc0_scale)
+    return m
+
+
+def _heldout() -> dict[str, list[HeldoutSequence]]:
+    # the successor target's greedy continuation of x is x+1, x+2, ...: build the sequences directly
+    out = []
+    for p in toy.prompts(n=4, length=6, seed=3):
+        cont = [(p[-1] + i) % toy.H for i in range(1, 13)]
+        out.append(HeldoutSequence(p + cont, len(p)))
+    return {"chat": out[:2], "long": out[2:]}
+
+
+def _train() -> list[list[int]]:
+    seqs = []
+    for p in toy.prompts(n=8, length=4, seed=5):
+        seqs.append(p + [(p[-1] + i) % toy.H for i in range(1, 17)])
+    return seqs
+
+
+def test_trainable_names_per_mode():
+    m = _drafter(1.0)
+    norms = trainable_names(m, "norms")
+    assert {"fc_norm.0.weight", "fc_norm.2.weight", "layers.0.hidden_norm.weight", "norm.weight"} <= set(norms)
+    assert not any(n.startswith(("fc.", "lm_head", "layers.0.self_attn", "embed")) for n in norms)
+    assert set(trainable_names(m, "norms+fc")) == set(norms) | {"fc.weight"}
+    al = trainable_names(m, "all")
+    assert "embed_tokens.weight" not in al and "lm_head.weight" in al and "layers.0.mlp.up_proj.weight" in al
+
+
+def test_calibration_recovers_a_broken_norm_and_reports(target, tmp_path):
+    m = _drafter(8.0)
+    src = _drafter(1.0)
+    res = calibrate(m, target, _train(), _heldout(), train="norms", steps=60, lr=0.1, warmup=0, k=3, seq_len=64,
+                    batch=4, seed=0, device="cpu", eval_every=10, patience=None, source=src, cache_dir=tmp_path)
+    assert isinstance(res, CalibrationResult)
+    assert res.suites["chat"].source.acceptance_length == pytest.approx(4.0)  # the intact oracle
+    assert res.score_before < 2.0
+    assert res.improved and res.score_after > res.score_before + 0.5
+    assert res.best_step > 0 and res.tokens_seen > 0
+    assert res.suites["chat"].after.per_position_rate[0] > res.suites["chat"].before.per_position_rate[0]
+    assert "| chat |" in res.markdown()
+    assert res.model_dump(mode="json")["train"] == "norms"
+
+
+def test_no_improvement_keeps_initial_weights_and_warns(target):
+    m = _drafter(1.0)  # already perfect (AL 4): nothing can improve
+    before = {n: p.detach().clone() for n, p in m.named_parameters()}
+    with pytest.warns(UserWarning, match="did not improve"):
+        res = calibrate(m, target, _train(), _heldout(), train="norms", steps=4, lr=0.05, warmup=0, k=3, seq_len=64,
+                        batch=4, device="cpu", eval_every=2, patience=None)
+    assert not res.improved and res.best_step == 0 and res.warning
+    for n, p in m.named_parameters():
+        assert torch.equal(p, before[n]), n
+
+
+def test_require_improvement_raises_check_failed(target):
+    m = _drafter(1.0)
+    with pytest.warns(UserWarning), pytest.raises(CheckFailed) as ei:
+        calibrate(m, target, _train(), _heldout(), steps=2, lr=1e-6, warmup=0, k=2, seq_len=64, batch=4, device="cpu",
+                  eval_every=1, patience=None, require_improvement=True)
+    assert ei.value.exit_code == 1
+
+
+def test_unknown_mode_is_bad_input():
+    from eagle_migrate.errors import InputError
+
+    with pytest.raises(InputError):
+        trainable_names(_drafter(1.0), "everything")
