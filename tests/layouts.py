@@ -42,6 +42,7 @@ EXPECTED: dict[str, dict[str, Any]] = {
     "mla": {"layout": "vllm", "producer": "vllm", "format": None},
     "quantized-fp8": {"layout": "vllm", "producer": "vllm", "format": None},
     "quantized-w4a16": {"layout": "vllm", "producer": "vllm", "format": None},
+    "quantized-modelopt-nvfp4": {"layout": "modelopt", "producer": "modelopt", "format": None},
 }
 LAYOUT_NAMES = list(EXPECTED)
 
@@ -435,12 +436,43 @@ def _quant_w4a16(cfg, sd, out, group: int = 16, **_):
     write_json(out / "config.json", d)
 
 
+def _quant_modelopt_nvfp4(cfg, sd, out, group: int = 16, **_):
+    """ModelOpt NVFP4 export: uint8 ``X.weight`` [out, in/2] (two FP4 values per byte), fp8 ``weight_scale``
+    [out, in/16], fp32 ``weight_scale_2`` and ``input_scale``; hf_quant_config.json + the same dict in config.json."""
+    q = {}
+    for k, v in sd.items():
+        if k == "embed_tokens.weight" or (k == "d2t" and not cfg.uses_d2t):
+            continue
+        if k.startswith("layers.") and k.endswith("_proj.weight"):
+            o, i = v.shape
+            base = k[: -len("weight")]
+            q[k] = torch.zeros(o, i // 2, dtype=torch.uint8)
+            q[base + "weight_scale"] = torch.ones(o, i // group).to(torch.float8_e4m3fn)
+            q[base + "weight_scale_2"] = torch.ones(())
+            q[base + "input_scale"] = torch.ones(())
+        else:
+            q[k] = v.to(torch.bfloat16) if v.is_floating_point() else v
+    save_safetensors(q, out / "model.safetensors", {"format": "pt"})
+    hq = {"producer": {"name": "modelopt", "version": "0.40.0"},
+          "quantization": {"quant_algo": "NVFP4", "kv_cache_quant_algo": None, "group_size": group,
+                           "exclude_modules": ["lm_head", "fc"]}}
+    write_json(out / "hf_quant_config.json", hq)
+    d = hf_config(cfg, ids=None)
+    d.pop("target_hidden_size", None)
+    d["eagle_config"] = {"use_input_layernorm_in_first_layer": True, "use_last_layernorm": True, "use_mtp_layernorm": False,
+                         "next_layer_regular": True, "use_aux_hidden_state": True}
+    if cfg.aux_layer_ids:
+        d["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [i - 1 for i in cfg.aux_layer_ids]
+    d["quantization_config"] = hq
+    write_json(out / "config.json", d)
+
+
 _BUILDERS = {
     "vllm": _vllm, "vllm-plain": _vllm_plain, "vllm-v0-eagle": _vllm_v0, "speculators": _speculators,
     "speculators-ours": _speculators_ours, "safeailab-eagle3": _safeailab3, "safeailab-eagle3-noconfig": _safeailab3_noconfig,
     "safeailab-eagle2": _safeailab2, "specforge": _specforge, "modelopt": _modelopt, "torchspec": _torchspec,
     "torchspec-vllm": _torchspec_vllm, "sharded": _sharded, "model-prefix": _model_prefix, "mla": _mla,
-    "quantized-fp8": _quant_fp8, "quantized-w4a16": _quant_w4a16,
+    "quantized-fp8": _quant_fp8, "quantized-w4a16": _quant_w4a16, "quantized-modelopt-nvfp4": _quant_modelopt_nvfp4,
 }
 assert set(_BUILDERS) == set(EXPECTED)
 

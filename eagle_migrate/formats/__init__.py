@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from .base import LAYOUTS, Checkpoint, Finding, Layout, Probe
 from .detect import detect_layout, probe_checkpoint, read_checkpoint
-from .write import write_checkpoint
+from .write import ensure_convertible, write_checkpoint
 
 __all__ = [
     "LAYOUTS", "Checkpoint", "Finding", "Layout", "Probe",
-    "detect_layout", "probe_checkpoint", "read_checkpoint", "write_checkpoint",
+    "detect_layout", "ensure_convertible", "probe_checkpoint", "read_checkpoint", "write_checkpoint",
 ]

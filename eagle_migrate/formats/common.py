@@ -97,6 +97,8 @@ def quant_scheme(cfg: dict[str, Any] | None, extra: dict[str, Any] | None = None
     """A short description of the drafter's own quantization (config ``quantization_config`` or ModelOpt's
     ``hf_quant_config.json``), or None."""
     qc = (cfg or {}).get("quantization_config")
+    if isinstance(qc, dict) and ("quant_algo" in qc or isinstance(qc.get("quantization"), dict)) and "config_groups" not in qc:
+        extra, qc = qc, None  # ModelOpt puts its hf_quant_config dict into config.json as quantization_config
     if isinstance(qc, dict):
         out: dict[str, Any] = {"quant_method": qc.get("quant_method", "unknown"), "format": qc.get("format")}
         groups = qc.get("config_groups")
@@ -120,8 +122,10 @@ def quant_scheme(cfg: dict[str, Any] | None, extra: dict[str, Any] | None = None
         q = extra.get("quantization") if isinstance(extra.get("quantization"), dict) else extra
         algo = q.get("quant_algo")
         if algo:
+            bits = 4 if "4" in str(algo) else 8
             return {"quant_method": "modelopt", "format": algo, "scheme": str(algo).lower(),
-                    "ignore": q.get("exclude_modules"), "schemes": []}
+                    "ignore": q.get("exclude_modules"), "group_size": q.get("group_size"),
+                    "schemes": [{"group": "modelopt", "targets": None, "weights": {"num_bits": bits}, "input_activations": None}]}
     return None
 
 
@@ -166,7 +170,7 @@ def logical_shapes(name_map: dict[str, str], infos: dict[str, TensorInfo], quant
             per = {"int32": 32, "uint8": 8, "int8": 8, "int16": 16, "int64": 64}.get(info.dtype, 32) // max(bits, 1)
             if len(shape) == 2:
                 out[base] = (shape[0], shape[1] * per)
-        elif c.endswith(".weight") and base_is_linear(c) and info.dtype == "uint8" and quant and quant.get("quant_method") == "modelopt":
+        elif c.endswith(".weight") and base_is_linear(c) and info.dtype == "uint8" and quant and quant.get("quant_method") == "modelopt" and bits == 4:
             out[c] = (shape[0], shape[1] * 2) if len(shape) == 2 else shape
         elif c.endswith(".weight") or c in ("d2t", "t2d"):
             out.setdefault(c, shape)

@@ -81,6 +81,15 @@ def prepare_tensors(
     return sd
 
 
+def ensure_convertible(ck: Checkpoint | DrafterConfig) -> None:
+    """Raise UnsupportedError for what conversion paths cannot handle yet (MLA drafters). EAGLE-1/2 passes:
+    converting it is exactly what ``convert`` does."""
+    cfg = ck.config if isinstance(ck, Checkpoint) else ck
+    if cfg.architecture != "llama":
+        where = f"{ck.path}: " if isinstance(ck, Checkpoint) else ""
+        raise UnsupportedError(f"{where}{cfg.architecture.upper()} drafter (e.g. Eagle3DeepseekV2ForCausalLM): recognised, but eagle-migrate cannot convert it yet")
+
+
 def write_checkpoint(
     src: Checkpoint | DrafterConfig,
     out: Path | str,
@@ -124,8 +133,7 @@ def write_checkpoint(
         cfg = src
         if tensors is None:
             raise InputError("write_checkpoint(DrafterConfig, ...) needs tensors")
-    if cfg.architecture != "llama":
-        raise UnsupportedError(f"{cfg.architecture.upper()} drafters are recognised but cannot be written yet")
+    ensure_convertible(src)
     if cfg.generation != "eagle3":
         raise UnsupportedError("EAGLE-1/2 weights have no EAGLE-3 layout; convert them with `eagle-migrate convert` first")
     if layout not in ("vllm", "speculators"):

@@ -23,7 +23,7 @@ BIG = DrafterConfig(hidden_size=32, target_hidden_size=48, num_aux=3, vocab_size
                     fc_norm=True, norm_output=True, max_position_embeddings=4096, rope_theta=500000.0, has_embed_tokens=True)
 
 # layouts whose producer cannot express H != Ht / a second layer / the config at all
-NO_BIG = {"modelopt", "safeailab-eagle3-noconfig", "vllm-v0-eagle", "safeailab-eagle2", "mla"}
+NO_BIG = {"modelopt", "quantized-modelopt-nvfp4", "safeailab-eagle3-noconfig", "vllm-v0-eagle", "safeailab-eagle2", "mla"}
 
 
 def _sizes(cfg: DrafterConfig) -> dict[str, int]:
@@ -179,6 +179,10 @@ def test_quantized_checkpoints_report_scheme_and_logical_shapes(tmp_path):
     assert "g16" in w4.quantization["scheme"]
     assert w4.meta["logical_shapes"]["layers.0.self_attn.q_proj.weight"] == (64, 128)
     assert _sizes(w4.config) == _sizes(cfg)
+    nv = read_checkpoint(write_layout("quantized-modelopt-nvfp4", cfg, sd, tmp_path / "nv"))
+    assert nv.producer == "modelopt" and nv.quantization["scheme"] == "nvfp4"
+    assert nv.info("layers.0.self_attn.q_proj.weight").shape == (64, 64)  # uint8, two values per byte
+    assert _sizes(nv.config) == _sizes(cfg) and nv.config.aux_layer_ids == toy.AUX_IDS
     # a quantized checkpoint is copied as is, with its quantization_config
     out = write_checkpoint(fp8, tmp_path / "fp8-out")
     c = json.loads((out / "config.json").read_text())

@@ -67,7 +67,7 @@ def test_report_every_layout(tmp_path, name):
         assert (s.target_hidden_size, s.num_aux, s.intermediate_size, s.num_attention_heads, s.num_key_value_heads, s.head_dim) == (64, 3, 64, 2, 1, 32)
     assert r.num_parameters > 0 and r.files and r.total_bytes > 0
     if name.startswith("quantized"):
-        assert r.quantization and r.quantization["quant_method"] == "compressed-tensors"
+        assert r.quantization and r.quantization["quant_method"] == ("modelopt" if "modelopt" in name else "compressed-tensors")
     else:
         assert r.quantization is None
     json.loads(r.model_dump_json())
