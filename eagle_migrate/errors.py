@@ -78,6 +78,13 @@ class EngineError(EagleMigrateError):
     default_hint = "re-run with EAGLE_MIGRATE_DEBUG=1 to see the engine's log, or use --engine reference"
 
 
+class HubError(EagleMigrateError):
+    """The Hub could not be reached or refused the upload for a reason other than the input."""
+
+    exit_code = EXIT_CHECK_FAILED
+    default_hint = "the repo folder was built; re-run the same command (the commit is all-or-nothing)"
+
+
 class CheckFailed(EagleMigrateError):
     """A quality gate ran and did not pass (e.g. --min-acceptance-length)."""
 
@@ -98,6 +105,7 @@ ERROR_TABLE: dict[type[EagleMigrateError], tuple[int, str]] = {
         DataError,
         OutputExistsError,
         EngineError,
+        HubError,
         CheckFailed,
     )
 }

@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from . import __version__
 from .card import TARGET_PLACEHOLDER, CardInfo, FileRow, GateRow, ValidationInfo, render_card, sglang_args, vllm_serve_command
-from .errors import CheckFailed, CheckpointError, EagleMigrateError, InputError, OutputExistsError
+from .errors import CheckFailed, CheckpointError, EagleMigrateError, HubError, InputError, OutputExistsError
 from .formats.base import Finding
 from .formats import Checkpoint, read_checkpoint
 from .formats.io import atomic_output_dir, open_checkpoint_path, read_json, sha256_files
@@ -46,13 +46,6 @@ MAX_PLOTS = 8
 _REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
 _TOKENISH = re.compile(r"hf_[A-Za-z0-9]{6,}")
 _SHA_KEYS = ("drafter_sha256", "checkpoint_sha256", "weights_sha256")
-
-
-class HubError(EagleMigrateError):
-    """The Hub could not be reached or refused the upload for a reason other than the input."""
-
-    exit_code = 1
-    default_hint = "the repo folder was built; re-run the same command (the commit is all-or-nothing)"
 
 
 # ----- results ---------------------------------------------------------------------------------------------------
