@@ -36,6 +36,12 @@ def _load_layouts() -> None:
 def probe_checkpoint(path: Path | str) -> Probe:
     """Open ``path`` and gather what detection needs; reads no tensor data from safetensors files."""
     path = Path(path)
+    if path.name == "config.json" or path.name.endswith(".index.json"):
+        try:
+            if path.is_file():  # a file that names its folder: read the folder
+                path = path.parent
+        except OSError:
+            pass
     folder, files, cfg = open_checkpoint_path(path)
     for f in files:
         if not f.is_file():

@@ -190,3 +190,10 @@ def test_quantized_checkpoints_report_scheme_and_logical_shapes(tmp_path):
     back = read_checkpoint(out)
     assert back.info("layers.0.self_attn.q_proj.weight").dtype == "float8_e4m3fn"
     assert back.info("layers.0.self_attn.q_proj.weight_scale").dtype == "float32"
+
+
+def test_index_or_config_path_reads_the_folder(tmp_path):
+    p = write_layout("sharded", BIG, canonical_state_dict(BIG), tmp_path / "s")
+    for f in ("model.safetensors.index.json", "config.json"):
+        ck = read_checkpoint(p / f)
+        assert ck.layout == "vllm" and _sizes(ck.config) == _sizes(BIG) and len(ck.store.files) == 2
