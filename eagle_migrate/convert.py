@@ -462,8 +462,10 @@ def _float_dtype(store_dtypes: list[str]) -> torch.dtype:
     return torch.bfloat16
 
 
-def _build_eagle3(cfg: DrafterConfig, tensors: dict[str, torch.Tensor], device: str, dtype: torch.dtype) -> EagleDrafter:
-    """An EagleDrafter holding ``tensors`` (assigned, not copied twice); built on the meta device."""
+def _build_eagle3(cfg: DrafterConfig, tensors: dict[str, torch.Tensor], device: str, dtype: torch.dtype,
+                  allow_missing: tuple[str, ...] = ()) -> EagleDrafter:
+    """An EagleDrafter holding ``tensors`` (assigned, not copied twice); built on the meta device. Names in
+    ``allow_missing`` stay on the meta device (e.g. ``lm_head.weight`` when no logits are needed)."""
     with torch.device("meta"):
         m = EagleDrafter(cfg)
     sd = {}
@@ -476,6 +478,7 @@ def _build_eagle3(cfg: DrafterConfig, tensors: dict[str, torch.Tensor], device: 
     missing, unexpected = m.load_state_dict(sd, strict=False, assign=True)
     if unexpected:
         raise InputError(f"unexpected tensors for the drafter: {', '.join(unexpected[:5])}")
+    missing = [n for n in missing if n not in allow_missing]
     if missing:
         raise InputError(f"the drafter lacks {', '.join(missing[:5])}")
     inv, _ = _rope_inv_freq(cfg)
@@ -701,12 +704,20 @@ def _run_calibration(ckpt_dir: Path, ctx: dict[str, Any]) -> CalibrationStatus |
     fn = getattr(mod, "calibrate", None)
     if fn is None:
         return None
-    values = {"checkpoint": ckpt_dir, "source": ckpt_dir, "drafter": ckpt_dir, "path": ckpt_dir, "ckpt": ckpt_dir,
-              "out": ckpt_dir, "output": ckpt_dir, "in_place": True, **ctx}
+    # only unambiguous names: the calibration's own ``source``/``model`` mean a loaded drafter, its ``progress`` takes
+    # its own events (the lead wires a progress adapter when both land)
+    values = {"checkpoint": ckpt_dir, "in_place": True, **{k: v for k, v in ctx.items() if k != "progress"}}
     params = inspect.signature(fn).parameters
     kw = {n: values[n] for n in params if n in values}
     res = fn(**kw)
-    details = res.model_dump(mode="json") if isinstance(res, BaseModel) else (res if isinstance(res, dict) else None)
+    if isinstance(res, BaseModel):
+        details = res.model_dump(mode="json")
+    elif hasattr(res, "__dataclass_fields__"):
+        import dataclasses
+
+        details = json.loads(json.dumps(dataclasses.asdict(res), default=str))
+    else:
+        details = res if isinstance(res, dict) else None
     return CalibrationStatus(status="calibrated", reason="calibration fine-tune ran", details=details)
 
 
@@ -740,6 +751,7 @@ def convert(
     held_out: int | None = None,
     max_length: int = 512,
     max_cuts: int = 8,
+    evaluate: bool = True,
     command: str | None = None,
 ) -> ConvertResult:
     """Convert an EAGLE-2/EAGLE-3 drafter to EAGLE-3.1 (see the module docstring and docs/norm-init.md).
@@ -747,6 +759,8 @@ def convert(
     ``calibrate``: None = run the calibration fine-tune when it is available and the source is not already
     EAGLE-3.1; True/False force it on/off. ``steps`` is passed on to the calibration. ``num_sequences`` calibration
     sequences are used, ``held_out`` of them (default: a quarter, 1..16) only for measuring agreement.
+    ``evaluate=False`` skips the agreement runs (the source's ``lm_head`` is never loaded): the fc_norm
+    candidate is chosen by its fc-output error on the held-out sequences alone.
     """
     progress = progress or _noop_progress
     started = _now()
@@ -840,7 +854,8 @@ def convert(
                             "pass more sequences (--num-sequences / --data)")
         if mode == "eagle3":
             plan, norm_init, comp, agreement, stats = _convert_eagle3(
-                ck, cfg, upd, tside, seqs_iter, n_total, n_held, aux_ids, dev, cdtype, num_speculative_tokens, max_cuts, progress)
+                ck, cfg, upd, tside, seqs_iter, n_total, n_held, aux_ids, dev, cdtype, num_speculative_tokens, max_cuts, progress,
+                evaluate=evaluate)
             e2map = None
             calibration_required = False
         else:
@@ -966,13 +981,15 @@ def _split_stream(it: Iterator[HiddenRecord], n_total: int, n_held: int) -> Iter
         yield is_h, rec
 
 
-def _convert_eagle3(ck, cfg: DrafterConfig, upd, tside: _TargetSide, records, n_total, n_held, aux_ids, dev, cdtype, k, max_cuts, progress):
+def _convert_eagle3(ck, cfg: DrafterConfig, upd, tside: _TargetSide, records, n_total, n_held, aux_ids, dev, cdtype, k, max_cuts, progress,
+                    evaluate: bool = True):
     ht, kk, eps = cfg.target_hidden_size, cfg.num_aux, cfg.rms_norm_eps
-    src_t = {n: ck.tensor(n) for n in ck.canonical_names() if n != "t2d"}
+    skip = () if evaluate else ("lm_head.weight",)
+    src_t = {n: ck.tensor(n) for n in ck.canonical_names() if n != "t2d" and n not in skip}
     if "embed_tokens.weight" not in src_t:
         src_t["embed_tokens.weight"] = tside.weight("embed")
     src_cfg = cfg.model_copy(update={"fc_norm": False, "norm_output": False})
-    m = _build_eagle3(src_cfg, src_t, dev, cdtype)
+    m = _build_eagle3(src_cfg, src_t, dev, cdtype, allow_missing=skip)
     own_embed = ck.has("embed_tokens.weight")
     del src_t
     fc_w = m.fc.weight.detach().float()
@@ -1029,14 +1046,15 @@ def _convert_eagle3(ck, cfg: DrafterConfig, upd, tside: _TargetSide, records, n_
     progress("evaluate", 0, 2 * len(held))
     with torch.no_grad():
         for i, rec in enumerate(held):
-            s = src_runner.prefill(rec)
+            s = src_runner.prefill(rec) if evaluate else None
             t = rec.input_ids.shape[0]
             aux = rec.aux[: t - 1].to(device=dev, dtype=cdtype)
             gs = g_src(aux)[1:].float()
             for name, ws in cands.items():
                 gfn = g_cand_fn(ws)
-                c = _eagle3_runner(m, gfn, pre, dev, cdtype).prefill(rec)
-                counters[name].add_step0(s.top1, c.top1)
+                if evaluate:
+                    c = _eagle3_runner(m, gfn, pre, dev, cdtype).prefill(rec)
+                    counters[name].add_step0(s.top1, c.top1)
                 gc = gfn(aux)[1:].float()
                 err_num[name] += float((gc - gs).pow(2).sum())
                 err_den[name] += float(gs.pow(2).sum())
@@ -1066,7 +1084,7 @@ def _convert_eagle3(ck, cfg: DrafterConfig, upd, tside: _TargetSide, records, n_
     vcount = {n: _Counter(k) for n in variants}
     final = _Counter(k)
     with torch.no_grad():
-        for i, rec in enumerate(held):
+        for i, rec in enumerate(held if evaluate else []):
             s = src_runner.prefill(rec)
             cuts = _cuts(rec.input_ids.shape[0], max_cuts, k)
             src_chains = _chains(src_runner, s, cuts, k, dev)
@@ -1077,7 +1095,7 @@ def _convert_eagle3(ck, cfg: DrafterConfig, upd, tside: _TargetSide, records, n_
                 vcount[vname].add_chains(src_chains, _chains(r, c, cuts, k, dev))
             progress("evaluate", len(held) + i + 1, 2 * len(held))
     vres = {n: vcount[n].result(len(held)) for n in variants}
-    fold_ok = _mean(vres["norm_output+fold-rms"].steps) >= _mean(vres["norm_output"].steps) - 1e-12
+    fold_ok = _mean(vres["norm_output+fold-rms"].steps) >= _mean(vres["norm_output"].steps) - 1e-12  # True when not measured
     chosen_v = "norm_output+fold-rms" if fold_ok else "norm_output"
     comp = NormOutputCompensation(
         applied=fold_ok, method="fold-rms" if fold_ok else "none", scale=r_bar if fold_ok else None,
@@ -1087,7 +1105,7 @@ def _convert_eagle3(ck, cfg: DrafterConfig, upd, tside: _TargetSide, records, n_
         variants=[FeedbackVariant(name=n, description=variants[n][0], step_agreement=vres[n].steps, chosen=(n == chosen_v)) for n in variants],
     )
     agreement = Agreement(step0=final.result(len(held)).step0, steps=vres[chosen_v].steps, num_positions=final.pos,
-                          num_chains=vres[chosen_v].num_chains, held_out_sequences=len(held))
+                          num_chains=vres[chosen_v].num_chains, held_out_sequences=len(held) if evaluate else 0)
 
     # ----- output plan (tensors streamed from the source, a few transformed) --------------------------------
     cfg_out = cfg.model_copy(update={**upd, "fc_norm": True, "norm_output": True, "norm_before_fc": False})
@@ -1128,10 +1146,13 @@ PREFERENCE = ["mean-rms", "median-rms", "lstsq-scalar", "lstsq-channel", "lstsq-
 
 def _choose(results: list[NormCandidate], scale_free: bool) -> str:
     scored = [r for r in results if r.step0_agreement is not None]
-    if not scored:
-        return "mean-rms"
-    top = max(r.step0_agreement for r in scored)
-    near = [r for r in scored if r.step0_agreement >= top - 0.002]
+    if scored:
+        top = max(r.step0_agreement for r in scored)
+        near = [r for r in scored if r.step0_agreement >= top - 0.002]
+    else:  # agreement not measured: fc-output error alone
+        near = [r for r in results if r.fc_rel_error is not None]
+        if not near:
+            return "mean-rms"
 
     def err(r: NormCandidate) -> float:
         if scale_free:

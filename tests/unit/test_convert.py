@@ -26,7 +26,7 @@ from ..layouts import LAYOUT_NAMES, write_layout
 # SafeAILab's (which stores no ids) included
 LAYERS = 8
 IDS = [2, 4, 5]
-KW = dict(num_sequences=8, command="test")
+KW = dict(num_sequences=8, command="test", calibrate=False)
 
 
 def toy_sd(kind: str = "oracle") -> dict[str, torch.Tensor]:
@@ -173,7 +173,12 @@ def toy_layout_sd():
     return toy_sd("oracle")
 
 
-@pytest.mark.parametrize("name", [n for n in LAYOUT_NAMES if n not in ("mla", "quantized-fp8", "quantized-w4a16", "vllm-v0-eagle", "safeailab-eagle2")])
+def convertible(name: str) -> bool:
+    """EAGLE-3 layouts we convert (quantized and MLA drafters are refused; EAGLE-2 ones have their own tests)."""
+    return "quantized" not in name and "mla" not in name and name not in ("vllm-v0-eagle", "safeailab-eagle2")
+
+
+@pytest.mark.parametrize("name", [n for n in LAYOUT_NAMES if convertible(n)])
 def test_every_producer_layout_converts(world, target, name):
     src = write_layout(name, toy_cfg(), toy_layout_sd(), world / f"layout-{name}")
     res = convert(src, target, world / f"layout-{name}-31", **KW)
@@ -341,7 +346,7 @@ def test_cli_json_and_exit_codes(world, target, other_targets):
     r = cli("convert", str(src), "--target", str(world / "t-h32"), "-o", str(world / "cli-bad"))
     assert r.returncode == 2 and "Ht=64" in r.stderr and "hidden_size=32" in r.stderr
     # the human summary
-    r = cli("convert", str(src), "--target", target, "-o", str(out), "--force", "--num-sequences", "8")
+    r = cli("convert", str(src), "--target", target, "-o", str(out), "--force", "--num-sequences", "8", "--no-calibrate")
     assert r.returncode == 0 and "agreement with source" in r.stdout and "fc_norm init" in r.stdout
 
 
@@ -354,11 +359,37 @@ def test_precomputed_hidden_states_and_token_id_data(world, target):
     data = world / "data.jsonl"
     data.write_text("".join(json.dumps({"token_ids": s}) + "\n" for s in seqs))
     src = write_src(world / "hs-src", "random")
-    a = convert(src, target, world / "hs-data", data=str(data), num_sequences=10, command="t")
+    a = convert(src, target, world / "hs-data", data=str(data), num_sequences=10, command="t", calibrate=False)
     ts = _TargetSide(target, "cpu", torch.float32)
     write_hidden_states(world / "hs", ts.capture(seqs, IDS, want_last=True), IDS, batch=3)
-    b = convert(src, target, world / "hs-pre", hidden_states_dir=world / "hs", num_sequences=10, command="t")
+    b = convert(src, target, world / "hs-pre", hidden_states_dir=world / "hs", num_sequences=10, command="t", calibrate=False)
     assert b.norm_init.statistics.num_tokens == a.norm_init.statistics.num_tokens
     for la, lb in zip(a.norm_init.statistics.layers, b.norm_init.statistics.layers):
         assert la.rms_mean == pytest.approx(lb.rms_mean, rel=1e-5)
     assert b.agreement.step0 == a.agreement.step0 and b.provenance.hidden_states_dir == str(world / "hs")
+
+
+def test_calibration_hook_calls_calibrate_with_the_written_checkpoint(world, target, monkeypatch):
+    """When eagle_migrate.calibrate exists, convert calls calibrate(checkpoint=<the new folder>, target=..., ...)."""
+    import importlib.machinery
+    import types
+
+    seen = {}
+    fake = types.ModuleType("eagle_migrate.calibrate")
+    fake.__spec__ = importlib.machinery.ModuleSpec("eagle_migrate.calibrate", None)
+
+    def calibrate(model=None, target=None, *, checkpoint=None, steps=None, in_place=True, seed=0):
+        seen.update(checkpoint=checkpoint, target=target, steps=steps, in_place=in_place,
+                    files=sorted(p.name for p in checkpoint.iterdir()))
+        return {"improved": True}
+
+    fake.calibrate = calibrate
+    monkeypatch.setitem(sys.modules, "eagle_migrate.calibrate", fake)
+    kw = {**KW, "calibrate": None}
+    res = convert(write_src(world / "cal-src"), target, world / "cal-out", steps=5, **kw)
+    assert res.calibration.status == "calibrated" and res.calibration.details == {"improved": True}
+    assert seen["target"] == target and seen["steps"] == 5 and seen["in_place"] is True
+    assert "model.safetensors" in seen["files"] and "config.json" in seen["files"]
+    assert json.loads((world / "cal-out" / "provenance.json").read_text())["calibration"] == "calibrated"
+    res = convert(world / "cal-out", target, world / "cal-pass", **kw)  # EAGLE-3.1 source: calibrated only when asked
+    assert res.passthrough and res.calibration.status == "not calibrated"
