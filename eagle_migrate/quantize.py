@@ -668,21 +668,59 @@ def measure_acceptance_vllm(target: str, before: Path, after: Path, suites: dict
     return {n: s for n, (s, _) in b.items()}, {n: s for n, (s, _) in a.items()}
 
 
-def measure_acceptance_reference(target_spec: str, before: Path, after_dense: Path, suites: dict[str, dict[str, Any]], *,
-                                 k: int = 3):
-    """Through the validate stage's reference engine (pure torch), with the quantized drafter dequantised by
-    compressed-tensors. Raises UnsupportedError while the reference engine is not there."""
-    try:
-        from .validate import reference  # type: ignore[attr-defined]
-    except ImportError:
-        reference = None
-    fn = getattr(reference, "measure", None) if reference is not None else None
-    if fn is None:
-        raise UnsupportedError("the reference engine (eagle_migrate.validate.reference) is not available in this build",
-                               "NVFP4 acceptance needs it on CPU; run with --validate none, or on a GPU with vLLM")
-    b = fn(target_spec, str(before), suites, num_speculative_tokens=k)
-    a = fn(target_spec, str(after_dense), suites, num_speculative_tokens=k)
-    return {n: (s[0] if isinstance(s, tuple) else s) for n, s in b.items()}, {n: (s[0] if isinstance(s, tuple) else s) for n, s in a.items()}
+def _activation_hook(scheme: str, local: dict[str, torch.Tensor]):
+    """A forward-pre-hook that fake-quantizes a Linear's input as vLLM's kernel would (compressed-tensors' own
+    dynamic-scale and fake-quantize functions): per token FP8 (fp8-dynamic), static per-tensor FP8 (fp8), FP4 in
+    groups of 16 under the calibrated global scale (nvfp4); None for weight-only nvfp4a16."""
+    from compressed_tensors.quantization.lifecycle.forward import fake_quantize
+    from compressed_tensors.quantization.utils import compute_dynamic_scales_and_zp
+
+    args = _ct_scheme(scheme).input_activations
+    if args is None:
+        return None
+
+    def hook(_m, inputs):
+        x = inputs[0]
+        xf = x.float()
+        if scheme == "fp8-dynamic":
+            sc, _ = compute_dynamic_scales_and_zp(xf, args, _m)
+            y = fake_quantize(xf, sc, None, args)
+        elif scheme == "fp8":
+            y = fake_quantize(xf, local["input_scale"].float().reshape(1), None, args)
+        else:
+            gs = local["input_global_scale"].float().reshape(1)
+            sc, _ = compute_dynamic_scales_and_zp(xf, args, _m, global_scale=gs)
+            with _eager():
+                y = fake_quantize(xf, sc, None, args, global_scale=gs)
+        return (y.to(x.dtype), *inputs[1:])
+
+    return hook
+
+
+def simulated_drafter(cfg: DrafterConfig, qsd: dict[str, torch.Tensor], qc: dict[str, Any], target=None,
+                      *, activations: bool = True):
+    """An EagleDrafter that computes as the quantized drafter does: weights dequantised through compressed-tensors'
+    decompression, and (``activations``) each quantized Linear's input fake-quantized per the scheme."""
+    scheme = scheme_from_config(qc)
+    m = build_drafter(cfg, dequantize_state_dict(qsd, qc, torch.float32), target)
+    if activations:
+        modules = dict(m.named_modules())
+        for p in sorted({n.rsplit(".", 1)[0] for n in qsd if n.endswith(".weight_scale")}):
+            local = {k: qsd[f"{p}.{k}"] for k in ("input_scale", "input_global_scale") if f"{p}.{k}" in qsd}
+            h = _activation_hook(scheme, local)
+            if h is not None:
+                modules[p].register_forward_pre_hook(h)
+    return m
+
+
+def measure_acceptance_reference(target, before, after, suites: dict[str, dict[str, Any]], *, k: int = 3,
+                                 max_model_len: int | None = None):
+    """(before, after) acceptance stats per suite through the validate stage's reference engine (pure torch).
+    ``target``: a loaded Target or a path; ``before`` / ``after``: EagleDrafter modules or checkpoint paths."""
+    from .validate import reference
+
+    b, a = reference.measure(target, [before, after], suites, num_speculative_tokens=k, max_model_len=max_model_len)
+    return {n: s for n, (s, _) in b.items()}, {n: s for n, (s, _) in a.items()}
 
 
 def _max_model_len(target_spec: str, cap: int = 2048) -> int:
@@ -815,30 +853,33 @@ def quantize(
             raise InputError(f"vLLM on CPU has no {scheme} kernel", "use --validate reference (or a GPU)")
 
     src_files = list(getattr(ckpt.store, "files", []))
-    result_holder: dict[str, Any] = {}
     with atomic_output_dir(out, force, [source]) as tmp:
-        files = write_quantized(tmp, cfg, qsd, qc, src_dtype, {"quantization": scheme})
+        write_quantized(tmp, cfg, qsd, qc, src_dtype, {"quantization": scheme})
         acceptance = None
         if engine is not None:
             say(f"measuring acceptance before/after ({engine})")
             vopts = dict(vllm_options or {})
             mp = _max_model_len(target)
             sts = suites if suites is not None else default_suites(target, tgt, max_model_len=mp)
-            with tempfile.TemporaryDirectory(prefix=".eagle-migrate-quantize-", dir=str(out.parent)) as work:
-                dense_before = Path(work) / "before"
-                _write_dense(dense_before, cfg, sd, None)
-                if engine == "vllm":
-                    vopts.setdefault("max_model_len", mp)
+            if engine == "vllm":
+                vopts.setdefault("max_model_len", mp)
+                with tempfile.TemporaryDirectory(prefix=".eagle-migrate-quantize-", dir=str(out.parent)) as work:
+                    dense_before = Path(work) / "before"  # the source in the layout vLLM loads, unquantized
+                    _write_dense(dense_before, cfg, sd, None)
                     before_s, after_s = measure_acceptance_vllm(target, dense_before, tmp, sts, k=num_speculative_tokens, **vopts)
-                    acceptance = _acceptance_from("vllm", num_speculative_tokens, before_s, after_s, max_al_drop_pct)
-                else:
-                    dense_after = Path(work) / "after"
-                    deq = dequantize_state_dict(qsd, qc, torch.float32)
-                    _write_dense(dense_after, cfg, deq, None)
-                    before_s, after_s = measure_acceptance_reference(target, dense_before, dense_after, sts, k=num_speculative_tokens)
-                    note = ("weights dequantised through compressed-tensors; activations not quantized (reference engine)"
-                            if scheme == "nvfp4" else "weights dequantised through compressed-tensors")
-                    acceptance = _acceptance_from("reference", num_speculative_tokens, before_s, after_s, max_al_drop_pct, note)
+                acceptance = _acceptance_from("vllm", num_speculative_tokens, before_s, after_s, max_al_drop_pct)
+            else:
+                from .target import load_target
+
+                if tgt is None:
+                    tgt = load_target(target, device=device, dtype=torch.float32)
+                dense = build_drafter(cfg, sd, tgt)
+                sim = simulated_drafter(cfg, qsd, qc, tgt)
+                before_s, after_s = measure_acceptance_reference(tgt, dense, sim, sts, k=num_speculative_tokens, max_model_len=mp)
+                acts = _ct_scheme(scheme).input_activations is not None
+                note = "weights dequantised through compressed-tensors" + (
+                    "; activations fake-quantized as the scheme does" if acts else "")
+                acceptance = _acceptance_from("reference", num_speculative_tokens, before_s, after_s, max_al_drop_pct, note)
         qb = sum(x.bytes_before for x in layers)
         qa = sum(x.bytes_after for x in layers)
         cb = sum(f.stat().st_size for f in src_files) if src_files else sum(_nbytes(t) for t in sd.values())
@@ -855,7 +896,6 @@ def quantize(
             calibration=calib, acceptance=acceptance, quantization_config=qc,
             speculative_config=speculative_config(str(out), num_speculative_tokens), files=[], seconds=0.0, notes=notes,
         )
-        result_holder["r"] = result
         if acceptance is not None and acceptance.passed is False:
             result.seconds = round(time.perf_counter() - t0, 2)
             err = CheckFailed(
@@ -880,7 +920,6 @@ def quantize(
         write_json(tmp / "provenance.json", prov)
         result.files = sorted(p.name for p in tmp.iterdir())
     result.seconds = round(time.perf_counter() - t0, 2)
-    del files
     return result
 
 
