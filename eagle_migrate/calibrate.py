@@ -160,6 +160,21 @@ def heldout_sequences(target: Any, prompts: Sequence[Any], new_tokens: int, cach
     return out
 
 
+def vllm_continuations(target_path: str | Path, prompts: Mapping[str, Sequence[Sequence[int]]], new_tokens: int,
+                       max_model_len: int = 8192, dtype: str = "float32") -> dict[str, list[HeldoutSequence]]:
+    """Greedy continuations from the target served by vLLM (no drafter): much faster than transformers' generate
+    on CPU. vLLM's fp32 greedy output equals transformers' except at rare near-ties (documented in
+    docs/calibration.md); ``calibrate`` uses the sequences as given."""
+    from .validate.vllm_engine import measure
+
+    suites = {n: {"prompts": [list(p) for p in ps], "max_tokens": new_tokens} for n, ps in prompts.items() if ps}
+    res = measure(str(target_path), None, suites, dtype=dtype, max_model_len=max_model_len)
+    out: dict[str, list[HeldoutSequence]] = {}
+    for n, (_, extra) in res.items():
+        out[n] = [HeldoutSequence(list(p) + list(o), len(p)) for p, o in zip(suites[n]["prompts"], extra["outputs"])]
+    return out
+
+
 def calibrate(
     model: EagleDrafter | None = None,
     target: Any = None,
@@ -438,6 +453,14 @@ def calibrate_checkpoint(
     model, ck = load_drafter(checkpoint, tgt)
     seq_len = kw.pop("seq_len", None) or DEFAULTS["seq_len"]
     train_seqs, held = default_data(tgt, data, num_sequences or 64, seed, seq_len)
+    if not isinstance(target, Target):
+        from .validate.vllm_engine import vllm_importable
+
+        if vllm_importable():
+            try:
+                held = vllm_continuations(str(target), held, kw.get("heldout_new_tokens") or DEFAULTS["heldout_new_tokens"])
+            except Exception as e:  # transformers' generate is the slower fallback
+                warnings.warn(f"vLLM could not generate the held-out continuations ({str(e)[:120]}); using transformers", stacklevel=2)
     res = calibrate(model, tgt, train_seqs, held, train=train, steps=steps, seed=seed, device=dev, cache_dir=cache_dir,
                     resume_dir=resume_dir, require_improvement=False, progress=progress, seq_len=seq_len,
                     precomputed=hidden_states_dir, **kw)

@@ -325,21 +325,64 @@ def read_feature_file(f: Path) -> FeatureBatch:
 
 
 class PrecomputedFeatures:
-    """Features another pipeline wrote. Layout ``eagle-migrate``: a folder of ``*.safetensors`` files, each one
-    batch with ``input_ids`` [B,T], ``loss_mask`` [B,T], ``aux`` [B,T,K*Ht] (aux layers ascending, concatenated)
-    and either ``final`` [B,T,Ht] (target post-norm last hidden state) or ``target_logits`` [B,T,Vd] (already
-    restricted to the draft vocabulary). See docs/calibration.md for converting speculators / SpecForge data."""
+    """Target features another pipeline wrote; one :class:`FeatureBatch` per file.
 
-    def __init__(self, folder: str | os.PathLike):
-        self.files = sorted(Path(folder).glob("*.safetensors"))
+    Layouts (``layout="auto"`` picks by file suffix):
+
+    * ``eagle-migrate``: ``*.safetensors``, each one batch: ``input_ids`` [B,T], ``loss_mask`` [B,T], ``aux``
+      [B,T,K*Ht] (aux layers ascending, concatenated), optional ``lengths`` [B], and either ``final`` [B,T,Ht]
+      (the target's post-norm last hidden state) or ``target_logits`` [B,T,Vd] (restricted to the draft vocab).
+      :class:`FeatureStore` writes exactly this.
+    * ``specforge``: SpecForge's offline hidden states (``scripts/prepare_hidden_states.py``): ``*.ckpt``, one
+      sample each, a dict with ``input_ids`` [T], ``loss_mask`` [T], ``aux_hidden_state`` [1,T,K*Ht] and
+      ``hidden_state`` [1,T,Ht] (the state the target's lm_head reads, i.e. post-norm).
+    * ``speculators``: speculators' data generation (vLLM ``extract_hidden_states``): ``*.pt``, one sample each,
+      with ``input_ids`` [T], optional ``loss_mask`` [T] and ``hidden_states``: a list of [T,Ht] tensors, the K aux
+      layers then the last layer (pre-norm: pass ``final_norm=(weight, eps)`` of the target's final norm).
+
+    Files are read with ``torch.load(weights_only=True)`` (tensors, lists and dicts only; never code).
+    """
+
+    SUFFIX = {"eagle-migrate": "*.safetensors", "specforge": "*.ckpt", "speculators": "*.pt"}
+
+    def __init__(self, folder: str | os.PathLike, layout: str = "auto",
+                 final_norm: tuple[torch.Tensor, float] | None = None):
+        folder = Path(folder)
+        if layout == "auto":
+            layout = next((name for name, pat in self.SUFFIX.items() if any(folder.glob(pat))), "eagle-migrate")
+        if layout not in self.SUFFIX:
+            raise ValueError(f"unknown precomputed layout {layout!r}: expected one of {', '.join(self.SUFFIX)}")
+        self.layout = layout
+        self.final_norm = final_norm
+        self.files = sorted(folder.glob(self.SUFFIX[layout]))
         if not self.files:
-            raise ValueError(f"{folder}: no *.safetensors feature files")
+            raise ValueError(f"{folder}: no {self.SUFFIX[layout]} feature files ({layout} layout)")
 
     def __len__(self) -> int:
         return len(self.files)
 
     def __getitem__(self, i: int) -> FeatureBatch:
-        return read_feature_file(self.files[i])
+        f = self.files[i]
+        if self.layout == "eagle-migrate":
+            return read_feature_file(f)
+        d = torch.load(f, map_location="cpu", weights_only=True)
+        ids = d["input_ids"].reshape(1, -1).long()
+        t = ids.shape[1]
+        lm = d.get("loss_mask")
+        lm = torch.ones(1, t, dtype=torch.bool) if lm is None else lm.reshape(1, -1).bool()
+        if self.layout == "specforge":
+            aux = d["aux_hidden_state"].reshape(1, t, -1)
+            final = d["hidden_state"].reshape(1, t, -1)
+        else:
+            hs = [h.reshape(t, -1) for h in d["hidden_states"]]
+            aux = torch.cat(hs[:-1], dim=-1)[None]
+            final = hs[-1][None]
+            if self.final_norm is None:
+                raise ValueError("speculators features hold the pre-norm last layer: pass final_norm=(weight, eps)")
+            w, eps = self.final_norm
+            xf = final.float()
+            final = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w.float()
+        return FeatureBatch(ids, aux.float(), lm, final.float(), lengths=torch.tensor([t]))
 
     @property
     def num_tokens(self) -> int:

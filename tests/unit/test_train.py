@@ -227,3 +227,25 @@ def test_chunked_unrolled_forward_equals_full(chunk):
     part = unrolled_forward(m, ids, aux, 3, chunk=chunk)
     for a, b in zip(full, part):
         assert torch.allclose(a.h_post, b.h_post, atol=1e-4, rtol=1e-4)
+
+
+def test_precomputed_layouts_read_back(tmp_path):
+    from eagle_migrate.train import PrecomputedFeatures
+
+    t, ht = 7, 24
+    aux, last = torch.randn(1, t, 3 * ht), torch.randn(1, t, ht)
+    ids = torch.arange(t)
+    (tmp_path / "sf").mkdir()
+    torch.save({"input_ids": ids, "loss_mask": torch.ones(t, dtype=torch.long), "aux_hidden_state": aux,
+                "hidden_state": last}, tmp_path / "sf" / "0000.ckpt")
+    fb = PrecomputedFeatures(tmp_path / "sf")[0]
+    assert PrecomputedFeatures(tmp_path / "sf").layout == "specforge"
+    assert torch.equal(fb.aux, aux) and torch.equal(fb.final, last) and fb.input_ids.tolist() == [ids.tolist()]
+    (tmp_path / "sp").mkdir()
+    torch.save({"input_ids": ids, "hidden_states": [aux[0, :, :ht], aux[0, :, ht:2 * ht], aux[0, :, 2 * ht:], last[0]]},
+               tmp_path / "sp" / "data_0.pt")
+    w = torch.rand(ht) + 0.5
+    fb = PrecomputedFeatures(tmp_path / "sp", final_norm=(w, 1e-6))[0]
+    assert torch.allclose(fb.aux, aux)
+    ref = last * torch.rsqrt(last.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+    assert torch.allclose(fb.final, ref, atol=1e-5)
