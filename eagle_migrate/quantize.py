@@ -803,6 +803,14 @@ def quantize(
     if spec.calibrated and target is None:
         raise InputError(f"scheme {scheme} calibrates activation scales on data run through the target and drafter",
                          f"pass --target T (and --data SRC), or use {'fp8-dynamic' if scheme == 'fp8' else 'nvfp4a16'}")
+    if validate in ("vllm", "reference") and target is None:
+        raise InputError(f"--validate {validate} measures acceptance against a target", "pass --target T")
+    engine = None
+    if target is not None and validate != "none":
+        engine = ("vllm" if (spec.vllm_cpu or _cuda()) else "reference") if validate == "auto" else validate
+        if engine == "vllm" and not spec.vllm_cpu and not _cuda():
+            raise InputError(f"vLLM on CPU cannot run {scheme} drafters (see docs/quantize.md)",
+                             "use --validate reference (or a GPU)")
     check_output_dir(out, force, [source])
     say("reading the checkpoint")
     ckpt = _read_source(source)
@@ -843,15 +851,6 @@ def quantize(
     if quantize_lm_head:
         notes.append("lm_head quantized: acceptance is most sensitive there (quant-formats.md §9); check the AL drop")
 
-    engine = None
-    if target is not None and validate != "none":
-        if validate == "auto":
-            engine = "vllm" if (spec.vllm_cpu or _cuda()) else "reference"
-        else:
-            engine = validate
-        if engine == "vllm" and not spec.vllm_cpu and not _cuda():
-            raise InputError(f"vLLM on CPU has no {scheme} kernel", "use --validate reference (or a GPU)")
-
     src_files = list(getattr(ckpt.store, "files", []))
     with atomic_output_dir(out, force, [source]) as tmp:
         write_quantized(tmp, cfg, qsd, qc, src_dtype, {"quantization": scheme})
@@ -873,8 +872,8 @@ def quantize(
 
                 if tgt is None:
                     tgt = load_target(target, device=device, dtype=torch.float32)
-                dense = build_drafter(cfg, sd, tgt)
-                sim = simulated_drafter(cfg, qsd, qc, tgt)
+                dense = build_drafter(cfg, sd, tgt).to(tgt.device)
+                sim = simulated_drafter(cfg, qsd, qc, tgt).to(tgt.device)
                 before_s, after_s = measure_acceptance_reference(tgt, dense, sim, sts, k=num_speculative_tokens, max_model_len=mp)
                 acts = _ct_scheme(scheme).input_activations is not None
                 note = "weights dequantised through compressed-tensors" + (

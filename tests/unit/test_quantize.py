@@ -51,6 +51,15 @@ def _expected_block(scheme: str, quantize_fc: bool = False) -> dict:
 
 
 # ----- fixtures ---------------------------------------------------------------------------------------------------
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Toy-sized matmuls: one thread (OpenMP spinning on a busy 2-core box makes them many times slower)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(scope="module")
 def qdir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("quantize")
@@ -345,7 +354,12 @@ def test_errors(qdir, random_bf16, outputs, toy_target):
         quantize(random_bf16, qdir / "e3", "fp8-dynamic", max_al_drop_pct=2.0)
     with pytest.raises(InputError, match="unknown scheme"):
         quantize(random_bf16, qdir / "e4", "int4", validate="none")  # type: ignore[arg-type]
-    assert not (qdir / "e1").exists() and not (qdir / "e3").exists()
+    with pytest.raises(InputError, match="needs|against a target"):
+        quantize(random_bf16, qdir / "e5", "nvfp4a16", validate="reference")
+    if not torch.cuda.is_available():
+        with pytest.raises(InputError, match="vLLM on CPU cannot run nvfp4"):
+            quantize(random_bf16, qdir / "e6", "nvfp4", target=str(toy_target), validate="vllm")
+    assert not any((qdir / e).exists() for e in ("e1", "e3", "e5", "e6"))
 
 
 def _fake_stats(al: float, drafts: int = 100):
