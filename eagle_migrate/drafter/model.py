@@ -98,7 +98,11 @@ class Attention(nn.Module):
         self.q_proj = nn.Linear(in_features, self.nh * self.hd, bias=cfg.attention_bias)
         self.k_proj = nn.Linear(in_features, self.nkv * self.hd, bias=cfg.attention_bias)
         self.v_proj = nn.Linear(in_features, self.nkv * self.hd, bias=cfg.attention_bias)
-        self.o_proj = nn.Linear(self.nh * self.hd, cfg.hidden_size, bias=False)
+        # vLLM's LlamaAttention gives o_proj a bias whenever attention_bias is set; checkpoints that carry only
+        # q/k/v biases (Qwen2-style) mean a zero o_proj bias, so it starts at zero here and is written as zeros.
+        self.o_proj = nn.Linear(self.nh * self.hd, cfg.hidden_size, bias=cfg.attention_bias)
+        if cfg.attention_bias:
+            nn.init.zeros_(self.o_proj.bias)
 
     def forward(
         self,

@@ -94,7 +94,7 @@ def vllm_tensor_names(cfg: DrafterConfig) -> list[str]:
         p = f"layers.{i}."
         names += [p + f"self_attn.{x}_proj.weight" for x in "qkvo"]
         if cfg.attention_bias:
-            names += [p + f"self_attn.{x}_proj.bias" for x in "qkv"]
+            names += [p + f"self_attn.{x}_proj.bias" for x in "qkvo"]  # vLLM: o_proj has a bias too
         names += [p + f"mlp.{x}_proj.weight" for x in ("gate", "up", "down")]
         names += [p + "input_layernorm.weight", p + "post_attention_layernorm.weight"]
         if i == 0:
@@ -115,21 +115,12 @@ def write_vllm(
 
     Floating tensors are cast to ``dtype`` (None keeps them); ``d2t`` is int64; ``t2d`` is dropped.
     """
-    items = tensors.items() if isinstance(tensors, dict) else tensors
-    sd: dict[str, torch.Tensor] = {}
-    for name, t in items:
-        if name == "t2d":
-            continue
-        if name == "d2t":
-            if not cfg.uses_d2t:
-                continue
-            t = t.to(torch.int64)
-        elif dtype is not None and t.is_floating_point() and t.dtype.itemsize >= 2:
-            t = t.to(dtype)
-        sd[name] = t
-    missing = [n for n in vllm_tensor_names(cfg) if n not in sd and not (n == "embed_tokens.weight" and cfg.hidden_size == cfg.target_hidden_size)]
-    if missing:
-        raise ValueError(f"cannot write a vLLM drafter without {', '.join(missing)}")
+    from .write import prepare_tensors  # the one place that decides what goes on disk
+
+    try:
+        sd = prepare_tensors(cfg, tensors, dtype=dtype, keep_t2d=False, quantized=False)
+    except Exception as e:  # InputError from an incomplete tensor set
+        raise ValueError(str(e)) from None
     meta = {"format": "pt", "producer": f"eagle-migrate {__version__}"}
     meta.update(metadata or {})
     save_safetensors(sd, out / "model.safetensors", meta)

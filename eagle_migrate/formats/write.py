@@ -64,6 +64,11 @@ def prepare_tensors(
         t2d = torch.zeros(cfg.vocab_size, dtype=torch.bool)
         t2d[torch.arange(d2t.numel()) + d2t] = True
         sd["t2d"] = t2d
+    if cfg.attention_bias:  # vLLM builds o_proj with a bias too; a checkpoint without one means zeros
+        for i in range(cfg.num_layers):
+            ob, ow = f"layers.{i}.self_attn.o_proj.bias", f"layers.{i}.self_attn.o_proj.weight"
+            if ob not in sd and ow in sd and sd[ow].is_floating_point():
+                sd[ob] = torch.zeros(sd[ow].shape[0], dtype=sd[ow].dtype)
     need = vllm_tensor_names(cfg)
     missing = []
     for n in need:

@@ -75,3 +75,22 @@ def test_d2t_maps_draft_ids_to_target_ids():
     m = EagleDrafter(cfg)
     m.d2t.copy_(torch.arange(32) * 1)  # draft i -> target 2i
     assert m.to_target_ids(torch.tensor([[0, 3, 31]])).tolist() == [[0, 6, 62]]
+
+
+def test_attention_bias_means_zero_o_proj_bias_as_in_vllm(tmp_path):
+    """vLLM's LlamaAttention gives o_proj a bias whenever attention_bias is set (missing = uninitialised there),
+    so our module starts it at zero and the writer stores zeros when the source has only q/k/v biases."""
+    from safetensors.torch import load_file
+
+    from eagle_migrate.formats.vllm import write_vllm
+
+    cfg = toy.drafter_config(attention_bias=True)
+    m = EagleDrafter(cfg)
+    assert torch.count_nonzero(m.layers[0].self_attn.o_proj.bias) == 0
+    sd = toy.drafter_state_dict("oracle")
+    for x in "qkv":
+        sd[f"layers.0.self_attn.{x}_proj.bias"] = torch.randn(sd[f"layers.0.self_attn.{x}_proj.weight"].shape[0])
+    write_vllm(cfg, sd, tmp_path)
+    on_disk = load_file(str(tmp_path / "model.safetensors"))
+    assert torch.count_nonzero(on_disk["layers.0.self_attn.o_proj.bias"]) == 0
+    assert on_disk["layers.0.self_attn.o_proj.bias"].shape == (toy.H,)
