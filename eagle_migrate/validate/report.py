@@ -1,0 +1,298 @@
+"""The validation report: typed results (pydantic), report.json / report.md, and the PNG plots.
+
+The schema of report.json is documented in docs/validate.md (``schema_version`` 1).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from .diagnostics import DriftDiagnostics
+from .metrics import AcceptanceStats
+
+SCHEMA_VERSION = 1
+
+
+class Metrics(BaseModel):
+    """Acceptance metrics of one drafter on one prompt set (vLLM's conventions)."""
+
+    acceptance_length: float = Field(..., description="1 + accepted / drafts (bonus token included)")
+    draft_acceptance_rate: float = Field(..., description="accepted / draft tokens")
+    per_position_rate: list[float] = Field(..., description="accepted at draft position i / drafts")
+    num_drafts: int
+    num_draft_tokens: int
+    num_accepted_tokens: int
+    accepted_per_position: list[int]
+    num_prompts: int
+    num_output_tokens: int
+    seconds: float | None = Field(None, description="wall time of generation (engine-side)")
+    output_tokens_per_second: float | None = None
+
+    @classmethod
+    def from_stats(cls, s: AcceptanceStats, seconds: float | None = None) -> Metrics:
+        tps = s.num_output_tokens / seconds if seconds else None
+        return cls(acceptance_length=round(s.acceptance_length, 4), draft_acceptance_rate=round(s.draft_acceptance_rate, 4),
+                   per_position_rate=[round(x, 4) for x in s.per_position_rate], num_drafts=s.num_drafts,
+                   num_draft_tokens=s.num_draft_tokens, num_accepted_tokens=s.num_accepted_tokens,
+                   accepted_per_position=list(s.accepted_per_position), num_prompts=s.num_prompts,
+                   num_output_tokens=s.num_output_tokens, seconds=None if seconds is None else round(seconds, 3),
+                   output_tokens_per_second=None if tps is None else round(tps, 2))
+
+
+class GroupResult(BaseModel):
+    """One slice of a suite: a context-length bucket (long) or a template variant (template-shift)."""
+
+    name: str
+    mean_prompt_tokens: float
+    new: Metrics
+    baseline: Metrics | None = None
+
+
+class SuiteResult(BaseModel):
+    name: str
+    description: str
+    prompt_set: dict[str, Any] = Field(..., description="name, size, max_tokens, hash, prompt_tokens, groups, sources")
+    new: Metrics
+    baseline: Metrics | None = None
+    regression_pct: float | None = Field(None, description="100 * (baseline AL - new AL) / baseline AL; > 0 = worse")
+    speedup: float | None = Field(None, description="output tokens/s with the new drafter / without speculation")
+    groups: list[GroupResult] = Field(default_factory=list)
+    passed: bool = True
+    failures: list[str] = Field(default_factory=list)
+
+
+class Gate(BaseModel):
+    name: str = Field(..., description="min_acceptance_length | max_regression_pct")
+    threshold: float
+    suite: str
+    value: float | None
+    passed: bool
+
+
+class Diagnostics(BaseModel):
+    """Drift diagnostics per suite, for the new drafter and the baseline."""
+
+    sink_tokens: int
+    new: dict[str, DriftDiagnostics] = Field(default_factory=dict)
+    baseline: dict[str, DriftDiagnostics] = Field(default_factory=dict)
+    error: str | None = None
+
+
+class ValidationReport(BaseModel):
+    schema_version: int = SCHEMA_VERSION
+    tool: str
+    created: str
+    checkpoint: str
+    baseline: str | None
+    target: str
+    engine: str = Field(..., description="vllm | reference")
+    engine_version: str | None
+    settings: dict[str, Any]
+    suites: list[SuiteResult]
+    overall: dict[str, Any] = Field(default_factory=dict, description="AL over every suite's counters, new and baseline")
+    gates: list[Gate] = Field(default_factory=list)
+    passed: bool = True
+    failures: list[str] = Field(default_factory=list)
+    diagnostics: Diagnostics | None = None
+    report_dir: str | None = None
+    files: list[str] = Field(default_factory=list)
+    seconds: float = 0.0
+
+    def suite(self, name: str) -> SuiteResult:
+        return next(s for s in self.suites if s.name == name)
+
+
+# ----- writing -------------------------------------------------------------------------------------------------------
+def write_report(report: ValidationReport, out: Path) -> list[str]:
+    """report.json, report.md and the plots into ``out`` (created); returns the file names written."""
+    out.mkdir(parents=True, exist_ok=True)
+    files = write_plots(report, out)
+    files = ["report.json", "report.md", *files]
+    report.report_dir = str(out)
+    report.files = files
+    (out / "report.md").write_text(render_markdown(report), encoding="utf-8")
+    tmp = out / "report.json.part"
+    tmp.write_text(json.dumps(report.model_dump(mode="json"), indent=2) + "\n", encoding="utf-8")
+    tmp.replace(out / "report.json")
+    return files
+
+
+def _fmt(x: float | None, nd: int = 3) -> str:
+    return "–" if x is None else f"{x:.{nd}f}"
+
+
+def render_markdown(r: ValidationReport) -> str:
+    lines = [f"# Validation report: `{Path(r.checkpoint).name}`", ""]
+    verdict = "PASSED" if r.passed else "FAILED: " + "; ".join(r.failures)
+    lines += [f"**{verdict}**", "",
+              f"- target: `{r.target}`", f"- drafter: `{r.checkpoint}`"
+              + (f"\n- baseline: `{r.baseline}`" if r.baseline else ""),
+              f"- engine: {r.engine} {r.engine_version or ''}".rstrip(),
+              "- settings: " + ", ".join(f"{k}={v}" for k, v in r.settings.items() if v is not None),
+              f"- created: {r.created} by {r.tool} in {r.seconds:.0f} s", ""]
+    has_base = any(s.baseline for s in r.suites)
+    has_speed = any(s.speedup is not None for s in r.suites)
+    hdr = ["suite", "prompts", "AL new"] + (["AL baseline", "regression % (> 0 = worse)"] if has_base else []) + \
+          ["draft acc. rate", "per-position rate"] + (["speedup"] if has_speed else []) + ["gate"]
+    lines += ["## Acceptance length per suite", "", "| " + " | ".join(hdr) + " |", "|" + "---|" * len(hdr)]
+    for s in r.suites:
+        row = [s.name, str(s.prompt_set.get("size")), _fmt(s.new.acceptance_length)]
+        if has_base:
+            row += [_fmt(s.baseline.acceptance_length if s.baseline else None), _fmt(s.regression_pct, 1)]
+        row += [_fmt(s.new.draft_acceptance_rate), " / ".join(f"{x:.2f}" for x in s.new.per_position_rate)]
+        if has_speed:
+            row += [_fmt(s.speedup, 2) + ("x" if s.speedup is not None else "")]
+        row += ["pass" if s.passed else "**fail**: " + "; ".join(s.failures)]
+        lines.append("| " + " | ".join(row) + " |")
+    if r.overall:
+        o = r.overall
+        lines += ["", f"Overall (all suites' counters): AL {_fmt(o.get('new'))}"
+                  + (f", baseline {_fmt(o.get('baseline'))}" if o.get("baseline") is not None else "")]
+    for s in r.suites:
+        if not s.groups:
+            continue
+        lines += ["", f"### {s.name} by {'context length' if s.name == 'long' else 'group'}", "",
+                  "| group | prompts | mean prompt tokens | AL new" + (" | AL baseline" if has_base else "") + " |",
+                  "|---|---|---|---|" + ("---|" if has_base else "")]
+        for g in s.groups:
+            lines.append(f"| {g.name} | {g.new.num_prompts} | {g.mean_prompt_tokens:.0f} | {_fmt(g.new.acceptance_length)}"
+                         + (f" | {_fmt(g.baseline.acceptance_length if g.baseline else None)}" if has_base else "") + " |")
+    if r.diagnostics and (r.diagnostics.new or r.diagnostics.error):
+        d = r.diagnostics
+        lines += ["", "## Drift diagnostics", "",
+                  f"Per speculation step: RMS of the hidden state the drafter received (`fed_rms`), attention mass on the "
+                  f"first {d.sink_tokens} tokens (`sink`) and on the drafter's own draft tokens (`draft`), and the "
+                  "teacher-forced match rate.", ""]
+        if d.error:
+            lines.append(f"Not measured: {d.error}")
+        for suite, dn in d.new.items():
+            db = d.baseline.get(suite)
+            lines += [f"### {suite}", "", "| step | fed_rms new | sink new | draft new | match new"
+                      + (" | fed_rms base | sink base | draft base | match base" if db else "") + " |",
+                      "|---|---|---|---|---|" + ("---|---|---|---|" if db else "")]
+            for j, st in enumerate(dn.steps):
+                row = f"| {j} | {st.fed_rms:.3f} | {st.sink_mass:.3f} | {st.draft_mass:.3f} | {st.match_rate:.3f}"
+                if db and j < len(db.steps):
+                    b = db.steps[j]
+                    row += f" | {b.fed_rms:.3f} | {b.sink_mass:.3f} | {b.draft_mass:.3f} | {b.match_rate:.3f}"
+                lines.append(row + " |")
+            lines.append("")
+    lines += ["", "## Prompt sets", "", "| suite | size | max tokens | prompt tokens | hash | sources |", "|---|---|---|---|---|---|"]
+    for s in r.suites:
+        p = s.prompt_set
+        lines.append(f"| {s.name} | {p.get('size')} | {p.get('max_tokens')} | {p.get('prompt_tokens')} | `{p.get('hash')}` | "
+                     f"{', '.join(p.get('sources') or []) or '–'} |")
+    if r.gates:
+        lines += ["", "## Gates", "", "| gate | threshold | suite | value | result |", "|---|---|---|---|---|"]
+        for g in r.gates:
+            lines.append(f"| {g.name} | {g.threshold} | {g.suite} | {_fmt(g.value)} | {'pass' if g.passed else 'FAIL'} |")
+    pngs = [f for f in r.files if f.endswith(".png")]
+    if pngs:
+        lines += ["", "## Plots", ""] + [f"![{f}]({f})" for f in pngs]
+    return "\n".join(lines) + "\n"
+
+
+def write_plots(r: ValidationReport, out: Path) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    files = []
+    has_base = any(s.baseline for s in r.suites)
+    names = [s.name for s in r.suites]
+    # 1. AL per suite, new vs baseline
+    fig, ax = plt.subplots(figsize=(1.6 + 1.3 * len(names), 3.6))
+    w = 0.38 if has_base else 0.6
+    xs = range(len(names))
+    ax.bar([x - (w / 2 if has_base else 0) for x in xs], [s.new.acceptance_length for s in r.suites], w, label="new", color="#2b7bba")
+    if has_base:
+        ax.bar([x + w / 2 for x in xs], [s.baseline.acceptance_length if s.baseline else 0 for s in r.suites], w,
+               label="baseline", color="#bbbbbb")
+    k = r.settings.get("num_speculative_tokens")
+    if k:
+        ax.axhline(k + 1, color="#999999", lw=0.8, ls=":")
+    ax.set_xticks(list(xs), names)
+    ax.set_ylabel("acceptance length")
+    top = max([k + 1 if k else 0] + [s.new.acceptance_length for s in r.suites]
+              + [s.baseline.acceptance_length for s in r.suites if s.baseline])
+    ax.set_ylim(1.0, top + 0.25 * top)  # room for the legend above the bars
+    ax.set_title(f"Acceptance length per suite (k={k}, {r.engine})")
+    ax.legend(loc="upper right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "acceptance_length.png", dpi=110)
+    plt.close(fig)
+    files.append("acceptance_length.png")
+    # 2. per-position acceptance
+    fig, ax = plt.subplots(figsize=(5.6, 3.6))
+    for i, s in enumerate(r.suites):
+        c = f"C{i}"
+        pos = list(range(1, len(s.new.per_position_rate) + 1))
+        ax.plot(pos, s.new.per_position_rate, "-o", color=c, label=f"{s.name} new")
+        if s.baseline:
+            ax.plot(pos, s.baseline.per_position_rate, "--", marker="x", color=c, alpha=0.6, label=f"{s.name} baseline")
+    ax.set_xticks(range(1, 1 + max(len(s.new.per_position_rate) for s in r.suites)))
+    ax.set_xlabel("draft position")
+    ax.set_ylabel("acceptance rate")
+    ax.set_ylim(0, 1.02)
+    ax.set_title("Per-position acceptance")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(out / "per_position.png", dpi=110)
+    plt.close(fig)
+    files.append("per_position.png")
+    # 3. AL vs context length (the long suite's buckets)
+    long = next((s for s in r.suites if s.name == "long" and s.groups), None)
+    if long is not None:
+        fig, ax = plt.subplots(figsize=(5.6, 3.6))
+        gs = sorted(long.groups, key=lambda g: g.mean_prompt_tokens)
+        x = [g.mean_prompt_tokens for g in gs]
+        ax.plot(x, [g.new.acceptance_length for g in gs], "-o", label="new", color="#2b7bba")
+        if any(g.baseline for g in gs):
+            ax.plot(x, [g.baseline.acceptance_length if g.baseline else float("nan") for g in gs], "--x",
+                    label="baseline", color="#888888")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(x, [g.name for g in gs])
+        ax.set_xlabel("prompt length (bucket)")
+        ax.set_ylabel("acceptance length")
+        ax.set_title("Acceptance length vs context length")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out / "al_vs_context.png", dpi=110)
+        plt.close(fig)
+        files.append("al_vs_context.png")
+    # 4. drift diagnostics
+    d = r.diagnostics
+    if d is not None and d.new:
+        fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
+        panels = (("fed_rms", "fed-back hidden RMS"), ("sink_mass", f"attention on first {d.sink_tokens} tokens"),
+                  ("draft_mass", "attention on own draft tokens"))
+        for ax, (field, title) in zip(axes, panels):
+            for i, (suite, dn) in enumerate(d.new.items()):
+                steps = [st.step for st in dn.steps]
+                ax.plot(steps, [getattr(st, field) for st in dn.steps], "-o", color=f"C{i}", label=f"{suite} new")
+                db = d.baseline.get(suite)
+                if db:
+                    ax.plot([st.step for st in db.steps], [getattr(st, field) for st in db.steps], "--x", color=f"C{i}",
+                            alpha=0.6, label=f"{suite} baseline")
+            ax.set_title(title, fontsize=10)
+            ax.set_xlabel("speculation step")
+            ax.set_xticks([st.step for st in next(iter(d.new.values())).steps])
+            vals = [getattr(st, field) for dd in (*d.new.values(), *d.baseline.values()) for st in dd.steps]
+            if field == "fed_rms" and vals and min(vals) > 0 and max(vals) / min(vals) > 20:
+                ax.set_yscale("log")
+            else:
+                ax.ticklabel_format(axis="y", useOffset=False, style="plain")
+                if field != "fed_rms":
+                    ax.set_ylim(0, max(vals + [0.01]) * 1.15)
+        axes[0].legend(fontsize=7)
+        fig.suptitle("Drift diagnostics (new vs baseline)", fontsize=11)
+        fig.tight_layout()
+        fig.savefig(out / "drift.png", dpi=110)
+        plt.close(fig)
+        files.append("drift.png")
+    return files
