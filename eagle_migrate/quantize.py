@@ -33,7 +33,7 @@ from .drafter.config import DrafterConfig
 from .errors import CheckFailed, CheckpointError, DataError, InputError, UnsupportedError
 
 SchemeName = Literal["fp8-dynamic", "fp8", "nvfp4a16", "nvfp4"]
-ValidateMode = Literal["auto", "vllm", "reference", "none"]
+ValidateMode = Literal["auto", "vllm", "reference", "none", "off"]  # "off" = "none"
 ProgressFn = Callable[[str], None]
 
 
@@ -798,6 +798,10 @@ def quantize(
     spec = _spec(scheme)
     source, out = Path(source), Path(out)
     say = progress or (lambda _m: None)
+    if validate == "off":
+        validate = "none"
+    if validate not in ("auto", "vllm", "reference", "none"):
+        raise InputError(f"unknown validate mode '{validate}'", "choose auto, vllm, reference or none")
     if max_al_drop_pct is not None and (target is None or validate == "none"):
         raise InputError("--max-al-drop needs an acceptance measurement", "pass --target (and leave validation on)")
     if spec.calibrated and target is None:

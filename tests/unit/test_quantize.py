@@ -431,3 +431,10 @@ def test_simulated_drafter_quantizes_linear_inputs(outputs, scheme):
         eff = (g.abs().amax(-1, keepdim=True) / 6 * gs).to(torch.float8_e4m3fn).float() / gs
         codes = g / eff.clamp(min=1e-30)
         assert torch.allclose(codes, _e2m1_round(codes), atol=1e-3)
+
+
+def test_validate_off_is_none(qdir, random_bf16, toy_target):
+    r = quantize(random_bf16, qdir / "off", "nvfp4a16", target=str(toy_target), validate="off")  # type: ignore[arg-type]
+    assert r.acceptance is None
+    with pytest.raises(InputError, match="unknown validate mode"):
+        quantize(random_bf16, qdir / "bad-mode", "nvfp4a16", target=str(toy_target), validate="sometimes")  # type: ignore[arg-type]
