@@ -197,10 +197,12 @@ class ReferenceEngine:
             self.dtype = next(drafter.parameters()).dtype
 
     # -- target ------------------------------------------------------------------------------------------------------
-    def _target(self, ids: list[int], cache: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _target(self, ids: list[int], cache: Any, keep: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logits of the last ``keep`` positions (all when None) and the aux states of every position."""
         x = torch.tensor([ids], device=self.device)
+        kw = {"logits_to_keep": keep} if keep else {}
         out = self.model(input_ids=x, past_key_values=cache, use_cache=True,
-                         output_hidden_states=self.drafter is not None)
+                         output_hidden_states=self.drafter is not None, **kw)
         aux = None
         if self.drafter is not None:
             hs = out.hidden_states
@@ -236,7 +238,7 @@ class ReferenceEngine:
         stats = AcceptanceStats(accepted_per_position=[0] * self.k if self.drafter is not None else [], num_prompts=1)
         tcache = DynamicCache()
         limit = min(max_tokens, self.max_model_len - len(prompt))
-        logits, aux = self._target(list(prompt), tcache)
+        logits, aux = self._target(list(prompt), tcache, keep=1)  # a long prompt's full logits would not fit
         ctx = list(prompt)
         out = [self._pick(logits[-1].cpu(), gen)]
         ctx.append(out[-1])
