@@ -150,7 +150,8 @@ def validate(
         settings["dtype"] = vdtype
         results = vllm_engine.measure_many(
             target, drafters, jobs, num_speculative_tokens=k, dtype=vdtype, max_model_len=mml, temperature=temperature,
-            skip_tokenizer_init=tok is None, tensor_parallel_size=tensor_parallel_size, python=vllm_python, seed=seed)
+            skip_tokenizer_init=tok is None, tensor_parallel_size=tensor_parallel_size, python=vllm_python, seed=seed,
+            max_num_seqs=64 if cuda else 8)
         version = next((e.get("vllm_version") for r in results for _, e in r.values()), None)
         engine_version = str(version) if version else None
         target_obj = None
