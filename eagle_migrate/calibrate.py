@@ -408,7 +408,8 @@ def default_data(target: Any, data: str | None, num_sequences: int, seed: int, s
     built-in chat set), held-out from the project's drift-probing suites with a different seed."""
     from . import data as dm
 
-    tok = target.tokenizer
+    # tokenizer-less targets (the toy world) get token-id prompts, as the validation suites do
+    tok = target.tokenizer if target.tokenizer is not None else dm.ByteTokenizer(target.info.vocab_size)
     convs = dm.load_conversations(data, limit=num_sequences, seed=seed)
     train = [ids[:seq_len] for ids in (dm.render(c, tok) for c in convs) if len(ids) >= 3]
     held: dict[str, list[list[int]]] = {}
@@ -440,6 +441,8 @@ def calibrate_checkpoint(
     progress: Callable[..., None] | None = None,
     in_place: bool = True,
     out: str | Path | None = None,
+    suites: Sequence[str] = ("chat", "long", "template-shift"),
+    heldout_per_suite: int = 4,
     **kw: Any,
 ) -> CalibrationResult:
     """Calibrate the drafter in ``checkpoint`` (vLLM layout) against ``target`` (path or loaded Target) and write
@@ -452,8 +455,9 @@ def calibrate_checkpoint(
     tgt = target if isinstance(target, Target) else load_target(str(target), device=str(dev), dtype=torch.float32)
     model, ck = load_drafter(checkpoint, tgt)
     seq_len = kw.pop("seq_len", None) or DEFAULTS["seq_len"]
-    train_seqs, held = default_data(tgt, data, num_sequences or 64, seed, seq_len)
-    if not isinstance(target, Target):
+    train_seqs, held = default_data(tgt, data, num_sequences or 64, seed, seq_len, suites=suites,
+                                    heldout_per_suite=heldout_per_suite)
+    if not isinstance(target, Target) and tgt.tokenizer is not None:
         from .validate.vllm_engine import vllm_importable
 
         if vllm_importable():
