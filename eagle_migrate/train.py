@@ -621,6 +621,7 @@ def fit(
     initial_score: float | None = None,
     resume_dir: str | os.PathLike | None = None,
     progress: Progress | None = None,
+    lr_scale: dict[str, float] | None = None,
 ) -> FitResult:
     """Train the parameters named in ``trainable`` (everything else frozen) on ``data`` (indexable FeatureBatches).
 
@@ -629,6 +630,8 @@ def fit(
     are loaded back before returning. Without ``evaluate`` the final weights are kept. ``resume_dir``: every
     ``save_every`` steps ``state.pt`` (step, trainable tensors, optimiser state, best-so-far, history, RNG) is
     written atomically; a later call with the same folder continues from it and reaches the same weights.
+    ``lr_scale``: per-parameter learning-rate multipliers (calibrate uses each norm's mean |weight| so that norm
+    weights of very different sizes move by the same relative amount).
     """
     device = torch.device(device)
     t0 = time.perf_counter()
@@ -643,7 +646,11 @@ def fit(
     opt_kw: dict[str, Any] = {"lr": cfg.lr, "betas": (0.9, 0.95), "weight_decay": cfg.weight_decay}
     if cuda:
         opt_kw["fused"] = True
-    opt = torch.optim.AdamW(params, **opt_kw)
+    scales = [float((lr_scale or {}).get(n, 1.0)) for n in trainable]
+    groups: dict[float, list[torch.nn.Parameter]] = {}
+    for n, sc in zip(trainable, scales):
+        groups.setdefault(sc, []).append(named[n])
+    opt = torch.optim.AdamW([{"params": ps, "scale": sc} for sc, ps in groups.items()], **opt_kw)
     torch.manual_seed(cfg.seed)
     n_batches = len(data)
     save_every = cfg.save_every or cfg.eval_every
@@ -717,7 +724,7 @@ def fit(
     while step < cfg.steps:
         lr = lr_at(step, cfg)
         for g_ in opt.param_groups:
-            g_["lr"] = lr
+            g_["lr"] = lr * g_.get("scale", 1.0)
         fb = data[batch_order(n_batches, step, cfg.seed)].to(device, model.fc.weight.dtype)
         with _autocast(device, cuda):
             out = unrolled_loss(model, fb, head, cfg.k, cfg.decay)
