@@ -103,6 +103,7 @@ def main() -> None:
     ap.add_argument("--train", default="norms", choices=["norms", "norms+fc", "all"])
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--lr", type=float, default=None)
+    ap.add_argument("--sweep", default=None, help="comma-separated learning rates: calibrate from the same init with each, simulated AL only")
     ap.add_argument("--k", type=int, default=3)
     ap.add_argument("--seq-len", type=int, default=256)
     ap.add_argument("--batch", type=int, default=4)
@@ -111,6 +112,7 @@ def main() -> None:
     ap.add_argument("--heldout", type=int, default=3, help="held-out prompts per suite (long: 1 per bucket)")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--no-convert-module", action="store_true", help="use the built-in mean-RMS initialisation")
+    ap.add_argument("--reuse-init", action="store_true", help="start from the converted drafter a previous run wrote")
     ap.add_argument("--measure", action="store_true")
     ap.add_argument("--measure-only", action="store_true")
     ap.add_argument("--max-model-len", type=int, default=4608)
@@ -134,7 +136,10 @@ def main() -> None:
 
         t0 = time.perf_counter()
         model = None
-        if not a.no_convert_module:
+        if a.reuse_init and (conv_dir / "config.json").exists():
+            model, _ = load_drafter(conv_dir, target)
+            summary["convert"] = {"module": "reused " + str(conv_dir)}
+        elif not a.no_convert_module:
             try:
                 from eagle_migrate.convert import convert
 
@@ -171,6 +176,23 @@ def main() -> None:
             elif ph in ("before", "heldout-eval", "eval", "warning", "heldout"):
                 log(f"{ph}: {json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in e.items() if k != 'phase'})}")
 
+        if a.sweep:
+            init_sd = {n: t.clone() for n, t in model.state_dict().items()}
+            rows = []
+            for lr in [float(x) for x in a.sweep.split(",")]:
+                model.load_state_dict(init_sd)
+                t0 = time.perf_counter()
+                r = calibrate(model, target, seqs, held, train=a.train, steps=a.steps, lr=lr, k=a.k, seq_len=a.seq_len,
+                              batch=a.batch, seed=0, device="cpu", cache_dir=root / "calib-cache", eval_every=a.eval_every,
+                              patience=None, progress=prog)
+                rows.append({"lr": lr, "seconds": round(time.perf_counter() - t0, 1), "best_step": r.best_step,
+                             "before": round(r.score_before, 4), "after": round(r.score_after, 4),
+                             **{s_: round(v.after.acceptance_length, 4) for s_, v in r.suites.items()},
+                             "history": [(h["step"], round(h["score"], 4)) for h in r.history]})
+                log(f"sweep lr {lr}: {json.dumps(rows[-1])}")
+            summary["sweep"] = rows
+            print("SUMMARY " + json.dumps(summary), flush=True)
+            return
         t0 = time.perf_counter()
         res = calibrate(model, target, seqs, held, train=a.train, steps=a.steps, lr=a.lr, k=a.k, seq_len=a.seq_len,
                         batch=a.batch, seed=0, device="cpu", cache_dir=root / "calib-cache", source=src,
