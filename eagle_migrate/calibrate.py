@@ -274,7 +274,8 @@ def calibrate(
         report({"phase": "heldout", "suite": name, "sequences": len(seqs)})
         held = heldout_sequences(target, list(seqs), new_tokens, cdir, name)
         store = FeatureStore(target, [h.ids for h in held], layer_ids, batch=1 if max(len(h.ids) for h in held) > 1024 else 4,
-                             seq_len=max(len(h.ids) for h in held), cache_dir=cdir, name=f"heldout-{name}")
+                             seq_len=max(len(h.ids) for h in held), cache_dir=cdir, name=f"heldout-{name}",
+                             keep_in_memory=True)  # small, and evaluated again and again
         suites[name] = (store, [h.prompt_len for h in held])
 
     def evaluate_model(m: EagleDrafter) -> dict[str, SimulatedAcceptance]:

@@ -248,6 +248,7 @@ class FeatureStore:
         cache_dir: str | os.PathLike | None = None,
         name: str = "train",
         store_dtype: torch.dtype = torch.float32,
+        keep_in_memory: bool = False,
     ):
         if not sequences:
             raise ValueError("no sequences to capture target features from")
@@ -258,6 +259,7 @@ class FeatureStore:
         self.batch = batch
         self.seq_len = seq_len
         self.store_dtype = store_dtype
+        self._memory: dict[int, FeatureBatch] | None = {} if keep_in_memory else None
         self.dir: Path | None = None
         if cache_dir is not None:
             h = hashlib.sha256()
@@ -290,10 +292,17 @@ class FeatureStore:
     def __getitem__(self, i: int) -> FeatureBatch:
         if not 0 <= i < len(self):
             raise IndexError(i)
+        if self._memory is not None and i in self._memory:
+            return self._memory[i]
         f = self._file(i)
         if f is not None and f.exists():
-            return read_feature_file(f)
+            fb = read_feature_file(f)
+            if self._memory is not None:
+                self._memory[i] = fb
+            return fb
         fb = self._compute(i)
+        if self._memory is not None:
+            self._memory[i] = fb
         if f is not None:
             from safetensors.torch import save_file
 
