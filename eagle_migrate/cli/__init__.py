@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     """Console entry point: typer handles usage errors (exit 2); our errors become one line + hint."""
     debug = os.environ.get("EAGLE_MIGRATE_DEBUG", "") not in ("", "0")
     try:
-        app(args=argv, standalone_mode=True)
+        app(args=argv, prog_name="eagle-migrate", standalone_mode=True)
         return 0
     except EagleMigrateError as e:
         if debug:
