@@ -103,6 +103,13 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.nh * self.hd, cfg.hidden_size, bias=cfg.attention_bias)
         if cfg.attention_bias:
             nn.init.zeros_(self.o_proj.bias)
+            self.register_load_state_dict_pre_hook(self._zero_o_proj_bias)
+
+    def _zero_o_proj_bias(self, module, state_dict, prefix, *args) -> None:
+        """A state dict without ``o_proj.bias`` (q/k/v biases only) means a zero o_proj bias, as written on disk."""
+        w = state_dict.get(prefix + "o_proj.weight")
+        if prefix + "o_proj.bias" not in state_dict and w is not None:
+            state_dict[prefix + "o_proj.bias"] = torch.zeros(w.shape[0], dtype=w.dtype, device=w.device)
 
     def forward(
         self,
