@@ -36,6 +36,7 @@ def main() -> int:
     ap.add_argument("-k", type=int, default=3)
     ap.add_argument("--tolerance", type=float, default=3.0, help="percent")
     ap.add_argument("--out", default="runs/engines-agreement")
+    ap.add_argument("--speedup", action="store_true", help="also run the target alone in both engines")
     args = ap.parse_args()
     target = args.target or str(assets.smollm2_target())
     suites = args.suites.split(",")
@@ -44,7 +45,7 @@ def main() -> int:
     reps = {}
     for eng in ("vllm", "reference"):
         reps[eng] = validate(args.drafter, target, engine=eng, report_dir=Path(args.out) / eng,
-                             diagnostics=eng == "reference", speedup=True, **common)
+                             diagnostics=eng == "reference", speedup=args.speedup, **common)
         print(f"{eng}: {reps[eng].seconds:.0f} s", file=sys.stderr, flush=True)
     worst = 0.0
     rows = []

@@ -75,15 +75,22 @@ def main() -> None:
         row = {"suite": name, "prompts": len(s.prompts), "output_tokens": toks, "acceptance_length": round(stats.acceptance_length, 3),
                "greedy_output_identical": exact, **{f"{k}_tok_s": round(toks / v, 2) for k, v in t.items()},
                "speedup_vs_hf_generate": round(t["hf_generate"] / t["reference_spec"], 3),
+               # cost model: one speculation round (verify k+1 tokens + k drafter steps) in units of one plain token;
+               # speculation beats HF generate exactly when AL > break_even_al_vs_hf
+               "round_seconds": round(t["reference_spec"] / max(stats.num_drafts, 1), 4),
+               "hf_token_seconds": round(t["hf_generate"] / toks, 4),
+               "break_even_al_vs_hf": round((t["reference_spec"] / max(stats.num_drafts, 1)) / (t["hf_generate"] / toks), 3),
                "speedup_vs_reference_plain": round(t["reference_plain"] / t["reference_spec"], 3),
                "threads": torch.get_num_threads()}
         rows.append(row)
         print(json.dumps(row), flush=True)
-    print("\n| suite | prompts x tokens | AL | HF generate tok/s | reference plain tok/s | reference spec tok/s | spec vs HF | output identical |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("\n| suite | prompts x tokens | AL | HF generate tok/s | reference plain tok/s | reference spec tok/s | spec vs HF | "
+          "break-even AL vs HF | output identical |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['suite']} | {r['prompts']} x {args.max_tokens} | {r['acceptance_length']:.2f} | {r['hf_generate_tok_s']:.2f} | "
               f"{r['reference_plain_tok_s']:.2f} | {r['reference_spec_tok_s']:.2f} | {r['speedup_vs_hf_generate']:.2f}x | "
+              f"{r['break_even_al_vs_hf']:.2f} | "
               f"{'yes' if r['greedy_output_identical'] else 'NO'} |")
 
 
