@@ -13,7 +13,8 @@ if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && [ -x "$VENV/bin/eagle-m
 fi
 log() { printf '[setup] %s\n' "$*" >&2; }
 [ -x "$VENV/bin/python" ] || { log "creating $VENV"; "$PY" -m venv "$VENV"; }
-pip() { "$VENV/bin/python" -m pip --disable-pip-version-check -q "$@" 2>&1 | grep -v "is ignored: it is neither" || true; }
+# pip's exit status is kept; only the local index's noise about missing pages is filtered from stderr
+pip() { "$VENV/bin/python" -m pip --disable-pip-version-check -q "$@" 2> >(grep -v "is ignored: it is neither" >&2); }
 log "torch 2.13.0 (CPU build where the machine provides it)"
 pip install "torch==2.13.0"
 if [ "${EAGLE_MIGRATE_SKIP_VLLM:-0}" != "1" ]; then
@@ -26,5 +27,8 @@ log "eagle-migrate (editable) with test extras"
 pip install -e ".[dev]" "torch==2.13.0"
 "$VENV/bin/python" -c "import torch, eagle_migrate; assert torch.__version__.startswith('2.13.0'), torch.__version__" \
   || { log "torch is not 2.13.0 after install"; exit 1; }
+if [ "${EAGLE_MIGRATE_SKIP_VLLM:-0}" != "1" ]; then
+  "$VENV/bin/python" -c "import vllm" 2>/dev/null || { log "vllm does not import after install"; exit 1; }
+fi
 echo "$want" > "$STAMP"
 log "done: $VENV"
