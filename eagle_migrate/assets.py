@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import gzip
-import json
 import os
 import shutil
 import subprocess
@@ -173,23 +172,10 @@ def sharegpt_path(cache_dir: str | os.PathLike | None = None) -> Path:
 
 def iter_sharegpt(path: str | os.PathLike, limit: int | None = None) -> Iterator[dict[str, Any]]:
     """Complete records of a ShareGPT JSON list, decoded one by one; stops at the first incomplete record."""
-    text = Path(path).read_text(encoding="utf-8", errors="replace")
-    dec = json.JSONDecoder()
-    i = text.find("[")
-    if i < 0:
-        raise DataError(f"{path}: not a JSON list")
-    i += 1
+    from .data import _iter_json_list  # the one truncation-tolerant JSON-list reader
+
     n = 0
-    size = len(text)
-    while i < size:
-        while i < size and text[i] in " \t\r\n,":
-            i += 1
-        if i >= size or text[i] == "]":
-            return
-        try:
-            obj, i = dec.raw_decode(text, i)
-        except json.JSONDecodeError:
-            return  # truncated mid-record
+    for obj in _iter_json_list(Path(path)):
         if isinstance(obj, dict):
             yield obj
             n += 1
