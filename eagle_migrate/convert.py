@@ -396,7 +396,7 @@ def calibration_sequences(data: str | None, target: _TargetSide, num_sequences: 
             if ids:
                 seqs.append(ids)
     elif data is not None or _data_module() is not None:
-        seqs = _sequences_from_data_module(data, target)
+        seqs = _sequences_from_data_module(data, target, num_sequences, seed)
     if not seqs and data is None:
         tok = target.tokenizer if target.info.raw.get("model_type") else None
         if tok is not None:  # the built-in chat/code prompts shipped with the package
@@ -430,14 +430,14 @@ def _data_module() -> Any | None:
     return mod if hasattr(mod, "load_conversations") and hasattr(mod, "render") else None
 
 
-def _sequences_from_data_module(data: str | None, target: _TargetSide) -> list[list[int]]:
+def _sequences_from_data_module(data: str | None, target: _TargetSide, limit: int | None = None, seed: int = 0) -> list[list[int]]:
     mod = _data_module()
     if mod is None:
         if data is None:
             return []
         raise DataError(f"{data}: not a JSONL/JSON file, and this build has no data module for other sources")
     tok = target.tokenizer
-    convs = mod.load_conversations(data)
+    convs = mod.load_conversations(data, limit=limit, seed=seed)  # a seeded subset: ShareGPT has 90k records
     out = []
     for conv in convs:
         r = mod.render(conv, tok) if tok is not None else conv
@@ -1141,7 +1141,8 @@ def _mean(x: list[float]) -> float:
     return sum(x) / len(x) if x else 0.0
 
 
-PREFERENCE = ["mean-rms", "median-rms", "lstsq-scalar", "lstsq-channel", "lstsq-channel-independent", "channel-rms", "ones"]
+PREFERENCE = ["mean-rms", "median-rms", "lstsq-scalar", "lstsq-scalar-relative", "lstsq-channel", "lstsq-channel-relative",
+              "lstsq-channel-independent", "channel-rms", "ones"]
 
 
 def _choose(results: list[NormCandidate], scale_free: bool) -> str:

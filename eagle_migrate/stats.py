@@ -125,9 +125,14 @@ class StatsAccumulator:
         if self.fc is not None:
             self._G = torch.zeros(self.k, self.k, dtype=torch.float64, device=self.device)  # sum y_k . y_l
             self._r = torch.zeros(self.k, dtype=torch.float64, device=self.device)  # sum y_k . z
+            # the same sums with every token weighted by 1 / ||z||^2 (relative error: the direction of fc's output)
+            self._Gw = torch.zeros(self.k, self.k, dtype=torch.float64, device=self.device)
+            self._rw = torch.zeros(self.k, dtype=torch.float64, device=self.device)
         if self.full:
             self._U = torch.zeros(d, d, dtype=acc, device=self.device)  # sum u u^T
             self._C = torch.zeros(d, d, dtype=acc, device=self.device)  # sum u (a*u)^T
+            self._Uw = torch.zeros(d, d, dtype=acc, device=self.device)  # the same, tokens weighted by 1 / ||z||^2
+            self._Cw = torch.zeros(d, d, dtype=acc, device=self.device)
 
     # ----- streaming -----------------------------------------------------------------------------------------
     def split(self, aux: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -177,10 +182,17 @@ class StatsAccumulator:
             z = (y * a.double().unsqueeze(-1)).sum(1)  # [T, H] the source's fc output
             self._G += torch.einsum("tkh,tlh->kl", y, y)
             self._r += torch.einsum("tkh,th->k", y, z)
+            wt = 1.0 / z.pow(2).sum(-1).clamp_min(1e-30)  # [T]
+            self._Gw += torch.einsum("tkh,tlh,t->kl", y, y, wt)
+            self._rw += torch.einsum("tkh,th,t->k", y, z, wt)
         if self.full:
             uu = u.to(self._U.dtype)
+            ua = uu * a_exp.to(self._U.dtype)
             self._U += uu.T @ uu
-            self._C += uu.T @ (uu * a_exp.to(self._U.dtype))
+            self._C += uu.T @ ua
+            uw = uu * wt.to(self._U.dtype).unsqueeze(-1)
+            self._Uw += uw.T @ uu
+            self._Cw += uw.T @ ua
 
     # ----- results -------------------------------------------------------------------------------------------
     def _cat(self, parts: list[torch.Tensor]) -> torch.Tensor:
@@ -225,22 +237,28 @@ class StatsAccumulator:
         cand["lstsq-channel-independent"] = [diag[i].clone() for i in range(k)]
         notes["lstsq-channel-independent"] = "w_i = E[u_i^2 a] / E[u_i^2] per channel, ignoring fc"
         if self.fc is not None:
-            g = self._G
-            c = torch.linalg.solve(g + 1e-9 * torch.trace(g) / k * torch.eye(k, dtype=g.dtype, device=g.device), self._r)
-            cand["lstsq-scalar"] = [torch.full((ht,), float(c[i])) for i in range(k)]
-            notes["lstsq-scalar"] = "K scalars minimising E||fc(c*u) - fc(a*u)||^2"
-            if self.full:
-                p = self.fc.double().T @ self.fc.double()  # [D, D]
-                a_mat = p * self._U.double()
-                b = (p * self._C.double()).sum(1)
-                lam = ridge * float(torch.diagonal(a_mat).mean())
-                w0 = torch.cat([torch.full((ht,), float(c[i]), dtype=torch.float64, device=p.device) for i in range(k)])
-                w = torch.linalg.solve(a_mat + lam * torch.eye(a_mat.shape[0], dtype=a_mat.dtype, device=a_mat.device), b + lam * w0)
-                w = w.float().cpu().view(k, ht)
-                cand["lstsq-channel"] = [w[i].clone() for i in range(k)]
-                notes["lstsq-channel"] = f"per-channel weights minimising E||fc(w*u) - fc(a*u)||^2 (ridge {ridge} towards lstsq-scalar)"
-            else:
-                notes["lstsq-channel"] = f"skipped: K*Ht = {k * ht} > {FULL_LSTSQ_MAX_DIM} (the [K*Ht]^2 system would not fit comfortably)"
+            p = self.fc.double().T @ self.fc.double() if self.full else None  # [D, D]
+            for suffix, g, r, u_m, c_m, what in (
+                ("", self._G, self._r, getattr(self, "_U", None), getattr(self, "_C", None), ""),
+                ("-relative", self._Gw, self._rw, getattr(self, "_Uw", None), getattr(self, "_Cw", None),
+                 ", every token weighted by 1/||fc(a*u)||^2 (fits the direction of fc's output, what hidden_norm sees)"),
+            ):
+                c = torch.linalg.solve(g + 1e-9 * torch.trace(g) / k * torch.eye(k, dtype=g.dtype, device=g.device), r)
+                cand["lstsq-scalar" + suffix] = [torch.full((ht,), float(c[i])) for i in range(k)]
+                notes["lstsq-scalar" + suffix] = "K scalars minimising E||fc(c*u) - fc(a*u)||^2" + what
+                if self.full:
+                    a_mat = p * u_m.double()
+                    b = (p * c_m.double()).sum(1)
+                    lam = ridge * float(torch.diagonal(a_mat).mean())
+                    w0 = torch.cat([torch.full((ht,), float(c[i]), dtype=torch.float64, device=p.device) for i in range(k)])
+                    w = torch.linalg.solve(a_mat + lam * torch.eye(a_mat.shape[0], dtype=a_mat.dtype, device=a_mat.device), b + lam * w0)
+                    w = w.float().cpu().view(k, ht)
+                    cand["lstsq-channel" + suffix] = [w[i].clone() for i in range(k)]
+                    notes["lstsq-channel" + suffix] = (f"per-channel weights minimising E||fc(w*u) - fc(a*u)||^2 "
+                                                       f"(ridge {ridge} towards lstsq-scalar{suffix})" + what)
+                else:
+                    notes["lstsq-channel" + suffix] = (f"skipped: K*Ht = {k * ht} > {FULL_LSTSQ_MAX_DIM} "
+                                                       "(the [K*Ht]^2 system would not fit comfortably)")
         return Fits(cand, notes)
 
 

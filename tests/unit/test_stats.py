@@ -61,7 +61,8 @@ def test_fits_recover_constant_scales_exactly():
             chunks.append(s * x / x.pow(2).mean(-1, keepdim=True).sqrt())
         acc.update(torch.cat(chunks, -1))
     fits = acc.fits()
-    for name in ("mean-rms", "median-rms", "lstsq-scalar", "lstsq-channel", "lstsq-channel-independent"):
+    for name in ("mean-rms", "median-rms", "lstsq-scalar", "lstsq-channel", "lstsq-channel-independent",
+                 "lstsq-scalar-relative", "lstsq-channel-relative"):
         w = fits.candidates[name]
         for k, s in enumerate((2.0, 5.0, 20.0)):
             assert torch.allclose(w[k], torch.full((HT,), s), rtol=1e-3), name
@@ -91,6 +92,40 @@ def test_fc_space_least_squares_beats_ones_and_is_near_mean_rms():
     e = {n: err(w) for n, w in fits.candidates.items()}
     assert e["lstsq-scalar"] <= e["mean-rms"] * 1.05
     assert e["mean-rms"] < 0.2 * e["ones"]  # the scale ratio between layers is what matters
+
+
+def test_relative_fit_is_not_dominated_by_large_tokens():
+    """A few tokens with a 30x larger fc output decide the plain least-squares scalars; the relative fit follows the
+    typical token, so its mean relative error over tokens is lower (what matters once hidden_norm drops the scale)."""
+    g = torch.Generator().manual_seed(5)
+    fc = torch.randn(8, K * HT, generator=g)
+    acc = StatsAccumulator(IDS, HT, eps=0.0, fc_weight=fc)
+    toks = []
+    for i in range(6):
+        chunks = []
+        for k, s in enumerate((2.0, 5.0, 20.0)):
+            x = torch.randn(16, HT, generator=g)
+            scale = s * (1.0 + 0.3 * torch.rand(16, 1, generator=g))
+            if i == 0 and k == 0:
+                scale[1:3] *= 30.0  # two outlier tokens in layer 0 only
+            chunks.append(scale * x / x.pow(2).mean(-1, keepdim=True).sqrt())
+        a = torch.cat(chunks, -1)
+        acc.update(a)
+        toks.append(a[1:])
+    fits = acc.fits()
+    allx = torch.cat(toks)
+
+    def mean_rel_err(ws):
+        w = torch.cat(ws)
+        h = allx.view(-1, K, HT)
+        u = (h / h.pow(2).mean(-1, keepdim=True).sqrt()).view(-1, K * HT)
+        z, zc = allx @ fc.T, (u * w) @ fc.T
+        return float(((zc - z).norm(dim=-1) / z.norm(dim=-1)).mean())
+
+    plain, rel = fits.candidates["lstsq-scalar"], fits.candidates["lstsq-scalar-relative"]
+    assert float(plain[0][0]) > 1.3 * float(rel[0][0])  # pulled up by the outliers
+    assert mean_rel_err(rel) < mean_rel_err(plain)
+    assert "lstsq-channel-relative" in fits.candidates
 
 
 def test_norm_before_fc_scales_are_relative():
