@@ -413,14 +413,14 @@ def load_drafter(checkpoint: str | Path, target: Any | None = None) -> tuple[Eag
 def default_data(target: Any, data: str | None, num_sequences: int, seed: int, seq_len: int,
                  suites: Sequence[str] = ("chat", "long", "template-shift"), heldout_per_suite: int = 4,
                  max_model_len: int = 8192) -> tuple[list[list[int]], dict[str, list[list[int]]]]:
-    """(training prompts, held-out prompts per suite) through eagle_migrate.data: training from ``data`` (or the
-    built-in chat set), held-out from the project's drift-probing suites with a different seed."""
+    """(training sequences, held-out prompts per suite) through eagle_migrate.data: training from ``data`` (or the
+    built-in chat set) by :func:`eagle_migrate.data.calibration_sequences`, held-out from the project's
+    drift-probing suites with a different seed."""
     from . import data as dm
 
+    train = dm.calibration_sequences(data, target.tokenizer, target.info.vocab_size, num_sequences, seq_len, seed)
     # tokenizer-less targets (the toy world) get token-id prompts, as the validation suites do
     tok = target.tokenizer if target.tokenizer is not None else dm.ByteTokenizer(target.info.vocab_size)
-    convs = dm.load_conversations(data, limit=num_sequences, seed=seed)
-    train = [ids[:seq_len] for ids in (dm.render(c, tok) for c in convs) if len(ids) >= 3]
     held: dict[str, list[list[int]]] = {}
     for s in suites:
         try:

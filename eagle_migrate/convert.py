@@ -24,7 +24,6 @@ import json
 import math
 import os
 import platform
-import random
 import struct
 import sys
 from collections.abc import Callable, Iterator
@@ -334,124 +333,16 @@ def _random_sequences(vocab: int, n: int, length: int, seed: int) -> list[list[i
     return [torch.randint(0, vocab, (length,), generator=g).tolist() for _ in range(n)]
 
 
-def _tokenize_obj(obj: Any, tok: Any) -> list[int] | None:
-    if isinstance(obj, dict):
-        if isinstance(obj.get("token_ids"), list):
-            return [int(x) for x in obj["token_ids"]]
-        msgs = obj.get("messages") or obj.get("conversations")
-        if isinstance(msgs, list) and tok is not None:
-            conv = []
-            for m in msgs:
-                if not isinstance(m, dict):
-                    continue
-                role = m.get("role") or {"human": "user", "gpt": "assistant"}.get(m.get("from"), m.get("from"))
-                content = m.get("content", m.get("value"))
-                if role and isinstance(content, str):
-                    conv.append({"role": role, "content": content})
-            if conv:
-                if getattr(tok, "chat_template", None):
-                    out = tok.apply_chat_template(conv, tokenize=True)
-                    return list(out["input_ids"] if isinstance(out, dict) else out)
-                return tok("\n".join(m["content"] for m in conv))["input_ids"]
-        text = obj.get("prompt") or obj.get("text")
-        if isinstance(text, str) and tok is not None:
-            if getattr(tok, "chat_template", None) and "prompt" in obj:
-                out = tok.apply_chat_template([{"role": "user", "content": text}], tokenize=True, add_generation_prompt=True)
-                return list(out["input_ids"] if isinstance(out, dict) else out)
-            return tok(text)["input_ids"]
-    if isinstance(obj, list) and obj and all(isinstance(x, int) for x in obj):
-        return obj
-    if isinstance(obj, str) and tok is not None:
-        return tok(obj)["input_ids"]
-    return None
-
-
 def calibration_sequences(data: str | None, target: _TargetSide, num_sequences: int, seed: int, max_length: int) -> list[list[int]]:
-    """Token-id sequences to estimate statistics on.
+    """Token-id sequences to estimate statistics on: :func:`eagle_migrate.data.calibration_sequences` (every
+    ``--data`` source it reads, whole conversations where they carry replies) with the target's tokenizer. No
+    ``--data`` and a tokenizer-less (toy) target: random token sequences instead of byte-rendered text."""
+    from .data import calibration_sequences as from_source
 
-    Private adapter until ``eagle_migrate.data`` is wired in: ``--data`` as a JSONL/JSON file of ``{"token_ids":
-    [...]}`` (tokenizer-less targets), ``{"messages"|"conversations": [...]}`` (chat template) or
-    ``{"prompt"|"text": ...}``; anything else goes to ``eagle_migrate.data.load_conversations`` when that module
-    exists. No ``--data``: the data module's default set, else random token sequences (toy targets).
-    """
-    vocab = target.info.vocab_size
-    seqs: list[list[int]] = []
-    path = Path(data).expanduser() if data else None
-    if path is not None and path.is_file() and path.suffix in (".jsonl", ".json"):
-        tok = None
-        text = path.read_text(encoding="utf-8")
-        try:
-            objs = [json.loads(ln) for ln in text.splitlines() if ln.strip()] if path.suffix == ".jsonl" else json.loads(text)
-        except json.JSONDecodeError as e:
-            raise DataError(f"{path}: not valid JSON{' lines' if path.suffix == '.jsonl' else ''} (line {e.lineno}: {e.msg})") from None
-        if isinstance(objs, dict):
-            objs = objs.get("data") or objs.get("conversations") or [objs]
-        need_tok = any(not (isinstance(o, dict) and "token_ids" in o) and not isinstance(o, list) for o in objs)
-        if need_tok:
-            tok = target.tokenizer
-            if tok is None:
-                raise DataError(f"{path}: the target has no tokenizer, so --data must hold token ids ({{\"token_ids\": [...]}} per line)")
-        for o in objs:
-            ids = _tokenize_obj(o, tok)
-            if ids:
-                seqs.append(ids)
-    elif data is not None or _data_module() is not None:
-        seqs = _sequences_from_data_module(data, target, num_sequences, seed)
-    if not seqs and data is None:
-        tok = target.tokenizer if target.info.raw.get("model_type") else None
-        if tok is not None:  # the built-in chat/code prompts shipped with the package
-            for f in sorted((Path(__file__).parent / "data").glob("*.jsonl")):
-                for ln in f.read_text(encoding="utf-8").splitlines():
-                    if ln.strip():
-                        ids = _tokenize_obj(json.loads(ln), tok)
-                        if ids:
-                            seqs.append(ids)
-        if not seqs:  # tokenizer-less (toy) targets: random token sequences
-            seqs = _random_sequences(vocab, num_sequences, min(max_length, 64), seed)
-    if not seqs:
-        raise DataError(f"{data}: no usable calibration sequences")
-    bad = [t for s in seqs for t in s if not 0 <= t < vocab]
-    if bad:
-        raise DataError(f"token id {bad[0]} is outside the target's vocabulary (0..{vocab - 1})")
-    rnd = random.Random(seed)
-    seqs = [s[:max_length] for s in seqs if len(s) >= 3]
-    if len(seqs) > num_sequences:
-        seqs = rnd.sample(seqs, num_sequences)
-    if not seqs:
-        raise DataError("every calibration sequence is shorter than 3 tokens")
-    return seqs
-
-
-def _data_module() -> Any | None:
-    """``eagle_migrate.data`` when it provides ``load_conversations`` and ``render`` (issue: data sources)."""
-    if importlib.util.find_spec("eagle_migrate.data") is None:
-        return None
-    mod = importlib.import_module("eagle_migrate.data")
-    return mod if hasattr(mod, "load_conversations") and hasattr(mod, "render") else None
-
-
-def _sequences_from_data_module(data: str | None, target: _TargetSide, limit: int | None = None, seed: int = 0) -> list[list[int]]:
-    mod = _data_module()
-    if mod is None:
-        if data is None:
-            return []
-        raise DataError(f"{data}: not a JSONL/JSON file, and this build has no data module for other sources")
     tok = target.tokenizer
-    convs = mod.load_conversations(data, limit=limit, seed=seed)  # a seeded subset: ShareGPT has 90k records
-    out = []
-    for conv in convs:
-        r = mod.render(conv, tok) if tok is not None else conv
-        if isinstance(r, dict):
-            r = r.get("input_ids") or r.get("token_ids") or r.get("text")
-        if hasattr(r, "input_ids"):
-            r = r.input_ids
-        if isinstance(r, str):
-            if tok is None:
-                continue
-            r = tok(r)["input_ids"]
-        if isinstance(r, list) and r and isinstance(r[0], int):
-            out.append(r)
-    return out
+    if data is None and tok is None:
+        return _random_sequences(target.info.vocab_size, num_sequences, min(max_length, 64), seed)
+    return from_source(data, tok, target.info.vocab_size, num_sequences, max_length, seed)
 
 
 # ===== drafter modules ==============================================================================================

@@ -17,6 +17,9 @@ Tokenizer-less targets (the toy successor world has no tokenizer): every suite s
 :class:`ByteTokenizer`: the same text, rendered with the same templates, becomes its UTF-8 bytes taken modulo the
 target's vocabulary size. Prompt lengths and template differences survive; meaning does not (the toy does not need it).
 
+:func:`calibration_sequences` turns a source into the token-id sequences that convert (target statistics), quantize
+(activation scales) and calibrate (training) use: whole conversations where they carry the assistant's replies.
+
 Every selection is deterministic for a seed; :func:`prompt_set_hash` fingerprints what was used.
 """
 
@@ -26,9 +29,10 @@ import gzip
 import hashlib
 import importlib.util
 import json
+import operator
 import os
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,6 +64,11 @@ class Conversation:
     @property
     def text(self) -> str:
         return "\n".join(m["content"] for m in self.prompt_messages())
+
+    @property
+    def ends_with_reply(self) -> bool:
+        """Whether the last message is the assistant's (a whole conversation, not a request)."""
+        return bool(self.messages) and self.messages[-1]["role"] == "assistant"
 
 
 def _conv_from_obj(obj: Any, where: str, idx: int) -> Conversation | None:
@@ -379,9 +388,11 @@ def _with_system(messages: list[dict[str, str]], system_prompt: str | None) -> l
 
 
 def render_text(conv: Conversation, tokenizer: Any, template_variant: str | None = None,
-                system_prompt: str | None = None, add_generation_prompt: bool = True) -> str:
-    """The prompt as text (the tokenizer's own chat template, or ``TEMPLATES[template_variant]``)."""
-    msgs = _with_system(conv.prompt_messages(), SYSTEM_PROMPTS.get(system_prompt or "", system_prompt))
+                system_prompt: str | None = None, add_generation_prompt: bool = True, *, whole: bool = False) -> str:
+    """The prompt as text (the tokenizer's own chat template, or ``TEMPLATES[template_variant]``). ``whole``: every
+    message, the assistant's replies included, and no generation prompt."""
+    msgs = _with_system(conv.messages if whole else conv.prompt_messages(), SYSTEM_PROMPTS.get(system_prompt or "", system_prompt))
+    add_generation_prompt = add_generation_prompt and not whole
     if template_variant is not None:
         if template_variant not in TEMPLATES:
             raise DataError(f"unknown template variant '{template_variant}'", f"choose from {', '.join(TEMPLATES)}")
@@ -395,14 +406,15 @@ def render_text(conv: Conversation, tokenizer: Any, template_variant: str | None
 
 
 def render(conv: Conversation, tokenizer: Any, template_variant: str | None = None, system_prompt: str | None = None,
-           add_generation_prompt: bool = True) -> list[int]:
+           add_generation_prompt: bool = True, *, whole: bool = False) -> list[int]:
     """Token ids of the prompt. ``system_prompt``: a key of :data:`SYSTEM_PROMPTS` or literal text (replaces any
-    system turn). A conversation given as token ids is returned as is. ``tokenizer`` may be a :class:`ByteTokenizer`."""
+    system turn). ``whole``: the whole conversation, replies included, no generation prompt. A conversation given as
+    token ids is returned as is. ``tokenizer`` may be a :class:`ByteTokenizer`."""
     if conv.token_ids is not None:
         return list(conv.token_ids)
     if tokenizer is None:
         raise DataError("rendering text needs a tokenizer (the target has none)", "pass token_ids prompts, or use ByteTokenizer")
-    text = render_text(conv, tokenizer, template_variant, system_prompt, add_generation_prompt)
+    text = render_text(conv, tokenizer, template_variant, system_prompt, add_generation_prompt, whole=whole)
     ids = _encode(tokenizer, text)
     if template_variant is not None:  # the native template decides BOS; keep the same convention for the others
         bos = getattr(tokenizer, "bos_token_id", None)
@@ -420,6 +432,42 @@ def _native_starts_with_bos(tokenizer: Any) -> bool:
         return list(tokenizer("hi", add_special_tokens=True)["input_ids"])[:1] == [bos]
     except Exception:
         return False
+
+
+# ----- calibration sequences -----------------------------------------------------------------------------------------
+def calibration_sequences(spec: str | os.PathLike | Sequence[Sequence[int]] | None, tokenizer: Any, vocab_size: int,
+                          n: int, max_len: int, seed: int = 0, fetch: bool | None = None) -> list[list[int]]:
+    """Token-id sequences for target statistics and calibration (convert, quantize, calibrate share this one).
+
+    ``spec``: any source :func:`load_conversations` reads (``None`` = the built-in chat set, a JSONL/JSON file,
+    ``sharegpt``, ``humaneval``, ``hf:...``; ``limit=n, seed=seed`` are passed on, so a big source is sampled, never
+    read whole), or a list of token-id lists (the first ``n``, as given). Conversations that end with an assistant
+    reply are rendered whole (prompt + replies, no generation prompt: statistics and calibration want hidden states
+    of response text); requests without a reply are rendered with the generation prompt. ``tokenizer`` None (a
+    tokenizer-less toy target): :class:`ByteTokenizer` over ``vocab_size``. Each sequence is cut to ``max_len``
+    tokens; shorter than 3 are dropped. DataError when none is left or a token id is outside the vocabulary.
+    """
+    if isinstance(spec, (list, tuple)):
+        where = "the token-id sequences given"
+        try:
+            seqs = [[operator.index(t) for t in x] for x in spec[:n]]
+        except TypeError:
+            raise DataError(f"{where}: expected a list of token-id lists (integers)") from None
+    else:
+        where = "builtin:chat" if spec is None else str(spec)
+        tok = tokenizer if tokenizer is not None else ByteTokenizer(vocab_size)
+        seqs = [render(c, tok, whole=c.ends_with_reply) for c in load_conversations(spec, limit=n, seed=seed, fetch=fetch)]
+    for s in seqs:
+        bad = next((t for t in s if not 0 <= t < vocab_size), None)
+        if bad is not None:
+            raise DataError(f"{where}: token id {bad} is outside the target's vocabulary (0..{vocab_size - 1})",
+                            "token_ids must come from the target's own tokenizer")
+    seqs = [s[:max_len] for s in seqs]
+    seqs = [s for s in seqs if len(s) >= 3]
+    if not seqs:
+        raise DataError(f"{where}: no calibration sequence of 3 tokens or more",
+                        "pass prompts, chat conversations or token_ids records of 3+ tokens (--data)")
+    return seqs
 
 
 # ----- suites --------------------------------------------------------------------------------------------------------

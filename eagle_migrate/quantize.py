@@ -509,26 +509,14 @@ def build_drafter(cfg: DrafterConfig, sd: dict[str, torch.Tensor], target=None, 
     return m.eval()
 
 
-def _tokenizer_or_bytes(tok, vocab_size: int):
-    from .data import ByteTokenizer
-
-    return tok if tok is not None else ByteTokenizer(vocab_size)
-
-
 def load_sequences(data: Any, target, n: int, max_len: int = 512, seed: int = 0) -> tuple[list[list[int]], str]:
-    """Calibration token sequences: token-id lists as given, or any prompt source ``eagle_migrate.data`` reads
-    (None = the built-in chat set; a JSONL/JSON file; ``sharegpt``; ``hf:ORG/NAME``), rendered with the target's
-    chat template (UTF-8 bytes mod vocab for a tokenizer-less target)."""
-    from . import data as data_mod
+    """(calibration token sequences, where they came from): :func:`eagle_migrate.data.calibration_sequences` with
+    the target's tokenizer (token-id lists as given; None = the built-in chat set)."""
+    from .data import calibration_sequences
 
-    if isinstance(data, (list, tuple)) and data and all(isinstance(x, (list, tuple)) for x in data):
-        return [[int(t) for t in x][:max_len] for x in data[:n]], "token ids given"
-    convs = data_mod.load_conversations(None if data is None else str(data), limit=n, seed=seed)
-    tok = _tokenizer_or_bytes(getattr(target, "tokenizer", None), target.info.vocab_size)
-    seqs = [data_mod.render(c, tok)[:max_len] for c in convs]
-    seqs = [x for x in seqs if len(x) >= 3]
-    if not seqs:
-        raise DataError(f"{data or 'builtin'}: no calibration sequence of 3 tokens or more")
+    seqs = calibration_sequences(data, getattr(target, "tokenizer", None), target.info.vocab_size, n, max_len, seed)
+    if isinstance(data, (list, tuple)):
+        return seqs, "token ids given"
     return seqs, "builtin:chat" if data is None else str(data)
 
 

@@ -187,3 +187,64 @@ def test_chat_mixes_in_sharegpt_when_available(tmp_path, monkeypatch, tok):
     s = data.suite("chat", tok, INFO, num_prompts=10)
     assert s.groups.count("sharegpt") == 5 and s.groups.count("builtin") == 5
     assert "ShareGPT" in s.description
+
+
+# ----- calibration sequences (convert, quantize, calibrate) ------------------------------------------------------------
+def test_calibration_sequences_render_whole_conversations_and_prompt_only_requests(tmp_path, tok):
+    p = tmp_path / "calib.jsonl"
+    chat = [{"role": "user", "content": "What is a list?"}, {"role": "assistant", "content": "An ordered collection."}]
+    p.write_text(json.dumps({"messages": chat}) + "\n" + json.dumps({"prompt": "Name a prime."}) + "\n")
+    whole, request = data.calibration_sequences(p, tok, 600, n=10, max_len=512, seed=0)
+    # statistics want response text: prompt + reply, no generation prompt
+    assert whole == tok(tok.apply_chat_template(chat, tokenize=False), add_special_tokens=False)["input_ids"]
+    assert "An ordered collection." in tok.decode(whole)
+    # a request without a reply is rendered the way it is served: with the generation prompt
+    expect = tok.apply_chat_template([{"role": "user", "content": "Name a prime."}], tokenize=False, add_generation_prompt=True)
+    assert request == tok(expect, add_special_tokens=False)["input_ids"]
+    assert tok.decode(request).endswith("<|im_start|>assistant\n")
+    # truncated to max_len
+    short = data.calibration_sequences(p, tok, 600, n=10, max_len=5, seed=0)
+    assert short == [whole[:5], request[:5]]
+
+
+def test_calibration_sequences_honour_the_limit(tmp_path, monkeypatch, tok):
+    recs = [{"id": f"sg{i}", "conversations": [{"from": "human", "value": f"Question number {i}?"},
+                                               {"from": "gpt", "value": f"Answer {i}."}]} for i in range(300)]
+    p = tmp_path / "sg.json"
+    p.write_text(json.dumps(recs))
+    monkeypatch.setattr(data, "sharegpt_file", lambda fetch=False: p)
+    seen = []
+    real = data.load_conversations
+    monkeypatch.setattr(data, "load_conversations", lambda spec, **kw: seen.append(kw) or real(spec, **kw))
+    a = data.calibration_sequences("sharegpt", tok, 600, n=7, max_len=256, seed=3)
+    assert len(a) == 7 and seen == [{"limit": 7, "seed": 3, "fetch": None}]
+    assert a == data.calibration_sequences("sharegpt", tok, 600, n=7, max_len=256, seed=3)  # seeded
+    assert a != data.calibration_sequences("sharegpt", tok, 600, n=7, max_len=256, seed=4)
+    # the built-in set, byte-rendered for a tokenizer-less target
+    b = data.calibration_sequences(None, None, 64, n=5, max_len=32, seed=0)
+    assert len(b) == 5 and all(3 <= len(s) <= 32 and all(0 <= t < 64 for t in s) for s in b)
+
+
+def test_calibration_sequences_token_ids_records_and_lists(tmp_path):
+    p = tmp_path / "ids.jsonl"
+    p.write_text("".join(json.dumps({"token_ids": s}) + "\n" for s in ([1, 2, 3, 4, 5], [7, 8], [9, 10, 11])))
+    # as given (no tokenizer needed), cut to max_len, shorter than 3 dropped
+    assert data.calibration_sequences(p, None, 64, n=10, max_len=4, seed=0) == [[1, 2, 3, 4], [9, 10, 11]]
+    # a Python list of token-id lists: the first n
+    assert data.calibration_sequences([[1, 2, 3], (4, 5, 6), [7, 8, 9]], None, 64, n=2, max_len=8) == [[1, 2, 3], [4, 5, 6]]
+
+
+def test_calibration_sequences_errors(tmp_path):
+    p = tmp_path / "ids.jsonl"
+    p.write_text(json.dumps({"token_ids": [1, 2, 99]}) + "\n")
+    with pytest.raises(DataError, match="99 is outside the target's vocabulary") as e:
+        data.calibration_sequences(p, None, 64, n=4, max_len=8)
+    assert "tokenizer" in e.value.hint
+    with pytest.raises(DataError, match="outside"):
+        data.calibration_sequences([[1, 2, 64]], None, 64, n=4, max_len=8)
+    p.write_text(json.dumps({"token_ids": [1, 2]}) + "\n")
+    with pytest.raises(DataError, match="3 tokens or more") as e:
+        data.calibration_sequences(p, None, 64, n=4, max_len=8)
+    assert "--data" in e.value.hint
+    with pytest.raises(DataError, match="token-id lists"):
+        data.calibration_sequences([[1, 2, "x"]], None, 64, n=4, max_len=8)
