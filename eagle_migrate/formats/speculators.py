@@ -25,6 +25,7 @@ from ..errors import CheckpointError
 from .base import Checkpoint, Layout, Probe, register_layout
 from .common import ConfigView, derive, finding, quant_scheme
 from .io import save_safetensors, write_json
+from .vllm import llama_layer_config
 
 EAGLE_FIELDS = ("draft_vocab_size", "target_hidden_size", "norm_before_residual", "norm_before_fc", "fc_norm",
                 "norm_output", "eagle_aux_hidden_state_layer_ids")
@@ -103,19 +104,7 @@ def speculators_config_dict(
         raise ValueError("the speculators eagle3 layout holds EAGLE-3 style drafters only")
     tlc: dict[str, Any] = {
         "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "hidden_size": cfg.hidden_size,
-        "intermediate_size": cfg.intermediate_size,
-        "num_attention_heads": cfg.num_attention_heads,
-        "num_key_value_heads": cfg.num_key_value_heads,
-        "head_dim": cfg.head_dim,
-        "num_hidden_layers": cfg.num_layers,
-        "hidden_act": "silu",
-        "rms_norm_eps": cfg.rms_norm_eps,
-        "rope_theta": cfg.rope_theta,
-        "rope_scaling": cfg.rope_scaling,
-        "max_position_embeddings": cfg.max_position_embeddings,
-        "vocab_size": cfg.vocab_size,
+        **llama_layer_config(cfg),
         "tie_word_embeddings": False,
         "attention_bias": cfg.attention_bias,
         "mlp_bias": False,

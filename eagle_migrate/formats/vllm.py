@@ -36,12 +36,10 @@ def rope_from_config(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]
     return float(theta if theta is not None else 10000.0), scaling
 
 
-def vllm_config_dict(cfg: DrafterConfig, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """config.json of the vLLM layout for an EAGLE-3/3.1 drafter."""
-    if cfg.generation != "eagle3":
-        raise ValueError("the vLLM eagle3 layout holds EAGLE-3 style drafters only")
-    d: dict[str, Any] = {
-        "architectures": [VLLM_ARCH],
+def llama_layer_config(cfg: DrafterConfig) -> dict[str, Any]:
+    """The Llama decoder-layer keys (``model_type`` .. ``vocab_size``, in this order) of the drafter's config, shared
+    by the vLLM config.json and the speculators ``transformer_layer_config``."""
+    return {
         "model_type": "llama",
         "hidden_size": cfg.hidden_size,
         "intermediate_size": cfg.intermediate_size,
@@ -55,6 +53,16 @@ def vllm_config_dict(cfg: DrafterConfig, extra: dict[str, Any] | None = None) ->
         "rope_scaling": cfg.rope_scaling,
         "max_position_embeddings": cfg.max_position_embeddings,
         "vocab_size": cfg.vocab_size,
+    }
+
+
+def vllm_config_dict(cfg: DrafterConfig, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """config.json of the vLLM layout for an EAGLE-3/3.1 drafter."""
+    if cfg.generation != "eagle3":
+        raise ValueError("the vLLM eagle3 layout holds EAGLE-3 style drafters only")
+    d: dict[str, Any] = {
+        "architectures": [VLLM_ARCH],
+        **llama_layer_config(cfg),
         "draft_vocab_size": cfg.draft_vocab_size,
         "target_hidden_size": cfg.target_hidden_size,
         "tie_word_embeddings": False,
