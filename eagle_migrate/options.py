@@ -27,6 +27,24 @@ class OutputFormat(str, Enum):
     speculators = "speculators"
 
 
+class SchemeChoice(str, Enum):
+    """quantize --scheme (the values of ``quantize.SchemeName``)."""
+
+    fp8_dynamic = "fp8-dynamic"
+    fp8 = "fp8"
+    nvfp4a16 = "nvfp4a16"
+    nvfp4 = "nvfp4"
+
+
+class ValidateChoice(str, Enum):
+    """quantize --validate: the engine that measures acceptance before/after, or none."""
+
+    auto = "auto"
+    vllm = "vllm"
+    reference = "reference"
+    none = "none"
+
+
 CheckpointArg = Annotated[Path, typer.Argument(help="Drafter checkpoint folder (or a single weights file).", show_default=False)]
 TargetOpt = Annotated[
     Optional[str], typer.Option("--target", "-t", help="Target model: local folder or hub id (HF_HUB_OFFLINE honoured).")

@@ -1,29 +1,25 @@
 from __future__ import annotations
 
-from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
 from ..errors import CheckFailed
-from ..options import CheckpointArg, DeviceChoice, DeviceOpt, ForceOpt, JsonOpt, NumSpecTokensOpt, OutputOpt, TargetOpt
+from ..options import (
+    CheckpointArg,
+    DeviceChoice,
+    DeviceOpt,
+    ForceOpt,
+    JsonOpt,
+    NumSpecTokensOpt,
+    OutputOpt,
+    SchemeChoice,
+    TargetOpt,
+    ValidateChoice,
+)
 from . import app
 from .render import log, print_json, progress_enabled, stdout
-
-
-class SchemeChoice(str, Enum):
-    fp8_dynamic = "fp8-dynamic"
-    fp8 = "fp8"
-    nvfp4a16 = "nvfp4a16"
-    nvfp4 = "nvfp4"
-
-
-class ValidateChoice(str, Enum):
-    auto = "auto"
-    vllm = "vllm"
-    reference = "reference"
-    none = "none"
 
 
 def _fmt_bytes(n: int) -> str:

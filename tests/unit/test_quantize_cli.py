@@ -23,6 +23,16 @@ def test_help_has_schemes_and_example():
         assert s in r.stdout
 
 
+def test_scheme_choices_are_the_library_schemes():
+    """--scheme's enum lives in the options module; it must list exactly quantize.SchemeName."""
+    from typing import get_args
+
+    from eagle_migrate.options import SchemeChoice
+    from eagle_migrate.quantize import SchemeName
+
+    assert [c.value for c in SchemeChoice] == list(get_args(SchemeName))
+
+
 def test_json_is_one_document(tmp_path, toy_random):
     r = run("quantize", str(toy_random), "-o", str(tmp_path / "q"), "--scheme", "nvfp4a16", "--json")
     assert r.returncode == 0, r.stderr
