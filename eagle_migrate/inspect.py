@@ -62,6 +62,11 @@ class TargetSummary(BaseModel):
     rope_scaling: dict[str, Any] | None
     model_type: str
 
+    @classmethod
+    def of(cls, info: Any) -> TargetSummary:
+        """The summary of a :class:`eagle_migrate.target.TargetInfo` (its fields of the same names)."""
+        return cls.model_validate({name: getattr(info, name) for name in cls.model_fields} | {"path": str(info.path)})
+
 
 class InspectReport(BaseModel):
     """Everything ``eagle-migrate inspect`` prints (one JSON document with --json)."""
@@ -329,11 +334,7 @@ def report_from_checkpoint(ck: Checkpoint, target: str | None = None, deep: bool
         files=files,
         total_bytes=sum(f.bytes for f in files),
         quantization=ck.quantization,
-        target=None if ti is None else TargetSummary(
-            path=str(ti.path), hidden_size=ti.hidden_size, num_layers=ti.num_layers, vocab_size=ti.vocab_size,
-            max_position_embeddings=ti.max_position_embeddings, rope_theta=ti.rope_theta, rope_scaling=ti.rope_scaling,
-            model_type=ti.model_type,
-        ),
+        target=None if ti is None else TargetSummary.of(ti),
         deep=deep,
         findings=uniq,
     )
