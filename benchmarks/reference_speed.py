@@ -10,6 +10,8 @@ It checks that the speculative output equals transformers' greedy output token f
 per suite plus a markdown table for docs/benchmarks.md.
 
     OMP_NUM_THREADS=2 .venv/bin/python benchmarks/reference_speed.py [--drafter DIR] [--num-prompts 6] [--max-tokens 96]
+    OMP_NUM_THREADS=2 .venv/bin/python benchmarks/reference_speed.py --suites prompts \
+        --prompts benchmarks/prompts/predictable.jsonl -k 5     # counting / listing requests: AL > 2 with the weak drafter
 
 Default drafter: the trained EAGLE-3 SmolLM2 drafter of benchmarks/train_smollm2_eagle3.py (asset cache).
 """
@@ -36,7 +38,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", default=None, help="target folder (default: SmolLM2-135M-Instruct from the asset cache)")
     ap.add_argument("--drafter", default=str(assets.cache_root() / "smollm2-eagle3"))
-    ap.add_argument("--suites", default="chat,code")
+    ap.add_argument("--suites", default="chat,code", help="comma-separated suites of eagle_migrate.data; 'prompts' = --prompts")
+    ap.add_argument("--prompts", default=None, help="a prompt file for the 'prompts' suite (e.g. benchmarks/prompts/predictable.jsonl)")
     ap.add_argument("--num-prompts", type=int, default=6)
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("-k", type=int, default=3)
@@ -50,7 +53,8 @@ def main() -> None:
     plain = ReferenceEngine(tg, None, args.k)
     rows = []
     for name in args.suites.split(","):
-        s = data.suite(name, tg.tokenizer, tg.info, num_prompts=args.num_prompts, max_tokens=args.max_tokens)
+        s = data.suite(name, tg.tokenizer, tg.info, num_prompts=args.num_prompts, max_tokens=args.max_tokens,
+                       prompts_file=args.prompts if name == "prompts" else None)
         t = {"hf_generate": 0.0, "reference_plain": 0.0, "reference_spec": 0.0}
         toks = 0
         stats = AcceptanceStats(accepted_per_position=[0] * args.k)

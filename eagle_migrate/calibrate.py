@@ -49,7 +49,19 @@ TRAIN_MODES: tuple[str, ...] = ("norms", "norms+fc", "all")
 # learning rates per mode (docs/calibration.md has the sweep they come from)
 DEFAULT_LR: dict[str, float] = {"norms": 5e-3, "norms+fc": 5e-4, "all": 3e-4}
 DEFAULTS: dict[str, Any] = {"steps": 200, "warmup": 10, "schedule": "cosine", "clip": 1.0, "k": 3, "seq_len": 512,
-                            "batch": 4, "eval_every": 25, "patience": 4, "heldout_new_tokens": 64}
+                            "batch": 4, "eval_every": 25, "patience": 4, "heldout_new_tokens": 64,
+                            "heldout_per_suite": 4, "heldout_long_buckets": (1024, 2048, 4096, 8192), "heldout_shift_max": 16}
+# on a CPU the fine-tune must finish in minutes for a small target (docs/benchmarks.md "calibration": the SmolLM2
+# pair peaked at step 30 of 40 with 256-token sequences): fewer, shorter steps, and held-out suites that a CPU
+# can re-evaluate every few steps (no 4k/8k-token documents)
+CPU_DEFAULTS: dict[str, Any] = {"steps": 60, "seq_len": 256, "eval_every": 10, "patience": 3,
+                                "heldout_per_suite": 3, "heldout_long_buckets": (1024, 2048), "heldout_shift_max": 6}
+
+
+def defaults_for(device: str | torch.device) -> dict[str, Any]:
+    """:data:`DEFAULTS`, with :data:`CPU_DEFAULTS` over them on a CPU."""
+    return {**DEFAULTS, **(CPU_DEFAULTS if torch.device(device).type == "cpu" else {})}
+
 NORM_SUFFIXES = ("hidden_norm.weight", "input_layernorm.weight", "post_attention_layernorm.weight")
 
 
@@ -232,15 +244,16 @@ def calibrate(
     report = _progress_adapter(progress)
     t0 = time.perf_counter()
     dev = resolve_device(device)
+    dflt = defaults_for(dev)
     cfg = FitConfig(
-        steps=DEFAULTS["steps"] if steps is None else steps, lr=lr or DEFAULT_LR.get(train, 5e-4),
-        warmup=DEFAULTS["warmup"] if warmup is None else warmup, schedule=schedule or DEFAULTS["schedule"],
-        clip=clip or DEFAULTS["clip"], k=k or DEFAULTS["k"], seed=seed,
-        eval_every=eval_every or DEFAULTS["eval_every"], patience=DEFAULTS["patience"] if patience is None else patience,
+        steps=dflt["steps"] if steps is None else steps, lr=lr or DEFAULT_LR.get(train, 5e-4),
+        warmup=dflt["warmup"] if warmup is None else warmup, schedule=schedule or dflt["schedule"],
+        clip=clip or dflt["clip"], k=k or dflt["k"], seed=seed,
+        eval_every=eval_every or dflt["eval_every"], patience=dflt["patience"] if patience is None else patience,
     )
-    seq_len = seq_len or DEFAULTS["seq_len"]
-    batch = batch or DEFAULTS["batch"]
-    new_tokens = heldout_new_tokens or DEFAULTS["heldout_new_tokens"]
+    seq_len = seq_len or dflt["seq_len"]
+    batch = batch or dflt["batch"]
+    new_tokens = heldout_new_tokens or dflt["heldout_new_tokens"]
     names = trainable_names(model, train)
     if not names:
         raise InputError(f"--train {train}: the drafter has no such parameters")
@@ -347,9 +360,20 @@ def _progress_adapter(progress: Callable[..., None] | None) -> Progress:
     except (TypeError, ValueError):
         n = 1
     if n >= 3:
+        counts = {"heldout": 0, "eval": 0}
+
         def three(e: dict[str, Any]) -> None:
-            if e.get("phase") == "train":
+            ph = e.get("phase")
+            if ph == "train":
                 progress("calibrate", e["step"], e["steps"])
+            elif ph == "capture":
+                progress("calibrate: target features", e["batch"], e["batches"])
+            elif ph == "heldout":
+                counts["heldout"] += 1
+                progress("calibrate: held-out suites", counts["heldout"], None)
+            elif ph in ("before", "heldout-eval"):
+                counts["eval"] += 1
+                progress("calibrate: held-out evaluations", counts["eval"], None)
         return three
     return progress
 
@@ -412,10 +436,13 @@ def load_drafter(checkpoint: str | Path, target: Any | None = None) -> tuple[Eag
 
 def default_data(target: Any, data: str | None, num_sequences: int, seed: int, seq_len: int,
                  suites: Sequence[str] = ("chat", "long", "template-shift"), heldout_per_suite: int = 4,
-                 max_model_len: int = 8192) -> tuple[list[list[int]], dict[str, list[list[int]]]]:
+                 max_model_len: int = 8192, long_buckets: Sequence[int] = DEFAULTS["heldout_long_buckets"],
+                 shift_max: int | None = None) -> tuple[list[list[int]], dict[str, list[list[int]]]]:
     """(training sequences, held-out prompts per suite) through eagle_migrate.data: training from ``data`` (or the
     built-in chat set) by :func:`eagle_migrate.data.calibration_sequences`, held-out from the project's
-    drift-probing suites with a different seed."""
+    drift-probing suites with a different seed: ``heldout_per_suite`` chat prompts, one long document per bucket of
+    ``long_buckets``, and ``heldout_per_suite`` requests under every template variant, the first ``shift_max`` kept
+    (so that each variant still appears when it is small)."""
     from . import data as dm
 
     train = dm.calibration_sequences(data, target.tokenizer, target.info.vocab_size, num_sequences, seq_len, seed)
@@ -424,9 +451,10 @@ def default_data(target: Any, data: str | None, num_sequences: int, seed: int, s
     held: dict[str, list[list[int]]] = {}
     for s in suites:
         try:
+            kw: dict[str, Any] = {"long_buckets": tuple(long_buckets)} if s == "long" else {}
             su = dm.suite(s, tok, target.info, num_prompts=heldout_per_suite if s != "long" else 1, seed=seed + 1000,
-                          max_model_len=max_model_len)
-            held[s] = su.prompts
+                          max_model_len=max_model_len, **kw)
+            held[s] = su.prompts[:shift_max] if s == "template-shift" and shift_max else su.prompts
         except Exception as e:  # a suite that cannot be built here is reported, not fatal
             warnings.warn(f"held-out suite {s} skipped: {e}", stacklevel=2)
     return train, held
@@ -451,7 +479,7 @@ def calibrate_checkpoint(
     in_place: bool = True,
     out: str | Path | None = None,
     suites: Sequence[str] = ("chat", "long", "template-shift"),
-    heldout_per_suite: int = 4,
+    heldout_per_suite: int | None = None,
     **kw: Any,
 ) -> CalibrationResult:
     """Calibrate the drafter in ``checkpoint`` (vLLM layout) against ``target`` (path or loaded Target) and write
@@ -463,15 +491,17 @@ def calibrate_checkpoint(
     dev = resolve_device(device)
     tgt = target if isinstance(target, Target) else load_target(str(target), device=str(dev), dtype=torch.float32)
     model, ck = load_drafter(checkpoint, tgt)
-    seq_len = kw.pop("seq_len", None) or DEFAULTS["seq_len"]
+    dflt = defaults_for(dev)
+    seq_len = kw.pop("seq_len", None) or dflt["seq_len"]
     train_seqs, held = default_data(tgt, data, num_sequences or 64, seed, seq_len, suites=suites,
-                                    heldout_per_suite=heldout_per_suite)
+                                    heldout_per_suite=heldout_per_suite or dflt["heldout_per_suite"],
+                                    long_buckets=dflt["heldout_long_buckets"], shift_max=dflt["heldout_shift_max"])
     if not isinstance(target, Target) and tgt.tokenizer is not None:
         from .validate.vllm_engine import vllm_importable
 
         if vllm_importable():
             try:
-                held = vllm_continuations(str(target), held, kw.get("heldout_new_tokens") or DEFAULTS["heldout_new_tokens"])
+                held = vllm_continuations(str(target), held, kw.get("heldout_new_tokens") or dflt["heldout_new_tokens"])
             except Exception as e:  # transformers' generate is the slower fallback
                 warnings.warn(f"vLLM could not generate the held-out continuations ({str(e)[:120]}); using transformers", stacklevel=2)
     res = calibrate(model, tgt, train_seqs, held, train=train, steps=steps, seed=seed, device=dev, cache_dir=cache_dir,
@@ -496,5 +526,5 @@ def calibrate_checkpoint(
     return res
 
 
-__all__ = ["CalibrationResult", "SuiteAcceptance", "RichProgress", "TRAIN_MODES", "DEFAULT_LR", "DEFAULTS", "calibrate",
+__all__ = ["CalibrationResult", "SuiteAcceptance", "RichProgress", "TRAIN_MODES", "DEFAULT_LR", "DEFAULTS", "CPU_DEFAULTS", "defaults_for", "calibrate",
            "calibrate_checkpoint", "trainable_names", "load_drafter", "heldout_sequences"]

@@ -109,6 +109,7 @@ class CalibrationStatus(BaseModel):
     status: Literal["calibrated", "not calibrated"] = "not calibrated"
     required: bool = Field(False, description="the converted drafter needs the calibration fine-tune to be useful (EAGLE-2 sources)")
     reason: str = ""
+    improved: bool | None = Field(None, description="the fine-tune beat the initialised drafter on the held-out suites (None: not run)")
     details: dict[str, Any] | None = None
 
 
@@ -587,29 +588,18 @@ def write_safetensors_streaming(path: Path, plan: list[_Planned], metadata: dict
 
 
 # ===== calibration hook ============================================================================================
-def _run_calibration(ckpt_dir: Path, ctx: dict[str, Any]) -> CalibrationStatus | None:
-    """Call ``eagle_migrate.calibrate.calibrate`` when that module exists; pass the arguments its signature names."""
-    if importlib.util.find_spec("eagle_migrate.calibrate") is None:
-        return None
-    mod = importlib.import_module("eagle_migrate.calibrate")
-    fn = getattr(mod, "calibrate", None)
-    if fn is None:
-        return None
-    # only unambiguous names: the calibration's own ``source``/``model`` mean a loaded drafter, its ``progress`` takes
-    # its own events (the lead wires a progress adapter when both land)
-    values = {"checkpoint": ckpt_dir, "in_place": True, **{k: v for k, v in ctx.items() if k != "progress"}}
-    params = inspect.signature(fn).parameters
-    kw = {n: values[n] for n in params if n in values}
-    res = fn(**kw)
-    if isinstance(res, BaseModel):
-        details = res.model_dump(mode="json")
-    elif hasattr(res, "__dataclass_fields__"):
-        import dataclasses
+def _run_calibration(ckpt_dir: Path, ctx: dict[str, Any]) -> CalibrationStatus:
+    """The calibration fine-tune (:func:`eagle_migrate.calibrate.calibrate_checkpoint`) on the written checkpoint, in place."""
+    from .calibrate import calibrate_checkpoint
 
-        details = json.loads(json.dumps(dataclasses.asdict(res), default=str))
-    else:
-        details = res if isinstance(res, dict) else None
-    return CalibrationStatus(status="calibrated", reason="calibration fine-tune ran", details=details)
+    res = calibrate_checkpoint(
+        ckpt_dir, ctx["target"], data=ctx["data"], hidden_states_dir=ctx["hidden_states_dir"], train=ctx["train"],
+        steps=ctx["steps"], seed=ctx["seed"], device=ctx["device"], num_sequences=ctx["num_sequences"],
+        cache_dir=ctx["cache_dir"], resume_dir=ctx["resume_dir"], progress=ctx["progress"], in_place=True)
+    kept = "best step %d of %d" % (res.best_step, res.steps_run) if res.best_step else "initial weights kept"
+    reason = (f"--train {res.train}: held-out simulated AL {res.score_before:.3f} -> {res.score_after:.3f} ({kept})"
+              + (f"; WARNING: {res.warning}" if res.warning else ""))
+    return CalibrationStatus(status="calibrated", reason=reason, improved=res.improved, details=res.model_dump(mode="json"))
 
 
 # ===== the conversion ==============================================================================================
@@ -638,6 +628,9 @@ def convert(
     seed: int = 0,
     progress: Progress | None = None,
     steps: int | None = None,
+    train: str = "norms",
+    cache_dir: Path | str | None = None,
+    resume_dir: Path | str | None = None,
     num_speculative_tokens: int = 3,
     held_out: int | None = None,
     max_length: int = 512,
@@ -648,7 +641,10 @@ def convert(
     """Convert an EAGLE-2/EAGLE-3 drafter to EAGLE-3.1 (see the module docstring and docs/norm-init.md).
 
     ``calibrate``: None = run the calibration fine-tune when it is available and the source is not already
-    EAGLE-3.1; True/False force it on/off. ``steps`` is passed on to the calibration. ``num_sequences`` calibration
+    EAGLE-3.1; True/False force it on/off. ``steps``, ``train`` (norms | norms+fc | all), ``cache_dir`` (target
+    features kept on disk) and ``resume_dir`` (the fine-tune's checkpoints, to resume an interrupted run) are passed on
+    to the calibration; ``result.calibration.improved`` says whether the fine-tune beat the initialised drafter on the
+    held-out suites (the CLI's ``--require-improvement`` exits 1 when it did not). ``num_sequences`` calibration
     sequences are used, ``held_out`` of them (default: a quarter, 1..16) only for measuring agreement.
     ``evaluate=False`` skips the agreement runs (the source's ``lm_head`` is never loaded): the fc_norm
     candidate is chosen by its fc-output error on the held-out sequences alone.
@@ -717,8 +713,11 @@ def convert(
     if cfg.aux_layer_ids is None or sorted(cfg.aux_layer_ids) != aux_ids:
         base_changes.append(f"aux layer ids written explicitly: {aux_ids} (top level and eagle_config)")
 
+    if train not in ("norms", "norms+fc", "all"):
+        raise InputError(f"--train {train!r}: expected norms, norms+fc or all")
     calib_ctx = {"target": target, "data": data, "hidden_states_dir": hidden_states_dir, "steps": steps, "device": dev,
-                 "dtype": cdtype, "seed": seed, "progress": progress, "num_sequences": num_sequences}
+                 "seed": seed, "progress": progress, "num_sequences": num_sequences, "train": train,
+                 "cache_dir": cache_dir, "resume_dir": resume_dir}
 
     if mode == "passthrough":
         cfg_out = cfg.model_copy(update=upd)
@@ -810,12 +809,9 @@ def convert(
                                   "the source itself has these problems (see `eagle-migrate inspect`); nothing was written")
         if want_cal:
             cal = _run_calibration(tmp, calib_ctx)
-            if cal is not None:
-                cal.required = calibration_required
-                calibration = cal
-                calibration_required = False
-            else:
-                calibration.reason = (calibration.reason + "; " if calibration.reason else "") + "calibration is not available in this build"
+            cal.required = calibration_required
+            calibration = cal
+            calibration_required = False
         else:
             calibration.reason = (calibration.reason + "; " if calibration.reason else "") + "not asked for"
         prov.calibration = calibration.status

@@ -27,6 +27,14 @@ class OutputFormat(str, Enum):
     speculators = "speculators"
 
 
+class TrainChoice(str, Enum):
+    """convert --train: what the calibration fine-tune updates (``calibrate.TRAIN_MODES``)."""
+
+    norms = "norms"
+    norms_fc = "norms+fc"
+    all = "all"
+
+
 class SchemeChoice(str, Enum):
     """quantize --scheme (the values of ``quantize.SchemeName``)."""
 

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import shlex
 import sys
+import time
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -20,15 +21,20 @@ from ..options import (
     OutputOpt,
     RequiredTargetOpt,
     SeedOpt,
+    TrainChoice,
 )
 from . import app
-from .render import print_json, progress_enabled, stderr, stdout
+from .render import log, print_json, progress_enabled, stderr, stdout
 
 DataOpt = Annotated[Optional[str], typer.Option("--data", help="Calibration data: JSONL/JSON of prompts, chat messages or {\"token_ids\": [...]}, ShareGPT JSON, an HF dataset id; default: the built-in set.")]
 HiddenStatesOpt = Annotated[Optional[Path], typer.Option("--hidden-states", help="Precomputed target hidden states (eagle-migrate features, speculators data_*.pt or SpecForge *.ckpt) instead of running the target.")]
 NumSeqOpt = Annotated[int, typer.Option("--num-sequences", "-n", min=2, help="Calibration sequences (a quarter, at most 16, held out to measure agreement).")]
 StepsOpt = Annotated[Optional[int], typer.Option("--steps", min=0, help="Calibration fine-tune steps (passed to the calibration stage).")]
 CalibrateOpt = Annotated[Optional[bool], typer.Option("--calibrate/--no-calibrate", help="Run the calibration fine-tune after the structural conversion (default: on, off for an EAGLE-3.1 source).")]
+TrainOpt = Annotated[TrainChoice, typer.Option("--train", help="What calibration updates: norms (the inserted and neighbouring norms), norms+fc, or all (EAGLE-2 sources need it).")]
+RequireImprovementOpt = Annotated[bool, typer.Option("--require-improvement", help="Exit 1 when calibration does not beat the initialised drafter on the held-out suites (the output is still written).")]
+CacheDirOpt = Annotated[Optional[Path], typer.Option("--cache-dir", help="Keep the target's hidden states for calibration on disk here (reused by later runs).")]
+ResumeOpt = Annotated[Optional[Path], typer.Option("--resume", help="Folder for the calibration's checkpoints; a run interrupted with the same folder continues from its last saved step.")]
 FormatOpt = Annotated[OutputFormat, typer.Option("--output-format", help="Layout of the output: vllm (HF folder vLLM loads) or speculators.")]
 
 
@@ -42,6 +48,10 @@ def convert(
     num_sequences: NumSeqOpt = 32,
     steps: StepsOpt = None,
     calibrate: CalibrateOpt = None,
+    train: TrainOpt = TrainChoice.norms,
+    require_improvement: RequireImprovementOpt = False,
+    cache_dir: CacheDirOpt = None,
+    resume: ResumeOpt = None,
     output_format: FormatOpt = OutputFormat.vllm,
     num_speculative_tokens: NumSpecTokensOpt = 3,
     device: DeviceOpt = DeviceChoice.auto,
@@ -57,7 +67,8 @@ def convert(
     held-out sequences, what was inserted and how the norms were initialised. EAGLE-2 sources become a warm start
     that needs the calibration fine-tune. The source is never modified; the output appears atomically.
 
-    Exit codes: 0 ok, 2 bad input (unreadable checkpoint, drafter/target mismatch, existing output without --force).
+    Exit codes: 0 ok, 1 --require-improvement and calibration did not improve the drafter, 2 bad input (unreadable
+    checkpoint, drafter/target mismatch, existing output without --force).
 
     Example: eagle-migrate convert ./eagle3-ckpt --target ./Llama-3.1-8B-Instruct -o ./eagle31
     """
@@ -68,22 +79,33 @@ def convert(
         res = run_convert(
             ckpt, target, output, data=data, hidden_states_dir=hidden_states, num_sequences=num_sequences,
             output_format=output_format.value, device=device.value, dtype=dtype.value, calibrate=calibrate,
-            force=force, seed=seed, progress=prog, steps=steps, num_speculative_tokens=num_speculative_tokens,
-            command=cmd,
+            force=force, seed=seed, progress=prog, steps=steps, train=train.value, cache_dir=cache_dir,
+            resume_dir=resume, num_speculative_tokens=num_speculative_tokens, command=cmd,
         )
     if json:
         print_json(res)
     else:
         render_result(res)
+    if require_improvement and res.calibration.improved is False:
+        from ..errors import CheckFailed
+
+        raise CheckFailed(f"calibration did not improve the drafter ({res.calibration.reason}); {res.output} holds the initialised drafter",
+                          "more or more varied --data, more --steps, or --train norms+fc")
 
 
 class _Progress:
-    """Stage-wise rich progress on stderr (TTY only, never with --json)."""
+    """Stage-wise rich progress on stderr on a TTY; elsewhere (``--json``, CI logs) one stderr line when a stage
+    starts, at most one every 30 s while it runs, and one when it ends, so a long calibration is never silent."""
+
+    LOG_EVERY = 30.0
 
     def __init__(self, json_mode: bool):
         self.enabled = progress_enabled(json_mode)
         self._p = None
         self._tasks: dict[str, int] = {}
+        self._last: dict[str, float] = {}
+        self._ended: set[str] = set()
+        self._t0 = time.monotonic()
 
     def __enter__(self):
         if self.enabled:
@@ -96,6 +118,15 @@ class _Progress:
 
     def __call__(self, stage: str, done: int, total: int | None) -> None:
         if self._p is None:
+            now = time.monotonic()
+            first = stage not in self._last
+            end = total is not None and done >= total and stage not in self._ended
+            if end:
+                self._ended.add(stage)
+            if first or end or (stage not in self._ended and now - self._last[stage] >= self.LOG_EVERY):
+                self._last[stage] = now
+                of = f"/{total}" if total is not None else ""
+                log(f"convert: {stage} {done}{of} ({now - self._t0:.0f} s)")
             return
         if stage not in self._tasks:
             self._tasks[stage] = self._p.add_task(stage, total=total)

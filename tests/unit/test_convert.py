@@ -16,7 +16,7 @@ import torch
 from eagle_migrate import toy
 from eagle_migrate.convert import convert
 from eagle_migrate.drafter import EagleDrafter
-from eagle_migrate.errors import OutputExistsError, PairingError
+from eagle_migrate.errors import InputError, OutputExistsError, PairingError
 from eagle_migrate.formats import read_checkpoint
 from eagle_migrate.formats.io import save_safetensors, write_json
 
@@ -327,7 +327,8 @@ def cli(*args: str) -> subprocess.CompletedProcess:
 def test_cli_help():
     r = cli("convert", "--help")
     assert r.returncode == 0
-    for opt in ("--target", "--output", "--data", "--hidden-states", "--steps", "--no-calibrate", "--output-format", "--device", "--dtype", "--force", "--seed", "--json", "Example"):
+    for opt in ("--target", "--output", "--data", "--hidden-states", "--steps", "--no-calibrate", "--train", "--require-improvement",
+                "--cache-dir", "--resume", "--output-format", "--device", "--dtype", "--force", "--seed", "--json", "Example"):
         assert opt in r.stdout, opt
 
 
@@ -350,6 +351,36 @@ def test_cli_json_and_exit_codes(world, target, other_targets):
     assert r.returncode == 0 and "agreement with source" in r.stdout and "fc_norm init" in r.stdout
 
 
+@pytest.mark.parametrize("improved", [False, True])
+def test_cli_require_improvement_exits_1_after_writing(world, target, monkeypatch, capsys, improved):
+    """--require-improvement: exit 1 (one JSON document still on stdout, the output still written) when the
+    calibration did not beat the initialised drafter; exit 0 when it did. Logs go to stderr without a TTY."""
+    import eagle_migrate.calibrate as cal_mod
+    from eagle_migrate import cli as cli_mod
+
+    def fake(checkpoint, target, **kw):
+        return cal_mod.CalibrationResult(train=kw["train"], trainable=[], device="cpu", settings={}, steps_run=3,
+                                         best_step=3 if improved else 0, stopped_early=False, improved=improved,
+                                         score_before=2.0, score_after=2.5 if improved else 2.0, suites={}, seconds=0.1,
+                                         tokens_seen=1, train_sequences=1)
+
+    monkeypatch.setattr(cal_mod, "calibrate_checkpoint", fake)
+    monkeypatch.delenv("EAGLE_MIGRATE_DEBUG", raising=False)
+    src = write_src(world / f"ri-src-{improved}")
+    out = world / f"ri-out-{improved}"
+    args = ["convert", str(src), "--target", target, "-o", str(out), "--json", "--num-sequences", "8", "--steps", "3",
+            "--require-improvement"]
+    with pytest.raises(SystemExit) as ei:
+        cli_mod.main(args)
+    cap = capsys.readouterr()
+    assert ei.value.code == (0 if improved else 1)
+    doc = json.loads(cap.out)  # exactly one document
+    assert doc["calibration"]["improved"] is improved and (out / "model.safetensors").exists()
+    assert "convert: " in cap.err  # stage log lines (no TTY under pytest)
+    if not improved:
+        assert "did not improve" in cap.err and "Traceback" not in cap.err
+
+
 # ----- data sources -----------------------------------------------------------------------------------------------
 def test_precomputed_hidden_states_and_token_id_data(world, target):
     from eagle_migrate.convert import _TargetSide
@@ -369,27 +400,30 @@ def test_precomputed_hidden_states_and_token_id_data(world, target):
     assert b.agreement.step0 == a.agreement.step0 and b.provenance.hidden_states_dir == str(world / "hs")
 
 
-def test_calibration_hook_calls_calibrate_with_the_written_checkpoint(world, target, monkeypatch):
-    """When eagle_migrate.calibrate exists, convert calls calibrate(checkpoint=<the new folder>, target=..., ...)."""
-    import importlib.machinery
-    import types
+def test_calibration_runs_on_the_written_checkpoint_with_the_options(world, target, monkeypatch):
+    """convert calls calibrate_checkpoint(<the new folder>, target, train=..., steps=..., ...) in place and reports
+    whether it improved the drafter (what --require-improvement gates on)."""
+    import eagle_migrate.calibrate as cal_mod
 
     seen = {}
-    fake = types.ModuleType("eagle_migrate.calibrate")
-    fake.__spec__ = importlib.machinery.ModuleSpec("eagle_migrate.calibrate", None)
 
-    def calibrate(model=None, target=None, *, checkpoint=None, steps=None, in_place=True, seed=0):
-        seen.update(checkpoint=checkpoint, target=target, steps=steps, in_place=in_place,
-                    files=sorted(p.name for p in checkpoint.iterdir()))
-        return {"improved": True}
+    def fake(checkpoint, target, **kw):
+        seen.update(checkpoint=checkpoint, target=target, files=sorted(p.name for p in Path(checkpoint).iterdir()), **kw)
+        return cal_mod.CalibrationResult(train=kw["train"], trainable=["fc_norm.0.weight"], device="cpu", settings={},
+                                         steps_run=5, best_step=0, stopped_early=False, improved=False, score_before=2.0,
+                                         score_after=2.0, suites={}, seconds=0.1, tokens_seen=10, train_sequences=2)
 
-    fake.calibrate = calibrate
-    monkeypatch.setitem(sys.modules, "eagle_migrate.calibrate", fake)
+    monkeypatch.setattr(cal_mod, "calibrate_checkpoint", fake)
     kw = {**KW, "calibrate": None}
-    res = convert(write_src(world / "cal-src"), target, world / "cal-out", steps=5, **kw)
-    assert res.calibration.status == "calibrated" and res.calibration.details == {"improved": True}
-    assert seen["target"] == target and seen["steps"] == 5 and seen["in_place"] is True
+    res = convert(write_src(world / "cal-src"), target, world / "cal-out", steps=5, train="norms+fc",
+                  cache_dir=world / "cc", resume_dir=world / "rs", **kw)
+    assert res.calibration.status == "calibrated" and res.calibration.improved is False
+    assert "2.000 -> 2.000" in res.calibration.reason and "initial weights kept" in res.calibration.reason
+    assert seen["target"] == target and seen["steps"] == 5 and seen["in_place"] is True and seen["train"] == "norms+fc"
+    assert seen["cache_dir"] == world / "cc" and seen["resume_dir"] == world / "rs"
     assert "model.safetensors" in seen["files"] and "config.json" in seen["files"]
     assert json.loads((world / "cal-out" / "provenance.json").read_text())["calibration"] == "calibrated"
+    with pytest.raises(InputError, match="--train"):
+        convert(world / "cal-src", target, world / "cal-bad", train="everything", **kw)
     res = convert(world / "cal-out", target, world / "cal-pass", **kw)  # EAGLE-3.1 source: calibrated only when asked
     assert res.passthrough and res.calibration.status == "not calibrated"
