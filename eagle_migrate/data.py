@@ -650,8 +650,10 @@ def _long(per_bucket: int, seed: int, tok: Any, budget: int, buckets: tuple[int,
     use = [b for b in buckets if b <= budget]
     labels = {b: _bucket_label(b) for b in use}
     if len(use) < len(buckets) and (not use or budget - max(use) >= 256):
-        # the first bucket that does not fit is kept, capped at the context (labelled by its nominal size)
-        labels[budget] = _bucket_label(min(b for b in buckets if b > budget)) if use else str(budget)
+        # the first bucket that does not fit is kept, capped at the context: labelled by its nominal size when the cap
+        # is within 10 % of it (4031 -> "4k"), else by its real size (4542 is not "8k")
+        nominal = min(b for b in buckets if b > budget)
+        labels[budget] = _bucket_label(nominal) if use and budget >= 0.9 * nominal else str(budget)
         use.append(budget)
     doc = long_document()
     doc_ids = _encode(tok, doc)

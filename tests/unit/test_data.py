@@ -145,6 +145,9 @@ def test_all_suites_build_with_a_tokenizer(tok):
     assert sorted(set(long.groups), key=data._bucket_key) == ["1k", "2k", "4k"]
     for g, p in zip(long.groups, long.prompts):
         assert len(p) <= min(data._bucket_key(g), 4096 - 64 - 1) and len(p) > 0.9 * min(data._bucket_key(g), 4031)
+    # a cap far below the next bucket is labelled by its real size, not the bucket's
+    far = data.suite("long", tok, INFO, max_model_len=2048 + 700, max_tokens=64)
+    assert sorted(set(far.groups), key=data._bucket_key) == ["1k", "2k", str(2048 + 700 - 64 - 1)]
     for s in built.values():
         assert all(0 <= t < 600 for p in s.prompts for t in p)
         m = s.manifest()
