@@ -272,6 +272,12 @@ class _TargetSide:
     def tokenizer(self):
         return self.loaded.tokenizer
 
+    _NAMES = {
+        "embed": ["model.embed_tokens.weight", "embed_tokens.weight", "model.language_model.embed_tokens.weight", "transformer.wte.weight"],
+        "lm_head": ["lm_head.weight"],
+        "norm": ["model.norm.weight", "norm.weight", "model.language_model.norm.weight", "transformer.ln_f.weight"],
+    }
+
     def _weight_store(self):
         if self._store is None:
             from .formats.io import TensorStore, open_checkpoint_path
@@ -286,17 +292,22 @@ class _TargetSide:
             self._store = TensorStore(folder, files)
         return self._store
 
-    def weight(self, kind: Literal["embed", "lm_head", "norm"]) -> torch.Tensor:
-        """embed [V, Ht], lm_head [V, Ht], final norm [Ht]: from the loaded model, else read lazily from the folder."""
+    def weight(self, kind: Literal["embed", "lm_head", "norm"], mapped: bool = False) -> torch.Tensor:
+        """embed [V, Ht], lm_head [V, Ht], final norm [Ht]: from the loaded model, else read lazily from the folder
+        (float32). ``mapped``: from a safetensors folder, a read-only memory-mapped view in the stored dtype (no copy;
+        only the rows that are looked up are ever read) -- what the embedding needs."""
+        if self._target is None and mapped:
+            store = self._weight_store()
+            if store is not None:
+                for n in self._NAMES[kind]:
+                    if n in store:
+                        return store.mapped(n)
+                if kind == "lm_head":
+                    return self.weight("embed", mapped=True)
         if self._target is None:
             store = self._weight_store()
             if store is not None:
-                names = {
-                    "embed": ["model.embed_tokens.weight", "embed_tokens.weight", "model.language_model.embed_tokens.weight", "transformer.wte.weight"],
-                    "lm_head": ["lm_head.weight"],
-                    "norm": ["model.norm.weight", "norm.weight", "model.language_model.norm.weight", "transformer.ln_f.weight"],
-                }[kind]
-                for n in names:
+                for n in self._NAMES[kind]:
                     if n in store:
                         return store.get(n).float()
                 if kind == "lm_head":  # tied embeddings
@@ -366,7 +377,10 @@ def _build_eagle3(cfg: DrafterConfig, tensors: dict[str, torch.Tensor], device: 
             continue
         if n == "d2t" and not cfg.uses_d2t:
             continue
-        sd[n] = t.to(device=device, dtype=dtype) if t.is_floating_point() else t.to(device)
+        if n == "embed_tokens.weight":  # looked up, then cast per row (EagleDrafter.forward_step): keep its dtype
+            sd[n] = t.to(device=device)
+        else:
+            sd[n] = t.to(device=device, dtype=dtype) if t.is_floating_point() else t.to(device)
     missing, unexpected = m.load_state_dict(sd, strict=False, assign=True)
     if unexpected:
         raise InputError(f"unexpected tensors for the drafter: {', '.join(unexpected[:5])}")
@@ -874,7 +888,7 @@ def _convert_eagle3(ck, cfg: DrafterConfig, upd, tside: _TargetSide, records, n_
     skip = () if evaluate else ("lm_head.weight",)
     src_t = {n: ck.tensor(n) for n in ck.canonical_names() if n != "t2d" and n not in skip}
     if "embed_tokens.weight" not in src_t:
-        src_t["embed_tokens.weight"] = tside.weight("embed")
+        src_t["embed_tokens.weight"] = tside.weight("embed", mapped=True)  # only looked-up rows are ever read
     src_cfg = cfg.model_copy(update={"fc_norm": False, "norm_output": False})
     m = _build_eagle3(src_cfg, src_t, dev, cdtype, allow_missing=skip)
     own_embed = ck.has("embed_tokens.weight")

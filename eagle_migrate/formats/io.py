@@ -96,6 +96,7 @@ class TensorStore:
         self.infos: dict[str, TensorInfo] = {}
         self._bin_cache: dict[Path, dict[str, torch.Tensor]] = {}
         self._where: dict[str, Path] = {}
+        self._mmaps: dict[Path, Any] = {}
         for f in files:
             for info in self._scan(f):
                 if info.name in self.infos:
@@ -151,6 +152,37 @@ class TensorStore:
             except Exception as e:
                 raise CheckpointError(f"{f}: cannot read tensor '{name}' ({_short(e)})") from None
         return self._load_bin(f)[name]
+
+    def mapped(self, name: str) -> torch.Tensor:
+        """The tensor as a read-only view of the memory-mapped safetensors file (no copy: only the pages that are
+        touched are read, e.g. the embedding rows of the tokens actually looked up). ``.bin`` files: :meth:`get`.
+        Never write to the result."""
+        f = self._where.get(name)
+        if f is None:
+            raise CheckpointError(f"{self.root}: no tensor named '{name}'")
+        if f.suffix != ".safetensors":
+            return self.get(name)
+        import mmap
+        import struct
+        import warnings
+
+        mm = self._mmaps.get(f)
+        if mm is None:
+            with open(f, "rb") as fh:
+                mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+            self._mmaps[f] = mm
+        try:
+            (n,) = struct.unpack("<Q", mm[:8])
+            meta = json.loads(bytes(mm[8 : 8 + n]))[name]
+            begin, end = meta["data_offsets"]
+            dtype = SAFETENSORS_DTYPES[meta["dtype"]]
+            shape = tuple(meta["shape"])
+            count = (end - begin) // torch.empty((), dtype=dtype).element_size()
+            with warnings.catch_warnings():  # "the given buffer is not writable": it is read-only by design
+                warnings.simplefilter("ignore", UserWarning)
+                return torch.frombuffer(mm, dtype=dtype, count=count, offset=8 + n + begin).view(shape)
+        except Exception as e:
+            raise CheckpointError(f"{f}: cannot map tensor '{name}' ({_short(e)})") from None
 
     def iter_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         """One tensor at a time (safetensors memory-mapped), for streaming conversions."""

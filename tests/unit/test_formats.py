@@ -197,3 +197,25 @@ def test_index_or_config_path_reads_the_folder(tmp_path):
     for f in ("model.safetensors.index.json", "config.json"):
         ck = read_checkpoint(p / f)
         assert ck.layout == "vllm" and _sizes(ck.config) == _sizes(BIG) and len(ck.store.files) == 2
+
+
+def test_tensor_store_mapped_is_a_zero_copy_view(tmp_path):
+    """TensorStore.mapped: the same values and dtype as get(), backed by the file (no copy)."""
+    from safetensors.torch import save_file
+
+    from eagle_migrate.formats.io import TensorStore
+
+    g = torch.Generator().manual_seed(0)
+    sd = {"emb": torch.randn(1000, 64, generator=g).to(torch.bfloat16), "n": torch.arange(7, dtype=torch.int64),
+          "w": torch.randn(3, 5, generator=g)}
+    save_file(sd, str(tmp_path / "m.safetensors"))
+    st = TensorStore(tmp_path, [tmp_path / "m.safetensors"])
+    for name, t in sd.items():
+        m = st.mapped(name)
+        assert m.dtype == t.dtype and m.shape == t.shape and torch.equal(m, t) and torch.equal(m, st.get(name))
+    emb = st.mapped("emb")
+    rows = emb[torch.tensor([3, 999, 3])]  # a lookup reads three rows
+    assert torch.equal(rows, sd["emb"][[3, 999, 3]])
+    # the view shares the mapped file's memory (no copy): two views of one tensor have the same data pointer.
+    # (The mapping is read-only: a write would fault, so nothing in the project writes to it.)
+    assert st.mapped("emb").data_ptr() == emb.data_ptr()
