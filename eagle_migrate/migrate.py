@@ -31,6 +31,7 @@ class MigrateOptions:
     data: str | None = None
     steps: int | None = None
     calibrate: bool | None = None  # None: convert's default (on for conversions, off for 3.1 pass-through)
+    train: str = "norms"  # what calibration updates (norms | norms+fc | all)
     num_sequences: int = 32
     output_format: str = "vllm"
     quantize: str | None = None
@@ -89,7 +90,8 @@ def build_stages(source: Path, target: str, opts: MigrateOptions) -> list[Stage]
 
         res = convert(source, target, ctx.out / "model", data=opts.data, num_sequences=opts.num_sequences,
                       output_format=opts.output_format, device=opts.device, dtype=opts.dtype,
-                      calibrate=opts.calibrate, steps=opts.steps, seed=opts.seed, num_speculative_tokens=opts.k)
+                      calibrate=opts.calibrate, steps=opts.steps, train=opts.train, seed=opts.seed,
+                      num_speculative_tokens=opts.k)
         _dump(ctx.out / "convert.json", res)
         return StageResult(outputs={"model": "convert/model", "step0_agreement": res.agreement.step0,
                                     "calibration": res.calibration.status, "calibration_required": res.calibration_required},
@@ -138,7 +140,7 @@ def build_stages(source: Path, target: str, opts: MigrateOptions) -> list[Stage]
     common = {"checkpoint": Path(source), "target": target}
     stages = [
         Stage("inspect", inspect_stage, common, "read the checkpoint and check it against the target"),
-        Stage("convert", convert_stage, {**common, "data": opts.data, "steps": opts.steps, "calibrate": opts.calibrate,
+        Stage("convert", convert_stage, {**common, "data": opts.data, "steps": opts.steps, "calibrate": opts.calibrate, "train": opts.train,
                                          "format": opts.output_format, "seed": opts.seed, "n": opts.num_sequences},
               "EAGLE-3.1 structure, norm initialisation, calibration"),
     ]

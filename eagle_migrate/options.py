@@ -64,6 +64,7 @@ ForceOpt = Annotated[bool, typer.Option("--force", help="Replace the output fold
 DeviceOpt = Annotated[DeviceChoice, typer.Option("--device", help="auto uses CUDA when present.")]
 DtypeOpt = Annotated[DtypeChoice, typer.Option("--dtype", help="auto: bfloat16 on GPU, float32 on CPU.")]
 SeedOpt = Annotated[int, typer.Option("--seed", help="Random seed (results are deterministic for a seed).")]
+TrainOpt = Annotated[TrainChoice, typer.Option("--train", help="What calibration updates: norms (the inserted and neighbouring norms), norms+fc, or all (EAGLE-2 sources need it).")]
 NumSpecTokensOpt = Annotated[int, typer.Option("--num-speculative-tokens", "-k", min=1, max=16, help="Draft tokens per step (k).")]
 
 

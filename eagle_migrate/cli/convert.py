@@ -22,6 +22,7 @@ from ..options import (
     RequiredTargetOpt,
     SeedOpt,
     TrainChoice,
+    TrainOpt,
 )
 from . import app
 from .render import log, print_json, progress_enabled, stderr, stdout
@@ -31,7 +32,6 @@ HiddenStatesOpt = Annotated[Optional[Path], typer.Option("--hidden-states", help
 NumSeqOpt = Annotated[int, typer.Option("--num-sequences", "-n", min=2, help="Calibration sequences (a quarter, at most 16, held out to measure agreement).")]
 StepsOpt = Annotated[Optional[int], typer.Option("--steps", min=0, help="Calibration fine-tune steps (passed to the calibration stage).")]
 CalibrateOpt = Annotated[Optional[bool], typer.Option("--calibrate/--no-calibrate", help="Run the calibration fine-tune after the structural conversion (default: on, off for an EAGLE-3.1 source).")]
-TrainOpt = Annotated[TrainChoice, typer.Option("--train", help="What calibration updates: norms (the inserted and neighbouring norms), norms+fc, or all (EAGLE-2 sources need it).")]
 RequireImprovementOpt = Annotated[bool, typer.Option("--require-improvement", help="Exit 1 when calibration does not beat the initialised drafter on the held-out suites (the output is still written).")]
 CacheDirOpt = Annotated[Optional[Path], typer.Option("--cache-dir", help="Keep the target's hidden states for calibration on disk here (reused by later runs).")]
 ResumeOpt = Annotated[Optional[Path], typer.Option("--resume", help="Folder for the calibration's checkpoints; a run interrupted with the same folder continues from its last saved step.")]

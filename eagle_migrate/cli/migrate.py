@@ -17,6 +17,8 @@ from ..options import (
     OutputOpt,
     RequiredTargetOpt,
     SeedOpt,
+    TrainChoice,
+    TrainOpt,
 )
 from . import app
 from .render import log, print_json, stdout
@@ -43,6 +45,7 @@ def migrate(
     data: Annotated[Optional[str], typer.Option("--data", help="Calibration data (see `convert --help`).")] = None,
     steps: Annotated[Optional[int], typer.Option("--steps", min=0, help="Calibration steps.")] = None,
     calibrate: Annotated[Optional[bool], typer.Option("--calibrate/--no-calibrate", help="Run the calibration fine-tune.")] = None,
+    train: TrainOpt = TrainChoice.norms,
     output_format: Annotated[OutputFormat, typer.Option("--output-format", help="vllm or speculators layout.")] = OutputFormat.vllm,
     quantize: Annotated[Optional[str], typer.Option("--quantize", help="fp8-dynamic | fp8 | nvfp4a16 | nvfp4 (off by default).")] = None,
     quantize_fc: Annotated[bool, typer.Option("--quantize-fc", help="Quantize fc too.")] = False,
@@ -78,7 +81,7 @@ def migrate(
     from ..migrate import migrate as run_migrate
 
     opts = MigrateOptions(
-        data=data, steps=steps, calibrate=calibrate, output_format=output_format.value, quantize=quantize,
+        data=data, steps=steps, calibrate=calibrate, train=train.value, output_format=output_format.value, quantize=quantize,
         quantize_fc=quantize_fc, validate=validate, engine=engine,
         suites=[s.strip() for s in suite.split(",") if s.strip()] if suite else None,
         prompts_file=str(prompts) if prompts else None, num_prompts=num_prompts, k=k,
