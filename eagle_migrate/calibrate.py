@@ -10,7 +10,7 @@ Two entry points:
 * :func:`calibrate` -- library form: an :class:`EagleDrafter` and a loaded :class:`Target` in, the model updated in
   place (best weights) and a :class:`CalibrationResult` out.
 * :func:`calibrate_checkpoint` -- a checkpoint folder in the vLLM layout in, calibrated in place (what ``convert``
-  calls). ``calibrate(checkpoint=..., target="path")`` forwards there, so convert's keyword hook works with either.
+  calls).
 """
 
 from __future__ import annotations
@@ -192,8 +192,8 @@ def vllm_continuations(target_path: str | Path, prompts: Mapping[str, Sequence[S
 
 
 def calibrate(
-    model: EagleDrafter | None = None,
-    target: Any = None,
+    model: EagleDrafter,
+    target: Any,
     train_sequences: Sequence[Sequence[int]] | None = None,
     heldout: Mapping[str, Sequence[Any]] | None = None,
     *,
@@ -218,12 +218,6 @@ def calibrate(
     eval_every: int | None = None,
     patience: int | None = None,
     heldout_new_tokens: int | None = None,
-    checkpoint: str | Path | None = None,
-    data: str | None = None,
-    hidden_states_dir: str | Path | None = None,
-    dtype: Any = None,
-    num_sequences: int | None = None,
-    in_place: bool = True,
 ) -> CalibrationResult:
     """Fine-tune ``model`` (in place) on ``train_sequences`` under the unrolled k-step objective.
 
@@ -234,13 +228,6 @@ def calibrate(
     ``train_sequences``. Returns the report; the model holds the best weights (possibly the initial ones).
     Raises :class:`CheckFailed` when ``require_improvement`` and the held-out score did not improve.
     """
-    if model is None:
-        if checkpoint is None:
-            raise InputError("calibrate needs a model (or checkpoint=PATH)")
-        return calibrate_checkpoint(checkpoint, target, data=data, hidden_states_dir=hidden_states_dir, train=train,
-                                    steps=steps, seed=seed, device=device, num_sequences=num_sequences,
-                                    cache_dir=cache_dir, resume_dir=resume_dir, require_improvement=require_improvement,
-                                    progress=progress, in_place=in_place)
     report = _progress_adapter(progress)
     t0 = time.perf_counter()
     dev = resolve_device(device)
@@ -266,7 +253,6 @@ def calibrate(
     head = TargetHead.from_target(target, draft_to_target_ids(model).cpu(), dev)
 
     # training features
-    precomputed = precomputed or hidden_states_dir
     if precomputed is not None:
         feats: Any = PrecomputedFeatures(precomputed)
         n_train = len(feats)

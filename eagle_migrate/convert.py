@@ -19,7 +19,6 @@ from __future__ import annotations
 import datetime as _dt
 import importlib
 import importlib.util
-import inspect
 import json
 import math
 import os
