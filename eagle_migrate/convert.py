@@ -892,9 +892,9 @@ def _convert_eagle3(ck, cfg: DrafterConfig, upd, tside: _TargetSide, records, n_
     m = _build_eagle3(src_cfg, src_t, dev, cdtype, allow_missing=skip)
     own_embed = ck.has("embed_tokens.weight")
     del src_t
-    fc_w = m.fc.weight.detach().float()
+    fc_w = m.fc.weight.detach()  # the module's dtype: no float32 copy of an 8B-sized fc
     w_in = m.input_norm.weight.detach().float() if cfg.norm_before_fc else None
-    fc_fold = fc_w * w_in.unsqueeze(0) if w_in is not None else fc_w  # fc with input_norm's weight folded in
+    fc_fold = (fc_w.float() * w_in.unsqueeze(0)).to(fc_w.dtype) if w_in is not None else fc_w  # input_norm's weight folded in
     acc = StatsAccumulator(aux_ids, ht, eps=eps, norm_before_fc=cfg.norm_before_fc, fc_weight=fc_fold, device=dev)
     held: list[HiddenRecord] = []
     r_pre: list[torch.Tensor] = []
