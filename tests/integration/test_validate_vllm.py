@@ -33,6 +33,7 @@ def test_validate_vllm_predicted_al_gate_and_reference_agreement(toy_target, toy
     doc = json.loads(out)  # one JSON document, even when a gate fails
     assert e.value.code == 1 and not doc["passed"]
     assert "suite chat" in err and "suite long" in err and "regression 50.0%" in err
+    assert "suites: " in err and "engine: " in err  # log lines reach stderr with --json too (CI logs are never silent)
     assert doc["engine"] == "vllm" and doc["engine_version"]
     vllm_suites = {s["name"]: s for s in doc["suites"]}
     for s in vllm_suites.values():
