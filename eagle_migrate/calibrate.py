@@ -427,8 +427,8 @@ def default_data(target: Any, data: str | None, num_sequences: int, seed: int, s
     """(training sequences, held-out prompts per suite) through eagle_migrate.data: training from ``data`` (or the
     built-in chat set) by :func:`eagle_migrate.data.calibration_sequences`, held-out from the project's
     drift-probing suites with a different seed: ``heldout_per_suite`` chat prompts, one long document per bucket of
-    ``long_buckets``, and ``heldout_per_suite`` requests under every template variant, the first ``shift_max`` kept
-    (so that each variant still appears when it is small)."""
+    ``long_buckets``, and ``heldout_per_suite`` requests under every template variant, at most ``shift_max`` of them
+    taken round-robin over the variants (the first request under each variant first)."""
     from . import data as dm
 
     train = dm.calibration_sequences(data, target.tokenizer, target.info.vocab_size, num_sequences, seq_len, seed)
@@ -440,7 +440,15 @@ def default_data(target: Any, data: str | None, num_sequences: int, seed: int, s
             kw: dict[str, Any] = {"long_buckets": tuple(long_buckets)} if s == "long" else {}
             su = dm.suite(s, tok, target.info, num_prompts=heldout_per_suite if s != "long" else 1, seed=seed + 1000,
                           max_model_len=max_model_len, **kw)
-            held[s] = su.prompts[:shift_max] if s == "template-shift" and shift_max else su.prompts
+            prompts = su.prompts
+            if s == "template-shift" and shift_max:  # round-robin over the variants, so that each one is kept
+                rank: dict[str, int] = {}
+                order = []
+                for i, g in enumerate(su.groups):
+                    order.append((rank.get(g, 0), i))
+                    rank[g] = rank.get(g, 0) + 1
+                prompts = [su.prompts[i] for _, i in sorted(order)][:shift_max]
+            held[s] = prompts
         except Exception as e:  # a suite that cannot be built here is reported, not fatal
             warnings.warn(f"held-out suite {s} skipped: {e}", stacklevel=2)
     return train, held

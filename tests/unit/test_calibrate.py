@@ -97,3 +97,22 @@ def test_unknown_mode_is_bad_input():
 
     with pytest.raises(InputError):
         trainable_names(_drafter(1.0), "everything")
+
+
+def test_default_data_keeps_every_template_variant_when_capped():
+    """The CPU held-out template-shift suite is capped (shift_max): it is taken round-robin over the variants, so
+    the cap drops requests, not variants."""
+    from types import SimpleNamespace
+
+    from eagle_migrate import data as dm
+    from eagle_migrate.calibrate import default_data
+
+    tgt = SimpleNamespace(tokenizer=None, info=SimpleNamespace(vocab_size=64, max_position_embeddings=1024))
+    n_var = len(dm.SHIFT_VARIANTS)
+    _, held = default_data(tgt, None, 4, 0, 64, suites=("template-shift",), heldout_per_suite=3, max_model_len=1024,
+                           shift_max=n_var)
+    full = dm.suite("template-shift", dm.ByteTokenizer(64), tgt.info, num_prompts=3, seed=1000, max_model_len=1024)
+    kept = held["template-shift"]
+    assert len(kept) == n_var
+    groups = {full.groups[full.prompts.index(p)] for p in kept}
+    assert len(groups) == n_var  # every variant once (the old first-N cut kept only the first variants)
