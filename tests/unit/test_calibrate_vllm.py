@@ -24,8 +24,8 @@ def _al(target, drafter) -> float:
     return res["toy"][0].acceptance_length
 
 
-@pytest.mark.xfail(strict=False, reason="the served gain after 60 steps varied between runs here (AL 1.22 in one full-suite "
-                   "run vs > 1.5 in the helper's); open in issue 4 until the calibration schedule is pinned down")
+@pytest.mark.xfail(strict=False, reason="known gap (issue 4): served AL goes 1.00 -> 1.22 here, deterministically, not the "
+                   "+0.5 asked; the 8x mis-scaled fc_norm[0] barely moves (12 -> 11.4) while other norms absorb the change")
 def test_calibrate_checkpoint_in_place_raises_vllm_acceptance(toy_target, tmp_path):
     cfg = toy.drafter_config(fc_norm=True, norm_output=True)
     sd = toy.drafter_state_dict("oracle")
