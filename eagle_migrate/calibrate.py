@@ -23,7 +23,7 @@ import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import torch
 from pydantic import BaseModel, Field
@@ -45,7 +45,7 @@ from .train import (
 )
 
 TrainMode = Literal["norms", "norms+fc", "all"]
-TRAIN_MODES: tuple[str, ...] = ("norms", "norms+fc", "all")
+TRAIN_MODES: tuple[str, ...] = get_args(TrainMode)
 # learning rates per mode (docs/calibration.md has the sweep they come from)
 DEFAULT_LR: dict[str, float] = {"norms": 5e-3, "norms+fc": 5e-4, "all": 3e-4}
 DEFAULTS: dict[str, Any] = {"steps": 200, "warmup": 10, "schedule": "cosine", "clip": 1.0, "k": 3, "seq_len": 512,

@@ -295,22 +295,14 @@ class _TargetSide:
         """embed [V, Ht], lm_head [V, Ht], final norm [Ht]: from the loaded model, else read lazily from the folder
         (float32). ``mapped``: from a safetensors folder, a read-only memory-mapped view in the stored dtype (no copy;
         only the rows that are looked up are ever read) -- what the embedding needs."""
-        if self._target is None and mapped:
-            store = self._weight_store()
-            if store is not None:
-                for n in self._NAMES[kind]:
-                    if n in store:
-                        return store.mapped(n)
-                if kind == "lm_head":
-                    return self.weight("embed", mapped=True)
         if self._target is None:
             store = self._weight_store()
             if store is not None:
                 for n in self._NAMES[kind]:
                     if n in store:
-                        return store.get(n).float()
+                        return store.mapped(n) if mapped else store.get(n).float()
                 if kind == "lm_head":  # tied embeddings
-                    return self.weight("embed")
+                    return self.weight("embed", mapped=mapped)
         tg = self.loaded
         if kind == "embed":
             return tg.embed_weight.detach().float().cpu()
@@ -726,8 +718,10 @@ def convert(
     if cfg.aux_layer_ids is None or sorted(cfg.aux_layer_ids) != aux_ids:
         base_changes.append(f"aux layer ids written explicitly: {aux_ids} (top level and eagle_config)")
 
-    if train not in ("norms", "norms+fc", "all"):
-        raise InputError(f"--train {train!r}: expected norms, norms+fc or all")
+    from .calibrate import TRAIN_MODES
+
+    if train not in TRAIN_MODES:  # checked before anything is written (calibration runs last)
+        raise InputError(f"--train {train!r}: expected one of {', '.join(TRAIN_MODES)}")
     calib_ctx = {"target": target, "data": data, "hidden_states_dir": hidden_states_dir, "steps": steps, "device": dev,
                  "seed": seed, "progress": progress, "num_sequences": num_sequences, "train": train,
                  "cache_dir": cache_dir, "resume_dir": resume_dir}

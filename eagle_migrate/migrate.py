@@ -105,7 +105,7 @@ def build_stages(source: Path, target: str, opts: MigrateOptions) -> list[Stage]
         from .quantize import quantize
 
         res = quantize(ctx.path("convert") / "model", ctx.out / "model", opts.quantize, target=target, data=opts.data,
-                       quantize_fc=opts.quantize_fc, validate="off")
+                       quantize_fc=opts.quantize_fc, validate="none")
         _dump(ctx.out / "quantize.json", res)
         return StageResult(outputs={"model": "quantize/model", "ratio": res.checkpoint_ratio},
                            message=f"{res.scheme}: {res.checkpoint_ratio:.2f}x smaller")

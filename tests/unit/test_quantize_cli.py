@@ -33,6 +33,14 @@ def test_scheme_choices_are_the_library_schemes():
     assert [c.value for c in SchemeChoice] == list(get_args(SchemeName))
 
 
+def test_train_choices_are_the_library_modes():
+    """--train's enum (convert, migrate) lists exactly calibrate.TRAIN_MODES."""
+    from eagle_migrate.calibrate import TRAIN_MODES
+    from eagle_migrate.options import TrainChoice
+
+    assert tuple(c.value for c in TrainChoice) == TRAIN_MODES
+
+
 def test_json_is_one_document(tmp_path, toy_random):
     r = run("quantize", str(toy_random), "-o", str(tmp_path / "q"), "--scheme", "nvfp4a16", "--json")
     assert r.returncode == 0, r.stderr
