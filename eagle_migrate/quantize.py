@@ -560,7 +560,7 @@ def calibrate_activations(
             if len(seq) < 3:
                 continue
             ids = torch.tensor([seq], dtype=torch.long)
-            aux, _ = target.forward(ids, ids_layers)
+            aux, _ = target.forward(ids, ids_layers, logits_to_keep=1)  # the logits are not used
             aux = aux.to("cpu", dtype)
             start = 1 if skip_first and len(seq) > 3 else 0
             drafter.draft_with_cache(ids[:, start:], aux[:, start:-1], draft_steps, _new_cache(), start_position=start)

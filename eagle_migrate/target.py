@@ -129,12 +129,14 @@ class Target:
         return None if norm is None else norm.weight
 
     @torch.no_grad()
-    def forward(self, input_ids: torch.Tensor, layer_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """(aux [B,T,K*Ht] at ``layer_ids`` ascending, logits [B,T,V]) for one batch."""
+    def forward(self, input_ids: torch.Tensor, layer_ids: list[int], logits_to_keep: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """(aux [B,T,K*Ht] at ``layer_ids`` ascending, logits [B,T,V]) for one batch. ``logits_to_keep`` > 0: only the
+        logits of the last that many positions (transformers' convention; a long sequence's full logits may not fit)."""
         bad = [i for i in layer_ids if not 0 <= i < self.info.num_layers]
         if bad:
             raise TargetError(f"aux layer ids {bad} are outside the target's 0..{self.info.num_layers - 1}")
-        out = self.model(input_ids=input_ids.to(self.device), output_hidden_states=True, use_cache=False)
+        kw = {"logits_to_keep": logits_to_keep} if logits_to_keep else {}
+        out = self.model(input_ids=input_ids.to(self.device), output_hidden_states=True, use_cache=False, **kw)
         hs = out.hidden_states
         aux = torch.cat([hs[i] for i in sorted(layer_ids)], dim=-1)
         return aux, out.logits

@@ -58,13 +58,6 @@ def _attn(o: Any, n: int, sink_tokens: int) -> tuple[float, float]:
     return sink, draft
 
 
-def _aux_states(target: Any, seq: list[int], ids: list[int]) -> torch.Tensor:
-    """[1, T, K*Ht] aux states (logits of the last position only: a long sequence's full logits would not fit)."""
-    out = target.model(input_ids=torch.tensor([seq], device=target.device), output_hidden_states=True, use_cache=False,
-                       logits_to_keep=1)
-    return torch.cat([out.hidden_states[i] for i in ids], dim=-1)
-
-
 def _rms(x: torch.Tensor) -> float:
     return float(x.float().pow(2).mean().sqrt())
 
@@ -97,7 +90,7 @@ def drift_diagnostics(
         n_seq += 1
         m = min(positions_per_sequence, hi - lo + 1)
         points = sorted({lo + round(i * (hi - lo) / max(1, m - 1)) for i in range(m)}) if m > 1 else [lo]
-        aux = _aux_states(target, seq[: points[-1]], ids)
+        aux, _ = target.forward(torch.tensor([seq[: points[-1]]]), ids, logits_to_keep=1)  # full logits of a long sequence may not fit
         g_all = drafter.combine(aux.to(device=dev, dtype=dtype))
         cache = KVCache()
         done = 0  # step-0 entries in the cache cover positions 0..done-1
