@@ -83,10 +83,6 @@ def trainable_names(model: EagleDrafter, mode: str) -> list[str]:
     return [n for n in names if n != "embed_tokens.weight"]
 
 
-def _norm_names(model: EagleDrafter) -> set[str]:
-    return set(trainable_names(model, "norms"))
-
-
 class SuiteAcceptance(BaseModel):
     """Simulated greedy acceptance on one held-out suite."""
 
@@ -296,7 +292,8 @@ def calibrate(
     # norm weights range from ~1 to ~25 (fc_norm = the aux layers' RMS): Adam's steps are absolute, so each norm's
     # learning rate is scaled by its mean |weight| -> the same relative change per step for every norm
     params = dict(model.named_parameters())
-    lr_scale = {n: max(float(params[n].detach().abs().mean()), 1e-3) for n in names if n in _norm_names(model)}
+    norms = set(trainable_names(model, "norms"))
+    lr_scale = {n: max(float(params[n].detach().abs().mean()), 1e-3) for n in names if n in norms}
     fr = fit(model, names, feats, head, cfg, device=dev, evaluate=evaluate if suites else None,
              initial_score=s_before if suites else None, resume_dir=resume_dir, progress=report, lr_scale=lr_scale)
     after = evaluate_model(model)
