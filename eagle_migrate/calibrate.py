@@ -143,6 +143,13 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     return torch.device(device)
 
 
+def _feature_dtype(target: Any) -> torch.dtype:
+    """Features are kept in the target's own float dtype (a bf16 target's states lose nothing in bf16, and host
+    memory, disk cache and the host-to-GPU copy halve); fp32 otherwise."""
+    dt = getattr(target, "dtype", None)
+    return dt if dt in (torch.bfloat16, torch.float16) else torch.float32
+
+
 def _seq_hash(seqs: Sequence[Sequence[int]], extra: Any) -> str:
     h = hashlib.sha256(json.dumps(extra, default=str).encode())
     for s in seqs:
@@ -256,7 +263,7 @@ def calibrate(
         if not train_sequences:
             raise InputError("calibration needs training sequences (or precomputed features)")
         feats = FeatureStore(target, train_sequences, layer_ids, batch=batch, seq_len=seq_len, loss_masks=loss_masks,
-                             cache_dir=cdir, name="calib-train")
+                             cache_dir=cdir, name="calib-train", store_dtype=_feature_dtype(target))
         n_train = len(train_sequences)
         if cdir is not None:
             feats.prefetch(lambda e: report({"phase": "capture", **e}))
@@ -471,16 +478,28 @@ def calibrate_checkpoint(
     out: str | Path | None = None,
     suites: Sequence[str] = ("chat", "long", "template-shift"),
     heldout_per_suite: int | None = None,
+    loaded_target: Any = None,
     **kw: Any,
 ) -> CalibrationResult:
     """Calibrate the drafter in ``checkpoint`` (vLLM layout) against ``target`` (path or loaded Target) and write
-    the best weights back (``in_place``) or to ``out``; every tensor and config key but the trained ones is kept."""
+    the best weights back (``in_place``) or to ``out``; every tensor and config key but the trained ones is kept.
+
+    ``dtype``: the target's (``auto``/None: bf16 on CUDA, fp32 on CPU; the drafter always trains in fp32 master
+    weights). ``loaded_target``: the same target already loaded (convert passes its own, so a GPU does not hold
+    it twice); ``target`` stays the path vLLM reads for the held-out continuations."""
     from .formats.io import atomic_output_dir
     from .formats.vllm import write_vllm
+    from .options import resolve_dtype
     from .target import Target, load_target
 
     dev = resolve_device(device)
-    tgt = target if isinstance(target, Target) else load_target(str(target), device=str(dev), dtype=torch.float32)
+    if isinstance(target, Target):
+        tgt = target
+    elif loaded_target is not None:
+        tgt = loaded_target
+    else:
+        tdtype = dtype if isinstance(dtype, torch.dtype) else resolve_dtype(dtype or "auto", dev.type)
+        tgt = load_target(str(target), device=str(dev), dtype=tdtype)
     model, ck = load_drafter(checkpoint, tgt)
     dflt = defaults_for(dev)
     seq_len = kw.pop("seq_len", None) or dflt["seq_len"]

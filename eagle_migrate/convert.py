@@ -600,7 +600,8 @@ def _run_calibration(ckpt_dir: Path, ctx: dict[str, Any]) -> CalibrationStatus:
     res = calibrate_checkpoint(
         ckpt_dir, ctx["target"], data=ctx["data"], hidden_states_dir=ctx["hidden_states_dir"], train=ctx["train"],
         steps=ctx["steps"], seed=ctx["seed"], device=ctx["device"], num_sequences=ctx["num_sequences"],
-        cache_dir=ctx["cache_dir"], resume_dir=ctx["resume_dir"], progress=ctx["progress"], in_place=True)
+        cache_dir=ctx["cache_dir"], resume_dir=ctx["resume_dir"], progress=ctx["progress"], in_place=True,
+        dtype=ctx["dtype"], loaded_target=ctx["tside"]._target)
     kept = "best step %d of %d" % (res.best_step, res.steps_run) if res.best_step else "initial weights kept"
     reason = (f"--train {res.train}: held-out simulated AL {res.score_before:.3f} -> {res.score_after:.3f} ({kept})"
               + (f"; WARNING: {res.warning}" if res.warning else ""))
@@ -724,7 +725,7 @@ def convert(
         raise InputError(f"--train {train!r}: expected one of {', '.join(TRAIN_MODES)}")
     calib_ctx = {"target": target, "data": data, "hidden_states_dir": hidden_states_dir, "steps": steps, "device": dev,
                  "seed": seed, "progress": progress, "num_sequences": num_sequences, "train": train,
-                 "cache_dir": cache_dir, "resume_dir": resume_dir}
+                 "cache_dir": cache_dir, "resume_dir": resume_dir, "dtype": cdtype, "tside": tside}
 
     if mode == "passthrough":
         cfg_out = cfg.model_copy(update=upd)

@@ -115,6 +115,11 @@ class Target:
     device: torch.device
 
     @property
+    def dtype(self) -> torch.dtype:
+        """The dtype the target runs in (its hidden states come out in it)."""
+        return next(self.model.parameters()).dtype
+
+    @property
     def lm_head_weight(self) -> torch.Tensor:
         return self.model.get_output_embeddings().weight
 
