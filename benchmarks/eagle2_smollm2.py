@@ -83,14 +83,28 @@ def run_convert(args: argparse.Namespace, target: Path) -> dict:
             last[0] = now
             log(f"{stage} {done}/{total or '?'}")
 
-    res = convert(src, str(target), args.out, data="sharegpt", num_sequences=args.num_sequences, train="all",
-                  steps=args.steps, device=args.device, force=True, progress=progress, command="benchmarks/eagle2_smollm2.py",
-                  cache_dir=args.cache_dir)
-    doc = res.model_dump(mode="json")
+    if args.patience is None:  # the product path: convert runs the calibration itself
+        res = convert(src, str(target), args.out, data="sharegpt", num_sequences=args.num_sequences, train="all",
+                      steps=args.steps, device=args.device, force=True, progress=progress,
+                      command="benchmarks/eagle2_smollm2.py", cache_dir=args.cache_dir)
+        doc = res.model_dump(mode="json")
+        reason = res.calibration.reason
+    else:  # the same two library calls, with the fine-tune's early-stopping patience set
+        from eagle_migrate.calibrate import calibrate_checkpoint
+
+        res = convert(src, str(target), args.out, data="sharegpt", num_sequences=args.num_sequences, calibrate=False,
+                      device=args.device, force=True, progress=progress, command="benchmarks/eagle2_smollm2.py")
+        cal = calibrate_checkpoint(args.out, str(target), data="sharegpt", train="all", steps=args.steps,
+                                   num_sequences=args.num_sequences, device=args.device, cache_dir=args.cache_dir,
+                                   progress=progress, patience=args.patience if args.patience > 0 else 10**6)
+        doc = res.model_dump(mode="json")
+        doc["calibration"] = {"reason": f"score {cal.score_before:.3f} -> {cal.score_after:.3f}, best step "
+                                        f"{cal.best_step} of {cal.steps_run}", "improved": cal.improved,
+                              "details": cal.model_dump(mode="json")}
+        reason = doc["calibration"]["reason"]
     doc["wall_s"] = time.perf_counter() - t0
     (args.out.parent / (args.out.name + "-convert.json")).write_text(json.dumps(doc, indent=1))
-    cal = res.calibration
-    log(f"convert: {doc['wall_s']:.0f} s; calibration: {cal.reason}")
+    log(f"convert: {doc['wall_s']:.0f} s; calibration: {reason}")
     return doc
 
 
@@ -111,6 +125,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3000)
     ap.add_argument("--device", default="auto")
     ap.add_argument("--cache-dir", type=Path)
+    ap.add_argument("--patience", type=int, help="held-out evaluations without improvement before the fine-tune "
+                    "stops (default: convert's own; 0 = never stop early)")
     ap.add_argument("--measure", action="store_true", help="serve --out in vLLM and report the chat AL (no convert)")
     args = ap.parse_args()
     target = assets.smollm2_target()

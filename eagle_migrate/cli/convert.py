@@ -29,7 +29,7 @@ from .render import log, print_json, progress_enabled, stderr, stdout
 
 DataOpt = Annotated[Optional[str], typer.Option("--data", help="Calibration data: JSONL/JSON of prompts, chat messages or {\"token_ids\": [...]}, ShareGPT JSON, an HF dataset id; default: the built-in set.")]
 HiddenStatesOpt = Annotated[Optional[Path], typer.Option("--hidden-states", help="Precomputed target hidden states (eagle-migrate features, speculators data_*.pt or SpecForge *.ckpt) instead of running the target.")]
-NumSeqOpt = Annotated[int, typer.Option("--num-sequences", "-n", min=2, help="Calibration sequences (a quarter, at most 16, held out to measure agreement).")]
+NumSeqOpt = Annotated[int, typer.Option("--num-sequences", "-n", min=2, help="Calibration sequences: at most 256 feed the norm statistics (a quarter of those, at most 16, held out to measure agreement), all of them the fine-tune.")]
 StepsOpt = Annotated[Optional[int], typer.Option("--steps", min=0, help="Calibration fine-tune steps (passed to the calibration stage).")]
 CalibrateOpt = Annotated[Optional[bool], typer.Option("--calibrate/--no-calibrate", help="Run the calibration fine-tune after the structural conversion (default: on, off for an EAGLE-3.1 source).")]
 RequireImprovementOpt = Annotated[bool, typer.Option("--require-improvement", help="Exit 1 when calibration does not beat the initialised drafter on the held-out suites (the output is still written).")]

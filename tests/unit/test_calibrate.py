@@ -92,6 +92,16 @@ def test_require_improvement_raises_check_failed(target):
     assert ei.value.exit_code == 1
 
 
+def test_train_all_does_not_stop_early_by_default(target):
+    """--train all retrains every weight and climbs through long dips: no early stopping unless asked for."""
+    res = calibrate(_drafter(8.0), target, _train(), _heldout(), train="all", steps=2, warmup=0, k=2, seq_len=64,
+                    batch=4, device="cpu", eval_every=1)
+    assert res.settings["patience"] is None
+    res = calibrate(_drafter(8.0), target, _train(), _heldout(), train="norms", steps=2, warmup=0, k=2, seq_len=64,
+                    batch=4, device="cpu", eval_every=1)
+    assert res.settings["patience"] == 3  # the CPU default
+
+
 def test_unknown_mode_is_bad_input():
     from eagle_migrate.errors import InputError
 
