@@ -24,8 +24,6 @@ def _al(target, drafter) -> float:
     return res["toy"][0].acceptance_length
 
 
-@pytest.mark.xfail(strict=False, reason="known gap (issue 4): served AL goes 1.00 -> 1.22 here, deterministically, not the "
-                   "+0.5 asked; the 8x mis-scaled fc_norm[0] barely moves (12 -> 11.4) while other norms absorb the change")
 def test_calibrate_checkpoint_in_place_raises_vllm_acceptance(toy_target, tmp_path):
     cfg = toy.drafter_config(fc_norm=True, norm_output=True)
     sd = toy.drafter_state_dict("oracle")
@@ -36,12 +34,18 @@ def test_calibrate_checkpoint_in_place_raises_vllm_acceptance(toy_target, tmp_pa
     write_vllm(cfg, sd, d, dtype=torch.float32)
     before = _al(toy_target, d)
     assert before < 2.5
-    res = calibrate_checkpoint(d, str(toy_target), train="norms", steps=60, lr=0.1, warmup=0, eval_every=20,
-                               patience=None, device="cpu", num_sequences=8, seq_len=64, batch=4, k=3,
+    # calibration data from the toy's own distribution (prompts continued by their successors), as a user passes
+    # --data: the tokenizer-less default (uniformly random ids) teaches this target nothing (loss stays at ln 64,
+    # step-0 agreement at chance), which is what kept this test failing before
+    data = tmp_path / "succ.jsonl"
+    seqs = [p + [(p[-1] + i) % toy.H for i in range(1, 17)] for p in toy.prompts(n=16, length=4, seed=5)]
+    data.write_text("".join(json.dumps({"token_ids": q}) + "\n" for q in seqs))
+    res = calibrate_checkpoint(d, str(toy_target), data=str(data), train="norms", steps=60, lr=0.1, warmup=0,
+                               eval_every=20, patience=None, device="cpu", num_sequences=16, seq_len=64, batch=4, k=3,
                                suites=("template-shift",), heldout_per_suite=2, heldout_new_tokens=24)
     assert res.improved and res.best_step > 0
     after = _al(toy_target, d)
-    assert after > before + 0.5
+    assert after > before + 0.5, (before, after)
     c = json.loads((d / "config.json").read_text())
     assert c["fc_norm"] is True and c["norm_output"] is True
     assert c["eagle_migrate_calibration"]["train"] == "norms"
