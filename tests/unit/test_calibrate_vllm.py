@@ -35,8 +35,8 @@ def test_calibrate_checkpoint_in_place_raises_vllm_acceptance(toy_target, tmp_pa
     before = _al(toy_target, d)
     assert before < 2.5
     # calibration data from the toy's own distribution (prompts continued by their successors), as a user passes
-    # --data: the tokenizer-less default (uniformly random ids) teaches this target nothing (loss stays at ln 64,
-    # step-0 agreement at chance), which is what kept this test failing before
+    # --data: the tokenizer-less default (the built-in chat text as byte ids mod 64) is not this world's language and
+    # teaches it nothing (the loss stayed at ln 64, step-0 agreement at chance), which kept this test failing before
     data = tmp_path / "succ.jsonl"
     seqs = [p + [(p[-1] + i) % toy.H for i in range(1, 17)] for p in toy.prompts(n=16, length=4, seed=5)]
     data.write_text("".join(json.dumps({"token_ids": q}) + "\n" for q in seqs))
