@@ -95,8 +95,34 @@ def _vm_hwm_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+class _RssSampler:
+    """Peaks of RssAnon (working memory) and RssFile (mapped file pages: the memory-mapped checkpoints' pages that
+    were read, clean and reclaimable) sampled every 20 ms in a background thread."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.anon = self.file = 0.0
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.02):
+            st = {ln.split(":")[0]: ln.split()[1] for ln in Path("/proc/self/status").read_text().splitlines()
+                  if ln.startswith(("RssAnon", "RssFile"))}
+            self.anon = max(self.anon, int(st.get("RssAnon", 0)) / 1024)
+            self.file = max(self.file, int(st.get("RssFile", 0)) / 1024)
+
+    def stop(self) -> dict:
+        self._stop.set()
+        self._t.join()
+        return {"peak_anon_mib": round(self.anon, 1), "peak_file_mib": round(self.file, 1)}
+
+
 def measure(mode: str, work: Path, dtype: str) -> dict:
     t0 = time.perf_counter()
+    sampler = _RssSampler()
     import torch  # noqa: F401
 
     import eagle_migrate.convert as cv
@@ -109,7 +135,7 @@ def measure(mode: str, work: Path, dtype: str) -> dict:
         res = cv.convert(work / "drafter", str(work / "target"), out, hidden_states_dir=work / "hidden", num_sequences=16,
                          force=True, dtype=dtype, calibrate=False, evaluate=(mode == "convert-full"), command="bench")
     peak = _vm_hwm_mib()
-    d = {"mode": mode, "peak_rss_mib": round(peak, 1), "seconds": round(time.perf_counter() - t0, 1)}
+    d = {"mode": mode, "peak_rss_mib": round(peak, 1), **sampler.stop(), "seconds": round(time.perf_counter() - t0, 1)}
     if res is not None:
         d["norm_init"] = res.norm_init.method if res.norm_init else None
         d["agreement_step0"] = res.agreement.step0
