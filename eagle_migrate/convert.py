@@ -884,6 +884,17 @@ def _split_stream(it: Iterator[HiddenRecord], n_total: int, n_held: int) -> Iter
         yield is_h, rec
 
 
+def _scale_columns(w: torch.Tensor, scale: torch.Tensor, rows: int = 4096) -> torch.Tensor:
+    """``w * scale`` (per column) computed in fp32 ``rows`` rows at a time and stored in ``w``'s dtype: the largest
+    tensor (an 8B-shaped lm_head, 250 MiB bf16) used to pass through a float32 copy and a float32 product (1 GiB of
+    transients at once: the structural conversion's peak)."""
+    s = scale.float().unsqueeze(0)
+    out = torch.empty(w.shape, dtype=w.dtype)
+    for i in range(0, w.shape[0], rows):
+        out[i : i + rows] = (w[i : i + rows].float() * s).to(w.dtype)
+    return out
+
+
 def _convert_eagle3(ck, cfg: DrafterConfig, upd, tside: _TargetSide, records, n_total, n_held, aux_ids, dev, cdtype, k, max_cuts, progress,
                     evaluate: bool = True):
     ht, kk, eps = cfg.target_hidden_size, cfg.num_aux, cfg.rms_norm_eps
@@ -1019,7 +1030,7 @@ def _convert_eagle3(ck, cfg: DrafterConfig, upd, tside: _TargetSide, records, n_
         plan.tensors[n] = (lambda n=n: ck.tensor(n))
         plan.shapes[n] = tuple(ck.info(n).shape)
     if cfg.norm_before_fc:
-        plan.tensors["fc.weight"] = lambda: ck.tensor("fc.weight").float() * ck.tensor("input_norm.weight").float().unsqueeze(0)
+        plan.tensors["fc.weight"] = lambda: _scale_columns(ck.tensor("fc.weight", mapped=True), ck.tensor("input_norm.weight"))
         plan.changes.append("norm_before_fc: input_norm.weight folded into fc.weight columns and dropped (fc_norm replaces it)")
     for i in range(kk):
         plan.tensors[f"fc_norm.{i}.weight"] = (lambda i=i: chosen_w[i].clone())
@@ -1029,7 +1040,7 @@ def _convert_eagle3(ck, cfg: DrafterConfig, upd, tside: _TargetSide, records, n_
         h = cfg.hidden_size
         plan.tensors["norm.weight"] = lambda: torch.full((h,), r_bar)
         wn = w_norm.cpu()
-        plan.tensors["lm_head.weight"] = lambda: ck.tensor("lm_head.weight").float() * (wn / r_bar).unsqueeze(0)
+        plan.tensors["lm_head.weight"] = lambda: _scale_columns(ck.tensor("lm_head.weight", mapped=True), wn / r_bar)
         plan.changes.append(f"norm_output compensation: norm.weight = {r_bar:.6g} (flat); lm_head.weight columns scaled by old_norm_weight / {r_bar:.6g} (logits unchanged)")
     if not own_embed:
         pass  # vLLM shares the target's embedding (H = Ht)

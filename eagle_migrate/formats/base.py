@@ -56,9 +56,13 @@ class Checkpoint:
     def has(self, canonical: str) -> bool:
         return canonical in self.name_map
 
-    def tensor(self, canonical: str) -> torch.Tensor:
-        t = self.store.get(self.name_map[canonical])
+    def tensor(self, canonical: str, mapped: bool = False) -> torch.Tensor:
+        """The tensor (a copy), or with ``mapped`` a read-only view of the memory-mapped file when no transform
+        applies (:meth:`TensorStore.mapped`: pages are read as they are touched; never write to it)."""
         fn = self.transforms.get(canonical)
+        if mapped and fn is None:
+            return self.store.mapped(self.name_map[canonical])
+        t = self.store.get(self.name_map[canonical])
         return fn(t) if fn else t
 
     def state_dict(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
