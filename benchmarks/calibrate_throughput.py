@@ -241,7 +241,7 @@ def main() -> None:
                 print(json.dumps(r), file=sys.stderr, flush=True)
     if a.json:
         a.json.write_text(json.dumps(rows, indent=1))
-    print(f"| shape | device | --train | trainable params | batch x seq | k | tokens/s | ms/step | peak GPU GiB |")
+    print("| shape | device | --train | trainable params | batch x seq | k | tokens/s | ms/step | peak GPU GiB |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         peak = f"{r['peak_gib']:.1f}" if r["peak_gib"] is not None else "-"

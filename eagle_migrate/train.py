@@ -40,7 +40,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-import torch.nn.functional as F
 from pydantic import BaseModel, Field
 
 from .drafter.model import EagleDrafter, StepOutput

@@ -130,7 +130,7 @@ def validate(
     mml = max_model_len or min(int(info.max_position_embeddings or 8192), 8192 if not cuda else 1 << 20)
     built = [data_mod.suite(n, tok, info, num_prompts=num_prompts, max_tokens=max_tokens, seed=seed, max_model_len=mml,
                             prompts_file=prompts_file) for n in names]
-    say(f"suites: " + ", ".join(f"{s.name} ({s.size} prompts)" for s in built))
+    say("suites: " + ", ".join(f"{s.name} ({s.size} prompts)" for s in built))
     # what the engines run: grouped suites as one entry per group, so each group has its own counters
     jobs: dict[str, dict[str, Any]] = {}
     for s in built:

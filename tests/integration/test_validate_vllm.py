@@ -14,7 +14,6 @@ import json
 
 import pytest
 
-from eagle_migrate import toy
 from eagle_migrate.cli import main
 from eagle_migrate.validate import validate
 
