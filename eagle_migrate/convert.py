@@ -39,7 +39,8 @@ from . import __version__
 from .drafter.config import DrafterConfig
 from .drafter.model import MLP, Attention, EagleDrafter, KVCache, RMSNorm, _rope_inv_freq, _rotate_half  # noqa: F401
 from .errors import DataError, InputError, PairingError, UnsupportedError
-from .formats.io import atomic_output_dir, check_output_dir, fixed_mmap_threshold, sha256_files, write_json
+from .allocator import fixed_mmap_threshold
+from .formats.io import atomic_output_dir, check_output_dir, sha256_files, write_json
 from .stats import HiddenRecord, StatsAccumulator, TargetStatistics, iter_hidden_states, rms_normalize
 
 Progress = Callable[[str, int, "int | None"], None]

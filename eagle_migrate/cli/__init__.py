@@ -47,7 +47,7 @@ def _root() -> None:
 def main(argv: list[str] | None = None) -> int:
     """Console entry point: typer handles usage errors (exit 2); our errors become one line + hint."""
     debug = os.environ.get("EAGLE_MIGRATE_DEBUG", "") not in ("", "0")
-    from ..formats.io import fixed_mmap_threshold
+    from ..allocator import fixed_mmap_threshold
 
     fixed_mmap_threshold()  # every command: freed tensors go back to the OS instead of fragmenting the heap
     try:
