@@ -889,8 +889,8 @@ def _scale_columns(w: torch.Tensor, scale: torch.Tensor, rows: int = 4096) -> to
     """``w * scale`` (per column) computed in fp32 ``rows`` rows at a time and stored in ``w``'s dtype: the largest
     tensor (an 8B-shaped lm_head, 250 MiB bf16) used to pass through a float32 copy and a float32 product (1 GiB of
     transients at once: the structural conversion's peak)."""
-    s = scale.float().unsqueeze(0)
-    out = torch.empty(w.shape, dtype=w.dtype)
+    s = scale.to(device=w.device, dtype=torch.float32).unsqueeze(0)
+    out = torch.empty(w.shape, dtype=w.dtype, device=w.device)
     for i in range(0, w.shape[0], rows):
         out[i : i + rows] = (w[i : i + rows].float() * s).to(w.dtype)
     return out
@@ -908,8 +908,7 @@ def _convert_eagle3(ck, cfg: DrafterConfig, upd, tside: _TargetSide, records, n_
     own_embed = ck.has("embed_tokens.weight")
     del src_t
     fc_w = m.fc.weight.detach()  # the module's dtype: no float32 copy of an 8B-sized fc
-    w_in = m.input_norm.weight.detach().float() if cfg.norm_before_fc else None
-    fc_fold = (fc_w.float() * w_in.unsqueeze(0)).to(fc_w.dtype) if w_in is not None else fc_w  # input_norm's weight folded in
+    fc_fold = _scale_columns(fc_w, m.input_norm.weight.detach()) if cfg.norm_before_fc else fc_w  # input_norm's weight folded in
     acc = StatsAccumulator(aux_ids, ht, eps=eps, norm_before_fc=cfg.norm_before_fc, fc_weight=fc_fold, device=dev)
     held: list[HiddenRecord] = []
     r_pre: list[torch.Tensor] = []
