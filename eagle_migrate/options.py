@@ -65,6 +65,7 @@ DeviceOpt = Annotated[DeviceChoice, typer.Option("--device", help="auto uses CUD
 DtypeOpt = Annotated[DtypeChoice, typer.Option("--dtype", help="auto: bfloat16 on GPU, float32 on CPU.")]
 SeedOpt = Annotated[int, typer.Option("--seed", help="Random seed (results are deterministic for a seed).")]
 TrainOpt = Annotated[TrainChoice, typer.Option("--train", help="What calibration updates: norms (the inserted and neighbouring norms), norms+fc, or all (EAGLE-2 sources need it).")]
+MaxMinutesOpt = Annotated[Optional[float], typer.Option("--max-minutes", min=0.01, help="Wall-clock budget for the calibration fine-tune: it stops after the step that runs past it (that step is evaluated; the best evaluation is kept).")]
 NumSpecTokensOpt = Annotated[int, typer.Option("--num-speculative-tokens", "-k", min=1, max=16, help="Draft tokens per step (k).")]
 
 

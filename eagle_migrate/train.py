@@ -588,6 +588,8 @@ class FitConfig(BaseModel):
     save_every: int | None = Field(None, ge=1, description="resume checkpoint period (default: eval_every)")
     patience: int | None = Field(4, ge=1, description="early stop after this many evaluations without improvement")
     min_delta: float = Field(1e-3, ge=0, description="an evaluation must beat the best score by this much")
+    max_seconds: float | None = Field(None, gt=0, description="stop after the first step that ends past this much "
+                                      "training time (an evaluation is made there); the schedule stays step-based")
 
 
 def lr_at(step: int, cfg: FitConfig) -> float:
@@ -620,6 +622,7 @@ class FitResult:
     seconds: float = 0.0
     stopped_early: bool = False
     resumed_from: int | None = None
+    stop_reason: str | None = None  # "patience" | "time limit" when stopped_early
 
 
 def _state_path(resume_dir: Path) -> Path:
@@ -737,6 +740,7 @@ def fit(
 
     model.train()
     stopped = False
+    stop_reason = None
     step = start
     while step < cfg.steps:
         lr = lr_at(step, cfg)
@@ -755,9 +759,13 @@ def fit(
                "grad_norm": float(gnorm), "step_acc": out.step_acc, "tokens": tokens}
         if progress:
             progress(rec)
-        if step % cfg.eval_every == 0 or step == cfg.steps:
-            if run_eval(step):
-                stopped = True
+        evaluated = step % cfg.eval_every == 0 or step == cfg.steps
+        if evaluated and run_eval(step):
+            stopped, stop_reason = True, "patience"
+        if not stopped and step < cfg.steps and cfg.max_seconds is not None and time.perf_counter() - t0 >= cfg.max_seconds:
+            if not evaluated:
+                run_eval(step)
+            stopped, stop_reason = True, "time limit"
         if step % save_every == 0 or stopped or step == cfg.steps:
             save(step)
         if stopped:
@@ -771,7 +779,7 @@ def fit(
     return FitResult(
         steps_run=step, best_step=best_step if evaluate is not None else step, best_score=best_score,
         initial_score=initial_score, history=history, tokens_seen=tokens, seconds=time.perf_counter() - t0,
-        stopped_early=stopped, resumed_from=resumed_from,
+        stopped_early=stopped, resumed_from=resumed_from, stop_reason=stop_reason,
     )
 
 

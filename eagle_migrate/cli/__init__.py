@@ -7,6 +7,7 @@ every ``EagleMigrateError`` to one line on stderr plus a hint and the error's ex
 from __future__ import annotations
 
 import os
+import sys
 
 import typer
 
@@ -50,6 +51,13 @@ def main(argv: list[str] | None = None) -> int:
     from ..allocator import fixed_mmap_threshold
 
     fixed_mmap_threshold()  # every command: freed tensors go back to the OS instead of fragmenting the heap
+    from .render import install_warning_handler
+
+    install_warning_handler(debug)
+    if not sys.stderr.isatty() or "--json" in (sys.argv[1:] if argv is None else argv):
+        # progress bars only on a terminal and never with --json: ours check this themselves; this turns off
+        # the ones transformers and huggingface_hub draw (loading weights, downloads)
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     try:
         app(args=argv, prog_name="eagle-migrate", standalone_mode=True)
         return 0

@@ -16,6 +16,7 @@ from ..options import (
     DtypeOpt,
     ForceOpt,
     JsonOpt,
+    MaxMinutesOpt,
     NumSpecTokensOpt,
     OutputFormat,
     OutputOpt,
@@ -47,6 +48,7 @@ def convert(
     hidden_states: HiddenStatesOpt = None,
     num_sequences: NumSeqOpt = 32,
     steps: StepsOpt = None,
+    max_minutes: MaxMinutesOpt = None,
     calibrate: CalibrateOpt = None,
     train: TrainOpt = TrainChoice.norms,
     require_improvement: RequireImprovementOpt = False,
@@ -81,6 +83,7 @@ def convert(
             output_format=output_format.value, device=device.value, dtype=dtype.value, calibrate=calibrate,
             force=force, seed=seed, progress=prog, steps=steps, train=train.value, cache_dir=cache_dir,
             resume_dir=resume, num_speculative_tokens=num_speculative_tokens, command=cmd,
+            max_minutes=max_minutes,
         )
     if json:
         print_json(res)
@@ -112,11 +115,11 @@ class _Progress:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
             self._p = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                               console=stderr, transient=False)
+                               TextColumn("{task.fields[info]}"), console=stderr, transient=False)
             self._p.__enter__()
         return self
 
-    def __call__(self, stage: str, done: int, total: int | None) -> None:
+    def __call__(self, stage: str, done: int, total: int | None, info: str | None = None) -> None:
         if self._p is None:
             now = time.monotonic()
             first = stage not in self._last
@@ -126,11 +129,11 @@ class _Progress:
             if first or end or (stage not in self._ended and now - self._last[stage] >= self.LOG_EVERY):
                 self._last[stage] = now
                 of = f"/{total}" if total is not None else ""
-                log(f"convert: {stage} {done}{of} ({now - self._t0:.0f} s)")
+                log(f"convert: {stage} {done}{of} ({now - self._t0:.0f} s)" + (f" {info}" if info else ""))
             return
         if stage not in self._tasks:
-            self._tasks[stage] = self._p.add_task(stage, total=total)
-        self._p.update(self._tasks[stage], completed=done, total=total)
+            self._tasks[stage] = self._p.add_task(stage, total=total, info="")
+        self._p.update(self._tasks[stage], completed=done, total=total, info=info or "")
 
     def __exit__(self, *exc):
         if self._p is not None:

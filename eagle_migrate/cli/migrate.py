@@ -12,6 +12,7 @@ from ..options import (
     DtypeChoice,
     DtypeOpt,
     JsonOpt,
+    MaxMinutesOpt,
     NumSpecTokensOpt,
     OutputFormat,
     OutputOpt,
@@ -44,6 +45,7 @@ def migrate(
     output: OutputOpt,
     data: Annotated[Optional[str], typer.Option("--data", help="Calibration data (see `convert --help`).")] = None,
     steps: Annotated[Optional[int], typer.Option("--steps", min=0, help="Calibration steps.")] = None,
+    max_minutes: MaxMinutesOpt = None,
     calibrate: Annotated[Optional[bool], typer.Option("--calibrate/--no-calibrate", help="Run the calibration fine-tune.")] = None,
     train: TrainOpt = TrainChoice.norms,
     output_format: Annotated[OutputFormat, typer.Option("--output-format", help="vllm or speculators layout.")] = OutputFormat.vllm,
@@ -81,7 +83,7 @@ def migrate(
     from ..migrate import migrate as run_migrate
 
     opts = MigrateOptions(
-        data=data, steps=steps, calibrate=calibrate, train=train.value, output_format=output_format.value, quantize=quantize,
+        data=data, steps=steps, max_minutes=max_minutes, calibrate=calibrate, train=train.value, output_format=output_format.value, quantize=quantize,
         quantize_fc=quantize_fc, validate=validate, engine=engine,
         suites=[s.strip() for s in suite.split(",") if s.strip()] if suite else None,
         prompts_file=str(prompts) if prompts else None, num_prompts=num_prompts, k=k,

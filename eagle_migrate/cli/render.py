@@ -43,6 +43,26 @@ def print_error(message: str, hint: str | None) -> None:
         stderr.print(f"[dim]hint:[/] {hint}", highlight=False)
 
 
+def print_warning(message: str) -> None:
+    stderr.print(f"[bold yellow]warning:[/] {message}", highlight=False, markup=True)
+
+
+def install_warning_handler(debug: bool) -> None:
+    """Python warnings become one stderr line each (``warning: ...``), without the source line under it; outside
+    debug mode the deprecation chatter of the libraries we call is dropped."""
+    import warnings
+
+    if not debug:
+        warnings.filterwarnings("ignore", category=DeprecationWarning)
+        warnings.filterwarnings("ignore", category=FutureWarning)
+
+    def show(message, category, filename, lineno, file=None, line=None):  # noqa: ARG001 - the warnings API
+        text = str(message).splitlines()[0] if str(message) else category.__name__
+        print_warning(text if category is UserWarning else f"{category.__name__}: {text}")
+
+    warnings.showwarning = show
+
+
 def log(message: str) -> None:
     stderr.print(message, highlight=False)
 

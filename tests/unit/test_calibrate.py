@@ -102,6 +102,36 @@ def test_train_all_does_not_stop_early_by_default(target):
     assert res.settings["patience"] == 3  # the CPU default
 
 
+def test_max_minutes_stops_the_fine_tune_and_says_so(target):
+    """A budget smaller than one step: the first step runs, is evaluated, and the report says why it stopped."""
+    res = calibrate(_drafter(8.0), target, _train(), _heldout(), train="norms", steps=50, lr=0.1, warmup=0, k=2,
+                    seq_len=64, batch=4, device="cpu", eval_every=10, patience=None, max_minutes=1e-6)
+    assert res.steps_run == 1 and res.stopped_early and res.stop_reason == "time limit"
+    assert [h["step"] for h in res.history] == [1] and res.settings["max_seconds"] == pytest.approx(6e-5)
+    assert "stopped early: time limit" in res.markdown()
+
+
+def test_stage_progress_gets_loss_and_held_out_al_when_it_takes_info(target):
+    """convert's CLI bar is a (stage, done, total, info=) callback: training steps carry the loss and the last
+    held-out AL; a plain (stage, done, total) callback still gets the counts."""
+    seen, plain = [], []
+
+    def with_info(stage, done, total, info=None):
+        seen.append((stage, done, total, info))
+
+    calibrate(_drafter(8.0), target, _train(), _heldout(), train="norms", steps=4, lr=0.1, warmup=0, k=2, seq_len=64,
+              batch=4, device="cpu", eval_every=2, patience=None, progress=with_info)
+    steps = [s for s in seen if s[0] == "calibrate"]
+    assert [s[1] for s in steps] == [1, 2, 3, 4] and all(s[2] == 4 for s in steps)
+    assert all(s[3].startswith("loss ") for s in steps)
+    assert "held-out AL chat " in steps[-1][3]  # evaluated before step 1 and at step 2
+    evals = [s for s in seen if s[0] == "calibrate: held-out evaluations"]
+    assert len(evals) == 3 and "chat " in evals[0][3]  # before, step 2, step 4
+    calibrate(_drafter(8.0), target, _train(), _heldout(), train="norms", steps=2, lr=0.1, warmup=0, k=2, seq_len=64,
+              batch=4, device="cpu", eval_every=2, patience=None, progress=lambda st, d, t: plain.append((st, d, t)))
+    assert ("calibrate", 2, 2) in plain
+
+
 def test_unknown_mode_is_bad_input():
     from eagle_migrate.errors import InputError
 

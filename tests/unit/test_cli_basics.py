@@ -66,3 +66,31 @@ def test_main_renders_errors_as_one_line(monkeypatch, capsys, debug):
             assert "Traceback" not in err
     finally:
         cli.app.registered_commands[:] = [c for c in cli.app.registered_commands if c.name != "_boom"]
+
+
+def test_main_renders_python_warnings_as_one_line_each(monkeypatch, capsys):
+    """A library warning (calibration that did not improve, a skipped suite) reaches the user as one `warning:`
+    line, not as a file:line header with the source line under it; library deprecations are dropped."""
+    import warnings
+
+    from eagle_migrate import cli
+
+    @cli.app.command("_warn", hidden=True)
+    def _warn() -> None:
+        warnings.warn("calibration did not improve the held-out simulated AL\nsecond line", stacklevel=1)
+        warnings.warn("old API", DeprecationWarning, stacklevel=1)
+        warnings.warn("odd value", RuntimeWarning, stacklevel=1)
+
+    monkeypatch.delenv("EAGLE_MIGRATE_DEBUG", raising=False)
+    saved = warnings.showwarning
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            with pytest.raises(SystemExit) as ei:
+                cli.main(["_warn"])
+        assert ei.value.code == 0
+        lines = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
+        assert lines == ["warning: calibration did not improve the held-out simulated AL", "warning: RuntimeWarning: odd value"]
+    finally:
+        warnings.showwarning = saved
+        cli.app.registered_commands[:] = [c for c in cli.app.registered_commands if c.name != "_warn"]

@@ -328,7 +328,7 @@ def test_cli_help():
     r = cli("convert", "--help")
     assert r.returncode == 0
     for opt in ("--target", "--output", "--data", "--hidden-states", "--steps", "--no-calibrate", "--train", "--require-improvement",
-                "--cache-dir", "--resume", "--output-format", "--device", "--dtype", "--force", "--seed", "--json", "Example"):
+                "--cache-dir", "--resume", "--max-minutes", "--output-format", "--device", "--dtype", "--force", "--seed", "--json", "Example"):
         assert opt in r.stdout, opt
 
 
@@ -416,11 +416,11 @@ def test_calibration_runs_on_the_written_checkpoint_with_the_options(world, targ
     monkeypatch.setattr(cal_mod, "calibrate_checkpoint", fake)
     kw = {**KW, "calibrate": None}
     res = convert(write_src(world / "cal-src"), target, world / "cal-out", steps=5, train="norms+fc",
-                  cache_dir=world / "cc", resume_dir=world / "rs", **kw)
+                  cache_dir=world / "cc", resume_dir=world / "rs", max_minutes=2.5, **kw)
     assert res.calibration.status == "calibrated" and res.calibration.improved is False
     assert "2.000 -> 2.000" in res.calibration.reason and "initial weights kept" in res.calibration.reason
     assert seen["target"] == target and seen["steps"] == 5 and seen["in_place"] is True and seen["train"] == "norms+fc"
-    assert seen["cache_dir"] == world / "cc" and seen["resume_dir"] == world / "rs"
+    assert seen["cache_dir"] == world / "cc" and seen["resume_dir"] == world / "rs" and seen["max_minutes"] == 2.5
     assert "model.safetensors" in seen["files"] and "config.json" in seen["files"]
     assert json.loads((world / "cal-out" / "provenance.json").read_text())["calibration"] == "calibrated"
     with pytest.raises(InputError, match="--train"):

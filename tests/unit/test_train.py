@@ -198,6 +198,31 @@ def test_early_stop_and_initial_weights_kept_when_nothing_improves():
     assert torch.equal(m.fc.weight, before)
 
 
+def test_time_limit_stops_after_the_step_that_runs_past_it_and_evaluates_it():
+    import time
+
+    teacher = _model(True, seed=5)
+    data = _toy_batches(teacher)
+    m = _model(True, seed=0)
+    cfg = FitConfig(steps=50, lr=5e-3, warmup=0, k=2, eval_every=4, patience=None, max_seconds=2.0)
+    evaluated = []
+
+    def slow_step_5(e):
+        if e.get("phase") == "train" and e["step"] == 5:
+            time.sleep(2.1)  # step 5 ends past the budget
+
+    def evaluate():
+        evaluated.append(len(evaluated))
+        return float(len(evaluated))  # increasing: the stopping step's evaluation is the best
+
+    r = fit(m, ["fc.weight"], data, None, cfg, evaluate=evaluate, initial_score=0.0, progress=slow_step_5)
+    assert r.stopped_early and r.stop_reason == "time limit"
+    assert r.steps_run == 5 and [h["step"] for h in r.history] == [4, 5] and r.best_step == 5
+    r2 = fit(_model(True, seed=0), ["fc.weight"], data, None, cfg.model_copy(update={"steps": 6}), evaluate=lambda: 1.0,
+             initial_score=0.0)
+    assert not r2.stopped_early and r2.stop_reason is None and r2.steps_run == 6
+
+
 def test_lr_schedule():
     cfg = FitConfig(steps=100, lr=1.0, warmup=10, schedule="cosine", min_lr_ratio=0.1)
     assert lr_at(0, cfg) == pytest.approx(0.1) and lr_at(9, cfg) == pytest.approx(1.0)
