@@ -642,6 +642,7 @@ def fit(
     resume_dir: str | os.PathLike | None = None,
     progress: Progress | None = None,
     lr_scale: dict[str, float] | None = None,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> FitResult:
     """Train the parameters named in ``trainable`` (everything else frozen) on ``data`` (indexable FeatureBatches).
 
@@ -651,10 +652,11 @@ def fit(
     ``save_every`` steps ``state.pt`` (step, trainable tensors, optimiser state, best-so-far, history, RNG) is
     written atomically; a later call with the same folder continues from it and reaches the same weights.
     ``lr_scale``: per-parameter learning-rate multipliers (calibrate uses each norm's mean |weight| so that norm
-    weights of very different sizes move by the same relative amount).
+    weights of very different sizes move by the same relative amount). ``clock``: seconds, for ``cfg.max_seconds``
+    and the reported time (tests pass a fake one).
     """
     device = torch.device(device)
-    t0 = time.perf_counter()
+    t0 = clock()
     named = dict(model.named_parameters())
     unknown = [n for n in trainable if n not in named]
     if unknown:
@@ -762,7 +764,7 @@ def fit(
         evaluated = step % cfg.eval_every == 0 or step == cfg.steps
         if evaluated and run_eval(step):
             stopped, stop_reason = True, "patience"
-        if not stopped and step < cfg.steps and cfg.max_seconds is not None and time.perf_counter() - t0 >= cfg.max_seconds:
+        if not stopped and step < cfg.steps and cfg.max_seconds is not None and clock() - t0 >= cfg.max_seconds:
             if not evaluated:
                 run_eval(step)
             stopped, stop_reason = True, "time limit"
@@ -778,7 +780,7 @@ def fit(
         p.requires_grad_(False)
     return FitResult(
         steps_run=step, best_step=best_step if evaluate is not None else step, best_score=best_score,
-        initial_score=initial_score, history=history, tokens_seen=tokens, seconds=time.perf_counter() - t0,
+        initial_score=initial_score, history=history, tokens_seen=tokens, seconds=clock() - t0,
         stopped_early=stopped, resumed_from=resumed_from, stop_reason=stop_reason,
     )
 

@@ -198,29 +198,68 @@ def test_early_stop_and_initial_weights_kept_when_nothing_improves():
     assert torch.equal(m.fc.weight, before)
 
 
-def test_time_limit_stops_after_the_step_that_runs_past_it_and_evaluates_it():
-    import time
+class _FakeClock:
+    """Seconds that pass only when a test says so (timing tests that a busy CI machine cannot break)."""
 
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_time_limit_stops_after_the_step_that_runs_past_it_and_evaluates_it():
     teacher = _model(True, seed=5)
     data = _toy_batches(teacher)
     m = _model(True, seed=0)
     cfg = FitConfig(steps=50, lr=5e-3, warmup=0, k=2, eval_every=4, patience=None, max_seconds=2.0)
+    clock = _FakeClock()
     evaluated = []
 
     def slow_step_5(e):
         if e.get("phase") == "train" and e["step"] == 5:
-            time.sleep(2.1)  # step 5 ends past the budget
+            clock.now += 2.1  # step 5 ends past the budget
 
     def evaluate():
         evaluated.append(len(evaluated))
         return float(len(evaluated))  # increasing: the stopping step's evaluation is the best
 
-    r = fit(m, ["fc.weight"], data, None, cfg, evaluate=evaluate, initial_score=0.0, progress=slow_step_5)
+    r = fit(m, ["fc.weight"], data, None, cfg, evaluate=evaluate, initial_score=0.0, progress=slow_step_5, clock=clock)
     assert r.stopped_early and r.stop_reason == "time limit"
     assert r.steps_run == 5 and [h["step"] for h in r.history] == [4, 5] and r.best_step == 5
+    assert r.seconds == pytest.approx(2.1)
     r2 = fit(_model(True, seed=0), ["fc.weight"], data, None, cfg.model_copy(update={"steps": 6}), evaluate=lambda: 1.0,
-             initial_score=0.0)
+             initial_score=0.0, clock=_FakeClock())
     assert not r2.stopped_early and r2.stop_reason is None and r2.steps_run == 6
+
+
+def test_a_time_limited_run_resumes_to_the_uninterrupted_weights(tmp_path):
+    """--max-minutes with --resume trains in slots: the stopped run saves its step, the next run continues there
+    and ends with the weights of a run that was never stopped."""
+    teacher = _model(True, seed=5)
+    data = _toy_batches(teacher)
+    names = ["fc.weight", "norm.weight"]
+    cfg = FitConfig(steps=12, lr=5e-3, warmup=3, k=2, seed=3, eval_every=4, patience=None)
+    scores = iter(range(100))
+    ref = _model(True, seed=0)
+    fit(ref, names, data, None, cfg, evaluate=lambda: float(next(scores)), initial_score=-1.0)
+
+    clock = _FakeClock()
+
+    def slow_step_6(e):
+        if e.get("phase") == "train" and e["step"] == 6:
+            clock.now += 1.1
+
+    scores = iter(range(100))
+    m = _model(True, seed=0)
+    r1 = fit(m, names, data, None, cfg.model_copy(update={"max_seconds": 1.0}), evaluate=lambda: float(next(scores)),
+             initial_score=-1.0, resume_dir=tmp_path, progress=slow_step_6, clock=clock)
+    assert r1.stop_reason == "time limit" and r1.steps_run == 6
+    m2 = _model(True, seed=0)
+    r2 = fit(m2, names, data, None, cfg, evaluate=lambda: float(next(scores)), initial_score=-1.0, resume_dir=tmp_path)
+    assert r2.resumed_from == 6 and r2.steps_run == 12 and r2.best_step == 12
+    for n, p in ref.named_parameters():
+        assert torch.equal(p, dict(m2.named_parameters())[n]), n
 
 
 def test_lr_schedule():
