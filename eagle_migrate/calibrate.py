@@ -239,7 +239,8 @@ def calibrate(
     ``train_sequences``. ``max_minutes``: a wall-clock budget for the training loop, checked after every step; the
     step where it runs out is evaluated and the best evaluation kept (the schedule stays step-based: with a budget
     shorter than ``steps`` need, the learning rate has not decayed when it stops). Returns the report; the model
-    holds the best weights (possibly the initial ones). Raises :class:`CheckFailed` when ``require_improvement`` and the held-out score did not improve.
+    holds the best weights (possibly the initial ones). Raises :class:`CheckFailed` when ``require_improvement``
+    and the held-out score did not improve.
     """
     report = _progress_adapter(progress)
     t0 = time.perf_counter()

@@ -653,9 +653,9 @@ def convert(
     features kept on disk), ``resume_dir`` (the fine-tune's checkpoints, to resume an interrupted run) and
     ``max_minutes`` (its wall-clock budget) are passed on to the calibration; ``result.calibration.improved`` says
     whether the fine-tune beat the initialised drafter on the held-out suites (the CLI's ``--require-improvement``
-    exits 1 when it did not). ``num_sequences`` calibration
-    sequences are used by the fine-tune; a seeded sample of at most :data:`STATS_MAX_SEQUENCES` of them feeds the norm
-    statistics, ``held_out`` of those (default: a quarter, 1..16) only for measuring agreement.
+    exits 1 when it did not). ``num_sequences`` calibration sequences are used by the fine-tune; a seeded sample of
+    at most :data:`STATS_MAX_SEQUENCES` of them feeds the norm statistics, ``held_out`` of those (default: a
+    quarter, 1..16) only for measuring agreement.
     ``evaluate=False`` skips the agreement runs (the source's ``lm_head`` is never loaded): the fc_norm
     candidate is chosen by its fc-output error on the held-out sequences alone.
     """
