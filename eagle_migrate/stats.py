@@ -333,11 +333,13 @@ def _find_layer_ids(obj: Any) -> list[int] | None:
 
 
 def _torch_load(path: Path) -> Any:
+    from .formats.io import torch_load_weights_only
+
     try:
-        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        return torch_load_weights_only(path, mmap=True)
     except RuntimeError:
         try:
-            return torch.load(path, map_location="cpu", weights_only=True)
+            return torch_load_weights_only(path)
         except Exception as e:  # noqa: BLE001
             raise DataError(f"{path}: not a readable hidden-states file ({str(e)[:160]})") from None
     except Exception as e:  # noqa: BLE001  (UnpicklingError for anything beyond tensors/lists/dicts)

@@ -215,6 +215,16 @@ def _unpickler_detail(full: str) -> str:
     return ""
 
 
+def torch_load_weights_only(f: Path | Any, **kw: Any) -> Any:
+    """``torch.load(weights_only=True, map_location="cpu")`` without torch's "Detected pickle protocol N" warning: a
+    legacy or hostile file is reported by our own one-line error, and a readable one needs no remark."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Detected pickle protocol")
+        return torch.load(f, map_location="cpu", weights_only=True, **kw)
+
+
 def load_bin_safely(f: Path) -> dict[str, torch.Tensor]:
     """``torch.load(weights_only=True)``; never plain unpickling. Returns a flat name -> tensor dict."""
     try:
@@ -222,7 +232,7 @@ def load_bin_safely(f: Path) -> dict[str, torch.Tensor]:
     except OSError as e:
         raise CheckpointError(f"{f}: cannot read ({e.strerror or e})") from None
     try:
-        obj = torch.load(f, map_location="cpu", weights_only=True, mmap=is_zip)
+        obj = torch_load_weights_only(f, mmap=is_zip)
     except pickle.UnpicklingError as e:
         full = str(e)
         # torch's message is long; the useful part follows "WeightsUnpickler error:"
