@@ -354,21 +354,31 @@ def calibrate(
     return result
 
 
+def _al_text(e: dict[str, Any]) -> str:
+    """The held-out AL per suite of a ``before`` / ``heldout-eval`` event: ``chat 1.301 long 1.429 ...``."""
+    return " ".join(f"{k} {v:.3f}" for k, v in e.items() if isinstance(v, float) and k != "score")
+
+
+def _train_info(e: dict[str, Any], al_text: str) -> str:
+    """One ``train`` event as a progress line: loss, top-1 agreement per draft step, the last held-out AL."""
+    acc = "/".join(f"{x:.2f}" for x in e.get("step_acc", []))
+    return f"loss {e['loss']:.3f}, top-1 per step {acc}" + (f"; held-out AL {al_text}" if al_text else "")
+
+
 def _progress_adapter(progress: Callable[..., None] | None) -> Progress:
-    """Our events are dicts; convert's hook passes a ``(stage, done, total)`` callback: adapt to either."""
+    """Our events are dicts; convert's hook passes a ``(stage, done, total)`` callback: adapt to either. A stage
+    callback with an ``info`` parameter also gets the loss and the last held-out AL (convert's CLI bar)."""
     if progress is None:
         return lambda e: None
     try:
-        n = len([p for p in inspect.signature(progress).parameters.values()
-                 if p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)])
+        params = inspect.signature(progress).parameters
     except (TypeError, ValueError):
-        n = 1
+        params = None
+    n = 1 if params is None else len([p for p in params.values()
+                                      if p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)])
     if n >= 3:
         counts = {"heldout": 0, "eval": 0}
-        try:  # a callback with an ``info`` parameter also gets the loss and the last held-out AL (convert's CLI bar)
-            takes_info = "info" in inspect.signature(progress).parameters
-        except (TypeError, ValueError):
-            takes_info = False
+        takes_info = "info" in params
         last_al = {"text": ""}
 
         def emit(stage: str, done: int, total: int | None, info: str) -> None:
@@ -380,9 +390,7 @@ def _progress_adapter(progress: Callable[..., None] | None) -> Progress:
         def three(e: dict[str, Any]) -> None:
             ph = e.get("phase")
             if ph == "train":
-                acc = "/".join(f"{x:.2f}" for x in e.get("step_acc", []))
-                emit("calibrate", e["step"], e["steps"], f"loss {e['loss']:.3f}, top-1 per step {acc}"
-                     + (f"; held-out AL {last_al['text']}" if last_al["text"] else ""))
+                emit("calibrate", e["step"], e["steps"], _train_info(e, last_al["text"]))
             elif ph == "capture":
                 emit("calibrate: target features", e["batch"], e["batches"], "")
             elif ph == "heldout":
@@ -390,7 +398,7 @@ def _progress_adapter(progress: Callable[..., None] | None) -> Progress:
                 emit("calibrate: held-out suites", counts["heldout"], None, f"{e['suite']}: {e['sequences']} sequences")
             elif ph in ("before", "heldout-eval"):
                 counts["eval"] += 1
-                last_al["text"] = " ".join(f"{k} {v:.3f}" for k, v in e.items() if isinstance(v, float) and k != "score")
+                last_al["text"] = _al_text(e)
                 emit("calibrate: held-out evaluations", counts["eval"], None, last_al["text"])
         return three
     return progress
@@ -420,10 +428,9 @@ class RichProgress:
         if ph == "train":
             if self.task is None:
                 self.task = self.rp.add_task("calibrate", total=e["steps"], info="")
-            acc = "/".join(f"{x:.2f}" for x in e.get("step_acc", []))
-            self.rp.update(self.task, completed=e["step"], info=f"loss {e['loss']:.3f} acc {acc} {self.heldout}")
+            self.rp.update(self.task, completed=e["step"], info=_train_info(e, self.heldout))
         elif ph in ("heldout-eval", "before"):
-            self.heldout = "AL " + " ".join(f"{k}={v:.3f}" for k, v in e.items() if isinstance(v, float) and k != "score")
+            self.heldout = _al_text(e)
         elif ph == "warning":
             self.rp.console.print(f"[bold red]warning:[/] {e['message']}")
 

@@ -382,7 +382,9 @@ class PrecomputedFeatures:
         f = self.files[i]
         if self.layout == "eagle-migrate":
             return read_feature_file(f)
-        d = torch.load(f, map_location="cpu", weights_only=True)
+        from .formats.io import torch_load_weights_only
+
+        d = torch_load_weights_only(f)
         ids = d["input_ids"].reshape(1, -1).long()
         t = ids.shape[1]
         lm = d.get("loss_mask")

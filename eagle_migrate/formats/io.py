@@ -365,4 +365,3 @@ def save_safetensors(tensors: dict[str, torch.Tensor], path: Path, metadata: dic
     from safetensors.torch import save_file
 
     save_file({k: v.detach().contiguous() for k, v in tensors.items()}, str(path), metadata=metadata or {})
-
