@@ -21,7 +21,7 @@ from eagle_migrate.formats.io import save_safetensors, write_json
 from eagle_migrate.formats.vllm import vllm_config_dict, vllm_tensor_names
 from eagle_migrate.inspect import inspect_checkpoint
 
-from ..layouts import EXPECTED, canonical_state_dict, hf_config, write_layout
+from ..layouts import EXPECTED, LAYOUT_NAMES, canonical_state_dict, hf_config, write_layout
 
 QWEN3_LAYOUTS = ["vllm", "vllm-plain", "speculators", "speculators-ours", "specforge"]
 
@@ -178,6 +178,16 @@ def test_every_qwen3_layout_reads_as_qwen3(tmp_path, name):
     again = read_checkpoint(out)
     assert again.config.architecture == "qwen3" and again.has("layers.0.self_attn.k_norm.weight")
     assert json.loads((out / "config.json").read_text())["architectures"] == ["Eagle3Qwen3ForCausalLM"]
+
+
+@pytest.mark.parametrize("name", [n for n in LAYOUT_NAMES if n not in QWEN3_LAYOUTS and "mla" not in n and "quantized" not in n
+                                  and n not in ("vllm-v0-eagle", "safeailab-eagle2")])
+def test_qk_norm_weights_make_a_qwen3_drafter_in_any_layout(tmp_path, name):
+    """The weights decide, whatever the layout (SafeAILab without a config included)."""
+    cfg = qcfg()
+    ck = read_checkpoint(write_layout(name, cfg, canonical_state_dict(cfg, 2), tmp_path / name))
+    assert ck.config.architecture == "qwen3" and ck.config.head_dim == 32
+    assert not {"family_mismatch", "qk_norm_weights_missing", "qk_norm_weights_incomplete"} & errors(ck)
 
 
 def test_inspect_reports_the_qwen3_family(tmp_path):
