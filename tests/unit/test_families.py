@@ -279,3 +279,22 @@ def test_convert_and_quantize_keep_qwen3(tmp_path):
     ckq = read_checkpoint(tmp_path / "fp8")
     assert ckq.config.architecture == "qwen3"
     assert ckq.info("layers.0.self_attn.q_norm.weight").dtype in ("float32", "bfloat16", "float16")
+
+
+def test_calibration_runs_on_a_qwen3_drafter_and_trains_its_qk_norms_with_all(tmp_path):
+    """calibrate runs on the Qwen3 layer; --train all includes q_norm / k_norm (the norm modes keep them: they
+    neither see the inserted fc_norm output nor the fed-back state directly)."""
+    from eagle_migrate.calibrate import trainable_names
+    from eagle_migrate.convert import convert
+
+    names = trainable_names(EagleDrafter(qcfg()), "all")
+    assert "layers.0.self_attn.q_norm.weight" in names and "layers.0.self_attn.k_norm.weight" in names
+    assert not any("q_norm" in n or "k_norm" in n for n in trainable_names(EagleDrafter(qcfg()), "norms"))
+    target = str(toy.write_target(tmp_path / "t", family="qwen3"))
+    src = toy.write_drafter(tmp_path / "src", "random", family="qwen3")
+    with pytest.warns(UserWarning, match="did not improve"):  # a random drafter in 4 steps: expected
+        res = convert(src, target, tmp_path / "cal", num_sequences=8, command="test", calibrate=True, steps=4, train="all")
+    assert res.calibration.improved is not None  # the fine-tune ran
+    ck = read_checkpoint(tmp_path / "cal")
+    assert ck.config.architecture == "qwen3" and ck.format == "eagle3.1"
+    assert ck.has("layers.0.self_attn.q_norm.weight") and ck.has("layers.0.self_attn.k_norm.weight")
