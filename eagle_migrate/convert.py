@@ -678,7 +678,7 @@ def convert(
     ck = read_checkpoint(source)
     progress("read source", 1, 1)
     cfg = ck.config
-    if cfg.architecture != "llama":
+    if not cfg.supported_architecture:
         raise UnsupportedError(f"{source}: {cfg.architecture.upper()} drafters are recognised but cannot be converted yet")
     if ck.quantization:
         raise UnsupportedError(f"{source}: the drafter is quantized ({ck.quantization.get('scheme')}); convert the unquantized drafter, then quantize")

@@ -230,15 +230,23 @@ def scheme_from_config(qc: dict[str, Any]) -> str | None:
 # ---------------------------------------------------------------------------------------------------------------
 
 
+# The decoder-layer Linears vLLM builds with the drafter's quant_config, per family (llama_eagle3.py, qwen3_eagle3.py:
+# q/k/v fused into qkv_proj, o_proj, gate/up fused into gate_up_proj, down_proj). Everything else (the Qwen3
+# q_norm / k_norm, every other norm) is an RMSNorm that vLLM keeps in 16 bits.
+_ATTN = tuple(f"self_attn.{x}_proj" for x in "qkvo")
+_MLP = tuple(f"mlp.{x}_proj" for x in ("gate", "up", "down"))
+LAYER_LINEARS = {"llama": _ATTN + _MLP, "qwen3": _ATTN + _MLP}
+
+
 def linear_prefixes(cfg: DrafterConfig, names: Iterable[str], *, quantize_fc: bool = False,
                     quantize_lm_head: bool = False) -> list[str]:
     """Checkpoint prefixes of the Linears to quantize, in checkpoint order."""
     present = set(names)
+    if cfg.architecture not in LAYER_LINEARS:
+        raise UnsupportedError(f"{cfg.architecture} drafters are not supported by quantize")
     out = []
     for i in range(cfg.num_layers):
-        p = f"layers.{i}."
-        out += [p + f"self_attn.{x}_proj" for x in "qkvo"]
-        out += [p + f"mlp.{x}_proj" for x in ("gate", "up", "down")]
+        out += [f"layers.{i}.{n}" for n in LAYER_LINEARS[cfg.architecture]]
     if quantize_fc:
         out.insert(0, "fc")
     if quantize_lm_head:
@@ -812,7 +820,7 @@ def quantize(
     if cfg.generation != "eagle3":
         raise UnsupportedError(f"{source} is an EAGLE-2 drafter; vLLM's compressed-tensors path is for EAGLE-3 drafters",
                                "run `eagle-migrate convert` first, then quantize its output")
-    if getattr(cfg, "architecture", "llama") != "llama":
+    if not cfg.supported_architecture:
         raise UnsupportedError(f"{source}: {cfg.architecture} drafters are not supported by quantize")
     src_dtype = _source_float_dtype(ckpt)
     sd = {n: ckpt.tensor(n) for n in ckpt.canonical_names() if n != "t2d"}

@@ -1,8 +1,10 @@
-"""The EAGLE-3 / EAGLE-3.1 drafter as vLLM runs it (``vllm/model_executor/models/llama_eagle3.py``), in plain torch.
+"""The EAGLE-3 / EAGLE-3.1 drafter as vLLM runs it (``vllm/model_executor/models/llama_eagle3.py`` and, for
+``cfg.architecture == "qwen3"``, ``qwen3_eagle3.py``: the same layer with per-head ``q_norm`` / ``k_norm``
+[head_dim] RMSNorms on queries and keys before rope and no o_proj bias), in plain torch.
 
 Parameter names are the canonical (vLLM-layout) checkpoint names, so ``load_state_dict`` takes a vLLM-layout
 state dict as is: ``fc.weight``, ``fc_norm.{k}.weight``, ``input_norm.weight``, ``layers.{i}.self_attn.q_proj.weight``,
-``layers.{i}.hidden_norm.weight``, ``norm.weight``, ``lm_head.weight``, ``embed_tokens.weight`` and the ``d2t`` buffer.
+``layers.{i}.hidden_norm.weight``, ``layers.{i}.self_attn.q_norm.weight`` (Qwen3), ``norm.weight``, ``lm_head.weight``, ``embed_tokens.weight`` and the ``d2t`` buffer.
 
 Math (docs/architecture.md):
   g = fc(fc_norm(input_norm(cat(a_1..a_K))))                     # step 0 only
@@ -91,6 +93,11 @@ class KVCache:
         return 0 if not self.keys or self.keys[0] is None else self.keys[0].shape[2]
 
 
+def o_proj_has_bias(cfg: DrafterConfig) -> bool:
+    """vLLM's Llama attention has an o_proj bias iff ``attention_bias``; its Qwen3 attention never has one."""
+    return cfg.attention_bias and not cfg.qk_norm
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: DrafterConfig, in_features: int):
         super().__init__()
@@ -100,10 +107,17 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(in_features, self.nkv * self.hd, bias=cfg.attention_bias)
         # vLLM's LlamaAttention gives o_proj a bias whenever attention_bias is set; checkpoints that carry only
         # q/k/v biases (Qwen2-style) mean a zero o_proj bias, so it starts at zero here and is written as zeros.
-        self.o_proj = nn.Linear(self.nh * self.hd, cfg.hidden_size, bias=cfg.attention_bias)
-        if cfg.attention_bias:
+        # vLLM's Qwen3Attention never has an o_proj bias.
+        o_bias = o_proj_has_bias(cfg)
+        self.o_proj = nn.Linear(self.nh * self.hd, cfg.hidden_size, bias=o_bias)
+        if o_bias:
             nn.init.zeros_(self.o_proj.bias)
             self.register_load_state_dict_pre_hook(self._zero_o_proj_bias)
+        # Qwen3: per-head RMSNorm [head_dim] on queries and keys, before rope (vLLM's Qwen3Attention.forward)
+        self.qk_norm = cfg.qk_norm
+        if self.qk_norm:
+            self.q_norm = RMSNorm(self.hd, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(self.hd, cfg.rms_norm_eps)
 
     def _zero_o_proj_bias(self, module, state_dict, prefix, *args) -> None:
         """A state dict without ``o_proj.bias`` (q/k/v biases only) means a zero o_proj bias, as written on disk."""
@@ -126,6 +140,8 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(b, t, self.nh, self.hd).transpose(1, 2)
         k = self.k_proj(x).view(b, t, self.nkv, self.hd).transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.nkv, self.hd).transpose(1, 2)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [B,1,T,hd]
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
