@@ -103,6 +103,7 @@ class NormInit(BaseModel):
     candidates: list[NormCandidate] = Field(default_factory=list)
     statistics: TargetStatistics | None = None
     notes: dict[str, str] = Field(default_factory=dict)
+    warnings: list[str] = Field(default_factory=list, description="fits the statistics could not determine, and why")
 
 
 class CalibrationStatus(BaseModel):
@@ -767,6 +768,7 @@ def convert(
                 ck, cfg, upd, tside, seqs_iter, n_total, n_held, aux_ids, dev, cdtype, num_speculative_tokens, max_cuts, progress)
             calibration_required = True
         plan.changes = base_changes + plan.changes
+        warnings.extend(f"warning: {w}" for w in (norm_init.warnings if norm_init else []))
         want_cal = True if calibrate is None else calibrate
     prov.num_sequences = stats.num_sequences if stats is not None else 0
     prov.statistics = stats
@@ -1048,7 +1050,7 @@ def _convert_eagle3(ck, cfg: DrafterConfig, upd, tside: _TargetSide, records, n_
     if not own_embed:
         pass  # vLLM shares the target's embedding (H = Ht)
     fcn = [FcNormWeight(layer_id=aux_ids[i], chunk=i, mean=float(chosen_w[i].mean()), min=float(chosen_w[i].min()), max=float(chosen_w[i].max())) for i in range(kk)]
-    norm_init = NormInit(method=best, fc_norm=fcn, candidates=results, statistics=stats,
+    norm_init = NormInit(method=best, fc_norm=fcn, candidates=results, statistics=stats, warnings=fits.warnings,
                          notes={"selection": "highest step-0 agreement on held-out sequences; ties within 0.002 -> lowest fc error "
                                 + ("(cosine: norm_before_residual makes the scale of fc's output irrelevant)" if cfg.norm_before_residual else "(relative L2)")})
     return plan, norm_init, comp, agreement, stats

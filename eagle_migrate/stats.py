@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -81,10 +81,35 @@ class TargetStatistics(BaseModel):
 
 @dataclass
 class Fits:
-    """Initialisation candidates for the K fc_norm weights (each a list of K tensors [Ht])."""
+    """Initialisation candidates for the K fc_norm weights (each a list of K tensors [Ht]). ``warnings``: fits that
+    the statistics do not determine (collinear or zero aux states) and were left out, each with the reason."""
 
     candidates: dict[str, list[torch.Tensor]]
     notes: dict[str, str]
+    warnings: list[str] = field(default_factory=list)
+
+
+#: eigenvalues of a Gram matrix below this fraction of its largest are treated as zero (the sums are float64 of
+#: float32 data, whose relative precision ~1e-7 puts a noise floor near 1e-14 on the eigenvalue ratio; 1e-9 means a
+#: direction carries less than 3e-5 of the signal's amplitude)
+GRAM_RCOND = 1e-9
+
+
+def solve_psd(g: torch.Tensor, r: torch.Tensor, rcond: float = GRAM_RCOND) -> tuple[torch.Tensor | None, int]:
+    """Least-squares solution of ``g x = r`` for a symmetric positive semi-definite ``g`` (a Gram matrix), defined
+    when ``g`` is singular: the pseudo-inverse through ``eigh`` with eigenvalues below ``rcond * max`` cut.
+    Returns ``(x, rank)``; ``x`` is None when ``g`` is zero or not finite (nothing to solve)."""
+    g = g.double()
+    if not bool(torch.isfinite(g).all()) or not bool(torch.isfinite(r).all()):
+        return None, 0
+    ev, vec = torch.linalg.eigh((g + g.T) / 2)
+    top = float(ev.max()) if ev.numel() else 0.0
+    if top <= 0.0:
+        return None, 0
+    keep = ev > rcond * top
+    inv = torch.where(keep, 1.0 / ev.clamp_min(1e-300), torch.zeros_like(ev))
+    x = vec @ (inv * (vec.T @ r.double()))
+    return x, int(keep.sum())
 
 
 class StatsAccumulator:
@@ -237,22 +262,38 @@ class StatsAccumulator:
         diag = (self._u2a / self._u2.clamp_min(1e-30)).float().cpu().view(k, ht)
         cand["lstsq-channel-independent"] = [diag[i].clone() for i in range(k)]
         notes["lstsq-channel-independent"] = "w_i = E[u_i^2 a] / E[u_i^2] per channel, ignoring fc"
+        warnings: list[str] = []
         if self.fc is not None:
             p = self.fc.double().T @ self.fc.double() if self.full else None  # [D, D]
+            fallback = "; the per-layer mean-RMS initialisation (mean-rms) stands in for it"
             for suffix, g, r, u_m, c_m, what in (
                 ("", self._G, self._r, getattr(self, "_U", None), getattr(self, "_C", None), ""),
                 ("-relative", self._Gw, self._rw, getattr(self, "_Uw", None), getattr(self, "_Cw", None),
                  ", every token weighted by 1/||fc(a*u)||^2 (fits the direction of fc's output, what hidden_norm sees)"),
             ):
-                c = torch.linalg.solve(g + 1e-9 * torch.trace(g) / k * torch.eye(k, dtype=g.dtype, device=g.device), r)
+                c, rank = solve_psd(g, r)
+                if c is None or rank < k:
+                    why = ("the aux states seen through fc are zero (or not finite)" if c is None else
+                           f"the K={k} aux states seen through fc are collinear (rank {rank} of {k}: identical or "
+                           "proportional aux layers, e.g. duplicate ids or layers that add nothing to the residual)")
+                    msg = f"lstsq-scalar{suffix} and lstsq-channel{suffix} not fitted: {why}, so the K scalars are not determined"
+                    notes["lstsq-scalar" + suffix] = notes["lstsq-channel" + suffix] = "skipped: " + msg + fallback
+                    warnings.append(msg + fallback)
+                    continue
                 cand["lstsq-scalar" + suffix] = [torch.full((ht,), float(c[i])) for i in range(k)]
                 notes["lstsq-scalar" + suffix] = "K scalars minimising E||fc(c*u) - fc(a*u)||^2" + what
                 if self.full:
                     a_mat = p * u_m.double()
                     b = (p * c_m.double()).sum(1)
-                    lam = ridge * float(torch.diagonal(a_mat).mean())
+                    # ridge towards lstsq-scalar, scaled to the system (positive definite whenever a_mat is not zero)
+                    lam = ridge * float(torch.diagonal(a_mat).abs().mean())
                     w0 = torch.cat([torch.full((ht,), float(c[i]), dtype=torch.float64, device=p.device) for i in range(k)])
-                    w = torch.linalg.solve(a_mat + lam * torch.eye(a_mat.shape[0], dtype=a_mat.dtype, device=a_mat.device), b + lam * w0)
+                    w, info = torch.linalg.solve_ex(a_mat + lam * torch.eye(a_mat.shape[0], dtype=a_mat.dtype, device=a_mat.device), b + lam * w0)
+                    if lam <= 0.0 or int(info) != 0 or not bool(torch.isfinite(w).all()):
+                        msg = f"lstsq-channel{suffix} not fitted: its per-channel system is singular even with the ridge"
+                        notes["lstsq-channel" + suffix] = "skipped: " + msg
+                        warnings.append(msg)
+                        continue
                     w = w.float().cpu().view(k, ht)
                     cand["lstsq-channel" + suffix] = [w[i].clone() for i in range(k)]
                     notes["lstsq-channel" + suffix] = (f"per-channel weights minimising E||fc(w*u) - fc(a*u)||^2 "
@@ -260,7 +301,7 @@ class StatsAccumulator:
                 else:
                     notes["lstsq-channel" + suffix] = (f"skipped: K*Ht = {k * ht} > {FULL_LSTSQ_MAX_DIM} "
                                                        "(the [K*Ht]^2 system would not fit comfortably)")
-        return Fits(cand, notes)
+        return Fits(cand, notes, warnings)
 
 
 # ===== precomputed hidden states ===================================================================================
