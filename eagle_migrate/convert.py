@@ -37,6 +37,7 @@ from torch import nn
 
 from . import __version__
 from .drafter.config import DrafterConfig
+from .drafter.load import build_drafter
 from .drafter.model import MLP, Attention, EagleDrafter, KVCache, RMSNorm, _rope_inv_freq, _rotate_half  # noqa: F401
 from .errors import DataError, InputError, PairingError, UnsupportedError
 from .allocator import fixed_mmap_threshold
@@ -356,33 +357,6 @@ def _float_dtype(store_dtypes: list[str]) -> torch.dtype:
         if d in ("bfloat16", "float16", "float32"):
             return getattr(torch, d)
     return torch.bfloat16
-
-
-def _build_eagle3(cfg: DrafterConfig, tensors: dict[str, torch.Tensor], device: str, dtype: torch.dtype,
-                  allow_missing: tuple[str, ...] = ()) -> EagleDrafter:
-    """An EagleDrafter holding ``tensors`` (assigned, not copied twice); built on the meta device. Names in
-    ``allow_missing`` stay on the meta device (e.g. ``lm_head.weight`` when no logits are needed)."""
-    with torch.device("meta"):
-        m = EagleDrafter(cfg)
-    sd = {}
-    for n, t in tensors.items():
-        if n in ("t2d",) or n.endswith("o_proj.bias"):
-            continue
-        if n == "d2t" and not cfg.uses_d2t:
-            continue
-        if n == "embed_tokens.weight":  # looked up, then cast per row (EagleDrafter.forward_step): keep its dtype
-            sd[n] = t.to(device=device)
-        else:
-            sd[n] = t.to(device=device, dtype=dtype) if t.is_floating_point() else t.to(device)
-    missing, unexpected = m.load_state_dict(sd, strict=False, assign=True)
-    if unexpected:
-        raise InputError(f"unexpected tensors for the drafter: {', '.join(unexpected[:5])}")
-    missing = [n for n in missing if n not in allow_missing]
-    if missing:
-        raise InputError(f"the drafter lacks {', '.join(missing[:5])}")
-    inv, _ = _rope_inv_freq(cfg)
-    m._inv_freq = inv.to(device)
-    return m.eval()
 
 
 class Eagle2Reference(nn.Module):
@@ -909,7 +883,7 @@ def _convert_eagle3(ck, cfg: DrafterConfig, upd, tside: _TargetSide, records, n_
     if "embed_tokens.weight" not in src_t:
         src_t["embed_tokens.weight"] = tside.weight("embed", mapped=True)  # only looked-up rows are ever read
     src_cfg = cfg.model_copy(update={"fc_norm": False, "norm_output": False})
-    m = _build_eagle3(src_cfg, src_t, dev, cdtype, allow_missing=skip)
+    m = build_drafter(src_cfg, src_t, device=dev, dtype=cdtype, allow_missing=skip, what=f"{ck.path}")
     own_embed = ck.has("embed_tokens.weight")
     del src_t
     fc_w = m.fc.weight.detach()  # the module's dtype: no float32 copy of an 8B-sized fc
@@ -1165,7 +1139,8 @@ def _convert_eagle2(ck, cfg: DrafterConfig, upd, tside: _TargetSide, records, n_
         "fc_norm": True, "norm_output": True, "norm_before_fc": False, "norm_before_residual": False, "fc_bias": False,
         "has_lm_head": True, "has_embed_tokens": own_embed, "attention_bias": attn_bias,
     })
-    conv = _build_eagle3(cfg_out, {**new, **({} if own_embed else {"embed_tokens.weight": emb})}, dev, cdtype)
+    conv = build_drafter(cfg_out, {**new, **({} if own_embed else {"embed_tokens.weight": emb})}, device=dev, dtype=cdtype,
+                         what="the converted drafter")
 
     # ----- agreement with the EAGLE-2 source ---------------------------------------------------------------------
     src_runner = _eagle2_runner(ref, dev, cdtype)

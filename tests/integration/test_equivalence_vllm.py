@@ -19,10 +19,10 @@ import pytest
 import torch
 
 from eagle_migrate.drafter import DrafterConfig
+from eagle_migrate.drafter.load import load_drafter
 from eagle_migrate.formats.io import save_safetensors, write_json
 from eagle_migrate.formats.vllm import write_vllm
 from eagle_migrate.target import load_target
-from eagle_migrate.validate.reference import load_drafter
 from eagle_migrate.validate.vllm_engine import measure_many
 
 from ..conftest import requires_vllm
