@@ -271,7 +271,9 @@ def calibrate(
 
     # training features
     if precomputed is not None:
-        feats: Any = PrecomputedFeatures(precomputed)
+        fnw = target.final_norm_weight
+        feats: Any = PrecomputedFeatures(precomputed, layer_ids, target.info.hidden_size,
+                                         final_norm=None if fnw is None else (fnw.detach(), target.info.rms_norm_eps))
         n_train = len(feats)
     else:
         if not train_sequences:

@@ -42,7 +42,8 @@ from .drafter.model import MLP, Attention, EagleDrafter, KVCache, RMSNorm, _rope
 from .errors import DataError, InputError, PairingError, UnsupportedError
 from .allocator import fixed_mmap_threshold
 from .formats.io import atomic_output_dir, check_output_dir, sha256_files, write_json
-from .stats import HiddenRecord, StatsAccumulator, TargetStatistics, iter_hidden_states, rms_normalize
+from .hidden_states import HiddenRecord, iter_hidden_states
+from .stats import StatsAccumulator, TargetStatistics, rms_normalize
 
 Progress = Callable[[str, int, "int | None"], None]
 OutputFormat = Literal["vllm", "speculators"]
@@ -845,7 +846,7 @@ STATS_MAX_SEQUENCES = 256
 def _records(tside: _TargetSide, data, hidden_states_dir, aux_ids, ht, num_sequences, seed, max_length, want_last) -> tuple[Iterator[HiddenRecord], int]:
     """(iterator over calibration records, how many there will be)."""
     if hidden_states_dir is not None:
-        from .stats import count_hidden_states
+        from .hidden_states import count_hidden_states
 
         n = min(count_hidden_states(Path(hidden_states_dir)), num_sequences)
         return iter_hidden_states(Path(hidden_states_dir), aux_ids, ht, limit=n), n
