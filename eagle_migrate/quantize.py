@@ -30,7 +30,7 @@ from pydantic import BaseModel, Field
 
 from . import __version__
 from .drafter.config import DrafterConfig
-from .drafter.load import build_drafter, load_drafter
+from .drafter.load import build_drafter
 from .errors import CheckFailed, CheckpointError, DataError, InputError, UnsupportedError
 
 SchemeName = Literal["fp8-dynamic", "fp8", "nvfp4a16", "nvfp4"]
@@ -613,25 +613,6 @@ def default_suites(target_spec: str, target=None, *, names: tuple[str, ...] = ("
     return out
 
 
-def _vllm_needs_no_tokenizer(suites: dict[str, dict[str, Any]]) -> bool:
-    return all(isinstance(p, list) for s in suites.values() for p in s["prompts"])
-
-
-def measure_acceptance_vllm(target: str, before: Path, after: Path, suites: dict[str, dict[str, Any]], *, k: int = 3,
-                            **kw: Any):
-    """(before, after) acceptance stats per suite in real vLLM (one worker process when the engine allows it)."""
-    from .validate import vllm_engine
-
-    kw.setdefault("skip_tokenizer_init", _vllm_needs_no_tokenizer(suites))
-    many = getattr(vllm_engine, "measure_many", None)
-    if many is not None:
-        b, a = many(target, [str(before), str(after)], suites, num_speculative_tokens=k, **kw)
-    else:
-        b = vllm_engine.measure(target, str(before), suites, num_speculative_tokens=k, **kw)
-        a = vllm_engine.measure(target, str(after), suites, num_speculative_tokens=k, **kw)
-    return {n: s for n, (s, _) in b.items()}, {n: s for n, (s, _) in a.items()}
-
-
 def activation_hook(scheme: str, local: dict[str, torch.Tensor]):
     """A forward-pre-hook that fake-quantizes a Linear's input as vLLM's kernel would (compressed-tensors' own
     dynamic-scale and fake-quantize functions): per token FP8 (fp8-dynamic), static per-tensor FP8 (fp8), FP4 in
@@ -659,16 +640,6 @@ def activation_hook(scheme: str, local: dict[str, torch.Tensor]):
         return (y.to(x.dtype), *inputs[1:])
 
     return hook
-
-
-def measure_acceptance_reference(target, before, after, suites: dict[str, dict[str, Any]], *, k: int = 3,
-                                 max_model_len: int | None = None):
-    """(before, after) acceptance stats per suite through the validate stage's reference engine (pure torch).
-    ``target``: a loaded Target or a path; ``before`` / ``after``: EagleDrafter modules or checkpoint paths."""
-    from .validate import reference
-
-    b, a = reference.measure(target, [before, after], suites, num_speculative_tokens=k, max_model_len=max_model_len)
-    return {n: s for n, (s, _) in b.items()}, {n: s for n, (s, _) in a.items()}
 
 
 def _max_model_len(target_spec: str, cap: int = 2048) -> int:
@@ -759,7 +730,7 @@ def quantize(
         raise InputError(f"--validate {validate} measures acceptance against a target", "pass --target T")
     engine = None
     if target is not None and validate != "none":
-        from .validate.api import resolve_engine
+        from .validate.api import resolve_engine, run_engine
 
         vpy = (vllm_options or {}).get("python")
         if validate == "auto":  # vLLM when it is installed and has a kernel for the scheme here, else the reference engine
@@ -818,27 +789,27 @@ def quantize(
             vopts = dict(vllm_options or {})
             mp = _max_model_len(target)
             sts = suites if suites is not None else default_suites(target, tgt, max_model_len=mp)
-            if engine == "vllm":
-                vopts.setdefault("max_model_len", mp)
-                with tempfile.TemporaryDirectory(prefix=".eagle-migrate-quantize-", dir=str(out.parent)) as work:
-                    dense_before = Path(work) / "before"  # the source in the layout vLLM loads, unquantized
-                    _write_dense(dense_before, cfg, sd, None)
-                    before_s, after_s = measure_acceptance_vllm(target, dense_before, tmp, sts, k=num_speculative_tokens, **vopts)
-                acceptance = _acceptance_from("vllm", num_speculative_tokens, before_s, after_s, max_al_drop_pct)
-            else:
-                from .target import load_target
+            with tempfile.TemporaryDirectory(prefix=".eagle-migrate-quantize-", dir=str(out.parent)) as work:
+                if engine == "vllm":  # the source in the layout vLLM loads, unquantized
+                    before = Path(work) / "before"
+                    _write_dense(before, cfg, sd, None)
+                else:  # the reference engine reads any layout (and the quantized output) through the one loader
+                    before = source
+                    if tgt is None:
+                        from .target import load_target
 
-                if tgt is None:
-                    tgt = load_target(target, device=device, dtype=torch.float32)
-                # the source, and the written output read back through the loader the reference engine uses
-                # (weights dequantised, activations fake-quantized as the scheme does)
-                dense = load_drafter(ckpt, tgt, device=tgt.device)
-                sim = load_drafter(tmp, tgt, device=tgt.device)
-                before_s, after_s = measure_acceptance_reference(tgt, dense, sim, sts, k=num_speculative_tokens, max_model_len=mp)
+                        tgt = load_target(target, device=device, dtype=torch.float32)
+                run = run_engine(engine, target, [str(before), str(tmp)], sts, k=num_speculative_tokens,
+                                 max_model_len=int(vopts.pop("max_model_len", mp)), vllm_python=vopts.pop("python", None),
+                                 skip_tokenizer_init=all(isinstance(x, list) for st in sts.values() for x in st["prompts"]),
+                                 target_obj=tgt if engine == "reference" else None, **vopts)
+            before_s, after_s = ({n: st for n, (st, _) in r.items()} for r in run.results)
+            note = None
+            if engine == "reference":
                 acts = _ct_scheme(scheme).input_activations is not None
                 note = "weights dequantised through compressed-tensors" + (
                     "; activations fake-quantized as the scheme does" if acts else "")
-                acceptance = _acceptance_from("reference", num_speculative_tokens, before_s, after_s, max_al_drop_pct, note)
+            acceptance = _acceptance_from(engine, num_speculative_tokens, before_s, after_s, max_al_drop_pct, note)
         qb = sum(x.bytes_before for x in layers)
         qa = sum(x.bytes_after for x in layers)
         cb = sum(f.stat().st_size for f in src_files) if src_files else sum(_nbytes(t) for t in sd.values())

@@ -375,10 +375,11 @@ def _fake_stats(al: float, drafts: int = 100):
 
 def test_max_al_drop_gate(monkeypatch, qdir, toy_oracle, toy_target):
     """A drop above --max-al-drop raises CheckFailed with the report and writes nothing; within it, writes."""
-    import eagle_migrate.quantize as q
+    from eagle_migrate.validate import api
 
     suites = {"toy": {"prompts": toy.prompts(2), "max_tokens": 8}}
-    monkeypatch.setattr(q, "measure_acceptance_vllm", lambda *a, **k: ({"toy": _fake_stats(4.0)}, {"toy": _fake_stats(3.5)}))
+    monkeypatch.setattr(api, "run_engine", lambda *a, **k: api.EngineRun(
+        [{"toy": (_fake_stats(4.0), {})}, {"toy": (_fake_stats(3.5), {})}], None, "float32"))
     with pytest.raises(CheckFailed) as ei:
         quantize(toy_oracle, qdir / "gated", "fp8-dynamic", target=str(toy_target), suites=suites, max_al_drop_pct=5.0)
     res = ei.value.result
