@@ -23,10 +23,10 @@ import pytest
 import torch
 
 from eagle_migrate.drafter import DrafterConfig
+from eagle_migrate.drafter.load import load_drafter
 from eagle_migrate.formats.io import save_safetensors, write_json
 from eagle_migrate.formats.vllm import write_vllm
 from eagle_migrate.target import load_target
-from eagle_migrate.validate.reference import load_drafter
 from eagle_migrate.validate.vllm_engine import measure_many
 
 from ..conftest import requires_vllm
@@ -45,6 +45,12 @@ VARIANTS: dict[str, dict] = {
     "fcnorm-d2t": {"fc_norm": True, "draft_vocab_size": 96},
     "normout-nbfc-embed-h96": {"norm_output": True, "norm_before_fc": True, "hidden_size": 96, "num_attention_heads": 3},
     "eagle31-2layers": {"fc_norm": True, "norm_output": True, "num_layers": 2},
+    # scaled rotary embeddings (issue 16.2b): the scaling changes the frequencies well inside the prompts' positions
+    "eagle31-yarn": {"fc_norm": True, "norm_output": True,
+                     "rope_scaling": {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 64}},
+    "eagle31-llama3": {"fc_norm": True, "norm_output": True,
+                       "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                        "high_freq_factor": 4.0, "original_max_position_embeddings": 64}},
 }
 
 
@@ -173,6 +179,12 @@ def test_torch_drafter_drafts_what_vllm_drafts(pair):
         ids_list = drafter.cfg.aux_layer_ids
         checked = mismatched = 0
         first_bad = None
+        # a scaled rope must matter here: the same weights with the plain rope draft differently somewhere
+        plain = None
+        if drafter.cfg.rope_scaling:
+            plain = type(drafter)(drafter.cfg.model_copy(update={"rope_scaling": None}))
+            plain.load_state_dict(drafter.state_dict())
+            plain_differs = 0
         for prompt, out, records in zip(prompts, extra["outputs"], extra["drafts"]):
             seq = prompt + out
             assert records, f"{name}: vLLM made no proposals"
@@ -181,11 +193,15 @@ def test_torch_drafter_drafts_what_vllm_drafts(pair):
                 n = r["n"]
                 assert seq[n] == r["next_token"], f"{name}: record n={n} does not sit on the verified token"
                 ours = drafter.draft(torch.tensor([seq[: n + 1]]), aux_all[:, :n], K_SPEC)[0].tolist()
+                if plain is not None:
+                    plain_differs += plain.draft(torch.tensor([seq[: n + 1]]), aux_all[:, :n], K_SPEC)[0].tolist() != ours
                 checked += 1
                 if ours != r["drafts"]:
                     mismatched += 1
                     first_bad = first_bad or (n, ours, r["drafts"])
         report[name] = (checked, mismatched, first_bad, round(stats.acceptance_length, 3))
+        if plain is not None:
+            assert plain_differs, f"{name}: the rope scaling changes no draft (the test would not see a wrong rope)"
     bad = {k: v for k, v in report.items() if v[1]}
     assert not bad, f"torch drafter disagrees with vLLM: {bad}"
     assert all(v[0] >= 10 for v in report.values()), report
