@@ -170,4 +170,4 @@ def migrate(source: Path | str, target: str, out: Path | str, opts: MigrateOptio
     source = Path(source)
     if not source.exists():
         raise InputError(f"{source}: no such checkpoint")
-    return Pipeline(Path(out), build_stages(source, target, opts), protect=[source], log=log).run()
+    return Pipeline(Path(out), build_stages(source, target, opts), protect=[source, target, opts.data, opts.prompts_file], log=log).run()

@@ -42,13 +42,14 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from . import __version__
-from .errors import EXIT_CHECK_FAILED, EXIT_OK, EagleMigrateError, InputError
-from .formats.io import atomic_output_dir
+from .errors import EXIT_CHECK_FAILED, EXIT_OK, EagleMigrateError, InputError, OutputExistsError
+from .formats.io import atomic_output_dir, check_no_overlap, check_writable_parent
 
 MANIFEST_NAME = "migrate-manifest.json"
 LOCK_NAME = ".migrate.lock"
 _STAGE_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
 _HASH_CHUNK = 1 << 22
+_STALE = re.compile(r"^\.(?P<name>.+)\.(?:tmp|old)-(?P<pid>\d+)(?:-[0-9a-f]+)?$")
 
 Status = Literal["pending", "running", "done", "failed"]
 Action = Literal["ran", "skipped", "not-run"]
@@ -305,7 +306,7 @@ def _one_line(e: BaseException) -> str:
 class Pipeline:
     """Runs ``stages`` in order inside ``out_dir``; see the module docstring."""
 
-    def __init__(self, out_dir: Path, stages: list[Stage], *, protect: list[Path] = (), log: Callable[[str], None] | None = None):
+    def __init__(self, out_dir: Path, stages: list[Stage], *, protect: list[Any] = (), log: Callable[[str], None] | None = None):
         names = [s.name for s in stages]
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
@@ -314,13 +315,18 @@ class Pipeline:
         self.stages = list(stages)
         self.manifest_path = self.out_dir / MANIFEST_NAME
         self._log = log or (lambda msg: None)
-        ro = self.out_dir.resolve()
-        for p in protect:
-            rp = Path(p).resolve()
-            if ro == rp or rp in ro.parents or ro in rp.parents:
-                raise InputError(f"output {out_dir} overlaps the input {p}", "choose an output folder outside the input checkpoint")
+        check_no_overlap(self.out_dir, list(protect))
         if self.out_dir.exists() and not self.out_dir.is_dir():
             raise InputError(f"{out_dir} exists and is not a folder")
+        if self.out_dir.is_dir() and not self.manifest_path.exists() and any(
+            not (p.name == LOCK_NAME or _STALE.match(p.name)) for p in self.out_dir.iterdir()
+        ):
+            raise OutputExistsError(
+                f"{out_dir} is a non-empty folder without {MANIFEST_NAME}: not an eagle-migrate run folder",
+                "choose a new or empty -o (a run folder is resumed by running the same command again)",
+            )
+        if not self.out_dir.exists():
+            check_writable_parent(self.out_dir)
 
     # -- manifest ---------------------------------------------------------------------------------------------
     def load_manifest(self) -> Manifest:
@@ -373,9 +379,8 @@ class Pipeline:
     def _clean_stale(self) -> None:
         """Remove temporary folders/files a killed run left behind (``.<stage>.tmp-PID``, ``.<stage>.old-PID``)."""
         names = {s.name for s in self.stages} | {MANIFEST_NAME}
-        pat = re.compile(r"^\.(?P<name>.+)\.(?:tmp|old)-(?P<pid>\d+)(?:-\d+)?$")
         for p in self.out_dir.iterdir():
-            m = pat.match(p.name)
+            m = _STALE.match(p.name)
             if not m or m.group("name") not in names:
                 continue
             if int(m.group("pid")) != os.getpid() and _pid_alive(int(m.group("pid"))):
