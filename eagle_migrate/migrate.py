@@ -163,11 +163,79 @@ def build_stages(source: Path, target: str, opts: MigrateOptions) -> list[Stage]
     return stages
 
 
-def migrate(source: Path | str, target: str, out: Path | str, opts: MigrateOptions | None = None,
-            log: Callable[[str], None] | None = None) -> PipelineResult:
-    """Run every stage into ``out`` (resuming a previous run there); see the module docstring."""
-    opts = opts or MigrateOptions()
-    source = Path(source)
+ENGINES = ("auto", "vllm", "reference")
+
+
+def check_options(source: Path, target: str, out: Path, opts: MigrateOptions) -> None:
+    """Every option of every stage, checked before the first stage starts (a typo costs seconds, not a
+    conversion): exit 2 with the option's name."""
+    from .calibrate import TRAIN_MODES
+    from .data import SUITE_NAMES
+    from .options import DeviceChoice, DtypeChoice, OutputFormat, SchemeChoice, resolve_device
+
+    def choice(flag: str, value: Any, allowed: list[str] | tuple[str, ...]) -> None:
+        if value is not None and value not in allowed:
+            raise InputError(f"{flag} {value!r} is not one of {', '.join(allowed)}", f"pass {flag} {allowed[0]} (see --help)")
+
     if not source.exists():
         raise InputError(f"{source}: no such checkpoint")
+    if not isinstance(target, str) or not target.strip():
+        raise InputError("--target is empty", "pass the target model: a local folder or a hub id")
+    choice("--quantize", opts.quantize, [c.value for c in SchemeChoice])
+    choice("--engine", opts.engine, ENGINES)
+    choice("--output-format", opts.output_format, [c.value for c in OutputFormat])
+    choice("--train", opts.train, TRAIN_MODES)
+    choice("--device", opts.device, [c.value for c in DeviceChoice])
+    choice("--dtype", opts.dtype, [c.value for c in DtypeChoice])
+    resolve_device(opts.device)  # --device cuda without CUDA
+    if opts.suites is not None:
+        if not opts.suites:
+            raise InputError("--suite names no suite", f"choose from {', '.join(SUITE_NAMES)}")
+        for s in opts.suites:
+            choice("--suite", s, SUITE_NAMES)
+    if opts.prompts_file is not None and not Path(opts.prompts_file).is_file():
+        raise InputError(f"--prompts {opts.prompts_file}: no such file")
+    if opts.vllm_python is not None and not Path(opts.vllm_python).is_file():
+        raise InputError(f"--vllm-python {opts.vllm_python}: no such file", "pass the path of a Python that has vLLM")
+    for flag, v, lo in (("-k", opts.k, 1), ("--num-prompts", opts.num_prompts, 1), ("--max-tokens", opts.max_tokens, 1),
+                        ("--steps", opts.steps, 0), ("--num-sequences", opts.num_sequences, 1)):
+        if v is not None and v < lo:
+            raise InputError(f"{flag} {v} must be at least {lo}")
+    if opts.publish is not None:
+        from .publish import _REPO_ID
+
+        if not _REPO_ID.match(opts.publish):
+            raise InputError(f"--publish {opts.publish!r} is not ORG/NAME", "e.g. --publish my-org/llama31-8b-eagle3.1")
+        if opts.revision is not None and (not opts.revision.strip() or opts.revision.startswith("refs/pr/")):
+            raise InputError(f"--revision {opts.revision!r} is not a branch name", "pass a branch, or --create-pr")
+    _check_room(source, out)
+
+
+def _check_room(source: Path, out: Path) -> None:
+    """The output's file system must hold about twice the source's weights (convert + quantize copies)."""
+    import shutil as _shutil
+
+    from .formats.io import WEIGHT_SUFFIXES
+
+    files = [source] if source.is_file() else [p for p in source.iterdir() if p.suffix in WEIGHT_SUFFIXES and p.is_file()]
+    need = 2 * sum(p.stat().st_size for p in files)
+    anc = Path(out).resolve()
+    while not anc.exists() and anc != anc.parent:
+        anc = anc.parent
+    try:
+        free = _shutil.disk_usage(anc).free
+    except OSError:
+        return
+    if free < need:
+        raise InputError(f"{out}: {free / 1e9:.2f} GB free on that disk, the run needs about {need / 1e9:.2f} GB",
+                         "free some space or choose an -o on another disk")
+
+
+def migrate(source: Path | str, target: str, out: Path | str, opts: MigrateOptions | None = None,
+            log: Callable[[str], None] | None = None) -> PipelineResult:
+    """Run every stage into ``out`` (resuming a previous run there); see the module docstring. Every option is
+    checked (:func:`check_options`) and the output folder too before the first stage starts."""
+    opts = opts or MigrateOptions()
+    source = Path(source)
+    check_options(source, target, Path(out), opts)
     return Pipeline(Path(out), build_stages(source, target, opts), protect=[source, target, opts.data, opts.prompts_file], log=log).run()

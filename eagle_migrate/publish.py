@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from . import __version__
 from .card import TARGET_PLACEHOLDER, CardInfo, FileRow, GateRow, ValidationInfo, render_card, sglang_args, vllm_serve_command
-from .errors import CheckFailed, CheckpointError, EagleMigrateError, HubError, InputError, OutputExistsError
+from .errors import CheckFailed, CheckpointError, EagleMigrateError, HubError, InputError, OutputExistsError, redact
 from .formats.base import Finding
 from .formats import Checkpoint, read_checkpoint
 from .formats.io import atomic_output_dir, open_checkpoint_path, read_json, sha256_files
@@ -44,7 +44,6 @@ VALIDATION_DIR = "validation"
 EXTRA_CHECKPOINT_FILES = ("model.safetensors.index.json", "generation_config.json", "recipe.yaml")
 MAX_PLOTS = 8
 _REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
-_TOKENISH = re.compile(r"hf_[A-Za-z0-9]{6,}")
 _SHA_KEYS = ("drafter_sha256", "checkpoint_sha256", "weights_sha256")
 
 
@@ -271,10 +270,8 @@ def _local_dir(v: Any) -> Path | None:
 
 
 def scrub(text: str, token: str | None) -> str:
-    """Remove a token (and anything shaped like a Hub token) from a message."""
-    if token:
-        text = text.replace(token, "***")
-    return _TOKENISH.sub("hf_***", text)
+    """Remove a token, anything shaped like a Hub token and credentials in URLs from a message."""
+    return redact(text, token)
 
 
 # ----- the pieces ------------------------------------------------------------------------------------------------

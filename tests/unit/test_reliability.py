@@ -141,3 +141,50 @@ def test_atomic_output_dir_checks_at_rename_time(tmp_path):
                 (b / "b.txt").write_text("second")
     assert sorted(p.name for p in out.iterdir()) == ["b.txt"]
     assert [p.name for p in tmp_path.iterdir()] == ["o"]
+
+
+# ----- 3. fail before work, with the right code --------------------------------------------------------------------
+def _main(args: list[str], capsys) -> tuple[int, str, str]:
+    from eagle_migrate import cli
+
+    with pytest.raises(SystemExit) as e:
+        cli.main(args)
+    got = capsys.readouterr()
+    return e.value.code, got.out, got.err
+
+
+@pytest.mark.parametrize("bad", [["--quantize", "int3"], ["--validate", "--suite", "bogus"],
+                                 ["--validate", "--engine", "bogus"], ["--validate", "--prompts", "/no/such/prompts.jsonl"],
+                                 ["--validate", "--publish", "not a repo id"]])
+def test_every_bad_migrate_option_fails_before_the_first_stage(pair, tmp_path, capsys, monkeypatch, bad):
+    monkeypatch.delenv("EAGLE_MIGRATE_DEBUG", raising=False)
+    target, drafter = pair
+    out = tmp_path / "run"
+    code, stdout, err = _main(["migrate", str(drafter), "--target", str(target), "-o", str(out), *bad], capsys)
+    assert code == 2, err
+    assert bad[-1] in err and "error:" in err
+    assert not out.exists()  # not one stage ran
+
+
+def test_unwritable_output_exits_2_before_work(pair, capsys, monkeypatch):
+    monkeypatch.delenv("EAGLE_MIGRATE_DEBUG", raising=False)
+    target, drafter = pair
+    code, _, err = _main(["migrate", str(drafter), "--target", str(target), "-o", "/proc/eagle-migrate-x"], capsys)
+    assert code == 2 and "/proc/eagle-migrate-x" in err and "bug" not in err
+    code, _, err = _main(["convert", str(drafter), "--target", str(target), "-o", "/proc/eagle-migrate-x", "--no-calibrate"], capsys)
+    assert code == 2 and "/proc/eagle-migrate-x" in err and "bug" not in err
+
+
+@pytest.mark.parametrize("debug", ["0", "1"])
+def test_json_failure_document_and_debug_keeps_the_exit_code(pair, tmp_path, capsys, monkeypatch, debug):
+    import json
+
+    monkeypatch.setenv("EAGLE_MIGRATE_DEBUG", debug)
+    target, drafter = pair
+    code, stdout, err = _main(["migrate", str(drafter), "--target", str(target), "-o", str(tmp_path / "r"),
+                               "--quantize", "int3", "--json"], capsys)
+    assert code == 2
+    doc = json.loads(stdout)
+    assert set(doc) == {"error"} and doc["error"]["code"] == "InputError"
+    assert "int3" in doc["error"]["message"] and doc["error"]["hint"]
+    assert ("Traceback" in err) == (debug == "1")
