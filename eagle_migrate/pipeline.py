@@ -104,6 +104,8 @@ class StageRecord(BaseModel):
     error_type: str | None = None
     exit_code: int | None = None
     attempts: int = Field(0, description="how many times the stage was started")
+    files: dict[str, str] | None = Field(None, description="sha256 of every file of the finished stage folder (relative path -> "
+                                                             "hex); a re-run verifies them before skipping the stage")
     pid: int | None = Field(None, description="the process running it (status running)")
 
 
@@ -186,6 +188,7 @@ class PipelineResult(BaseModel):
     manifest: str
     failed_stage: str | None = None
     interrupted: bool = False
+    hint: str | None = Field(None, description="what to do next when a stage failed")
     tool_version: str = __version__
     stages: list[StageSummary]
 
@@ -243,6 +246,39 @@ class _Hasher:
         if v is None or isinstance(v, (str, int, float, bool)):
             return v
         raise TypeError(f"stage input {where} is a {type(v).__name__}; use JSON values or pathlib.Path")
+
+
+def folder_sha256(folder: Path) -> dict[str, str]:
+    """sha256 of every file under ``folder`` (full read, no cache: this is what a skip is trusted on)."""
+    out: dict[str, str] = {}
+    for f in sorted(x for x in Path(folder).rglob("*") if x.is_file()):
+        h = hashlib.sha256()
+        with open(f, "rb") as fh:
+            while b := fh.read(_HASH_CHUNK):
+                h.update(b)
+        out[f.relative_to(folder).as_posix()] = h.hexdigest()
+    return out
+
+
+def _files_changed(recorded: dict[str, str] | None, folder: Path) -> str | None:
+    """Why the finished stage folder cannot be trusted any more (None: every file is as the stage wrote it)."""
+    if recorded is None:
+        return "its manifest record has no file hashes (written by an older eagle-migrate)"
+    now = folder_sha256(folder)
+    missing = sorted(set(recorded) - set(now))
+    if missing:
+        return f"{missing[0]} is missing"
+    changed = sorted(k for k in recorded if now[k] != recorded[k])
+    if changed:
+        return f"{changed[0]} changed since the stage finished (sha256 differs)"
+    extra = sorted(set(now) - set(recorded))
+    if extra:
+        return f"{extra[0]} was added since the stage finished"
+    return None
+
+
+def _files_digest(files: dict[str, str] | None) -> str:
+    return hashlib.sha256(json.dumps(files or {}, sort_keys=True).encode()).hexdigest()
 
 
 def _display(v: Any) -> Any:
@@ -337,7 +373,7 @@ class Pipeline:
         except (ValidationError, ValueError, OSError) as e:
             raise InputError(
                 f"{self.manifest_path}: not a readable eagle-migrate manifest ({_one_line(e)[:200]})",
-                f"delete {self.manifest_path} (and the stage folders) to start over",
+                f"delete {self.manifest_path} (and the stage folders) to start over, or choose a new -o",
             ) from None
 
     def _save(self, m: Manifest) -> None:
@@ -409,14 +445,21 @@ class Pipeline:
             signal.signal(signal.SIGTERM, old)
 
     # -- running ----------------------------------------------------------------------------------------------
-    def run(self, *, force: bool = False) -> PipelineResult:
-        """Run (or resume) the pipeline. ``force`` re-runs every stage. Never raises for a failing stage:
-        the result carries the exit code (unexpected exceptions, i.e. bugs, are recorded and re-raised)."""
-        self.out_dir.mkdir(parents=True, exist_ok=True)
+    def run(self, *, force: bool = False, force_stage: str | None = None) -> PipelineResult:
+        """Run (or resume) the pipeline. ``force`` re-runs every stage; ``force_stage`` re-runs that stage and
+        every later one. Never raises for a failing stage: the result carries the exit code (unexpected
+        exceptions, i.e. bugs, are recorded and re-raised)."""
+        names = [st.name for st in self.stages]
+        if force_stage is not None and force_stage not in names:
+            raise InputError(f"--force-stage {force_stage!r} is not a stage of this run", f"choose one of {', '.join(names)}")
+        try:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise InputError(f"cannot create the output folder {self.out_dir} ({e.strerror or e})", "choose an -o you can write") from None
         with self._lock(), self._signals():
-            return self._run(force)
+            return self._run(force, force_stage)
 
-    def _run(self, force: bool) -> PipelineResult:
+    def _run(self, force: bool, force_stage: str | None = None) -> PipelineResult:
         m = self.load_manifest()
         self._clean_stale()
         for rec in m.stages.values():
@@ -427,11 +470,13 @@ class Pipeline:
         hasher = _Hasher(m.hash_cache)
         results: dict[str, dict[str, Any]] = {}
         summaries: list[StageSummary] = []
-        chain: list[tuple[str, str]] = []
+        chain: list[tuple[str, str, str]] = []
         exit_code, failed, interrupted = EXIT_OK, None, False
+        forcing = force
 
         for stage in self.stages:
             rec = m.stages.get(stage.name)
+            forcing = forcing or stage.name == force_stage
             if failed is not None:
                 summaries.append(self._summary(rec or StageRecord(name=stage.name), "not-run"))
                 continue
@@ -440,16 +485,19 @@ class Pipeline:
             digest = hashlib.sha256(
                 json.dumps({"inputs": hasher.canonical(raw_inputs, stage.name), "upstream": chain}, sort_keys=True).encode()
             ).hexdigest()
-            chain.append((stage.name, digest))
             final = self.out_dir / stage.name
 
-            if not force and rec is not None and rec.status == "done" and rec.inputs_hash == digest and final.is_dir():
-                self._log(f"[{stage.name}] done before with the same inputs: skipped")
-                results[stage.name] = rec.outputs
-                summaries.append(self._summary(rec, "skipped"))
-                if rec.gate_passed is False:
-                    exit_code, failed = EXIT_CHECK_FAILED, stage.name
-                continue
+            if not forcing and rec is not None and rec.status == "done" and rec.inputs_hash == digest and final.is_dir():
+                why = _files_changed(rec.files, final)
+                if why is None:
+                    self._log(f"[{stage.name}] done before with the same inputs, files verified: skipped")
+                    results[stage.name] = rec.outputs
+                    chain.append((stage.name, digest, _files_digest(rec.files)))
+                    summaries.append(self._summary(rec, "skipped"))
+                    if rec.gate_passed is False:
+                        exit_code, failed = EXIT_CHECK_FAILED, stage.name
+                    continue
+                self._log(f"[{stage.name}] not trusted ({why}): running it again")
 
             rec = StageRecord(
                 name=stage.name, status="running", inputs_hash=digest, inputs=_display(raw_inputs),
@@ -486,6 +534,8 @@ class Pipeline:
             rec.status, rec.outputs, rec.gate_passed, rec.message = "done", outputs, res.gate_passed, res.message
             rec.finished_at, rec.seconds, rec.pid = _now(), round(time.perf_counter() - t0, 3), None
             rec.error = rec.error_type = rec.exit_code = None
+            rec.files = folder_sha256(final)
+            chain.append((stage.name, digest, _files_digest(rec.files)))
             results[stage.name] = outputs
             m.hash_cache = {k: v for k, v in hasher.cache.items() if k in hasher.used or Path(k).exists()}
             self._save(m)
@@ -496,9 +546,15 @@ class Pipeline:
 
         m.hash_cache = {k: v for k, v in hasher.cache.items() if k in hasher.used or Path(k).exists()}
         self._save(m)
+        hint = None
+        if failed is not None:
+            done_before = [st.name for st in summaries if st.action == "skipped"]
+            first = done_before[0] if done_before else failed
+            hint = (f"fix the cause and run the same command again (it resumes at {failed}); "
+                    f"to redo finished stages too: --force-stage {first} (re-runs it and every later stage) or --restart")
         return PipelineResult(
             ok=exit_code == EXIT_OK, exit_code=exit_code, out_dir=str(self.out_dir), manifest=str(self.manifest_path),
-            failed_stage=failed, interrupted=interrupted, stages=summaries,
+            failed_stage=failed, interrupted=interrupted, stages=summaries, hint=hint,
         )
 
     def _fail(self, m: Manifest, rec: StageRecord, t0: float, error: str, etype: str, code: int) -> None:

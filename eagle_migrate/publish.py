@@ -492,7 +492,11 @@ def publish(
         reason = report.reason
     else:
         rsha = _report_sha(report.raw)
-        if rsha is not None and rsha != weights_sha:
+        if rsha is None:
+            findings.append(Finding(severity="warning", code="report_without_weights_sha256",
+                                    message=f"{report.path} does not record the sha256 of the weights it measured "
+                                            "(eagle-migrate validate writes weights_sha256): it is trusted as given"))
+        elif rsha != weights_sha:
             reason = f"{report.path} was made for other weights (sha256 {rsha[:12]}…, these are {weights_sha[:12]}…)"
     if reason is not None and not force:
         if report is None and not errors:

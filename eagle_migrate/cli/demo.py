@@ -32,15 +32,16 @@ def demo(
         print_json(res)
     else:
         render_pipeline(res.pipeline, "demo")
-        from rich.table import Table
+        if res.rows:  # nothing is printed for data that does not exist (a run that failed before validate)
+            from rich.table import Table
 
-        t = Table(title=f"acceptance length, k=3 greedy ({res.engine or 'not measured'})")
-        t.add_column("suite")
-        t.add_column("EAGLE-3 source", justify="right")
-        t.add_column("EAGLE-3.1 + fp8", justify="right")
-        for r in res.rows:
-            t.add_row(r.suite, "-" if r.source_al is None else f"{r.source_al:.3f}", "-" if r.new_al is None else f"{r.new_al:.3f}")
-        stdout.print(t)
+            t = Table(title=f"acceptance length, k=3 greedy ({res.engine})")
+            t.add_column("suite")
+            t.add_column("EAGLE-3 source", justify="right")
+            t.add_column("EAGLE-3.1 + fp8", justify="right")
+            for r in res.rows:
+                t.add_row(r.suite, "-" if r.source_al is None else f"{r.source_al:.3f}", "-" if r.new_al is None else f"{r.new_al:.3f}")
+            stdout.print(t)
         if res.report:
             stdout.print(f"report: {res.report}")
         if res.repo_folder:

@@ -188,3 +188,183 @@ def test_json_failure_document_and_debug_keeps_the_exit_code(pair, tmp_path, cap
     assert set(doc) == {"error"} and doc["error"]["code"] == "InputError"
     assert "int3" in doc["error"]["message"] and doc["error"]["hint"]
     assert ("Traceback" in err) == (debug == "1")
+
+
+# ----- 2. resume trusts nothing it has not checked -----------------------------------------------------------------
+def _actions(res) -> dict[str, str]:
+    return {s.name: s.action for s in res.stages}
+
+
+def _run_migrate(drafter, target, out, **kw):
+    from eagle_migrate.migrate import MigrateOptions, migrate
+
+    opts = MigrateOptions(calibrate=False, num_sequences=4, publish="o/toy", publish_dry_run=True, **kw)
+    return migrate(drafter, str(target), out, opts)
+
+
+def test_damaged_stage_outputs_run_again_on_resume(pair, tmp_path):
+    import os
+    import struct
+
+    target, drafter = pair
+    out = tmp_path / "run"
+    first = _run_migrate(drafter, target, out)
+    assert first.ok and set(_actions(first).values()) == {"ran"}
+    assert set(_actions(_run_migrate(drafter, target, out)).values()) == {"skipped"}
+
+    # truncated weights in the publish folder: publish runs again (and only publish)
+    pub = out / "publish" / "repo" / "model.safetensors"
+    good = pub.read_bytes()
+    pub.write_bytes(good[: len(good) // 2])
+    res = _run_migrate(drafter, target, out)
+    assert res.ok and _actions(res) == {"inspect": "skipped", "convert": "skipped", "publish": "ran"}
+    assert pub.read_bytes() == good
+
+    # NaN-corrupted weights (same size, mtime put back): convert runs again, the damage is gone
+    conv = out / "convert" / "model" / "model.safetensors"
+    good, st = conv.read_bytes(), conv.stat()
+    (n,) = struct.unpack("<Q", good[:8])
+    bad = bytearray(good)
+    bad[8 + n : 8 + n + 64] = struct.pack("<f", float("nan")) * 16
+    conv.write_bytes(bytes(bad))
+    os.utime(conv, ns=(st.st_atime_ns, st.st_mtime_ns))
+    res = _run_migrate(drafter, target, out)
+    assert res.ok and _actions(res)["convert"] == "ran"
+    assert conv.read_bytes() == good
+
+
+def test_replaced_target_weights_rerun_convert(pair, tmp_path):
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    target, drafter = pair
+    out = tmp_path / "run"
+    assert _run_migrate(drafter, target, out).ok
+    w = target / "model.safetensors"
+    sd = load_file(str(w))
+    name = next(k for k in sorted(sd) if k.endswith("down_proj.weight"))
+    sd[name] = torch.zeros_like(sd[name])  # same names, shapes and size: only the content differs
+    save_file(sd, str(w), metadata={"format": "pt"})
+    res = _run_migrate(drafter, target, out)
+    assert _actions(res)["convert"] == "ran" and _actions(res)["inspect"] == "ran"
+
+
+def test_force_stage_and_restart(pair, tmp_path):
+    from eagle_migrate.errors import InputError as _IE
+
+    target, drafter = pair
+    out = tmp_path / "run"
+    assert _run_migrate(drafter, target, out).ok
+    res = _run_migrate(drafter, target, out, force_stage="convert")
+    assert _actions(res) == {"inspect": "skipped", "convert": "ran", "publish": "ran"}
+    assert set(_actions(_run_migrate(drafter, target, out, restart=True)).values()) == {"ran"}
+    with pytest.raises(_IE, match="--force-stage 'quantize'"):
+        _run_migrate(drafter, target, out, force_stage="quantize")
+
+
+# ----- every stage's hash is exactly its call arguments ------------------------------------------------------------
+class _NS(dict):
+    def __getattr__(self, k):
+        try:
+            return self[k]
+        except KeyError:
+            raise AttributeError(k) from None
+
+
+@pytest.fixture
+def fake_stages(monkeypatch):
+    """The five library functions replaced by recorders (the pipeline wiring is what is under test)."""
+    import eagle_migrate.convert as c
+    import eagle_migrate.inspect as i
+    import eagle_migrate.publish as p
+    import eagle_migrate.quantize as q
+    import eagle_migrate.validate.api as v
+
+    calls: dict[str, dict] = {}
+
+    def rec(name, kw):
+        calls[name] = kw
+
+    def convert(**kw):
+        rec("convert", kw)
+        kw["out"].mkdir()
+        return _NS(agreement=_NS(step0=1.0), calibration=_NS(status="x"), calibration_required=False)
+
+    def quantize(src, out, **kw):
+        rec("quantize", kw)
+        Path(out).mkdir()
+        return _NS(checkpoint_ratio=2.0, scheme=kw["scheme"])
+
+    def validate(ckpt, **kw):
+        rec("validate", kw)
+        return _NS(suites=[], passed=True, engine="reference", failures=[])
+
+    def publish(ckpt, **kw):
+        rec("publish", kw)
+        return _NS(repo_id=kw["repo_id"], dry_run=True, files=[], commit_url=None, pr_url=None)
+
+    monkeypatch.setattr(i, "inspect_checkpoint", lambda **kw: (rec("inspect", kw), _NS(format="f", producer="p", findings=[]))[1])
+    monkeypatch.setattr(c, "convert", convert)
+    monkeypatch.setattr(q, "quantize", quantize)
+    monkeypatch.setattr(v, "validate", validate)
+    monkeypatch.setattr(p, "publish", publish)
+    return calls
+
+
+CHANGES = [  # (option, new value, the keyword the stage is called with, the first stage that must run again)
+    ("device", "cpu", "device", "convert"), ("dtype", "float32", "dtype", "convert"),
+    ("k", 4, "num_speculative_tokens", "convert"), ("seed", 1, "seed", "convert"), ("steps", 5, "steps", "convert"),
+    ("train", "all", "train", "convert"), ("num_sequences", 8, "num_sequences", "convert"),
+    ("output_format", "speculators", "output_format", "convert"), ("calibrate", True, "calibrate", "convert"),
+    ("max_minutes", 1.0, "max_minutes", "convert"), ("data", "chat", "data", "convert"),
+    ("quantize", "nvfp4a16", "scheme", "quantize"), ("quantize_fc", True, "quantize_fc", "quantize"),
+    ("engine", "reference", "engine", "validate"), ("suites", ["code"], "suites", "validate"),
+    ("num_prompts", 2, "num_prompts", "validate"), ("max_tokens", 8, "max_tokens", "validate"),
+    ("min_acceptance_length", 1.5, "min_acceptance_length", "validate"),
+    ("max_regression_pct", 5.0, "max_regression_pct", "validate"), ("vllm_python", "PY", "vllm_python", "validate"),
+    ("private", True, "private", "publish"), ("revision", "dev", "revision", "publish"),
+    ("create_pr", True, "create_pr", "publish"),
+]
+
+
+@pytest.mark.parametrize("option,value,kwarg,first", CHANGES, ids=[c[0] for c in CHANGES])
+def test_each_option_reruns_the_stage_it_reaches(pair, tmp_path, fake_stages, option, value, kwarg, first):
+    import sys
+
+    from eagle_migrate.migrate import MigrateOptions, migrate
+
+    target, drafter = pair
+    if value == "PY":
+        value = sys.executable
+    base = dict(quantize="fp8-dynamic", validate=True, publish="o/n", publish_dry_run=True)
+    out = tmp_path / "run"
+    assert migrate(drafter, str(target), out, MigrateOptions(**base)).ok
+    res = migrate(drafter, str(target), out, MigrateOptions(**{**base, option: value}))
+    order = ["inspect", "convert", "quantize", "validate", "publish"]
+    want = {n: ("ran" if order.index(n) >= order.index(first) else "skipped") for n in order}
+    assert _actions(res) == want
+    assert fake_stages[first][kwarg] == value  # the changed value reached the call the hash stands for
+
+
+def test_report_records_the_weights_it_measured_and_publish_checks_them(pair, tmp_path):
+    import json
+    import struct
+
+    from eagle_migrate.errors import CheckFailed
+    from eagle_migrate.formats.io import sha256_files, weight_files
+    from eagle_migrate.publish import publish
+    from eagle_migrate.validate.api import validate
+
+    target, drafter = pair
+    rep = validate(drafter, str(target), suites=["chat"], engine="reference", num_prompts=1, max_tokens=8,
+                   diagnostics=False, report_dir=tmp_path / "rep")
+    doc = json.loads((tmp_path / "rep" / "report.json").read_text())
+    assert rep.passed and doc["weights_sha256"] == sha256_files(weight_files(drafter))
+    assert publish(drafter, "o/n", report_dir=tmp_path / "rep", dry_run=True, out_dir=tmp_path / "pub").validation.passed
+    w = drafter / "model.safetensors"
+    b = bytearray(w.read_bytes())
+    (n,) = struct.unpack("<Q", b[:8])
+    b[8 + n : 8 + n + 4] = struct.pack("<f", float("nan"))
+    w.write_bytes(bytes(b))
+    with pytest.raises(CheckFailed, match="other weights"):
+        publish(drafter, "o/n", report_dir=tmp_path / "rep", dry_run=True, out_dir=tmp_path / "pub2")
