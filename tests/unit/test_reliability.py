@@ -368,3 +368,64 @@ def test_report_records_the_weights_it_measured_and_publish_checks_them(pair, tm
     w.write_bytes(bytes(b))
     with pytest.raises(CheckFailed, match="other weights"):
         publish(drafter, "o/n", report_dir=tmp_path / "rep", dry_run=True, out_dir=tmp_path / "pub2")
+
+
+# ----- 5. children die with the parent -----------------------------------------------------------------------------
+FAKE_PARENT = """
+import sys
+from eagle_migrate.validate.vllm_engine import run_worker
+run_worker({"target": "t", "drafter": None, "suites": {}}, python=sys.executable)
+"""
+
+
+def _children(pid: int) -> list[int]:
+    kids = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        kids += [int(x) for x in (task / "children").read_text().split()]
+    return kids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] not in "ZX"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads /proc (Linux)")
+def test_vllm_worker_dies_with_its_parent(tmp_path):
+    """A parent that starts the worker exactly as validate does is SIGKILLed while the worker is busy (here: a
+    stand-in ``vllm`` package whose import takes a minute, so no model is loaded); the worker is gone within 2 s."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    fake = tmp_path / "fakevllm" / "vllm"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("import pathlib, os, time\n"
+                                      f"pathlib.Path({str(tmp_path / 'busy')!r}).write_text(str(os.getpid()))\n"
+                                      "time.sleep(60)\n")
+    repo = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(repo), str(tmp_path / "fakevllm")]))
+    parent = subprocess.Popen([sys.executable, "-c", FAKE_PARENT], env=env)
+    worker = None
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "busy").exists():
+            assert parent.poll() is None and time.monotonic() < deadline, "the worker never started"
+            time.sleep(0.05)
+        worker = int((tmp_path / "busy").read_text())
+        assert worker in _children(parent.pid) and _alive(worker)
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        gone = time.monotonic() + 2.0
+        while _alive(worker) and time.monotonic() < gone:
+            time.sleep(0.05)
+        assert not _alive(worker), "the worker outlived its parent by more than 2 s"
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+        if worker is not None and _alive(worker):
+            os.kill(worker, signal.SIGKILL)
