@@ -118,13 +118,13 @@ _URL_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<cred>[
 _HF_TOKEN = re.compile(r"hf_[A-Za-z0-9]{6,}")
 
 
-def redact(text: str, *secrets: str | None) -> str:
+def redact(text: str, *secrets: str | None, tokens: bool = True) -> str:
     """``text`` with credentials removed: ``user:password@`` in URLs (``https://user:token@host`` ->
-    ``https://***@host``), anything shaped like a Hub token, and the given ``secrets``."""
+    ``https://***@host``), anything shaped like a Hub token (unless ``tokens=False``), and the given ``secrets``."""
     if not isinstance(text, str) or not text:
         return text
     for s in secrets:
         if s:
             text = text.replace(s, "***")
     text = _URL_CREDENTIALS.sub(lambda m: m.group("scheme") + "***@", text)
-    return _HF_TOKEN.sub("hf_***", text)
+    return _HF_TOKEN.sub("hf_***", text) if tokens else text

@@ -42,7 +42,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from . import __version__
-from .errors import EXIT_CHECK_FAILED, EXIT_OK, EagleMigrateError, InputError, OutputExistsError
+from .errors import EXIT_CHECK_FAILED, EXIT_OK, EagleMigrateError, InputError, OutputExistsError, redact
 from .formats.io import atomic_output_dir, check_no_overlap, check_writable_parent
 
 MANIFEST_NAME = "migrate-manifest.json"
@@ -282,7 +282,9 @@ def _files_digest(files: dict[str, str] | None) -> str:
 
 
 def _display(v: Any) -> Any:
-    """The inputs as people read them in the manifest."""
+    """The inputs as people read them in the manifest (credentials in URLs redacted)."""
+    if isinstance(v, str):
+        return redact(v, tokens=False)
     if isinstance(v, Path):
         return str(v)
     if isinstance(v, BaseModel):

@@ -491,13 +491,54 @@ def _commit(tmp: Path, out: Path, force: bool) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+def _no_url_credentials(v: Any) -> Any:
+    from ..errors import redact
+
+    if isinstance(v, str):
+        return redact(v, tokens=False)
+    if isinstance(v, dict):
+        return {k: _no_url_credentials(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_no_url_credentials(x) for x in v]
+    return v
+
+
 def write_json(path: Path, data: Any) -> None:
+    """JSON file; ``user:password@`` in any URL it holds is written as ``***@``."""
     with open(path, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2, sort_keys=False)
+        json.dump(_no_url_credentials(data), f, indent=2, sort_keys=False)
         f.write("\n")
 
 
-def save_safetensors(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None) -> None:
-    from safetensors.torch import save_file
+_ST_NAMES = {v: k for k, v in SAFETENSORS_DTYPES.items()}
 
-    save_file({k: v.detach().contiguous() for k, v in tensors.items()}, str(path), metadata=metadata or {})
+
+def save_safetensors(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None) -> None:
+    """A safetensors file whose bytes depend only on the tensors and metadata: header keys sorted (the
+    safetensors library writes ``__metadata__`` in hash-map order, different in every process), tensors laid out
+    by alignment then name (as the library does), so identical inputs give identical sha256 (resume checks and
+    Hub deduplication rely on it)."""
+    import struct
+
+    meta = {str(k): str(v) for k, v in sorted((metadata or {}).items())}
+    items = []
+    for name, t in tensors.items():
+        t = t.detach().to("cpu").contiguous()
+        if t.dtype not in _ST_NAMES:
+            raise ValueError(f"cannot write {name}: dtype {t.dtype} has no safetensors name")
+        items.append((name, t))
+    items.sort(key=lambda kv: (-kv[1].element_size(), kv[0]))
+    header: dict[str, Any] = {"__metadata__": meta} if meta else {}
+    off = 0
+    for name, t in items:
+        n = t.numel() * t.element_size()
+        header[name] = {"dtype": _ST_NAMES[t.dtype], "shape": list(t.shape), "data_offsets": [off, off + n]}
+        off += n
+    hb = json.dumps(header, separators=(",", ":")).encode()
+    hb += b" " * (-len(hb) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(hb)))
+        f.write(hb)
+        for _, t in items:
+            if t.numel():
+                f.write(memoryview(t.reshape(-1).view(torch.uint8).numpy()))

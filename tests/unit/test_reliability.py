@@ -429,3 +429,76 @@ def test_vllm_worker_dies_with_its_parent(tmp_path):
             parent.kill()
         if worker is not None and _alive(worker):
             os.kill(worker, signal.SIGKILL)
+
+
+# ----- 4. what leaves the machine ----------------------------------------------------------------------------------
+def test_uploaded_card_and_provenance_hold_no_local_path_or_command_line(pair, tmp_path):
+    import json
+
+    from eagle_migrate.convert import convert
+    from eagle_migrate.publish import publish
+    from eagle_migrate.validate.api import validate
+
+    target, drafter = pair
+    conv = tmp_path / "secret-user-home" / "converted"
+    convert(drafter, str(target), conv, num_sequences=4, command=f"eagle-migrate convert {drafter} -o {conv} --token x",
+            calibrate=False, evaluate=False)
+    validate(conv, str(target), suites=["chat"], engine="reference", num_prompts=1, max_tokens=8, baseline=drafter,
+             diagnostics=False, report_dir=tmp_path / "rep")
+    res = publish(conv, "o/n", report_dir=tmp_path / "rep", dry_run=True, out_dir=tmp_path / "repo")
+    assert res.validation.passed
+    uploaded = {p.path for p in res.files}
+    for rel in uploaded:
+        f = tmp_path / "repo" / rel
+        if f.suffix in (".md", ".json"):
+            text = f.read_text()
+            assert str(tmp_path) not in text and "secret-user-home" not in text and "--token" not in text, rel
+    prov = json.loads((tmp_path / "repo" / "provenance.json").read_text())
+    assert prov["command"] == "eagle-migrate convert" and prov["source"].startswith("<local>/")
+    assert str(drafter) in (conv / "provenance.json").read_text()  # the local, not uploaded, record keeps them
+
+
+def test_credentials_in_hf_endpoint_are_never_printed(toy_oracle, tmp_path):
+    import json
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    from eagle_migrate.formats.io import sha256_files, weight_files
+
+    rep = tmp_path / "rep"
+    rep.mkdir()
+    (rep / "report.json").write_text(json.dumps({"passed": True, "num_speculative_tokens": 3,
+                                                 "weights_sha256": sha256_files(weight_files(toy_oracle))}))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, HF_HUB_OFFLINE="0", HF_HOME=str(tmp_path / "h"), HF_TOKEN="hf_abcdefghijklmnopqrstuvwxyz",
+               HF_ENDPOINT=f"http://alice:s3cretPassw0rd@127.0.0.1:{port}", PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    for extra in ([], ["--json"]):
+        r = subprocess.run([sys.executable, "-m", "eagle_migrate", "publish", str(toy_oracle), "--repo-id", "o/n",
+                            "--report", str(rep), *extra], capture_output=True, text=True, env=env, timeout=120,
+                           cwd=tmp_path)
+        assert r.returncode == 1, r.stderr
+        assert "s3cretPassw0rd" not in r.stdout + r.stderr and "abcdefghijklmnop" not in r.stdout + r.stderr
+        assert "127.0.0.1" in r.stdout + r.stderr  # the endpoint is named, without its credentials
+        if extra:
+            assert json.loads(r.stdout)["error"]["code"] == "HubError"
+
+
+def test_redact():
+    from eagle_migrate.errors import redact
+
+    assert redact("GET https://user:tok3n@hub.example.com/api and ftp://a@b/c") == "GET https://***@hub.example.com/api and ftp://***@b/c"
+    assert redact("token hf_abcdefghijkl") == "token hf_***" and redact("https://hub.example.com/x") == "https://hub.example.com/x"
+
+
+def test_quantize_output_is_byte_identical_run_after_run(toy_oracle, tmp_path):
+    from eagle_migrate.quantize import quantize
+
+    digests = set()
+    for i in range(4):
+        quantize(toy_oracle, tmp_path / f"q{i}", "fp8-dynamic", validate="none")
+        digests.add(hashlib.sha256((tmp_path / f"q{i}" / "model.safetensors").read_bytes()).hexdigest())
+    assert len(digests) == 1
