@@ -502,3 +502,40 @@ def test_quantize_output_is_byte_identical_run_after_run(toy_oracle, tmp_path):
         quantize(toy_oracle, tmp_path / f"q{i}", "fp8-dynamic", validate="none")
         digests.add(hashlib.sha256((tmp_path / f"q{i}" / "model.safetensors").read_bytes()).hexdigest())
     assert len(digests) == 1
+
+
+# ----- issue 16 part 4: what a user sees when a stage fails ---------------------------------------------------------
+def _failed_run(tmp_path):
+    from eagle_migrate.pipeline import Pipeline, Stage
+
+    def bad(ctx):
+        raise InputError("kaput-17 happened")
+
+    return Pipeline(tmp_path / "run", [Stage("convert", lambda ctx: None), Stage("validate", bad)]).run()
+
+
+def test_failed_row_carries_the_error_and_hint_names_force_stage(tmp_path, capsys):
+    from eagle_migrate.cli.migrate import render_pipeline
+
+    res = _failed_run(tmp_path)
+    capsys.readouterr()
+    render_pipeline(res)
+    out = capsys.readouterr().out
+    row = next(ln for ln in out.splitlines() if "validate" in ln and "failed" in ln)
+    assert "kaput-17" in row
+    assert "--force-stage" in res.hint and "--restart" in res.hint and "--force-stage" in out
+
+
+def test_demo_prints_no_acceptance_table_after_a_failure(tmp_path, capsys, monkeypatch):
+    import eagle_migrate.demo as demo_mod
+    from eagle_migrate import cli
+
+    res = _failed_run(tmp_path)
+    fake = demo_mod.DemoResult(pair="toy", target="t", source="s", out_dir=str(tmp_path), engine=None, rows=[],
+                               report=None, repo_folder=None, pipeline=res)
+    monkeypatch.setattr(demo_mod, "run_demo", lambda *a, **k: fake)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        cli.main(["demo", "--out", str(tmp_path / "d")])
+    out = capsys.readouterr().out
+    assert e.value.code == 2 and "kaput-17" in out and "acceptance length" not in out
