@@ -8,7 +8,7 @@ import typer
 from ..options import JsonOpt
 from . import app
 from .migrate import render_pipeline
-from .render import log, print_json, stdout
+from .render import log_plain, print_json, stdout
 
 
 @app.command()
@@ -27,7 +27,7 @@ def demo(
     """
     from ..demo import run_demo
 
-    res = run_demo(out, real=real, drafter=drafter, fresh=fresh, engine=engine, log=None if json else log)
+    res = run_demo(out, real=real, drafter=drafter, fresh=fresh, engine=engine, log=None if json else log_plain)
     if json:
         print_json(res)
     else:

@@ -22,7 +22,7 @@ from ..options import (
     TrainOpt,
 )
 from . import app
-from .render import log, print_json, stdout
+from .render import log_plain, print_json, stdout
 
 
 def render_pipeline(res, title: str = "migrate") -> None:
@@ -102,7 +102,7 @@ def migrate(
         publish_dry_run=dry_run, private=private, create_pr=create_pr, revision=revision, device=device.value,
         dtype=dtype.value, seed=seed, vllm_python=vllm_python, force_stage=force_stage, restart=restart, verify=verify,
     )
-    res = run_migrate(ckpt, target, output, opts, log=None if json else log)
+    res = run_migrate(ckpt, target, output, opts, log=None if json else log_plain)
     if json:
         print_json(res)
     else:

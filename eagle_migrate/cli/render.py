@@ -88,6 +88,11 @@ def log(message: str) -> None:
     stderr.print(redact(message), highlight=False)
 
 
+def log_plain(message: str) -> None:
+    """A log line printed as is (no rich markup: ``[convert] running`` keeps its brackets)."""
+    stderr.print(redact(message), highlight=False, markup=False)
+
+
 def progress_enabled(json_mode: bool) -> bool:
     return not json_mode and sys.stderr.isatty()
 
