@@ -520,7 +520,11 @@ def save_safetensors(tensors: dict[str, torch.Tensor], path: Path, metadata: dic
     Hub deduplication rely on it)."""
     import struct
 
-    meta = {str(k): str(v) for k, v in sorted((metadata or {}).items())}
+    if metadata is None:  # ours unless the caller says otherwise (``is_our_output`` reads it)
+        from .. import __version__
+
+        metadata = {"format": "pt", "producer": f"eagle-migrate {__version__}"}
+    meta = {str(k): str(v) for k, v in sorted(metadata.items())}
     items = []
     for name, t in tensors.items():
         t = t.detach().to("cpu").contiguous()
