@@ -121,6 +121,10 @@ def validate(
     from ..formats.io import open_checkpoint_path, sha256_files
 
     weights_sha = sha256_files(open_checkpoint_path(Path(ckpt))[1])  # what is measured; publish checks it
+    if report_dir is not None:
+        from ..formats.io import check_no_overlap
+
+        check_no_overlap(Path(report_dir), [ckpt, target, baseline, prompts_file], what="--report")
     info = target_info(target)
     tok = _load_tokenizer(target)
     names = list(suites) if suites else ([] if prompts_file else ["chat", "code", "long", "template-shift"])

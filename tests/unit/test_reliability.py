@@ -539,3 +539,15 @@ def test_demo_prints_no_acceptance_table_after_a_failure(tmp_path, capsys, monke
         cli.main(["demo", "--out", str(tmp_path / "d")])
     out = capsys.readouterr().out
     assert e.value.code == 2 and "kaput-17" in out and "acceptance length" not in out
+
+
+def test_validate_report_folder_never_lands_in_an_input(pair):
+    from eagle_migrate.validate.api import validate
+
+    target, drafter = pair
+    before = tree_hash(target.parent)
+    for rep in (target, drafter / "report", target.parent):
+        with pytest.raises(InputError, match="refusing"):
+            validate(drafter, str(target), suites=["chat"], engine="reference", num_prompts=1, max_tokens=4,
+                     diagnostics=False, report_dir=rep)
+    assert tree_hash(target.parent) == before
