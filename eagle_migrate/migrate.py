@@ -20,8 +20,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from typing import TYPE_CHECKING
+
 from .errors import InputError
-from .pipeline import Pipeline, PipelineResult, Stage, StageContext, StageResult
+
+if TYPE_CHECKING:  # the pipeline (and torch behind it) is imported only once the options are checked
+    from .pipeline import PipelineResult, Stage, StageContext, StageResult
 
 
 @dataclass
@@ -142,6 +146,8 @@ def build_stages(source: Path, target: str, opts: MigrateOptions) -> list[Stage]
     Each stage calls its library function with exactly the keyword arguments of its ``args`` dict, and that dict
     (with the target by content and local data files by content) is what the pipeline hashes: an option that
     reaches a stage re-runs it when it changes, and nothing else does."""
+    from .pipeline import Stage, StageResult
+
     if opts.publish and not opts.validate and not opts.publish_dry_run:
         raise InputError("--publish needs --validate (a passing report is what publish checks)",
                          "add --validate, or publish later with `eagle-migrate publish --force`")
@@ -245,9 +251,8 @@ ENGINES = ("auto", "vllm", "reference")
 def check_options(source: Path, target: str, out: Path, opts: MigrateOptions) -> None:
     """Every option of every stage, checked before the first stage starts (a typo costs seconds, not a
     conversion): exit 2 with the option's name."""
-    from .calibrate import TRAIN_MODES
     from .data import SUITE_NAMES
-    from .options import DeviceChoice, DtypeChoice, OutputFormat, SchemeChoice, resolve_device
+    from .options import DeviceChoice, DtypeChoice, OutputFormat, SchemeChoice, TrainChoice, resolve_device
 
     def choice(flag: str, value: Any, allowed: list[str] | tuple[str, ...]) -> None:
         if value is not None and value not in allowed:
@@ -260,10 +265,11 @@ def check_options(source: Path, target: str, out: Path, opts: MigrateOptions) ->
     choice("--quantize", opts.quantize, [c.value for c in SchemeChoice])
     choice("--engine", opts.engine, ENGINES)
     choice("--output-format", opts.output_format, [c.value for c in OutputFormat])
-    choice("--train", opts.train, TRAIN_MODES)
+    choice("--train", opts.train, [c.value for c in TrainChoice])
     choice("--device", opts.device, [c.value for c in DeviceChoice])
     choice("--dtype", opts.dtype, [c.value for c in DtypeChoice])
-    resolve_device(opts.device)  # --device cuda without CUDA
+    if opts.device == "cuda":
+        resolve_device(opts.device)  # --device cuda without CUDA (imports torch: only when asked for)
     if opts.suites is not None:
         if not opts.suites:
             raise InputError("--suite names no suite", f"choose from {', '.join(SUITE_NAMES)}")
@@ -284,6 +290,10 @@ def check_options(source: Path, target: str, out: Path, opts: MigrateOptions) ->
             raise InputError(f"--publish {opts.publish!r} is not ORG/NAME", "e.g. --publish my-org/llama31-8b-eagle3.1")
         if opts.revision is not None and (not opts.revision.strip() or opts.revision.startswith("refs/pr/")):
             raise InputError(f"--revision {opts.revision!r} is not a branch name", "pass a branch, or --create-pr")
+    if not Path(out).exists():
+        from .formats.io import check_writable_parent
+
+        check_writable_parent(Path(out))
     _check_room(source, out)
 
 
@@ -299,10 +309,11 @@ def _check_room(source: Path, out: Path) -> None:
     while not anc.exists() and anc != anc.parent:
         anc = anc.parent
     try:
-        free = _shutil.disk_usage(anc).free
+        usage = _shutil.disk_usage(anc)
     except OSError:
         return
-    if free < need:
+    free = usage.free
+    if usage.total and free < need:  # (a pseudo file system reports 0 of 0)
         raise InputError(f"{out}: {free / 1e9:.2f} GB free on that disk, the run needs about {need / 1e9:.2f} GB",
                          "free some space or choose an -o on another disk")
 
@@ -314,5 +325,6 @@ def migrate(source: Path | str, target: str, out: Path | str, opts: MigrateOptio
     opts = opts or MigrateOptions()
     source = Path(source)
     check_options(source, target, Path(out), opts)
+    from .pipeline import Pipeline
     pipe = Pipeline(Path(out), build_stages(source, target, opts), protect=[source, target, opts.data, opts.prompts_file], log=log)
     return pipe.run(force=opts.restart, force_stage=opts.force_stage)
