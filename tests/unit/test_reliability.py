@@ -551,3 +551,21 @@ def test_validate_report_folder_never_lands_in_an_input(pair):
             validate(drafter, str(target), suites=["chat"], engine="reference", num_prompts=1, max_tokens=4,
                      diagnostics=False, report_dir=rep)
     assert tree_hash(target.parent) == before
+
+
+def test_command_registration_fails_loudly(monkeypatch):
+    """A command module that cannot be imported stops the CLI at start instead of silently missing a command."""
+    import importlib
+
+    from eagle_migrate import cli
+
+    real = importlib.import_module
+
+    def fake(name, *a, **k):
+        if name == "eagle_migrate.cli.demo":
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return real(name, *a, **k)
+
+    monkeypatch.setattr(importlib, "import_module", fake)
+    with pytest.raises(ModuleNotFoundError):
+        cli._register()
