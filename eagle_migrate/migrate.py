@@ -9,7 +9,9 @@ holds one manifest (``migrate-manifest.json``) and one subfolder per stage:
     OUT/validate/report/          report.json, report.md, plots
     OUT/publish/repo/             the Hub repo folder (+ publish.json)
 
-A re-run after a failure or a kill skips the finished stages whose inputs are unchanged.
+A re-run after a failure or a kill skips the finished stages whose inputs (the target by content) are unchanged
+and whose files still have the sha256 recorded when they finished; ``force_stage`` / ``restart`` redo stages.
+Every option is checked before the first stage (:func:`check_options`). See docs/reliability.md.
 """
 
 from __future__ import annotations

@@ -10,10 +10,12 @@
 * ``OUT/migrate-manifest.json`` (pydantic ``Manifest``) records per stage: the inputs hash, the inputs, the outputs,
   the status (pending | running | done | failed), started/finished times, the gate result and the error. It is
   rewritten atomically (temporary file, fsync, ``os.replace``) at every state change.
-* A re-run skips a stage whose record is ``done`` with an unchanged inputs hash and whose folder exists, and resumes
+* A re-run skips a stage whose record is ``done`` with an unchanged inputs hash and whose folder still holds
+  exactly the files, with the sha256, recorded when it finished (``StageRecord.files``), and resumes
   at the first stage that is not (failed, interrupted, killed, new inputs). The inputs hash covers the stage's own
   inputs (``Path`` values by content: sha256, cached in the manifest by size + mtime; pass a ``str`` to hash a name
-  only) and the inputs hashes of every earlier stage, so a stage whose upstream ran with different inputs runs again.
+  only) and the inputs and file hashes of every earlier stage, so a stage whose upstream ran with different inputs
+  or wrote different files runs again. ``run(force_stage=NAME)`` re-runs NAME and every later stage.
 * Gates: a stage returns ``StageResult(gate_passed=False, message=...)`` to keep its output (e.g. a report) and stop
   the pipeline with exit code 1; raising ``CheckFailed`` does the same without keeping the output. Any other
   ``EagleMigrateError`` stops it with that error's exit code. SIGTERM / SIGINT mark the running stage failed

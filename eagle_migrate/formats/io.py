@@ -5,8 +5,11 @@
 * ``.bin``: only ``torch.load(weights_only=True)`` (memory-mapped when the file is a zip archive). A pickle that
   would run code is refused before anything runs.
 * Sharded checkpoints through ``*.index.json`` (every shard must exist inside the folder).
-* Outputs go to a temporary sibling folder and are renamed into place at the end; an existing output is replaced
-  only with ``force``; an input folder is never written to.
+* Outputs go to a temporary sibling folder and are renamed into place at the end (the rename refuses an existing
+  path, so of two concurrent writers the second fails); an existing output is replaced only with ``force`` and only
+  when eagle-migrate wrote it (:func:`is_our_output`); an output that is, contains or lies inside an input is
+  refused, ``force`` or not (:func:`check_no_overlap`). See docs/reliability.md.
+* Safetensors are written with a deterministic header (:func:`save_safetensors`): same tensors, same bytes.
 """
 
 from __future__ import annotations
