@@ -642,7 +642,7 @@ def convert(
         raise InputError(f"unknown output format '{output_format}' (vllm or speculators)")
     if not source.exists():
         raise InputError(f"{source}: no such file or folder")
-    check_output_dir(out, force, [source])
+    check_output_dir(out, force, [source, target, data, hidden_states_dir])
     fixed_mmap_threshold()  # freed per-sequence temporaries go back to the OS (see its docstring)
     dev = _resolve_device(device)
     cdtype = _resolve_dtype(dtype, dev)
@@ -765,7 +765,7 @@ def convert(
                                     reason="EAGLE-2 warm start: fine-tune required" if calibration_required else "")
     _counting.done = 0
     progress("write", 0, len(names))
-    with atomic_output_dir(out, force=force, inputs=[source]) as tmp:
+    with atomic_output_dir(out, force=force, inputs=[source, target, data, hidden_states_dir]) as tmp:
         if output_format == "vllm":
             from .formats.vllm import vllm_config_dict
 

@@ -6,6 +6,8 @@ code: 2 for bad input or usage, 1 for a check that ran and failed. ``EAGLE_MIGRA
 
 from __future__ import annotations
 
+import re
+
 EXIT_OK = 0
 EXIT_CHECK_FAILED = 1
 EXIT_BAD_INPUT = 2
@@ -109,3 +111,20 @@ ERROR_TABLE: dict[type[EagleMigrateError], tuple[int, str]] = {
         CheckFailed,
     )
 }
+
+
+# ----- credentials never leave in what we print or write ---------------------------------------------------------
+_URL_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<cred>[^/@\s:]*(?::[^/@\s]*)?)@")
+_HF_TOKEN = re.compile(r"hf_[A-Za-z0-9]{6,}")
+
+
+def redact(text: str, *secrets: str | None, tokens: bool = True) -> str:
+    """``text`` with credentials removed: ``user:password@`` in URLs (``https://user:token@host`` ->
+    ``https://***@host``), anything shaped like a Hub token (unless ``tokens=False``), and the given ``secrets``."""
+    if not isinstance(text, str) or not text:
+        return text
+    for s in secrets:
+        if s:
+            text = text.replace(s, "***")
+    text = _URL_CREDENTIALS.sub(lambda m: m.group("scheme") + "***@", text)
+    return _HF_TOKEN.sub("hf_***", text) if tokens else text

@@ -9,7 +9,9 @@ holds one manifest (``migrate-manifest.json``) and one subfolder per stage:
     OUT/validate/report/          report.json, report.md, plots
     OUT/publish/repo/             the Hub repo folder (+ publish.json)
 
-A re-run after a failure or a kill skips the finished stages whose inputs are unchanged.
+A re-run after a failure or a kill skips the finished stages whose inputs (the target by content) are unchanged
+and whose files still have the sha256 recorded when they finished; ``force_stage`` / ``restart`` redo stages.
+Every option is checked before the first stage (:func:`check_options`). See docs/reliability.md.
 """
 
 from __future__ import annotations
@@ -20,8 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from typing import TYPE_CHECKING
+
 from .errors import InputError
-from .pipeline import Pipeline, PipelineResult, Stage, StageContext, StageResult
+
+if TYPE_CHECKING:  # the pipeline (and torch behind it) is imported only once the options are checked
+    from .pipeline import PipelineResult, Stage, StageContext, StageResult
 
 
 @dataclass
@@ -55,6 +61,9 @@ class MigrateOptions:
     dtype: str = "auto"
     seed: int = 0
     vllm_python: str | None = None
+    verify: bool = False  # identify the target by the sha256 of its weights, not headers + sizes + mtimes
+    force_stage: str | None = None  # re-run this stage and every later one, even when done
+    restart: bool = False  # re-run every stage
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -68,16 +77,114 @@ def _is_hub_id(spec: str) -> bool:
     return spec.count("/") == 1 and not spec.startswith((".", "/", "~")) and not Path(spec).exists()
 
 
+def target_fingerprint(target: str, verify: bool = False) -> dict[str, Any]:
+    """What identifies the target's content in the stage hashes (not its path): a local folder by its config and
+    a weights fingerprint (safetensors headers + file sizes + mtimes; ``verify``: the sha256 of every weight
+    file), a Hub id by its resolved revision (the cached snapshot's commit offline) and that snapshot's files."""
+    import hashlib
+    import struct
+
+    from .formats.io import WEIGHT_SUFFIXES
+
+    def folder_print(d: Path) -> dict[str, Any]:
+        files: dict[str, Any] = {}
+        for f in sorted(x for x in d.rglob("*") if x.is_file() and not any(part.startswith(".") for part in x.relative_to(d).parts)):
+            rel = f.relative_to(d).as_posix()
+            st = f.stat()
+            if f.suffix in WEIGHT_SUFFIXES or f.name.endswith(".gguf"):
+                h = hashlib.sha256()
+                with open(f, "rb") as fh:
+                    if verify:
+                        while b := fh.read(1 << 22):
+                            h.update(b)
+                    elif f.suffix == ".safetensors":
+                        head = fh.read(8)
+                        h.update(head)
+                        if len(head) == 8:
+                            h.update(fh.read(min(struct.unpack("<Q", head)[0], 1 << 26)))
+                files[rel] = {"size": st.st_size, "sha256" if verify else "header": h.hexdigest(),
+                              **({} if verify else {"mtime_ns": st.st_mtime_ns})}
+            elif st.st_size <= 1 << 24:  # config, tokenizer, index: small, hashed in full
+                files[rel] = {"sha256": hashlib.sha256(f.read_bytes()).hexdigest()}
+            else:
+                files[rel] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
+        return {"files": files, "verified": verify}
+
+    p = Path(target).expanduser()
+    if p.is_dir():
+        return {"local": folder_print(p.resolve())}
+    if p.is_file():
+        st = p.stat()
+        return {"file": {"size": st.st_size, "mtime_ns": st.st_mtime_ns}}
+    if _is_hub_id(target):
+        try:
+            from huggingface_hub import snapshot_download
+
+            snap = Path(snapshot_download(target, local_files_only=True))
+            return {"hub": target, "revision": snap.name, "snapshot": folder_print(snap)}
+        except Exception:  # not in the cache: ask the Hub for the revision (online only)
+            import os
+
+            if os.environ.get("HF_HUB_OFFLINE", "0") in ("", "0"):
+                try:
+                    from huggingface_hub import HfApi
+
+                    return {"hub": target, "revision": HfApi().model_info(target).sha}
+                except Exception:
+                    pass
+    return {"name": target}
+
+
+def _local(v: str | None) -> Any:
+    """A data/prompts spec in the stage hash: a local file or folder by content, anything else by name."""
+    if v is not None and Path(v).expanduser().exists():
+        return Path(v).expanduser()
+    return v
+
+
 def build_stages(source: Path, target: str, opts: MigrateOptions) -> list[Stage]:
-    """The stage list for one migration (exposed for tests and for the demo)."""
+    """The stage list for one migration (exposed for tests and for the demo).
+
+    Each stage calls its library function with exactly the keyword arguments of its ``args`` dict, and that dict
+    (with the target by content and local data files by content) is what the pipeline hashes: an option that
+    reaches a stage re-runs it when it changes, and nothing else does."""
+    from .pipeline import Stage, StageResult
+
     if opts.publish and not opts.validate and not opts.publish_dry_run:
         raise InputError("--publish needs --validate (a passing report is what publish checks)",
                          "add --validate, or publish later with `eagle-migrate publish --force`")
+    source = Path(source)
+    tprint = target_fingerprint(target, verify=opts.verify)
+    pub_target = target if _is_hub_id(target) else None
+
+    def hashed(args: dict[str, Any]) -> dict[str, Any]:
+        h = dict(args)
+        h["target"] = {"spec": args.get("target"), "content": tprint} if args.get("target") == target else args.get("target")
+        for key in ("data", "prompts_file"):
+            if key in h and isinstance(h[key], str):
+                h[key] = _local(h[key])
+        return h
+
+    inspect_args = {"path": source, "target": target}
+    convert_args = {"source": source, "target": target, "data": opts.data, "num_sequences": opts.num_sequences,
+                    "output_format": opts.output_format, "device": opts.device, "dtype": opts.dtype,
+                    "calibrate": opts.calibrate, "steps": opts.steps, "train": opts.train, "seed": opts.seed,
+                    "num_speculative_tokens": opts.k, "max_minutes": opts.max_minutes}
+    quantize_args = {"scheme": opts.quantize, "target": target, "data": opts.data, "quantize_fc": opts.quantize_fc,
+                     "validate": "none"}
+    validate_args = {"target": target, "engine": opts.engine, "suites": opts.suites, "prompts_file": opts.prompts_file,
+                     "k": opts.k, "baseline": source, "min_acceptance_length": opts.min_acceptance_length,
+                     "max_regression_pct": opts.max_regression_pct, "num_prompts": opts.num_prompts,
+                     "max_tokens": opts.max_tokens, "seed": opts.seed, "vllm_python": opts.vllm_python,
+                     "device": opts.device}
+    publish_args = {"repo_id": opts.publish, "private": opts.private, "create_pr": opts.create_pr,
+                    "revision": opts.revision, "dry_run": opts.publish_dry_run, "target": pub_target,
+                    "num_speculative_tokens": opts.k, "force": not opts.validate}
 
     def inspect_stage(ctx: StageContext) -> StageResult:
         from .inspect import inspect_checkpoint
 
-        rep = inspect_checkpoint(source, target)
+        rep = inspect_checkpoint(**inspect_args)
         _dump(ctx.out / "inspect.json", rep)
         errors = [f"{f.code}: {f.message}" for f in rep.findings if f.severity == "error"]
         return StageResult(
@@ -89,10 +196,7 @@ def build_stages(source: Path, target: str, opts: MigrateOptions) -> list[Stage]
     def convert_stage(ctx: StageContext) -> StageResult:
         from .convert import convert
 
-        res = convert(source, target, ctx.out / "model", data=opts.data, num_sequences=opts.num_sequences,
-                      output_format=opts.output_format, device=opts.device, dtype=opts.dtype,
-                      calibrate=opts.calibrate, steps=opts.steps, train=opts.train, seed=opts.seed,
-                      num_speculative_tokens=opts.k, max_minutes=opts.max_minutes)
+        res = convert(out=ctx.out / "model", **convert_args)
         _dump(ctx.out / "convert.json", res)
         return StageResult(outputs={"model": "convert/model", "step0_agreement": res.agreement.step0,
                                     "calibration": res.calibration.status, "calibration_required": res.calibration_required},
@@ -105,8 +209,7 @@ def build_stages(source: Path, target: str, opts: MigrateOptions) -> list[Stage]
     def quantize_stage(ctx: StageContext) -> StageResult:
         from .quantize import quantize
 
-        res = quantize(ctx.path("convert") / "model", ctx.out / "model", opts.quantize, target=target, data=opts.data,
-                       quantize_fc=opts.quantize_fc, validate="none")
+        res = quantize(ctx.path("convert") / "model", ctx.out / "model", **quantize_args)
         _dump(ctx.out / "quantize.json", res)
         return StageResult(outputs={"model": "quantize/model", "ratio": res.checkpoint_ratio},
                            message=f"{res.scheme}: {res.checkpoint_ratio:.2f}x smaller")
@@ -114,11 +217,7 @@ def build_stages(source: Path, target: str, opts: MigrateOptions) -> list[Stage]
     def validate_stage(ctx: StageContext) -> StageResult:
         from .validate.api import validate
 
-        rep = validate(model_dir(ctx), target, engine=opts.engine, suites=opts.suites, prompts_file=opts.prompts_file,
-                       k=opts.k, baseline=source, min_acceptance_length=opts.min_acceptance_length,
-                       max_regression_pct=opts.max_regression_pct, report_dir=ctx.out / "report",
-                       num_prompts=opts.num_prompts, max_tokens=opts.max_tokens, seed=opts.seed,
-                       vllm_python=opts.vllm_python, device=opts.device)
+        rep = validate(model_dir(ctx), report_dir=ctx.out / "report", **validate_args)
         table = {s.name: {"new": s.new.acceptance_length, "baseline": s.baseline.acceptance_length if s.baseline else None}
                  for s in rep.suites}
         return StageResult(outputs={"report": "validate/report", "passed": rep.passed, "engine": rep.engine,
@@ -129,45 +228,105 @@ def build_stages(source: Path, target: str, opts: MigrateOptions) -> list[Stage]
         from .publish import publish
 
         report = ctx.path("validate") / "report" if opts.validate else None
-        res = publish(model_dir(ctx), opts.publish, report_dir=report, private=opts.private, create_pr=opts.create_pr,
-                      revision=opts.revision, dry_run=opts.publish_dry_run, out_dir=ctx.out / "repo",
-                      target=target if _is_hub_id(target) else None,
-                      num_speculative_tokens=opts.k, force=not opts.validate)
+        res = publish(model_dir(ctx), report_dir=report, out_dir=ctx.out / "repo", **publish_args)
         _dump(ctx.out / "publish.json", res)
         return StageResult(outputs={"repo": "publish/repo", "repo_id": res.repo_id, "dry_run": res.dry_run,
                                     "commit_url": res.commit_url, "pr_url": res.pr_url},
                            message=("planned " if res.dry_run else "uploaded ") + f"{len(res.files)} files")
 
-    common = {"checkpoint": Path(source), "target": target}
     stages = [
-        Stage("inspect", inspect_stage, common, "read the checkpoint and check it against the target"),
-        Stage("convert", convert_stage, {**common, "data": opts.data, "steps": opts.steps, "max_minutes": opts.max_minutes, "calibrate": opts.calibrate, "train": opts.train,
-                                         "format": opts.output_format, "seed": opts.seed, "n": opts.num_sequences},
-              "EAGLE-3.1 structure, norm initialisation, calibration"),
+        Stage("inspect", inspect_stage, hashed(inspect_args), "read the checkpoint and check it against the target"),
+        Stage("convert", convert_stage, hashed(convert_args), "EAGLE-3.1 structure, norm initialisation, calibration"),
     ]
     if opts.quantize:
-        stages.append(Stage("quantize", quantize_stage, {"scheme": opts.quantize, "fc": opts.quantize_fc, "data": opts.data},
-                            "compressed-tensors quantization"))
+        stages.append(Stage("quantize", quantize_stage, hashed(quantize_args), "compressed-tensors quantization"))
     if opts.validate:
-        stages.append(Stage("validate", validate_stage,
-                            {**common, "engine": opts.engine, "suites": opts.suites, "k": opts.k,
-                             "prompts": Path(opts.prompts_file) if opts.prompts_file else None,
-                             "min_al": opts.min_acceptance_length, "max_reg": opts.max_regression_pct,
-                             "n": opts.num_prompts, "max_tokens": opts.max_tokens},
-                            "acceptance length against the source drafter"))
+        stages.append(Stage("validate", validate_stage, hashed(validate_args), "acceptance length against the source drafter"))
     if opts.publish:
-        stages.append(Stage("publish", publish_stage,
-                            {"repo": opts.publish, "dry_run": opts.publish_dry_run, "private": opts.private,
-                             "pr": opts.create_pr, "revision": opts.revision},
-                            "model card, speculative configs, upload"))
+        stages.append(Stage("publish", publish_stage, hashed(publish_args), "model card, speculative configs, upload"))
     return stages
+
+
+ENGINES = ("auto", "vllm", "reference")
+
+
+def check_options(source: Path, target: str, out: Path, opts: MigrateOptions) -> None:
+    """Every option of every stage, checked before the first stage starts (a typo costs seconds, not a
+    conversion): exit 2 with the option's name."""
+    from .data import SUITE_NAMES
+    from .options import DeviceChoice, DtypeChoice, OutputFormat, SchemeChoice, TrainChoice, resolve_device
+
+    def choice(flag: str, value: Any, allowed: list[str] | tuple[str, ...]) -> None:
+        if value is not None and value not in allowed:
+            raise InputError(f"{flag} {value!r} is not one of {', '.join(allowed)}", f"pass {flag} {allowed[0]} (see --help)")
+
+    if not source.exists():
+        raise InputError(f"{source}: no such checkpoint")
+    if not isinstance(target, str) or not target.strip():
+        raise InputError("--target is empty", "pass the target model: a local folder or a hub id")
+    choice("--quantize", opts.quantize, [c.value for c in SchemeChoice])
+    choice("--engine", opts.engine, ENGINES)
+    choice("--output-format", opts.output_format, [c.value for c in OutputFormat])
+    choice("--train", opts.train, [c.value for c in TrainChoice])
+    choice("--device", opts.device, [c.value for c in DeviceChoice])
+    choice("--dtype", opts.dtype, [c.value for c in DtypeChoice])
+    if opts.device == "cuda":
+        resolve_device(opts.device)  # --device cuda without CUDA (imports torch: only when asked for)
+    if opts.suites is not None:
+        if not opts.suites:
+            raise InputError("--suite names no suite", f"choose from {', '.join(SUITE_NAMES)}")
+        for s in opts.suites:
+            choice("--suite", s, SUITE_NAMES)
+    if opts.prompts_file is not None and not Path(opts.prompts_file).is_file():
+        raise InputError(f"--prompts {opts.prompts_file}: no such file")
+    if opts.vllm_python is not None and not Path(opts.vllm_python).is_file():
+        raise InputError(f"--vllm-python {opts.vllm_python}: no such file", "pass the path of a Python that has vLLM")
+    for flag, v, lo in (("-k", opts.k, 1), ("--num-prompts", opts.num_prompts, 1), ("--max-tokens", opts.max_tokens, 1),
+                        ("--steps", opts.steps, 0), ("--num-sequences", opts.num_sequences, 1)):
+        if v is not None and v < lo:
+            raise InputError(f"{flag} {v} must be at least {lo}")
+    if opts.publish is not None:
+        from .publish import _REPO_ID
+
+        if not _REPO_ID.match(opts.publish):
+            raise InputError(f"--publish {opts.publish!r} is not ORG/NAME", "e.g. --publish my-org/llama31-8b-eagle3.1")
+        if opts.revision is not None and (not opts.revision.strip() or opts.revision.startswith("refs/pr/")):
+            raise InputError(f"--revision {opts.revision!r} is not a branch name", "pass a branch, or --create-pr")
+    if not Path(out).exists():
+        from .formats.io import check_writable_parent
+
+        check_writable_parent(Path(out))
+    _check_room(source, out)
+
+
+def _check_room(source: Path, out: Path) -> None:
+    """The output's file system must hold about twice the source's weights (convert + quantize copies)."""
+    import shutil as _shutil
+
+    from .formats.io import WEIGHT_SUFFIXES
+
+    files = [source] if source.is_file() else [p for p in source.iterdir() if p.suffix in WEIGHT_SUFFIXES and p.is_file()]
+    need = 2 * sum(p.stat().st_size for p in files)
+    anc = Path(out).resolve()
+    while not anc.exists() and anc != anc.parent:
+        anc = anc.parent
+    try:
+        usage = _shutil.disk_usage(anc)
+    except OSError:
+        return
+    free = usage.free
+    if usage.total and free < need:  # (a pseudo file system reports 0 of 0)
+        raise InputError(f"{out}: {free / 1e9:.2f} GB free on that disk, the run needs about {need / 1e9:.2f} GB",
+                         "free some space or choose an -o on another disk")
 
 
 def migrate(source: Path | str, target: str, out: Path | str, opts: MigrateOptions | None = None,
             log: Callable[[str], None] | None = None) -> PipelineResult:
-    """Run every stage into ``out`` (resuming a previous run there); see the module docstring."""
+    """Run every stage into ``out`` (resuming a previous run there); see the module docstring. Every option is
+    checked (:func:`check_options`) and the output folder too before the first stage starts."""
     opts = opts or MigrateOptions()
     source = Path(source)
-    if not source.exists():
-        raise InputError(f"{source}: no such checkpoint")
-    return Pipeline(Path(out), build_stages(source, target, opts), protect=[source], log=log).run()
+    check_options(source, target, Path(out), opts)
+    from .pipeline import Pipeline
+    pipe = Pipeline(Path(out), build_stages(source, target, opts), protect=[source, target, opts.data, opts.prompts_file], log=log)
+    return pipe.run(force=opts.restart, force_stage=opts.force_stage)

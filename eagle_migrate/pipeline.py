@@ -10,10 +10,12 @@
 * ``OUT/migrate-manifest.json`` (pydantic ``Manifest``) records per stage: the inputs hash, the inputs, the outputs,
   the status (pending | running | done | failed), started/finished times, the gate result and the error. It is
   rewritten atomically (temporary file, fsync, ``os.replace``) at every state change.
-* A re-run skips a stage whose record is ``done`` with an unchanged inputs hash and whose folder exists, and resumes
+* A re-run skips a stage whose record is ``done`` with an unchanged inputs hash and whose folder still holds
+  exactly the files, with the sha256, recorded when it finished (``StageRecord.files``), and resumes
   at the first stage that is not (failed, interrupted, killed, new inputs). The inputs hash covers the stage's own
   inputs (``Path`` values by content: sha256, cached in the manifest by size + mtime; pass a ``str`` to hash a name
-  only) and the inputs hashes of every earlier stage, so a stage whose upstream ran with different inputs runs again.
+  only) and the inputs and file hashes of every earlier stage, so a stage whose upstream ran with different inputs
+  or wrote different files runs again. ``run(force_stage=NAME)`` re-runs NAME and every later stage.
 * Gates: a stage returns ``StageResult(gate_passed=False, message=...)`` to keep its output (e.g. a report) and stop
   the pipeline with exit code 1; raising ``CheckFailed`` does the same without keeping the output. Any other
   ``EagleMigrateError`` stops it with that error's exit code. SIGTERM / SIGINT mark the running stage failed
@@ -42,13 +44,14 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from . import __version__
-from .errors import EXIT_CHECK_FAILED, EXIT_OK, EagleMigrateError, InputError
-from .formats.io import atomic_output_dir
+from .errors import EXIT_CHECK_FAILED, EXIT_OK, EagleMigrateError, InputError, OutputExistsError, redact
+from .formats.io import atomic_output_dir, check_no_overlap, check_writable_parent
 
 MANIFEST_NAME = "migrate-manifest.json"
 LOCK_NAME = ".migrate.lock"
 _STAGE_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
 _HASH_CHUNK = 1 << 22
+_STALE = re.compile(r"^\.(?P<name>.+)\.(?:tmp|old)-(?P<pid>\d+)(?:-[0-9a-f]+)?$")
 
 Status = Literal["pending", "running", "done", "failed"]
 Action = Literal["ran", "skipped", "not-run"]
@@ -103,6 +106,8 @@ class StageRecord(BaseModel):
     error_type: str | None = None
     exit_code: int | None = None
     attempts: int = Field(0, description="how many times the stage was started")
+    files: dict[str, str] | None = Field(None, description="sha256 of every file of the finished stage folder (relative path -> "
+                                                             "hex); a re-run verifies them before skipping the stage")
     pid: int | None = Field(None, description="the process running it (status running)")
 
 
@@ -185,6 +190,7 @@ class PipelineResult(BaseModel):
     manifest: str
     failed_stage: str | None = None
     interrupted: bool = False
+    hint: str | None = Field(None, description="what to do next when a stage failed")
     tool_version: str = __version__
     stages: list[StageSummary]
 
@@ -244,8 +250,43 @@ class _Hasher:
         raise TypeError(f"stage input {where} is a {type(v).__name__}; use JSON values or pathlib.Path")
 
 
+def folder_sha256(folder: Path) -> dict[str, str]:
+    """sha256 of every file under ``folder`` (full read, no cache: this is what a skip is trusted on)."""
+    out: dict[str, str] = {}
+    for f in sorted(x for x in Path(folder).rglob("*") if x.is_file()):
+        h = hashlib.sha256()
+        with open(f, "rb") as fh:
+            while b := fh.read(_HASH_CHUNK):
+                h.update(b)
+        out[f.relative_to(folder).as_posix()] = h.hexdigest()
+    return out
+
+
+def _files_changed(recorded: dict[str, str] | None, folder: Path) -> str | None:
+    """Why the finished stage folder cannot be trusted any more (None: every file is as the stage wrote it)."""
+    if recorded is None:
+        return "its manifest record has no file hashes (written by an older eagle-migrate)"
+    now = folder_sha256(folder)
+    missing = sorted(set(recorded) - set(now))
+    if missing:
+        return f"{missing[0]} is missing"
+    changed = sorted(k for k in recorded if now[k] != recorded[k])
+    if changed:
+        return f"{changed[0]} changed since the stage finished (sha256 differs)"
+    extra = sorted(set(now) - set(recorded))
+    if extra:
+        return f"{extra[0]} was added since the stage finished"
+    return None
+
+
+def _files_digest(files: dict[str, str] | None) -> str:
+    return hashlib.sha256(json.dumps(files or {}, sort_keys=True).encode()).hexdigest()
+
+
 def _display(v: Any) -> Any:
-    """The inputs as people read them in the manifest."""
+    """The inputs as people read them in the manifest (credentials in URLs redacted)."""
+    if isinstance(v, str):
+        return redact(v, tokens=False)
     if isinstance(v, Path):
         return str(v)
     if isinstance(v, BaseModel):
@@ -305,7 +346,7 @@ def _one_line(e: BaseException) -> str:
 class Pipeline:
     """Runs ``stages`` in order inside ``out_dir``; see the module docstring."""
 
-    def __init__(self, out_dir: Path, stages: list[Stage], *, protect: list[Path] = (), log: Callable[[str], None] | None = None):
+    def __init__(self, out_dir: Path, stages: list[Stage], *, protect: list[Any] = (), log: Callable[[str], None] | None = None):
         names = [s.name for s in stages]
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
@@ -314,13 +355,18 @@ class Pipeline:
         self.stages = list(stages)
         self.manifest_path = self.out_dir / MANIFEST_NAME
         self._log = log or (lambda msg: None)
-        ro = self.out_dir.resolve()
-        for p in protect:
-            rp = Path(p).resolve()
-            if ro == rp or rp in ro.parents or ro in rp.parents:
-                raise InputError(f"output {out_dir} overlaps the input {p}", "choose an output folder outside the input checkpoint")
+        check_no_overlap(self.out_dir, list(protect))
         if self.out_dir.exists() and not self.out_dir.is_dir():
             raise InputError(f"{out_dir} exists and is not a folder")
+        if self.out_dir.is_dir() and not self.manifest_path.exists() and any(
+            not (p.name == LOCK_NAME or _STALE.match(p.name)) for p in self.out_dir.iterdir()
+        ):
+            raise OutputExistsError(
+                f"{out_dir} is a non-empty folder without {MANIFEST_NAME}: not an eagle-migrate run folder",
+                "choose a new or empty -o (a run folder is resumed by running the same command again)",
+            )
+        if not self.out_dir.exists():
+            check_writable_parent(self.out_dir)
 
     # -- manifest ---------------------------------------------------------------------------------------------
     def load_manifest(self) -> Manifest:
@@ -331,7 +377,7 @@ class Pipeline:
         except (ValidationError, ValueError, OSError) as e:
             raise InputError(
                 f"{self.manifest_path}: not a readable eagle-migrate manifest ({_one_line(e)[:200]})",
-                f"delete {self.manifest_path} (and the stage folders) to start over",
+                f"delete {self.manifest_path} (and the stage folders) to start over, or choose a new -o",
             ) from None
 
     def _save(self, m: Manifest) -> None:
@@ -373,9 +419,8 @@ class Pipeline:
     def _clean_stale(self) -> None:
         """Remove temporary folders/files a killed run left behind (``.<stage>.tmp-PID``, ``.<stage>.old-PID``)."""
         names = {s.name for s in self.stages} | {MANIFEST_NAME}
-        pat = re.compile(r"^\.(?P<name>.+)\.(?:tmp|old)-(?P<pid>\d+)(?:-\d+)?$")
         for p in self.out_dir.iterdir():
-            m = pat.match(p.name)
+            m = _STALE.match(p.name)
             if not m or m.group("name") not in names:
                 continue
             if int(m.group("pid")) != os.getpid() and _pid_alive(int(m.group("pid"))):
@@ -404,14 +449,21 @@ class Pipeline:
             signal.signal(signal.SIGTERM, old)
 
     # -- running ----------------------------------------------------------------------------------------------
-    def run(self, *, force: bool = False) -> PipelineResult:
-        """Run (or resume) the pipeline. ``force`` re-runs every stage. Never raises for a failing stage:
-        the result carries the exit code (unexpected exceptions, i.e. bugs, are recorded and re-raised)."""
-        self.out_dir.mkdir(parents=True, exist_ok=True)
+    def run(self, *, force: bool = False, force_stage: str | None = None) -> PipelineResult:
+        """Run (or resume) the pipeline. ``force`` re-runs every stage; ``force_stage`` re-runs that stage and
+        every later one. Never raises for a failing stage: the result carries the exit code (unexpected
+        exceptions, i.e. bugs, are recorded and re-raised)."""
+        names = [st.name for st in self.stages]
+        if force_stage is not None and force_stage not in names:
+            raise InputError(f"--force-stage {force_stage!r} is not a stage of this run", f"choose one of {', '.join(names)}")
+        try:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise InputError(f"cannot create the output folder {self.out_dir} ({e.strerror or e})", "choose an -o you can write") from None
         with self._lock(), self._signals():
-            return self._run(force)
+            return self._run(force, force_stage)
 
-    def _run(self, force: bool) -> PipelineResult:
+    def _run(self, force: bool, force_stage: str | None = None) -> PipelineResult:
         m = self.load_manifest()
         self._clean_stale()
         for rec in m.stages.values():
@@ -422,11 +474,13 @@ class Pipeline:
         hasher = _Hasher(m.hash_cache)
         results: dict[str, dict[str, Any]] = {}
         summaries: list[StageSummary] = []
-        chain: list[tuple[str, str]] = []
+        chain: list[tuple[str, str, str]] = []
         exit_code, failed, interrupted = EXIT_OK, None, False
+        forcing = force
 
         for stage in self.stages:
             rec = m.stages.get(stage.name)
+            forcing = forcing or stage.name == force_stage
             if failed is not None:
                 summaries.append(self._summary(rec or StageRecord(name=stage.name), "not-run"))
                 continue
@@ -435,16 +489,19 @@ class Pipeline:
             digest = hashlib.sha256(
                 json.dumps({"inputs": hasher.canonical(raw_inputs, stage.name), "upstream": chain}, sort_keys=True).encode()
             ).hexdigest()
-            chain.append((stage.name, digest))
             final = self.out_dir / stage.name
 
-            if not force and rec is not None and rec.status == "done" and rec.inputs_hash == digest and final.is_dir():
-                self._log(f"[{stage.name}] done before with the same inputs: skipped")
-                results[stage.name] = rec.outputs
-                summaries.append(self._summary(rec, "skipped"))
-                if rec.gate_passed is False:
-                    exit_code, failed = EXIT_CHECK_FAILED, stage.name
-                continue
+            if not forcing and rec is not None and rec.status == "done" and rec.inputs_hash == digest and final.is_dir():
+                why = _files_changed(rec.files, final)
+                if why is None:
+                    self._log(f"[{stage.name}] done before with the same inputs, files verified: skipped")
+                    results[stage.name] = rec.outputs
+                    chain.append((stage.name, digest, _files_digest(rec.files)))
+                    summaries.append(self._summary(rec, "skipped"))
+                    if rec.gate_passed is False:
+                        exit_code, failed = EXIT_CHECK_FAILED, stage.name
+                    continue
+                self._log(f"[{stage.name}] not trusted ({why}): running it again")
 
             rec = StageRecord(
                 name=stage.name, status="running", inputs_hash=digest, inputs=_display(raw_inputs),
@@ -481,6 +538,8 @@ class Pipeline:
             rec.status, rec.outputs, rec.gate_passed, rec.message = "done", outputs, res.gate_passed, res.message
             rec.finished_at, rec.seconds, rec.pid = _now(), round(time.perf_counter() - t0, 3), None
             rec.error = rec.error_type = rec.exit_code = None
+            rec.files = folder_sha256(final)
+            chain.append((stage.name, digest, _files_digest(rec.files)))
             results[stage.name] = outputs
             m.hash_cache = {k: v for k, v in hasher.cache.items() if k in hasher.used or Path(k).exists()}
             self._save(m)
@@ -491,9 +550,15 @@ class Pipeline:
 
         m.hash_cache = {k: v for k, v in hasher.cache.items() if k in hasher.used or Path(k).exists()}
         self._save(m)
+        hint = None
+        if failed is not None:
+            done_before = [st.name for st in summaries if st.action == "skipped"]
+            first = done_before[0] if done_before else failed
+            hint = (f"fix the cause and run the same command again (it resumes at {failed}); "
+                    f"to redo finished stages too: --force-stage {first} (re-runs it and every later stage) or --restart")
         return PipelineResult(
             ok=exit_code == EXIT_OK, exit_code=exit_code, out_dir=str(self.out_dir), manifest=str(self.manifest_path),
-            failed_stage=failed, interrupted=interrupted, stages=summaries,
+            failed_stage=failed, interrupted=interrupted, stages=summaries, hint=hint,
         )
 
     def _fail(self, m: Manifest, rec: StageRecord, t0: float, error: str, etype: str, code: int) -> None:

@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from . import __version__
 from .card import TARGET_PLACEHOLDER, CardInfo, FileRow, GateRow, ValidationInfo, render_card, sglang_args, vllm_serve_command
-from .errors import CheckFailed, CheckpointError, EagleMigrateError, HubError, InputError, OutputExistsError
+from .errors import CheckFailed, CheckpointError, EagleMigrateError, HubError, InputError, OutputExistsError, redact
 from .formats.base import Finding
 from .formats import Checkpoint, read_checkpoint
 from .formats.io import atomic_output_dir, open_checkpoint_path, read_json, sha256_files
@@ -44,7 +44,6 @@ VALIDATION_DIR = "validation"
 EXTRA_CHECKPOINT_FILES = ("model.safetensors.index.json", "generation_config.json", "recipe.yaml")
 MAX_PLOTS = 8
 _REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
-_TOKENISH = re.compile(r"hf_[A-Za-z0-9]{6,}")
 _SHA_KEYS = ("drafter_sha256", "checkpoint_sha256", "weights_sha256")
 
 
@@ -271,10 +270,8 @@ def _local_dir(v: Any) -> Path | None:
 
 
 def scrub(text: str, token: str | None) -> str:
-    """Remove a token (and anything shaped like a Hub token) from a message."""
-    if token:
-        text = text.replace(token, "***")
-    return _TOKENISH.sub("hf_***", text)
+    """Remove a token, anything shaped like a Hub token and credentials in URLs from a message."""
+    return redact(text, token)
 
 
 # ----- the pieces ------------------------------------------------------------------------------------------------
@@ -370,6 +367,39 @@ def _describe_checkpoint(ck: Checkpoint) -> dict[str, Any]:
         "dtype": max(dtypes, key=dtypes.get) if dtypes else None,
         "quantization": quant,
     }
+
+
+_ABS_PATH = re.compile(r"(?<![\w:/.~-])(?:~|[A-Za-z]:)?/(?:[^\s/\"'`|]+/)*[^\s/\"'`|]*")
+_HF_CACHE_SNAPSHOT = re.compile(r"models--(?P<org>[^/]+?)--(?P<name>[^/]+)/snapshots/")
+
+
+def _public_path(p: str) -> str:
+    """A local path as it may leave the machine: the hub id of an HF cache snapshot, else ``<local>/NAME``."""
+    m = _HF_CACHE_SNAPSHOT.search(p)
+    if m:
+        return f"{m.group('org')}/{m.group('name')}"
+    name = Path(p.rstrip("/")).name
+    return f"<local>/{name}" if name else "<local>"
+
+
+def public(v: Any, key: str = "") -> Any:
+    """What of a provenance / report value may be uploaded: no local absolute path (a hub id or ``<local>/NAME``
+    instead), no full command line (only the subcommand), no credentials. Local paths stay in the local files."""
+    if isinstance(v, dict):
+        return {k: public(x, str(k)) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return type(v)(public(x, key) for x in v)
+    if not isinstance(v, str):
+        return v
+    if key == "command":
+        return " ".join(v.split()[:2])  # "eagle-migrate convert": the options carried paths
+    v = redact(v)
+    if _hub_id(v) is not None:
+        return v
+    with contextlib.suppress(OSError, ValueError):
+        if not v.startswith(("/", "~")) and ("/" in v or "\\" in v) and Path(v).exists():
+            return _public_path(v)
+    return _ABS_PATH.sub(lambda m: _public_path(m.group(0)) if len(m.group(0)) > 1 else m.group(0), v)
 
 
 def _provenance_rows(prov: dict[str, Any], limit: int = 24) -> list[tuple[str, str]]:
@@ -495,7 +525,11 @@ def publish(
         reason = report.reason
     else:
         rsha = _report_sha(report.raw)
-        if rsha is not None and rsha != weights_sha:
+        if rsha is None:
+            findings.append(Finding(severity="warning", code="report_without_weights_sha256",
+                                    message=f"{report.path} does not record the sha256 of the weights it measured "
+                                            "(eagle-migrate validate writes weights_sha256): it is trusted as given"))
+        elif rsha != weights_sha:
             reason = f"{report.path} was made for other weights (sha256 {rsha[:12]}…, these are {weights_sha[:12]}…)"
     if reason is not None and not force:
         if report is None and not errors:
@@ -562,10 +596,22 @@ def publish(
             add(f.relative_to(folder).as_posix(), f, "checkpoint", copy=not link_weights or f.name == "config.json")
         if report is not None:
             for f in report.files:
-                add(f"{VALIDATION_DIR}/{f.name}", f, "report")
+                if f.suffix in (".json", ".md"):  # local paths out (public()); plots are copied as they are
+                    (dest / VALIDATION_DIR).mkdir(parents=True, exist_ok=True)
+                    text = f.read_text(encoding="utf-8")
+                    if f.suffix == ".json":
+                        with contextlib.suppress(ValueError):
+                            text = json.dumps(public(json.loads(text)), indent=2) + "\n"
+                    else:
+                        text = public(text)
+                    (dest / VALIDATION_DIR / f.name).write_text(text, encoding="utf-8")
+                    planned.append((PlannedFile(path=f"{VALIDATION_DIR}/{f.name}", size=(dest / VALIDATION_DIR / f.name).stat().st_size,
+                                                source="report"), dest / VALIDATION_DIR / f.name))
+                else:
+                    add(f"{VALIDATION_DIR}/{f.name}", f, "report")
         (dest / SPEC_FILE).write_text(json.dumps(spec, indent=2) + "\n", encoding="utf-8")
         planned.append((PlannedFile(path=SPEC_FILE, size=(dest / SPEC_FILE).stat().st_size, source="generated"), dest / SPEC_FILE))
-        prov_out = dict(prov_raw)
+        prov_out = public(dict(prov_raw))  # the checkpoint's own provenance.json keeps the local paths
         prov_out["publish"] = {
             "tool": "eagle-migrate", "version": __version__, "repo_id": repo_id, "base_model": base_model,
             "weights_sha256": weights_sha, "weight_files": [f.name for f in weight_files],
@@ -579,7 +625,7 @@ def publish(
             format=desc["format"], flags=desc["flags"], sizes=desc["sizes"], aux_layer_ids=desc["aux_layer_ids"],
             architecture=desc["architecture"], num_parameters=desc["num_parameters"], dtype=desc["dtype"],
             quantization=desc["quantization"], files=sorted((FileRow(path=p.path, size=p.size) for p, _ in planned), key=lambda f: f.path),
-            provenance=_provenance_rows(prov_raw), validation=report.info if report else None, forced=forced,
+            provenance=_provenance_rows(public(prov_raw)), validation=ValidationInfo.model_validate(public(report.info.model_dump())) if report else None, forced=forced,
             num_speculative_tokens=k, tool_version=__version__,
         )
         (dest / "README.md").write_text(render_card(info), encoding="utf-8")
@@ -660,7 +706,10 @@ def _hub_error(e: Exception, token: str, what: str) -> EagleMigrateError:
         return HubError(f"{what}: the Hub answered HTTP {status}: {msg}")
     if isinstance(e, ValueError):
         return InputError(f"{what}: {msg}")
-    return HubError(f"{what}: {e.__class__.__name__}: {msg}", "check the network (HF_ENDPOINT if you use a mirror) and re-run")
+    from huggingface_hub import constants
+
+    where = scrub(str(constants.ENDPOINT), token)  # the endpoint is named; credentials in it never are
+    return HubError(f"{what} at {where}: {e.__class__.__name__}: {msg}", "check the network (HF_ENDPOINT if you use a mirror) and re-run")
 
 
 def _upload(planned: list[tuple[PlannedFile, Path]], repo_id: str, *, private: bool, create_pr: bool, revision: str | None,

@@ -748,7 +748,7 @@ def quantize(
         if engine == "vllm" and not spec.vllm_cpu and not _cuda():
             raise InputError(f"vLLM on CPU cannot run {scheme} drafters (see docs/quantize.md)",
                              "use --validate reference (or a GPU)")
-    check_output_dir(out, force, [source])
+    check_output_dir(out, force, [source, target, data])
     say("reading the checkpoint")
     ckpt = _read_source(source)
     cfg = ckpt.config
@@ -789,7 +789,7 @@ def quantize(
         notes.append("lm_head quantized: acceptance is most sensitive there (quant-formats.md §9); check the AL drop")
 
     src_files = list(getattr(ckpt.store, "files", []))
-    with atomic_output_dir(out, force, [source]) as tmp:
+    with atomic_output_dir(out, force, [source, target, data]) as tmp:
         write_quantized(tmp, cfg, qsd, qc, src_dtype, {"quantization": scheme})
         acceptance = None
         if engine is not None:

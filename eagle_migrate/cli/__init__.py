@@ -27,14 +27,12 @@ app = typer.Typer(
 
 
 def _register() -> None:
+    """Import every command module; a missing module (or a dependency one needs) is an error, never a silently
+    missing command."""
     from importlib import import_module
 
     for mod in ("inspect", "convert", "quantize", "validate", "publish", "migrate", "demo", "version"):
-        try:
-            import_module(f"{__name__}.{mod}")
-        except ModuleNotFoundError as e:
-            if e.name != f"{__name__}.{mod}":
-                raise
+        import_module(f"{__name__}.{mod}")
 
 
 _register()
@@ -58,26 +56,37 @@ def main(argv: list[str] | None = None) -> int:
         # progress bars only on a terminal and never with --json: ours check this themselves; this turns off
         # the ones transformers and huggingface_hub draw (loading weights, downloads)
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    args = sys.argv[1:] if argv is None else list(argv)
+    json_mode = "--json" in args
+    from . import render
+
+    render.json_documents_printed = 0
     try:
         app(args=argv, prog_name="eagle-migrate", standalone_mode=True)
         return 0
     except EagleMigrateError as e:
-        if debug:
-            raise
-        from .render import print_error
-
-        print_error(e.message, e.hint)
-        raise SystemExit(e.exit_code) from None
+        _fail(e.__class__.__name__, e.message, e.hint, e.exit_code, debug, json_mode)
     except (SystemExit, KeyboardInterrupt):
         raise
     except Exception as e:
-        if debug:
-            raise
-        from .render import print_error
-
         first = str(e).splitlines()[0][:300] if str(e) else ""
-        print_error(
-            f"unexpected {e.__class__.__name__}: {first}",
-            "this is a bug in eagle-migrate: re-run with EAGLE_MIGRATE_DEBUG=1 and report the traceback",
-        )
-        raise SystemExit(1) from None
+        _fail("InternalError", f"unexpected {e.__class__.__name__}: {first}",
+              "this is a bug in eagle-migrate: re-run with EAGLE_MIGRATE_DEBUG=1 and report the traceback", 1, debug, json_mode)
+    return 0
+
+
+def _fail(code: str, message: str, hint: str | None, exit_code: int, debug: bool, json_mode: bool) -> None:
+    """One line (+ hint) on stderr, the JSON error document on stdout with ``--json``; debug adds the traceback
+    but never changes the exit code."""
+    from . import render
+    from .render import print_error, print_json, redact
+
+    if debug:
+        import traceback
+
+        traceback.print_exc(file=sys.stderr)
+    message, hint = redact(message), redact(hint) if hint else hint
+    print_error(message, hint)
+    if json_mode and not render.json_documents_printed:  # a command that printed its result keeps it the only one
+        print_json({"error": {"code": code, "message": message, "hint": hint, "exit_code": exit_code}})
+    raise SystemExit(exit_code) from None

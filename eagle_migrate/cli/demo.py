@@ -8,7 +8,7 @@ import typer
 from ..options import JsonOpt
 from . import app
 from .migrate import render_pipeline
-from .render import log, print_json, stdout
+from .render import log_plain, print_json, stdout
 
 
 @app.command()
@@ -27,20 +27,21 @@ def demo(
     """
     from ..demo import run_demo
 
-    res = run_demo(out, real=real, drafter=drafter, fresh=fresh, engine=engine, log=None if json else log)
+    res = run_demo(out, real=real, drafter=drafter, fresh=fresh, engine=engine, log=None if json else log_plain)
     if json:
         print_json(res)
     else:
         render_pipeline(res.pipeline, "demo")
-        from rich.table import Table
+        if res.rows:  # nothing is printed for data that does not exist (a run that failed before validate)
+            from rich.table import Table
 
-        t = Table(title=f"acceptance length, k=3 greedy ({res.engine or 'not measured'})")
-        t.add_column("suite")
-        t.add_column("EAGLE-3 source", justify="right")
-        t.add_column("EAGLE-3.1 + fp8", justify="right")
-        for r in res.rows:
-            t.add_row(r.suite, "-" if r.source_al is None else f"{r.source_al:.3f}", "-" if r.new_al is None else f"{r.new_al:.3f}")
-        stdout.print(t)
+            t = Table(title=f"acceptance length, k=3 greedy ({res.engine})")
+            t.add_column("suite")
+            t.add_column("EAGLE-3 source", justify="right")
+            t.add_column("EAGLE-3.1 + fp8", justify="right")
+            for r in res.rows:
+                t.add_row(r.suite, "-" if r.source_al is None else f"{r.source_al:.3f}", "-" if r.new_al is None else f"{r.new_al:.3f}")
+            stdout.print(t)
         if res.report:
             stdout.print(f"report: {res.report}")
         if res.repo_folder:

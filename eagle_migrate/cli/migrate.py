@@ -22,20 +22,26 @@ from ..options import (
     TrainOpt,
 )
 from . import app
-from .render import log, print_json, stdout
+from .render import log_plain, print_json, stdout
 
 
 def render_pipeline(res, title: str = "migrate") -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     t = Table(title=f"{title}: {res.out_dir}")
     for c in ("stage", "status", "action", "seconds", "message"):
         t.add_column(c)
     for s in res.stages:
-        t.add_row(s.name, s.status, s.action, "" if s.seconds is None else f"{s.seconds:.1f}", (s.message or "")[:90])
+        text = s.message or ""
+        if s.status == "failed" and s.error:  # the failed row carries its error line
+            text = f"error: {s.error}"
+        t.add_row(s.name, s.status, s.action, "" if s.seconds is None else f"{s.seconds:.1f}", escape(text[:200]))
     stdout.print(t)
     verdict = "[green]ok[/]" if res.ok else f"[red]failed[/] at {res.failed_stage} (exit {res.exit_code})"
-    stdout.print(f"{verdict}; manifest: {res.manifest}")
+    stdout.print(f"{verdict}; manifest: {escape(res.manifest)}")
+    if res.hint:
+        stdout.print(f"[dim]hint:[/] {escape(res.hint)}")
 
 
 @app.command()
@@ -68,12 +74,17 @@ def migrate(
     dtype: DtypeOpt = DtypeChoice.auto,
     seed: SeedOpt = 0,
     vllm_python: Annotated[Optional[str], typer.Option("--vllm-python", help="Python that has vLLM (default: this one).")] = None,
+    force_stage: Annotated[Optional[str], typer.Option("--force-stage", help="Re-run this stage (inspect, convert, quantize, validate, publish) and every later one, even when finished.")] = None,
+    restart: Annotated[bool, typer.Option("--restart", help="Re-run every stage (the folder's manifest is kept).")] = False,
+    verify: Annotated[bool, typer.Option("--verify", help="Identify the target by the sha256 of its weight files (default: safetensors headers, sizes and mtimes).")] = False,
     json: JsonOpt = False,
 ) -> None:
     """Run inspect -> convert (+ calibration) -> quantize -> validate -> publish into OUT, resumably.
 
     OUT holds one manifest (migrate-manifest.json) and one folder per stage; re-running the same command after a
-    failure or a kill skips the finished stages. Exit codes: 0 ok, 1 a gate failed (inspect error finding,
+    failure or a kill skips the finished stages whose inputs are unchanged and whose files still have the sha256
+    recorded when they finished (a damaged or edited stage output runs again); --force-stage STAGE or --restart
+    redo finished stages. Exit codes: 0 ok, 1 a gate failed (inspect error finding,
     validation threshold), 2 bad input, 128+N interrupted by signal N.
 
     Example: eagle-migrate migrate ./eagle3-ckpt --target meta-llama/Llama-3.1-8B-Instruct -o ./out
@@ -89,9 +100,9 @@ def migrate(
         prompts_file=str(prompts) if prompts else None, num_prompts=num_prompts, k=k,
         min_acceptance_length=min_acceptance_length, max_regression_pct=max_regression, publish=publish,
         publish_dry_run=dry_run, private=private, create_pr=create_pr, revision=revision, device=device.value,
-        dtype=dtype.value, seed=seed, vllm_python=vllm_python,
+        dtype=dtype.value, seed=seed, vllm_python=vllm_python, force_stage=force_stage, restart=restart, verify=verify,
     )
-    res = run_migrate(ckpt, target, output, opts, log=None if json else log)
+    res = run_migrate(ckpt, target, output, opts, log=None if json else log_plain)
     if json:
         print_json(res)
     else:

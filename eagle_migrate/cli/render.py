@@ -11,6 +11,8 @@ from typing import Any
 from pydantic import BaseModel
 from rich.console import Console
 
+from ..errors import redact
+
 stdout = Console(soft_wrap=True)
 stderr = Console(stderr=True, soft_wrap=True)
 
@@ -31,20 +33,39 @@ def to_jsonable(obj: Any) -> Any:
     return obj
 
 
+def _redacted(obj: Any) -> Any:
+    if isinstance(obj, str):
+        return redact(obj)
+    if isinstance(obj, dict):
+        return {k: _redacted(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_redacted(v) for v in obj]
+    return obj
+
+
+json_documents_printed = 0  # main() prints a failure document only when the command printed none
+
+
 def print_json(obj: Any) -> None:
-    """Exactly one JSON document on stdout."""
-    sys.stdout.write(json.dumps(to_jsonable(obj), indent=2, default=str) + "\n")
+    """Exactly one JSON document on stdout (credentials in URLs redacted)."""
+    global json_documents_printed
+    json_documents_printed += 1
+    sys.stdout.write(json.dumps(_redacted(to_jsonable(obj)), indent=2, default=str) + "\n")
     sys.stdout.flush()
 
 
 def print_error(message: str, hint: str | None) -> None:
-    stderr.print(f"[bold red]error:[/] {message}", highlight=False, markup=True)
+    from rich.markup import escape
+
+    stderr.print(f"[bold red]error:[/] {escape(redact(message))}", highlight=False, markup=True)
     if hint:
-        stderr.print(f"[dim]hint:[/] {hint}", highlight=False)
+        stderr.print(f"[dim]hint:[/] {escape(redact(hint))}", highlight=False)
 
 
 def print_warning(message: str) -> None:
-    stderr.print(f"[bold yellow]warning:[/] {message}", highlight=False, markup=True)
+    from rich.markup import escape
+
+    stderr.print(f"[bold yellow]warning:[/] {escape(redact(message))}", highlight=False, markup=True)
 
 
 def install_warning_handler(debug: bool) -> None:
@@ -64,7 +85,12 @@ def install_warning_handler(debug: bool) -> None:
 
 
 def log(message: str) -> None:
-    stderr.print(message, highlight=False)
+    stderr.print(redact(message), highlight=False)
+
+
+def log_plain(message: str) -> None:
+    """A log line printed as is (no rich markup: ``[convert] running`` keeps its brackets)."""
+    stderr.print(redact(message), highlight=False, markup=False)
 
 
 def progress_enabled(json_mode: bool) -> bool:

@@ -167,6 +167,13 @@ def validate(
     if k < 1:
         raise InputError("-k must be at least 1")
     eng = resolve_engine(engine, vllm_python)
+    from ..formats.io import open_checkpoint_path, sha256_files
+
+    weights_sha = sha256_files(open_checkpoint_path(Path(ckpt))[1])  # what is measured; publish checks it
+    if report_dir is not None:
+        from ..formats.io import check_no_overlap
+
+        check_no_overlap(Path(report_dir), [ckpt, target, baseline, prompts_file], what="--report")
     info = target_info(target)
     tok = _load_tokenizer(target)
     names = list(suites) if suites else ([] if prompts_file else ["chat", "code", "long", "template-shift"])
@@ -260,7 +267,7 @@ def validate(
 
     report = ValidationReport(
         tool=f"eagle-migrate {__version__}", created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        checkpoint=ckpt, baseline=str(baseline) if baseline else None, target=str(target), engine=eng,
+        checkpoint=ckpt, weights_sha256=weights_sha, baseline=str(baseline) if baseline else None, target=str(target), engine=eng,
         engine_version=engine_version, settings=settings, suites=suite_results, overall=overall, gates=gates,
         passed=not failures, failures=failures, diagnostics=diag,
     )

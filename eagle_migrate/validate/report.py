@@ -87,6 +87,7 @@ class ValidationReport(BaseModel):
     tool: str
     created: str
     checkpoint: str
+    weights_sha256: str | None = Field(None, description="sha256 of the weights measured (formats.io.sha256_files): publish checks it")
     baseline: str | None
     target: str
     engine: str = Field(..., description="vllm | reference")

@@ -11,7 +11,7 @@ from typing import Any
 
 from ..errors import EngineError
 from .metrics import AcceptanceStats
-from .vllm_worker import RESULT_MARK
+from .vllm_worker import PARENT_ENV, RESULT_MARK
 
 
 def vllm_python_default() -> str:
@@ -42,6 +42,7 @@ def run_worker(request: dict[str, Any], python: str | None = None, timeout: floa
     # the worker is importable by path even when eagle_migrate is not installed in that Python
     src = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env[PARENT_ENV] = str(os.getpid())  # the worker exits when this process dies (vllm_worker.die_with_parent)
     try:
         p = subprocess.run(
             [python, "-m", "eagle_migrate.validate.vllm_worker"],

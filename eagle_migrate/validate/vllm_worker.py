@@ -184,7 +184,41 @@ def run(req: dict) -> dict:
     return result
 
 
+PARENT_ENV = "EAGLE_MIGRATE_PARENT_PID"
+
+
+def die_with_parent() -> None:
+    """End this process when the eagle-migrate process that started it dies (even by SIGKILL), so a killed run
+    never leaves a worker holding memory or a GPU: Linux's parent-death signal (``prctl(PR_SET_PDEATHSIG,
+    SIGKILL)``), plus a watcher thread that exits when the parent's pid is no longer our parent (other systems,
+    and a parent that died before the signal was armed)."""
+    import signal
+    import threading
+
+    want = os.environ.get(PARENT_ENV)
+    parent = int(want) if want and want.isdigit() else os.getppid()
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            pr_set_pdeathsig = 1
+            ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent:  # the parent is already gone
+        os._exit(137)
+
+    def watch() -> None:
+        while True:
+            time.sleep(0.2)
+            if os.getppid() != parent:
+                os._exit(137)
+
+    threading.Thread(target=watch, name="eagle-migrate-parent-watch", daemon=True).start()
+
+
 def main() -> None:
+    die_with_parent()
     req = json.loads(sys.stdin.read())
     try:
         res = run(req)

@@ -275,6 +275,13 @@ def test_refuses_to_overwrite_without_force(world, target):
     with pytest.raises(OutputExistsError):
         convert(src, target, out, **KW)
     assert (out / "keep.txt").read_text() == "x"
+    with pytest.raises(OutputExistsError, match="did not write"):  # --force replaces only our own outputs
+        convert(src, target, out, force=True, **KW)
+    assert (out / "keep.txt").read_text() == "x"
+    (out / "keep.txt").unlink()
+    out.rmdir()
+    convert(src, target, out, **KW)
+    (out / "keep.txt").write_text("x")
     convert(src, target, out, force=True, **KW)
     assert not (out / "keep.txt").exists() and (out / "model.safetensors").exists()
 
@@ -342,7 +349,8 @@ def test_cli_json_and_exit_codes(world, target, other_targets):
     assert doc["calibration"]["status"] == "not calibrated" and doc["provenance"]["command"].startswith("eagle-migrate convert")
     # existing output -> exit 2, one line, no traceback
     r = cli("convert", str(src), "--target", target, "-o", str(out), "--json")
-    assert r.returncode == 2 and "error:" in r.stderr and "Traceback" not in r.stderr and r.stdout == ""
+    assert r.returncode == 2 and "error:" in r.stderr and "Traceback" not in r.stderr
+    assert json.loads(r.stdout)["error"]["code"] == "OutputExistsError"  # --json: the failure is the one document
     # bad pair -> exit 2 naming both numbers
     r = cli("convert", str(src), "--target", str(world / "t-h32"), "-o", str(world / "cli-bad"))
     assert r.returncode == 2 and "Ht=64" in r.stderr and "hidden_size=32" in r.stderr

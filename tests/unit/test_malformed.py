@@ -354,7 +354,9 @@ def test_malformed_in_a_real_process(tmp_path, name):
     r = subprocess.run([sys.executable, "-m", "eagle_migrate", "inspect", str(path), "--json"], capture_output=True,
                        text=True, env=env, timeout=120)
     assert r.returncode == 2, r.stderr
-    assert "Traceback" not in r.stderr and r.stdout == ""
+    assert "Traceback" not in r.stderr
+    doc = json.loads(r.stdout)  # --json: the failure is the one document on stdout
+    assert doc["error"]["code"] in ("CheckpointError", "UnsafeInputError") and doc["error"]["exit_code"] == 2
     assert r.stderr.count("error:") == 1
     assert _snapshot(work) == before
     assert not (work / MARKER_NAME).exists()
