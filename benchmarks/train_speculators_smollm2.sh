@@ -6,8 +6,8 @@
 #   bash benchmarks/train_speculators_smollm2.sh [WORKDIR]        (default WORKDIR: runs/speculators-smollm2)
 #
 # Environment: SPEC_VENV (default ../judge-venv: a separate venv with speculators; never eagle-migrate's),
-# EM_PY (eagle-migrate's python, default .venv/bin/python), N (conversations, default 400), HS_LIMIT (rows that
-# get hidden states, default N), EPOCHS (default 5), LR (default 1e-3, speculators' default), STAGE (start at:
+# EM_PY (eagle-migrate's python, default .venv/bin/python), N (conversations, default 200), HS_LIMIT (rows that
+# get hidden states, default N), EPOCHS (default 3), LR (default 1e-3, speculators' default), STAGE (start at:
 # venv | data | hidden | train | convert | measure).
 #
 # What each stage does:
@@ -29,10 +29,10 @@ ROOT=$PWD
 W=${1:-runs/speculators-smollm2}
 SPEC_VENV=${SPEC_VENV:-$ROOT/../judge-venv}
 EM_PY=${EM_PY:-$ROOT/.venv/bin/python}
-N=${N:-400}
+N=${N:-200}
 START=${START:-5000}  # ShareGPT records from here: the validate chat suite samples from the first 3,000
 HS_LIMIT=${HS_LIMIT:-$N}
-EPOCHS=${EPOCHS:-5}
+EPOCHS=${EPOCHS:-3}
 LR=${LR:-1e-3}
 STAGE=${STAGE:-venv}
 mkdir -p "$W"
