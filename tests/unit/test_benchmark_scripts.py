@@ -31,7 +31,7 @@ def test_throughput_counts_the_trained_positions(bench):
 
 
 def test_end_to_end_accounts_for_the_calibrate_call(bench):
-    r = bench.end_to_end("small", torch.device("cpu"), steps=2, num_sequences=4)
+    r = bench.end_to_end("small", torch.device("cpu"), steps=2, num_sequences=4, heldout=3)
     assert r["steps_run"] == 2 and r["tokens_seen"] > 0
     assert set(r["phases_s"]) >= {"held-out continuations + features", "held-out evaluations", "train steps"}
     assert sum(r["phases_s"].values()) == pytest.approx(r["calibrate_s"], rel=0.05)

