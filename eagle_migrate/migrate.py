@@ -54,6 +54,7 @@ class MigrateOptions:
     device: str = "auto"
     dtype: str = "auto"
     seed: int = 0
+    aux_ids_convention: str | None = None  # --aux-ids-convention: vllm | output-of-layer (None: fingerprint or measurement)
     vllm_python: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -77,7 +78,7 @@ def build_stages(source: Path, target: str, opts: MigrateOptions) -> list[Stage]
     def inspect_stage(ctx: StageContext) -> StageResult:
         from .inspect import inspect_checkpoint
 
-        rep = inspect_checkpoint(source, target)
+        rep = inspect_checkpoint(source, target, aux_ids_convention=opts.aux_ids_convention, device=opts.device)
         _dump(ctx.out / "inspect.json", rep)
         errors = [f"{f.code}: {f.message}" for f in rep.findings if f.severity == "error"]
         return StageResult(
@@ -92,7 +93,8 @@ def build_stages(source: Path, target: str, opts: MigrateOptions) -> list[Stage]
         res = convert(source, target, ctx.out / "model", data=opts.data, num_sequences=opts.num_sequences,
                       output_format=opts.output_format, device=opts.device, dtype=opts.dtype,
                       calibrate=opts.calibrate, steps=opts.steps, train=opts.train, seed=opts.seed,
-                      num_speculative_tokens=opts.k, max_minutes=opts.max_minutes)
+                      num_speculative_tokens=opts.k, max_minutes=opts.max_minutes,
+                      aux_ids_convention=opts.aux_ids_convention)
         _dump(ctx.out / "convert.json", res)
         return StageResult(outputs={"model": "convert/model", "step0_agreement": res.agreement.step0,
                                     "calibration": res.calibration.status, "calibration_required": res.calibration_required},
@@ -139,9 +141,10 @@ def build_stages(source: Path, target: str, opts: MigrateOptions) -> list[Stage]
                            message=("planned " if res.dry_run else "uploaded ") + f"{len(res.files)} files")
 
     common = {"checkpoint": Path(source), "target": target}
+    aux = {"aux_ids_convention": opts.aux_ids_convention} if opts.aux_ids_convention else {}
     stages = [
-        Stage("inspect", inspect_stage, common, "read the checkpoint and check it against the target"),
-        Stage("convert", convert_stage, {**common, "data": opts.data, "steps": opts.steps, "max_minutes": opts.max_minutes, "calibrate": opts.calibrate, "train": opts.train,
+        Stage("inspect", inspect_stage, {**common, **aux}, "read the checkpoint and check it against the target"),
+        Stage("convert", convert_stage, {**common, **aux, "data": opts.data, "steps": opts.steps, "max_minutes": opts.max_minutes, "calibrate": opts.calibrate, "train": opts.train,
                                          "format": opts.output_format, "seed": opts.seed, "n": opts.num_sequences},
               "EAGLE-3.1 structure, norm initialisation, calibration"),
     ]
