@@ -287,11 +287,26 @@ def measurement_from_hits(hits: dict[str, list[list[int]]]) -> Measurement:
                        standard_error=se, rule=rule)
 
 
+def _own_sequences(target: Any, n: int, length: int, seed: int) -> list[list[int]]:
+    """The target's greedy continuations of random first tokens (a tokenizer-less target has no text to render)."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, target.info.vocab_size, (n, 1), generator=g)
+    model = target.loaded.model
+    with torch.no_grad():
+        for _ in range(length - 1):
+            nxt = model(input_ids=x.to(target.loaded.device), use_cache=False).logits[:, -1].argmax(-1, keepdim=True)
+            x = torch.cat([x, nxt.cpu()], dim=1)
+    return x.tolist()
+
+
 def measure(ck: Checkpoint, target: Any, candidates: list[list[int]], *, positions: int = MEASURE_POSITIONS,
-            seed: int = 0, max_length: int = 96) -> Measurement:
+            seed: int = 0, max_length: int = 96, data: str | None = None) -> Measurement:
     """Step 0 of the drafter (:class:`eagle_migrate.drafter.EagleDrafter`) on the target's aux states under each
-    candidate id set, on ``positions`` positions of the default calibration data; top-1 agreement with the target's
-    own next token. ``target``: a ``convert._TargetSide``. ``candidates`` in the order of :data:`CONVENTIONS`."""
+    candidate id set, on ``positions`` positions of the calibration data (``data``, default: the built-in set; for a
+    tokenizer-less target without ``data``, its own greedy continuations); top-1 agreement with the target's own
+    next token. ``target``: a ``convert._TargetSide``. ``candidates`` in the order of :data:`CONVENTIONS`."""
     import torch
 
     from .convert import _build_eagle3, calibration_sequences
@@ -305,7 +320,10 @@ def measure(ck: Checkpoint, target: Any, candidates: list[list[int]], *, positio
     m = _build_eagle3(cfg.model_copy(update={"aux_layer_ids": None}), tensors, target.device, target.dtype)
     del tensors
     union = sorted({i for c in candidates for i in c})
-    seqs = calibration_sequences(None, target, 32, seed, max_length)
+    if data is None and target.tokenizer is None:
+        seqs = _own_sequences(target, 8, positions // 8 + 1, seed)
+    else:
+        seqs = calibration_sequences(data, target, 32, seed, max_length)
     hits: dict[str, list[list[int]]] = {c: [] for c in CONVENTIONS}
     total = 0
     with torch.no_grad():
@@ -330,13 +348,14 @@ def measure(ck: Checkpoint, target: Any, candidates: list[list[int]], *, positio
     return measurement_from_hits(hits)
 
 
-def resolve_for_target(ck: Checkpoint, target: Any, *, override: Convention | None = None, seed: int = 0) -> AuxIds:
+def resolve_for_target(ck: Checkpoint, target: Any, *, override: Convention | None = None, seed: int = 0,
+                       data: str | None = None) -> AuxIds:
     """:func:`resolve` for a checkpoint and a ``convert._TargetSide`` (measures only when needed)."""
     a: AuxIds | None = getattr(ck, "aux", None)
     if a is None or ck.config.generation != "eagle3":
         return a if a is not None else from_stored(None, "none")
     return resolve(a, ck.config.num_aux, target.info.num_layers, override=override,
-                   measure_fn=lambda cands: measure(ck, target, cands, seed=seed))
+                   measure_fn=lambda cands: measure(ck, target, cands, seed=seed, data=data))
 
 
 def apply(ck: Checkpoint, a: AuxIds) -> None:

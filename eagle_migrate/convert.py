@@ -699,7 +699,7 @@ def convert(
         from . import aux_ids as _aux
 
         progress("aux ids", 0, 1)
-        aux = _aux.resolve_for_target(ck, tside, override=aux_ids_convention, seed=seed)
+        aux = _aux.resolve_for_target(ck, tside, override=aux_ids_convention, seed=seed, data=data)
         progress("aux ids", 1, 1)
         if aux.stored is not None:
             if not aux.decided:
