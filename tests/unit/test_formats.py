@@ -9,7 +9,8 @@ import torch
 
 from eagle_migrate import toy
 from eagle_migrate.drafter.config import DrafterConfig
-from eagle_migrate.errors import UnsupportedError
+from eagle_migrate import aux_ids
+from eagle_migrate.errors import InputError, UnsupportedError
 from eagle_migrate.formats import read_checkpoint, write_checkpoint
 
 from ..layouts import AUX_CONVENTION, AUX_DECIDED_BY, EXPECTED, LAYOUT_NAMES, MLA, canonical_state_dict, write_layout
@@ -138,6 +139,10 @@ def test_write_round_trip(tmp_path, src, out_layout):
     ck = read_checkpoint(write_layout(src, cfg, sd, tmp_path / "src"))
     if src.startswith("safeailab"):  # ids are never stored by SafeAILab: the user supplies them on conversion
         ck.config = ck.config.model_copy(update={"aux_layer_ids": [2, 5, 9], "norm_output": True, "rope_theta": 500000.0})
+    if not ck.aux.decided:  # our output is fingerprinted as vLLM ids: an undecided reading is refused, not laundered
+        with pytest.raises(InputError, match="undecided"):
+            write_checkpoint(ck, tmp_path / "out", layout=out_layout, verifier="toy-target")
+        aux_ids.apply(ck, aux_ids.resolve(ck.aux, 3, 12, override=AUX_CONVENTION[src]))
     out = write_checkpoint(ck, tmp_path / "out", layout=out_layout, verifier="toy-target")
     back = read_checkpoint(out)
     assert back.producer == "eagle-migrate" and back.layout == out_layout
@@ -216,7 +221,8 @@ def test_quantized_checkpoints_report_scheme_and_logical_shapes(tmp_path):
     assert nv.info("layers.0.self_attn.q_proj.weight").shape == (64, 64)  # uint8, two values per byte
     # ModelOpt's keys do not decide the convention: the ids are read literally until a target measures them
     assert _sizes(nv.config) == _sizes(cfg) and nv.config.aux_layer_ids == [i - 1 for i in toy.AUX_IDS] and not nv.aux.decided
-    # a quantized checkpoint is copied as is, with its quantization_config
+    # a quantized checkpoint is copied as is, with its quantization_config (its ids decided first: vLLM's here)
+    aux_ids.apply(fp8, aux_ids.resolve(fp8.aux, 3, toy.NUM_LAYERS, override="vllm"))
     out = write_checkpoint(fp8, tmp_path / "fp8-out")
     c = json.loads((out / "config.json").read_text())
     assert c["quantization_config"]["format"] == "float-quantized"
