@@ -205,3 +205,14 @@ def test_cli_flag_on_inspect(world, target):
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["aux_ids_evidence"]["decided_by"] == "override" and doc["aux_layer_ids"] == [1, 2, 3]
+
+
+def test_quantize_refuses_an_undecided_source(world):
+    """quantize's output carries our fingerprint (vLLM ids): an undecided reading is refused, not laundered into it."""
+    from eagle_migrate.errors import InputError
+    from eagle_migrate.quantize import quantize
+
+    src = write_layout("vllm-plain", W.drafter_config(), W.drafter_state_dict("right"), world / "q-src", aux_convention="vllm")
+    with pytest.raises(InputError, match="two ways") as ei:
+        quantize(src, world / "q-out", "fp8-dynamic", validate="none")
+    assert "convert" in ei.value.hint and not (world / "q-out").exists()
