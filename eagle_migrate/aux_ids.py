@@ -191,8 +191,8 @@ def findings(a: AuxIds, producer: str) -> list[Finding]:
     """What inspect reports about the convention (without a target, or after resolving with one)."""
     from .formats.common import finding
 
-    if a.stored is None:
-        return []
+    if a.stored is None or (a.decided_by == "fingerprint" and a.convention == "vllm"):
+        return []  # nothing to say: the ids are what vLLM reads (aux_ids_evidence still says why)
     v, o = a.candidate("vllm"), a.candidate("output-of-layer")
     both = f"vLLM ids {v.ids if v else '?'} if written in vLLM's convention, {o.ids if o else '?'} if output-of-layer"
     if a.decided_by == "undecided":
