@@ -25,7 +25,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from eagle_migrate import assets  # noqa: E402
-from eagle_migrate.calibrate import calibrate, load_drafter, vllm_continuations  # noqa: E402
+from eagle_migrate.calibrate import calibrate, vllm_continuations  # noqa: E402
+from eagle_migrate.drafter.load import load_drafter  # noqa: E402
 from eagle_migrate.drafter import EagleDrafter  # noqa: E402
 from eagle_migrate.formats.io import atomic_output_dir  # noqa: E402
 from eagle_migrate.formats.vllm import write_vllm  # noqa: E402
@@ -130,21 +131,21 @@ def main() -> None:
     if not a.measure_only:
         target = load_target(str(tpath), device="cpu", dtype=torch.float32)
         tok = target.tokenizer
-        src, _ = load_drafter(src_dir, target)
+        src = load_drafter(src_dir, target)
         seqs = calibration_data(tok, a.num_seqs, a.seq_len)
         log(f"{len(seqs)} calibration sequences, {sum(map(len, seqs))} tokens")
 
         t0 = time.perf_counter()
         model = None
         if a.reuse_init and (conv_dir / "config.json").exists():
-            model, _ = load_drafter(conv_dir, target)
+            model = load_drafter(conv_dir, target)
             summary["convert"] = {"module": "reused " + str(conv_dir)}
         elif not a.no_convert_module:
             try:
                 from eagle_migrate.convert import convert
 
                 res = convert(src_dir, str(tpath), conv_dir, calibrate=False, force=True, device="cpu", seed=0)
-                model, _ = load_drafter(conv_dir, target)
+                model = load_drafter(conv_dir, target)
                 summary["convert"] = {"module": "eagle_migrate.convert", "result": json.loads(res.model_dump_json())}
                 log(f"converted with eagle_migrate.convert in {time.perf_counter() - t0:.0f} s")
             except Exception as e:  # convert.py not there or not working yet: the documented fallback

@@ -36,7 +36,7 @@ def build(work: Path) -> None:
 
     from eagle_migrate.drafter import DrafterConfig
     from eagle_migrate.formats.vllm import vllm_config_dict
-    from eagle_migrate.stats import HiddenRecord, write_hidden_states
+    from eagle_migrate.hidden_states import HiddenRecord, write_hidden_states
 
     work.mkdir(parents=True, exist_ok=True)
     g = torch.Generator().manual_seed(0)

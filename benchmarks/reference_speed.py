@@ -31,7 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from eagle_migrate import assets, data  # noqa: E402
 from eagle_migrate.target import load_target  # noqa: E402
 from eagle_migrate.validate.metrics import AcceptanceStats  # noqa: E402
-from eagle_migrate.validate.reference import ReferenceEngine, _add, load_drafter  # noqa: E402
+from eagle_migrate.drafter.load import load_drafter  # noqa: E402
+from eagle_migrate.validate.reference import ReferenceEngine, _add  # noqa: E402
 
 
 def main() -> None:

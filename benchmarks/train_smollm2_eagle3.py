@@ -148,10 +148,10 @@ def main() -> None:
     log(f"draft vocab {a.draft_vocab}: coverage {cover:.4f} of {sum(freqs.values())} tokens")
 
     if a.init:
-        from eagle_migrate.calibrate import load_drafter
+        from eagle_migrate.drafter.load import load_drafter
         from eagle_migrate.train import draft_to_target_ids
 
-        model, _ = load_drafter(a.init, target)
+        model = load_drafter(a.init, target)
         cfg = model.cfg
         t_ids = draft_to_target_ids(model)
         log(f"continuing from {a.init}")

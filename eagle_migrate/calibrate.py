@@ -28,7 +28,7 @@ import torch
 from pydantic import BaseModel, Field
 
 from .drafter.model import EagleDrafter
-from .errors import CheckFailed, InputError
+from .errors import CheckFailed, InputError, UnsupportedError
 from .train import (
     FeatureStore,
     FitConfig,
@@ -271,7 +271,9 @@ def calibrate(
 
     # training features
     if precomputed is not None:
-        feats: Any = PrecomputedFeatures(precomputed)
+        fnw = target.final_norm_weight
+        feats: Any = PrecomputedFeatures(precomputed, layer_ids, target.info.hidden_size,
+                                         final_norm=None if fnw is None else (fnw.detach(), target.info.rms_norm_eps))
         n_train = len(feats)
     else:
         if not train_sequences:
@@ -436,29 +438,6 @@ class RichProgress:
 
 
 # ----- checkpoint form (what convert calls) -------------------------------------------------------------------------
-def load_drafter(checkpoint: str | Path, target: Any | None = None) -> tuple[EagleDrafter, Any]:
-    """An EagleDrafter from any readable checkpoint; embeddings taken from the target when the checkpoint has none."""
-    from .formats import read_checkpoint
-
-    ck = read_checkpoint(Path(checkpoint))
-    model = EagleDrafter(ck.config)
-    sd = ck.state_dict(torch.float32)
-    sd.pop("t2d", None)
-    missing, unexpected = model.load_state_dict(sd, strict=False)
-    if unexpected:
-        raise InputError(f"{checkpoint}: tensors the drafter does not have: {unexpected[:5]}")
-    if "embed_tokens.weight" in missing:
-        if target is None:
-            raise InputError(f"{checkpoint}: no embed_tokens and no target to share them from")
-        emb = target.model.get_input_embeddings().weight.detach().float().cpu()
-        with torch.no_grad():
-            model.embed_tokens.weight.copy_(emb)
-        missing = [m for m in missing if m != "embed_tokens.weight"]
-    if missing:
-        raise InputError(f"{checkpoint}: missing tensors {missing[:5]}")
-    return model, ck
-
-
 def default_data(target: Any, data: str | None, num_sequences: int, seed: int, seq_len: int,
                  suites: Sequence[str] = ("chat", "long", "template-shift"), heldout_per_suite: int = 4,
                  max_model_len: int = 8192, long_buckets: Sequence[int] = DEFAULTS["heldout_long_buckets"],
@@ -535,7 +514,13 @@ def calibrate_checkpoint(
     else:
         tdtype = dtype if isinstance(dtype, torch.dtype) else resolve_dtype(dtype or "auto", dev.type)
         tgt = load_target(str(target), device=str(dev), dtype=tdtype)
-    model, ck = load_drafter(checkpoint, tgt)
+    from .drafter.load import load_drafter
+    from .formats import read_checkpoint
+
+    ck = read_checkpoint(Path(checkpoint))
+    if ck.quantization:
+        raise UnsupportedError(f"{checkpoint}: the drafter is quantized; calibrate the unquantized drafter, then quantize it")
+    model = load_drafter(ck, tgt)
     dflt = defaults_for(dev)
     seq_len = kw.pop("seq_len", None) or dflt["seq_len"]
     train_seqs, held = default_data(tgt, data, num_sequences or 64, seed, seq_len, suites=suites,
@@ -572,4 +557,4 @@ def calibrate_checkpoint(
 
 
 __all__ = ["CalibrationResult", "SuiteAcceptance", "RichProgress", "TRAIN_MODES", "DEFAULT_LR", "DEFAULTS", "CPU_DEFAULTS", "defaults_for", "calibrate",
-           "calibrate_checkpoint", "trainable_names", "load_drafter", "heldout_sequences"]
+           "calibrate_checkpoint", "trainable_names", "heldout_sequences"]

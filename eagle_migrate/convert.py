@@ -37,12 +37,14 @@ from torch import nn
 
 from . import __version__
 from .drafter.config import DrafterConfig
+from .drafter.load import build_drafter
 from .drafter.model import MLP, Attention, EagleDrafter, KVCache, RMSNorm, _rope_inv_freq, _rotate_half  # noqa: F401
 from .aux_ids import AuxIds, Convention, eagle2_aux_ids  # noqa: F401  (eagle2_aux_ids: one home, re-exported)
 from .errors import DataError, InputError, PairingError, UnsupportedError
 from .allocator import fixed_mmap_threshold
 from .formats.io import atomic_output_dir, check_output_dir, sha256_files, write_json
-from .stats import HiddenRecord, StatsAccumulator, TargetStatistics, iter_hidden_states, rms_normalize
+from .hidden_states import HiddenRecord, iter_hidden_states
+from .stats import StatsAccumulator, TargetStatistics, rms_normalize
 
 Progress = Callable[[str, int, "int | None"], None]
 OutputFormat = Literal["vllm", "speculators"]
@@ -104,6 +106,7 @@ class NormInit(BaseModel):
     candidates: list[NormCandidate] = Field(default_factory=list)
     statistics: TargetStatistics | None = None
     notes: dict[str, str] = Field(default_factory=dict)
+    warnings: list[str] = Field(default_factory=list, description="fits the statistics could not determine, and why")
 
 
 class CalibrationStatus(BaseModel):
@@ -355,33 +358,6 @@ def _float_dtype(store_dtypes: list[str]) -> torch.dtype:
         if d in ("bfloat16", "float16", "float32"):
             return getattr(torch, d)
     return torch.bfloat16
-
-
-def _build_eagle3(cfg: DrafterConfig, tensors: dict[str, torch.Tensor], device: str, dtype: torch.dtype,
-                  allow_missing: tuple[str, ...] = ()) -> EagleDrafter:
-    """An EagleDrafter holding ``tensors`` (assigned, not copied twice); built on the meta device. Names in
-    ``allow_missing`` stay on the meta device (e.g. ``lm_head.weight`` when no logits are needed)."""
-    with torch.device("meta"):
-        m = EagleDrafter(cfg)
-    sd = {}
-    for n, t in tensors.items():
-        if n in ("t2d",) or n.endswith("o_proj.bias"):
-            continue
-        if n == "d2t" and not cfg.uses_d2t:
-            continue
-        if n == "embed_tokens.weight":  # looked up, then cast per row (EagleDrafter.forward_step): keep its dtype
-            sd[n] = t.to(device=device)
-        else:
-            sd[n] = t.to(device=device, dtype=dtype) if t.is_floating_point() else t.to(device)
-    missing, unexpected = m.load_state_dict(sd, strict=False, assign=True)
-    if unexpected:
-        raise InputError(f"unexpected tensors for the drafter: {', '.join(unexpected[:5])}")
-    missing = [n for n in missing if n not in allow_missing]
-    if missing:
-        raise InputError(f"the drafter lacks {', '.join(missing[:5])}")
-    inv, _ = _rope_inv_freq(cfg)
-    m._inv_freq = inv.to(device)
-    return m.eval()
 
 
 class Eagle2Reference(nn.Module):
@@ -682,7 +658,7 @@ def convert(
     ck = read_checkpoint(source)
     progress("read source", 1, 1)
     cfg = ck.config
-    if cfg.architecture != "llama":
+    if not cfg.supported_architecture:
         raise UnsupportedError(f"{source}: {cfg.architecture.upper()} drafters are recognised but cannot be converted yet")
     if ck.quantization:
         raise UnsupportedError(f"{source}: the drafter is quantized ({ck.quantization.get('scheme')}); convert the unquantized drafter, then quantize")
@@ -791,6 +767,7 @@ def convert(
                 ck, cfg, upd, tside, seqs_iter, n_total, n_held, aux_ids, dev, cdtype, num_speculative_tokens, max_cuts, progress)
             calibration_required = True
         plan.changes = base_changes + plan.changes
+        warnings.extend(f"warning: {w}" for w in (norm_init.warnings if norm_init else []))
         want_cal = True if calibrate is None else calibrate
     prov.num_sequences = stats.num_sequences if stats is not None else 0
     prov.statistics = stats
@@ -893,7 +870,7 @@ STATS_MAX_SEQUENCES = 256
 def _records(tside: _TargetSide, data, hidden_states_dir, aux_ids, ht, num_sequences, seed, max_length, want_last) -> tuple[Iterator[HiddenRecord], int]:
     """(iterator over calibration records, how many there will be)."""
     if hidden_states_dir is not None:
-        from .stats import count_hidden_states
+        from .hidden_states import count_hidden_states
 
         n = min(count_hidden_states(Path(hidden_states_dir)), num_sequences)
         return iter_hidden_states(Path(hidden_states_dir), aux_ids, ht, limit=n), n
@@ -931,7 +908,7 @@ def _convert_eagle3(ck, cfg: DrafterConfig, upd, tside: _TargetSide, records, n_
     if "embed_tokens.weight" not in src_t:
         src_t["embed_tokens.weight"] = tside.weight("embed", mapped=True)  # only looked-up rows are ever read
     src_cfg = cfg.model_copy(update={"fc_norm": False, "norm_output": False})
-    m = _build_eagle3(src_cfg, src_t, dev, cdtype, allow_missing=skip)
+    m = build_drafter(src_cfg, src_t, device=dev, dtype=cdtype, allow_missing=skip, what=f"{ck.path}")
     own_embed = ck.has("embed_tokens.weight")
     del src_t
     fc_w = m.fc.weight.detach()  # the module's dtype: no float32 copy of an 8B-sized fc
@@ -1072,7 +1049,7 @@ def _convert_eagle3(ck, cfg: DrafterConfig, upd, tside: _TargetSide, records, n_
     if not own_embed:
         pass  # vLLM shares the target's embedding (H = Ht)
     fcn = [FcNormWeight(layer_id=aux_ids[i], chunk=i, mean=float(chosen_w[i].mean()), min=float(chosen_w[i].min()), max=float(chosen_w[i].max())) for i in range(kk)]
-    norm_init = NormInit(method=best, fc_norm=fcn, candidates=results, statistics=stats,
+    norm_init = NormInit(method=best, fc_norm=fcn, candidates=results, statistics=stats, warnings=fits.warnings,
                          notes={"selection": "highest step-0 agreement on held-out sequences; ties within 0.002 -> lowest fc error "
                                 + ("(cosine: norm_before_residual makes the scale of fc's output irrelevant)" if cfg.norm_before_residual else "(relative L2)")})
     return plan, norm_init, comp, agreement, stats
@@ -1187,7 +1164,8 @@ def _convert_eagle2(ck, cfg: DrafterConfig, upd, tside: _TargetSide, records, n_
         "fc_norm": True, "norm_output": True, "norm_before_fc": False, "norm_before_residual": False, "fc_bias": False,
         "has_lm_head": True, "has_embed_tokens": own_embed, "attention_bias": attn_bias,
     })
-    conv = _build_eagle3(cfg_out, {**new, **({} if own_embed else {"embed_tokens.weight": emb})}, dev, cdtype)
+    conv = build_drafter(cfg_out, {**new, **({} if own_embed else {"embed_tokens.weight": emb})}, device=dev, dtype=cdtype,
+                         what="the converted drafter")
 
     # ----- agreement with the EAGLE-2 source ---------------------------------------------------------------------
     src_runner = _eagle2_runner(ref, dev, cdtype)

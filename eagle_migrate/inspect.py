@@ -78,7 +78,7 @@ class InspectReport(BaseModel):
     format: str = Field(..., description="eagle2 (EAGLE-1/2 weights), eagle3 or eagle3.1")
     producer: str = Field(..., description="safeailab, specforge, speculators, modelopt, torchspec, vllm, eagle-migrate or unknown")
     layout: str = Field(..., description="the reader that parsed it, e.g. safeailab-eagle3, torchspec-vllm")
-    architecture: str = Field(..., description="llama (convertible) or mla (recognised, not convertible)")
+    architecture: str = Field(..., description="the drafter family: llama or qwen3 (convertible), mla (recognised, not convertible)")
     sizes: Sizes
     aux_layer_ids: list[int] | None = Field(..., description="in vLLM's convention (residual stream after i layers), ascending")
     aux_layer_ids_stored: list[int] | None = Field(..., description="as written in the checkpoint's config")

@@ -476,7 +476,7 @@ def publish(
         raise CheckpointError(f"{folder}: {', '.join(bad)} are not safetensors; only safetensors weights are published",
                               "run `eagle-migrate convert` first: it writes safetensors")
     ck = read_checkpoint(folder)
-    if ck.config.generation != "eagle3" or ck.config.architecture != "llama":
+    if ck.config.generation != "eagle3" or not ck.config.supported_architecture:
         raise CheckpointError(f"{folder}: a {ck.format} drafter ({ck.config.architecture}); publish takes EAGLE-3 / EAGLE-3.1 drafters",
                               "run `eagle-migrate convert` first")
     desc = _describe_checkpoint(ck)

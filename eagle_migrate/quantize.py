@@ -30,6 +30,7 @@ from pydantic import BaseModel, Field
 
 from . import __version__
 from .drafter.config import DrafterConfig
+from .drafter.load import build_drafter
 from .errors import CheckFailed, CheckpointError, DataError, InputError, UnsupportedError
 
 SchemeName = Literal["fp8-dynamic", "fp8", "nvfp4a16", "nvfp4"]
@@ -230,15 +231,23 @@ def scheme_from_config(qc: dict[str, Any]) -> str | None:
 # ---------------------------------------------------------------------------------------------------------------
 
 
+# The decoder-layer Linears vLLM builds with the drafter's quant_config, per family (llama_eagle3.py, qwen3_eagle3.py:
+# q/k/v fused into qkv_proj, o_proj, gate/up fused into gate_up_proj, down_proj). Everything else (the Qwen3
+# q_norm / k_norm, every other norm) is an RMSNorm that vLLM keeps in 16 bits.
+_ATTN = tuple(f"self_attn.{x}_proj" for x in "qkvo")
+_MLP = tuple(f"mlp.{x}_proj" for x in ("gate", "up", "down"))
+LAYER_LINEARS = {"llama": _ATTN + _MLP, "qwen3": _ATTN + _MLP}
+
+
 def linear_prefixes(cfg: DrafterConfig, names: Iterable[str], *, quantize_fc: bool = False,
                     quantize_lm_head: bool = False) -> list[str]:
     """Checkpoint prefixes of the Linears to quantize, in checkpoint order."""
     present = set(names)
+    if cfg.architecture not in LAYER_LINEARS:
+        raise UnsupportedError(f"{cfg.architecture} drafters are not supported by quantize")
     out = []
     for i in range(cfg.num_layers):
-        p = f"layers.{i}."
-        out += [p + f"self_attn.{x}_proj" for x in "qkvo"]
-        out += [p + f"mlp.{x}_proj" for x in ("gate", "up", "down")]
+        out += [f"layers.{i}.{n}" for n in LAYER_LINEARS[cfg.architecture]]
     if quantize_fc:
         out.insert(0, "fc")
     if quantize_lm_head:
@@ -491,31 +500,6 @@ def _source_float_dtype(ckpt) -> torch.dtype:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def build_drafter(cfg: DrafterConfig, sd: dict[str, torch.Tensor], target=None, dtype: torch.dtype = torch.float32):
-    """An EagleDrafter with the checkpoint's weights (embedding / lm_head from the target when the drafter has none)."""
-    from .drafter.model import EagleDrafter
-
-    m = EagleDrafter(cfg)
-    state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in sd.items() if k != "t2d"}
-    if "embed_tokens.weight" not in state:
-        if target is None:
-            raise InputError("the drafter has no embed_tokens: the target's embedding is needed", "pass --target")
-        state["embed_tokens.weight"] = target.embed_weight.detach().to("cpu", dtype)
-    if "lm_head.weight" not in state:
-        if target is None:
-            raise InputError("the drafter has no lm_head: the target's head is needed", "pass --target")
-        state["lm_head.weight"] = target.lm_head_weight.detach().to("cpu", dtype)
-    if "d2t" in state and not cfg.uses_d2t:
-        state.pop("d2t")
-    missing, unexpected = m.load_state_dict(state, strict=False)
-    if unexpected:
-        raise CheckpointError(f"unexpected tensors for this drafter config: {', '.join(unexpected[:4])}")
-    real_missing = [k for k in missing if not k.startswith("_")]
-    if real_missing:
-        raise CheckpointError(f"the drafter lacks {', '.join(real_missing[:4])}")
-    return m.eval()
-
-
 def load_sequences(data: Any, target, n: int, max_len: int = 512, seed: int = 0) -> tuple[list[list[int]], str]:
     """(calibration token sequences, where they came from): :func:`eagle_migrate.data.calibration_sequences` with
     the target's tokenizer (token-id lists as given; None = the built-in chat set)."""
@@ -644,26 +628,7 @@ def default_suites(target_spec: str, target=None, *, names: tuple[str, ...] = ("
     return out
 
 
-def _vllm_needs_no_tokenizer(suites: dict[str, dict[str, Any]]) -> bool:
-    return all(isinstance(p, list) for s in suites.values() for p in s["prompts"])
-
-
-def measure_acceptance_vllm(target: str, before: Path, after: Path, suites: dict[str, dict[str, Any]], *, k: int = 3,
-                            **kw: Any):
-    """(before, after) acceptance stats per suite in real vLLM (one worker process when the engine allows it)."""
-    from .validate import vllm_engine
-
-    kw.setdefault("skip_tokenizer_init", _vllm_needs_no_tokenizer(suites))
-    many = getattr(vllm_engine, "measure_many", None)
-    if many is not None:
-        b, a = many(target, [str(before), str(after)], suites, num_speculative_tokens=k, **kw)
-    else:
-        b = vllm_engine.measure(target, str(before), suites, num_speculative_tokens=k, **kw)
-        a = vllm_engine.measure(target, str(after), suites, num_speculative_tokens=k, **kw)
-    return {n: s for n, (s, _) in b.items()}, {n: s for n, (s, _) in a.items()}
-
-
-def _activation_hook(scheme: str, local: dict[str, torch.Tensor]):
+def activation_hook(scheme: str, local: dict[str, torch.Tensor]):
     """A forward-pre-hook that fake-quantizes a Linear's input as vLLM's kernel would (compressed-tensors' own
     dynamic-scale and fake-quantize functions): per token FP8 (fp8-dynamic), static per-tensor FP8 (fp8), FP4 in
     groups of 16 under the calibrated global scale (nvfp4); None for weight-only nvfp4a16."""
@@ -690,32 +655,6 @@ def _activation_hook(scheme: str, local: dict[str, torch.Tensor]):
         return (y.to(x.dtype), *inputs[1:])
 
     return hook
-
-
-def simulated_drafter(cfg: DrafterConfig, qsd: dict[str, torch.Tensor], qc: dict[str, Any], target=None,
-                      *, activations: bool = True):
-    """An EagleDrafter that computes as the quantized drafter does: weights dequantised through compressed-tensors'
-    decompression, and (``activations``) each quantized Linear's input fake-quantized per the scheme."""
-    scheme = scheme_from_config(qc)
-    m = build_drafter(cfg, dequantize_state_dict(qsd, qc, torch.float32), target)
-    if activations:
-        modules = dict(m.named_modules())
-        for p in sorted({n.rsplit(".", 1)[0] for n in qsd if n.endswith(".weight_scale")}):
-            local = {k: qsd[f"{p}.{k}"] for k in ("input_scale", "input_global_scale") if f"{p}.{k}" in qsd}
-            h = _activation_hook(scheme, local)
-            if h is not None:
-                modules[p].register_forward_pre_hook(h)
-    return m
-
-
-def measure_acceptance_reference(target, before, after, suites: dict[str, dict[str, Any]], *, k: int = 3,
-                                 max_model_len: int | None = None):
-    """(before, after) acceptance stats per suite through the validate stage's reference engine (pure torch).
-    ``target``: a loaded Target or a path; ``before`` / ``after``: EagleDrafter modules or checkpoint paths."""
-    from .validate import reference
-
-    b, a = reference.measure(target, [before, after], suites, num_speculative_tokens=k, max_model_len=max_model_len)
-    return {n: s for n, (s, _) in b.items()}, {n: s for n, (s, _) in a.items()}
 
 
 def _max_model_len(target_spec: str, cap: int = 2048) -> int:
@@ -806,7 +745,13 @@ def quantize(
         raise InputError(f"--validate {validate} measures acceptance against a target", "pass --target T")
     engine = None
     if target is not None and validate != "none":
-        engine = ("vllm" if (spec.vllm_cpu or _cuda()) else "reference") if validate == "auto" else validate
+        from .validate.api import resolve_engine, run_engine
+
+        vpy = (vllm_options or {}).get("python")
+        if validate == "auto":  # vLLM when it is installed and has a kernel for the scheme here, else the reference engine
+            engine = "vllm" if (spec.vllm_cpu or _cuda()) and resolve_engine("auto", vpy) == "vllm" else "reference"
+        else:
+            engine = resolve_engine(validate, vpy)
         if engine == "vllm" and not spec.vllm_cpu and not _cuda():
             raise InputError(f"vLLM on CPU cannot run {scheme} drafters (see docs/quantize.md)",
                              "use --validate reference (or a GPU)")
@@ -819,7 +764,7 @@ def quantize(
     if cfg.generation != "eagle3":
         raise UnsupportedError(f"{source} is an EAGLE-2 drafter; vLLM's compressed-tensors path is for EAGLE-3 drafters",
                                "run `eagle-migrate convert` first, then quantize its output")
-    if getattr(cfg, "architecture", "llama") != "llama":
+    if not cfg.supported_architecture:
         raise UnsupportedError(f"{source}: {cfg.architecture} drafters are not supported by quantize")
     src_dtype = _source_float_dtype(ckpt)
     sd = {n: ckpt.tensor(n) for n in ckpt.canonical_names() if n != "t2d"}
@@ -835,7 +780,7 @@ def quantize(
         say("loading the target")
         tgt = load_target(target, device=device, dtype=torch.float32)
         seqs, src_desc = load_sequences(data, tgt, num_calibration_sequences, calibration_max_len)
-        drafter = build_drafter(cfg, sd, tgt)
+        drafter = build_drafter(cfg, sd, tgt)  # float32 on the CPU, as the calibration runs
         amax, ntok = calibrate_activations(drafter, tgt, seqs, prefixes, progress=say)
         calib = CalibrationReport(num_sequences=len(seqs), num_tokens=ntok, draft_steps=3, source=src_desc)
         del drafter
@@ -859,25 +804,27 @@ def quantize(
             vopts = dict(vllm_options or {})
             mp = _max_model_len(target)
             sts = suites if suites is not None else default_suites(target, tgt, max_model_len=mp)
-            if engine == "vllm":
-                vopts.setdefault("max_model_len", mp)
-                with tempfile.TemporaryDirectory(prefix=".eagle-migrate-quantize-", dir=str(out.parent)) as work:
-                    dense_before = Path(work) / "before"  # the source in the layout vLLM loads, unquantized
-                    _write_dense(dense_before, cfg, sd, None)
-                    before_s, after_s = measure_acceptance_vllm(target, dense_before, tmp, sts, k=num_speculative_tokens, **vopts)
-                acceptance = _acceptance_from("vllm", num_speculative_tokens, before_s, after_s, max_al_drop_pct)
-            else:
-                from .target import load_target
+            with tempfile.TemporaryDirectory(prefix=".eagle-migrate-quantize-", dir=str(out.parent)) as work:
+                if engine == "vllm":  # the source in the layout vLLM loads, unquantized
+                    before = Path(work) / "before"
+                    _write_dense(before, cfg, sd, None)
+                else:  # the reference engine reads any layout (and the quantized output) through the one loader
+                    before = source
+                    if tgt is None:
+                        from .target import load_target
 
-                if tgt is None:
-                    tgt = load_target(target, device=device, dtype=torch.float32)
-                dense = build_drafter(cfg, sd, tgt).to(tgt.device)
-                sim = simulated_drafter(cfg, qsd, qc, tgt).to(tgt.device)
-                before_s, after_s = measure_acceptance_reference(tgt, dense, sim, sts, k=num_speculative_tokens, max_model_len=mp)
+                        tgt = load_target(target, device=device, dtype=torch.float32)
+                run = run_engine(engine, target, [str(before), str(tmp)], sts, k=num_speculative_tokens,
+                                 max_model_len=int(vopts.pop("max_model_len", mp)), vllm_python=vopts.pop("python", None),
+                                 skip_tokenizer_init=all(isinstance(x, list) for st in sts.values() for x in st["prompts"]),
+                                 target_obj=tgt if engine == "reference" else None, **vopts)
+            before_s, after_s = ({n: st for n, (st, _) in r.items()} for r in run.results)
+            note = None
+            if engine == "reference":
                 acts = _ct_scheme(scheme).input_activations is not None
                 note = "weights dequantised through compressed-tensors" + (
                     "; activations fake-quantized as the scheme does" if acts else "")
-                acceptance = _acceptance_from("reference", num_speculative_tokens, before_s, after_s, max_al_drop_pct, note)
+            acceptance = _acceptance_from(engine, num_speculative_tokens, before_s, after_s, max_al_drop_pct, note)
         qb = sum(x.bytes_before for x in layers)
         qa = sum(x.bytes_after for x in layers)
         cb = sum(f.stat().st_size for f in src_files) if src_files else sum(_nbytes(t) for t in sd.values())
@@ -931,13 +878,3 @@ def _library_versions() -> dict[str, str]:
         except md.PackageNotFoundError:
             pass
     return out
-
-
-def read_quantized(path: str | Path, dtype: torch.dtype = torch.float32) -> tuple[DrafterConfig, dict[str, torch.Tensor], dict[str, Any]]:
-    """(config, dense state dict, quantization_config) of a quantized drafter written by :func:`quantize`."""
-    ckpt = _read_source(Path(path))
-    qc = (ckpt.raw_config or {}).get("quantization_config")
-    if not qc:
-        raise CheckpointError(f"{path}: config.json has no quantization_config")
-    sd = {n: ckpt.tensor(n) for n in ckpt.canonical_names()}
-    return ckpt.config, dequantize_state_dict(sd, qc, dtype), qc

@@ -16,18 +16,13 @@ What is estimated (docs/norm-init.md has the derivation):
 * optionally, with the source's ``fc`` weight, the fits in ``fc``-output space: K scalars (always cheap) and, when
   ``K*Ht`` is small enough, the full per-channel least squares ``min_w E||fc(w * u) - fc(a * u)||^2``.
 
-Precomputed hidden states (``--hidden-states DIR``) are read by :func:`iter_hidden_states`; the accepted layouts
-are documented there and in docs/norm-init.md.
+Precomputed hidden states (``--hidden-states DIR``) are read by :mod:`eagle_migrate.hidden_states`.
 """
 
 from __future__ import annotations
 
-import json
 import math
-from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from dataclasses import dataclass, field
 
 import torch
 from pydantic import BaseModel, Field
@@ -81,10 +76,35 @@ class TargetStatistics(BaseModel):
 
 @dataclass
 class Fits:
-    """Initialisation candidates for the K fc_norm weights (each a list of K tensors [Ht])."""
+    """Initialisation candidates for the K fc_norm weights (each a list of K tensors [Ht]). ``warnings``: fits that
+    the statistics do not determine (collinear or zero aux states) and were left out, each with the reason."""
 
     candidates: dict[str, list[torch.Tensor]]
     notes: dict[str, str]
+    warnings: list[str] = field(default_factory=list)
+
+
+#: eigenvalues of a Gram matrix below this fraction of its largest are treated as zero (the sums are float64 of
+#: float32 data, whose relative precision ~1e-7 puts a noise floor near 1e-14 on the eigenvalue ratio; 1e-9 means a
+#: direction carries less than 3e-5 of the signal's amplitude)
+GRAM_RCOND = 1e-9
+
+
+def solve_psd(g: torch.Tensor, r: torch.Tensor, rcond: float = GRAM_RCOND) -> tuple[torch.Tensor | None, int]:
+    """Least-squares solution of ``g x = r`` for a symmetric positive semi-definite ``g`` (a Gram matrix), defined
+    when ``g`` is singular: the pseudo-inverse through ``eigh`` with eigenvalues below ``rcond * max`` cut.
+    Returns ``(x, rank)``; ``x`` is None when ``g`` is zero or not finite (nothing to solve)."""
+    g = g.double()
+    if not bool(torch.isfinite(g).all()) or not bool(torch.isfinite(r).all()):
+        return None, 0
+    ev, vec = torch.linalg.eigh((g + g.T) / 2)
+    top = float(ev.max()) if ev.numel() else 0.0
+    if top <= 0.0:
+        return None, 0
+    keep = ev > rcond * top
+    inv = torch.where(keep, 1.0 / ev.clamp_min(1e-300), torch.zeros_like(ev))
+    x = vec @ (inv * (vec.T @ r.double()))
+    return x, int(keep.sum())
 
 
 class StatsAccumulator:
@@ -237,22 +257,38 @@ class StatsAccumulator:
         diag = (self._u2a / self._u2.clamp_min(1e-30)).float().cpu().view(k, ht)
         cand["lstsq-channel-independent"] = [diag[i].clone() for i in range(k)]
         notes["lstsq-channel-independent"] = "w_i = E[u_i^2 a] / E[u_i^2] per channel, ignoring fc"
+        warnings: list[str] = []
         if self.fc is not None:
             p = self.fc.double().T @ self.fc.double() if self.full else None  # [D, D]
+            fallback = "; the per-layer mean-RMS initialisation (mean-rms) stands in for it"
             for suffix, g, r, u_m, c_m, what in (
                 ("", self._G, self._r, getattr(self, "_U", None), getattr(self, "_C", None), ""),
                 ("-relative", self._Gw, self._rw, getattr(self, "_Uw", None), getattr(self, "_Cw", None),
                  ", every token weighted by 1/||fc(a*u)||^2 (fits the direction of fc's output, what hidden_norm sees)"),
             ):
-                c = torch.linalg.solve(g + 1e-9 * torch.trace(g) / k * torch.eye(k, dtype=g.dtype, device=g.device), r)
+                c, rank = solve_psd(g, r)
+                if c is None or rank < k:
+                    why = ("the aux states seen through fc are zero (or not finite)" if c is None else
+                           f"the K={k} aux states seen through fc are collinear (rank {rank} of {k}: identical or "
+                           "proportional aux layers, e.g. duplicate ids or layers that add nothing to the residual)")
+                    msg = f"lstsq-scalar{suffix} and lstsq-channel{suffix} not fitted: {why}, so the K scalars are not determined"
+                    notes["lstsq-scalar" + suffix] = notes["lstsq-channel" + suffix] = "skipped: " + msg + fallback
+                    warnings.append(msg + fallback)
+                    continue
                 cand["lstsq-scalar" + suffix] = [torch.full((ht,), float(c[i])) for i in range(k)]
                 notes["lstsq-scalar" + suffix] = "K scalars minimising E||fc(c*u) - fc(a*u)||^2" + what
                 if self.full:
                     a_mat = p * u_m.double()
                     b = (p * c_m.double()).sum(1)
-                    lam = ridge * float(torch.diagonal(a_mat).mean())
+                    # ridge towards lstsq-scalar, scaled to the system (positive definite whenever a_mat is not zero)
+                    lam = ridge * float(torch.diagonal(a_mat).abs().mean())
                     w0 = torch.cat([torch.full((ht,), float(c[i]), dtype=torch.float64, device=p.device) for i in range(k)])
-                    w = torch.linalg.solve(a_mat + lam * torch.eye(a_mat.shape[0], dtype=a_mat.dtype, device=a_mat.device), b + lam * w0)
+                    w, info = torch.linalg.solve_ex(a_mat + lam * torch.eye(a_mat.shape[0], dtype=a_mat.dtype, device=a_mat.device), b + lam * w0)
+                    if lam <= 0.0 or int(info) != 0 or not bool(torch.isfinite(w).all()):
+                        msg = f"lstsq-channel{suffix} not fitted: its per-channel system is singular even with the ridge"
+                        notes["lstsq-channel" + suffix] = "skipped: " + msg
+                        warnings.append(msg)
+                        continue
                     w = w.float().cpu().view(k, ht)
                     cand["lstsq-channel" + suffix] = [w[i].clone() for i in range(k)]
                     notes["lstsq-channel" + suffix] = (f"per-channel weights minimising E||fc(w*u) - fc(a*u)||^2 "
@@ -260,220 +296,7 @@ class StatsAccumulator:
                 else:
                     notes["lstsq-channel" + suffix] = (f"skipped: K*Ht = {k * ht} > {FULL_LSTSQ_MAX_DIM} "
                                                        "(the [K*Ht]^2 system would not fit comfortably)")
-        return Fits(cand, notes)
-
-
-# ===== precomputed hidden states ===================================================================================
-@dataclass
-class HiddenRecord:
-    """One sequence: token ids [T], aux states [T, K*Ht] at the drafter's aux layers, optional post-norm last [T, Ht]."""
-
-    input_ids: torch.Tensor
-    aux: torch.Tensor
-    last: torch.Tensor | None = None
-
-
-def write_hidden_states(out: Path, records: list[HiddenRecord] | Iterator[HiddenRecord], layer_ids: list[int], batch: int = 1) -> Path:
-    """Write records in our own feature layout (the one ``eagle_migrate.train.FeatureStore`` caches): one
-    ``batch-NNNNN.safetensors`` per ``batch`` sequences, right-padded, with ``input_ids`` [B,T] int64, ``lengths``
-    [B], ``loss_mask`` [B,T] uint8, ``aux`` [B,T,K*Ht], ``final`` [B,T,Ht] when known, metadata ``layer_ids``."""
-    from safetensors.torch import save_file
-
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    buf: list[HiddenRecord] = []
-    n = 0
-
-    def flush() -> None:
-        nonlocal n
-        if not buf:
-            return
-        t = max(r.input_ids.numel() for r in buf)
-        b = len(buf)
-        d = buf[0].aux.shape[-1]
-        ids = torch.zeros(b, t, dtype=torch.int64)
-        aux = torch.zeros(b, t, d, dtype=buf[0].aux.dtype)
-        lm = torch.zeros(b, t, dtype=torch.uint8)
-        lengths = torch.tensor([r.input_ids.numel() for r in buf], dtype=torch.int64)
-        has_final = all(r.last is not None for r in buf)
-        final = torch.zeros(b, t, buf[0].last.shape[-1], dtype=buf[0].last.dtype) if has_final else None
-        for i, r in enumerate(buf):
-            L = r.input_ids.numel()
-            ids[i, :L] = r.input_ids.reshape(-1)
-            aux[i, :L] = r.aux.reshape(L, -1)
-            lm[i, :L] = 1
-            if final is not None:
-                final[i, :L] = r.last.reshape(L, -1)
-        tensors = {"input_ids": ids, "lengths": lengths, "loss_mask": lm, "aux": aux}
-        if final is not None:
-            tensors["final"] = final
-        save_file(tensors, str(out / f"batch-{n:05d}.safetensors"), metadata={"layer_ids": json.dumps(sorted(layer_ids))})
-        n += 1
-        buf.clear()
-
-    for rec in records:
-        buf.append(rec)
-        if len(buf) >= batch:
-            flush()
-    flush()
-    return out
-
-
-def _find_layer_ids(obj: Any) -> list[int] | None:
-    if isinstance(obj, dict):
-        for key in ("layer_ids", "aux_layer_ids", "eagle_aux_hidden_state_layer_ids"):
-            v = obj.get(key)
-            if isinstance(v, list) and v and all(isinstance(i, int) for i in v):
-                return v
-        for v in obj.values():
-            r = _find_layer_ids(v)
-            if r is not None:
-                return r
-    return None
-
-
-def _torch_load(path: Path) -> Any:
-    from .formats.io import torch_load_weights_only
-
-    try:
-        return torch_load_weights_only(path, mmap=True)
-    except RuntimeError:
-        try:
-            return torch_load_weights_only(path)
-        except Exception as e:  # noqa: BLE001
-            raise DataError(f"{path}: not a readable hidden-states file ({str(e)[:160]})") from None
-    except Exception as e:  # noqa: BLE001  (UnpicklingError for anything beyond tensors/lists/dicts)
-        raise DataError(f"{path}: not a readable hidden-states file ({str(e)[:160]})") from None
-
-
-def _st_header(f: Path) -> tuple[set[str], dict[str, str]]:
-    from safetensors import safe_open
-
-    with safe_open(str(f), framework="pt") as sf:
-        return set(sf.keys()), dict(sf.metadata() or {})
-
-
-def describe_hidden_states(path: Path) -> dict[str, Any]:
-    """Which layout a hidden-states folder is in, its files and (when recorded) its layer ids."""
-    path = Path(path)
-    if not path.is_dir():
-        raise DataError(f"{path}: --hidden-states must be a folder")
-    st = sorted(path.glob("*.safetensors"))
-    if st:
-        keys, meta = _st_header(st[0])
-        if "aux" not in keys or "input_ids" not in keys:
-            raise DataError(f"{st[0]}: not an eagle-migrate feature file (needs 'input_ids' and 'aux')")
-        ids = None
-        if meta.get("layer_ids"):
-            try:
-                ids = json.loads(meta["layer_ids"])
-            except json.JSONDecodeError:
-                ids = None
-        return {"layout": "eagle-migrate", "files": st, "layer_ids": ids, "has_last": "final" in keys}
-    spec = sorted(path.glob("data_*.pt"), key=lambda p: (len(p.name), p.name))
-    if spec:
-        ids = None
-        cfg = path / "data_config.json"
-        if cfg.is_file():
-            try:
-                ids = _find_layer_ids(json.loads(cfg.read_text()))
-            except json.JSONDecodeError:
-                ids = None
-        return {"layout": "speculators", "files": spec, "layer_ids": ids, "has_last": False}
-    sf = sorted(path.rglob("*.ckpt"))
-    if sf:
-        return {"layout": "specforge", "files": sf, "layer_ids": None, "has_last": True}
-    raise DataError(f"{path}: no hidden states found (expected eagle-migrate *.safetensors feature files, speculators data_*.pt, or SpecForge *.ckpt)",
-                    "see docs/norm-init.md, section 'Precomputed hidden states'")
-
-
-def _records_of(f: Path, layout: str, k: int, pick: list[int] | None) -> Iterator[tuple[Any, Any, Any]]:
-    if layout == "eagle-migrate":
-        from safetensors.torch import load_file
-
-        d = load_file(str(f))
-        ids, aux, fin = d["input_ids"], d["aux"], d.get("final")
-        if ids.dim() == 1:
-            yield ids, aux, fin
-            return
-        lengths = d.get("lengths")
-        for b in range(ids.shape[0]):
-            n = int(lengths[b]) if lengths is not None else ids.shape[1]
-            yield ids[b, :n], aux[b, :n], (fin[b, :n] if fin is not None else None)
-    elif layout == "speculators":
-        d = _torch_load(f)
-        hs = d.get("hidden_states") if isinstance(d, dict) else None
-        if not isinstance(hs, (list, tuple)) or len(hs) < k:
-            raise DataError(f"{f}: expected 'hidden_states' as a list of >= {k} tensors")
-        chosen = [hs[i] for i in pick] if pick is not None else list(hs[:k])
-        yield d["input_ids"], torch.cat([h.reshape(h.shape[-2], -1) for h in chosen], dim=-1), None
-    else:
-        d = _torch_load(f)
-        if not isinstance(d, dict) or "aux_hidden_state" not in d or "input_ids" not in d:
-            raise DataError(f"{f}: expected a SpecForge record with 'input_ids' and 'aux_hidden_state'")
-        yield d["input_ids"], d["aux_hidden_state"], d.get("hidden_state")
-
-
-def iter_hidden_states(path: Path, layer_ids: list[int], hidden_size: int, limit: int | None = None) -> Iterator[HiddenRecord]:
-    """Stream precomputed target hidden states, one sequence at a time.
-
-    Accepted layouts (aux states must be those of ``layer_ids``, vLLM convention, ascending):
-
-    * **eagle-migrate** (ours; what ``eagle_migrate.train.FeatureStore`` caches and :func:`write_hidden_states`
-      writes): ``*.safetensors`` files, each a right-padded batch with ``input_ids`` [B,T] int64, ``lengths`` [B],
-      ``aux`` [B,T,K*Ht] (aux layers ascending, concatenated), optionally ``final`` [B,T,Ht] (post-final-norm last
-      hidden state) and ``loss_mask``; header metadata ``layer_ids`` (JSON list) must equal the drafter's ids.
-    * **speculators** (``scripts/data_generation_offline.py``): ``data_N.pt`` = ``{"input_ids": [T],
-      "hidden_states": [[T, Ht] per captured layer], "loss_mask": [T]}`` with the layer list in
-      ``data_config.json``; speculators captures ``[aux..., L-1]`` (one more than the aux layers): the first K are
-      used. When ``data_config.json`` records layer ids, they must contain the drafter's.
-    * **SpecForge** offline data (``scripts/prepare_hidden_states.py``): ``**/*.ckpt`` = ``{"input_ids": [T],
-      "loss_mask": [T], "aux_hidden_state": [1, T, K*Ht], "hidden_state": [1, T, Ht]}``; SpecForge records no layer
-      ids (its defaults are the same tensors as vLLM's); only the width K*Ht is checked.
-    """
-    info = describe_hidden_states(path)
-    k = len(layer_ids)
-    want = sorted(layer_ids)
-    rec_ids = info["layer_ids"]
-    if info["layout"] == "eagle-migrate" and rec_ids is not None and sorted(rec_ids) != want:
-        raise DataError(f"{path}: hidden states were captured at layers {rec_ids}, the drafter needs {want}")
-    pick: list[int] | None = None
-    if info["layout"] == "speculators" and rec_ids is not None:
-        if not set(want) <= set(rec_ids):
-            raise DataError(f"{path}: speculators data captured layers {rec_ids}, the drafter needs {want}")
-        pick = [rec_ids.index(i) for i in want]
-    n = 0
-    for f in info["files"]:
-        for ids, aux, last in _records_of(f, info["layout"], k, pick):
-            if limit is not None and n >= limit:
-                return
-            ids = torch.as_tensor(ids).reshape(-1).to(torch.int64)
-            aux = aux.reshape(-1, aux.shape[-1])
-            if aux.shape[-1] != k * hidden_size:
-                raise DataError(f"{f}: aux hidden states are {aux.shape[-1]} wide, expected K*Ht = {k}*{hidden_size} = {k * hidden_size}")
-            if aux.shape[0] != ids.shape[0]:
-                raise DataError(f"{f}: {ids.shape[0]} token ids but {aux.shape[0]} hidden-state rows")
-            if last is not None:
-                last = last.reshape(-1, last.shape[-1])
-                if last.shape[-1] != hidden_size:
-                    last = None
-            yield HiddenRecord(ids, aux, last)
-            n += 1
-
-
-def count_hidden_states(path: Path) -> int:
-    """How many sequences a hidden-states folder holds (reads headers only where possible)."""
-    info = describe_hidden_states(path)
-    if info["layout"] != "eagle-migrate":
-        return len(info["files"])
-    from safetensors import safe_open
-
-    n = 0
-    for f in info["files"]:
-        with safe_open(str(f), framework="pt") as sf:
-            shape = sf.get_slice("input_ids").get_shape()
-        n += 1 if len(shape) == 1 else shape[0]
-    return n
+        return Fits(cand, notes, warnings)
 
 
 def quantiles_summary(values: torch.Tensor) -> dict[str, float]:

@@ -22,6 +22,10 @@ from .formats.io import read_json
 from .formats.vllm import rope_from_config
 
 
+# any of these in a local target folder means it ships a tokenizer
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model")
+
+
 @dataclass(frozen=True)
 class TargetInfo:
     """What the pairing checks need, read from config.json alone."""
@@ -211,6 +215,8 @@ def load_target(
         model = model.to(device)
     model.eval()
     tok = None
+    if with_tokenizer and d is not None and not gguf and not any((d / f).exists() for f in TOKENIZER_FILES):
+        with_tokenizer = False  # transformers 5 builds an empty tokenizer (Qwen2Tokenizer for Qwen3) from no files
     if with_tokenizer:
         try:
             tok = AutoTokenizer.from_pretrained(src, **({"gguf_file": gguf} if gguf else {}))

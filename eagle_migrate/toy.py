@@ -13,6 +13,11 @@ Drafters in that world (aux states are scaled one-hots, so every map is a permut
 * ``random``: random weights -> AL about 1.
 Every fc chunk k is divided by the RMS of aux layer k, so ``fc_norm`` weights equal to those RMS reproduce the
 source exactly: the test of norm initialisation.
+
+Families (``family``): ``llama`` (LlamaForCausalLM target, LlamaForCausalLMEagle3 drafters) and ``qwen3``
+(Qwen3ForCausalLM target, Eagle3Qwen3ForCausalLM drafters: 4 query heads of head_dim 32 != H / heads = 16, 2 kv heads,
+q_norm / k_norm weights that are not ones). Attention outputs are zero in both (o_proj = 0), so the same acceptance
+lengths hold exactly.
 """
 
 from __future__ import annotations
@@ -33,6 +38,16 @@ NUM_LAYERS = 6
 AUX_IDS = [1, 3, 5]
 ALPHA = 0.5
 HEADS, KV_HEADS, HEAD_DIM = 2, 1, 32  # vLLM CPU attention supports head_dim 32+
+Family = Literal["llama", "qwen3"]
+FAMILIES: tuple[Family, ...] = ("llama", "qwen3")
+# (heads, kv heads, head_dim) per family; Qwen3's head_dim differs from H / heads on purpose
+GEOMETRY = {"llama": (HEADS, KV_HEADS, HEAD_DIM), "qwen3": (4, 2, 32)}
+
+
+def _qk_norm(hd: int, which: str, layer: int) -> torch.Tensor:
+    """Distinguishable, non-unit q_norm / k_norm weights (0.5 .. 1.5, different per layer and per q/k)."""
+    g = torch.Generator().manual_seed(1000 + 2 * layer + (which == "k"))
+    return 0.5 + torch.rand(hd, generator=g)
 
 
 def _shift(n: int, by: int) -> torch.Tensor:
@@ -53,8 +68,10 @@ def aux_rms(layer_id: int, alpha: float = ALPHA) -> float:
     return (1.0 + alpha) ** layer_id
 
 
-def target_state_dict(h: int = H, layers: int = NUM_LAYERS, alpha: float = ALPHA, seed: int = 0) -> dict[str, torch.Tensor]:
+def target_state_dict(h: int = H, layers: int = NUM_LAYERS, alpha: float = ALPHA, seed: int = 0,
+                      family: Family = "llama") -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
+    nh, nkv, hd = GEOMETRY[family]
     s = math.sqrt(h)
     emb = torch.eye(h) * s
     sd = {"model.embed_tokens.weight": emb, "model.norm.weight": torch.ones(h), "lm_head.weight": (_shift(h, 1) @ emb).T.contiguous() / s}
@@ -63,10 +80,13 @@ def target_state_dict(h: int = H, layers: int = NUM_LAYERS, alpha: float = ALPHA
     gain = _mlp_gain(h)
     for i in range(layers):
         p = f"model.layers.{i}."
-        sd[p + "self_attn.q_proj.weight"] = torch.randn(HEADS * HEAD_DIM, h, generator=g) * 0.1
-        sd[p + "self_attn.k_proj.weight"] = torch.randn(KV_HEADS * HEAD_DIM, h, generator=g) * 0.1
-        sd[p + "self_attn.v_proj.weight"] = torch.randn(KV_HEADS * HEAD_DIM, h, generator=g) * 0.1
-        sd[p + "self_attn.o_proj.weight"] = torch.zeros(h, HEADS * HEAD_DIM)
+        sd[p + "self_attn.q_proj.weight"] = torch.randn(nh * hd, h, generator=g) * 0.1
+        sd[p + "self_attn.k_proj.weight"] = torch.randn(nkv * hd, h, generator=g) * 0.1
+        sd[p + "self_attn.v_proj.weight"] = torch.randn(nkv * hd, h, generator=g) * 0.1
+        sd[p + "self_attn.o_proj.weight"] = torch.zeros(h, nh * hd)
+        if family == "qwen3":
+            sd[p + "self_attn.q_norm.weight"] = _qk_norm(hd, "q", 100 + i)
+            sd[p + "self_attn.k_norm.weight"] = _qk_norm(hd, "k", 100 + i)
         sd[p + "mlp.gate_proj.weight"] = torch.eye(h)
         sd[p + "mlp.up_proj.weight"] = torch.eye(h)
         # residual r = c * E[x]; MLP input = norm(r) = E[x]; output = alpha * c * E[x] -> needs c: use the
@@ -77,15 +97,18 @@ def target_state_dict(h: int = H, layers: int = NUM_LAYERS, alpha: float = ALPHA
     return sd
 
 
-def target_config(h: int = H, layers: int = NUM_LAYERS) -> dict:
+def target_config(h: int = H, layers: int = NUM_LAYERS, family: Family = "llama") -> dict:
+    nh, nkv, hd = GEOMETRY[family]
+    extra = {"attention_bias": False, "use_sliding_window": False} if family == "qwen3" else {}
     return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
+        "architectures": ["Qwen3ForCausalLM" if family == "qwen3" else "LlamaForCausalLM"],
+        "model_type": family,
+        **extra,
         "hidden_size": h,
         "intermediate_size": h,
-        "num_attention_heads": HEADS,
-        "num_key_value_heads": KV_HEADS,
-        "head_dim": HEAD_DIM,
+        "num_attention_heads": nh,
+        "num_key_value_heads": nkv,
+        "head_dim": hd,
         "num_hidden_layers": layers,
         "vocab_size": h,
         "max_position_embeddings": 1024,
@@ -99,27 +122,29 @@ def target_config(h: int = H, layers: int = NUM_LAYERS) -> dict:
     }
 
 
-def write_target(out: Path, h: int = H, layers: int = NUM_LAYERS, alpha: float = ALPHA) -> Path:
+def write_target(out: Path, h: int = H, layers: int = NUM_LAYERS, alpha: float = ALPHA, family: Family = "llama") -> Path:
     """Write the successor target as an HF folder (config.json + model.safetensors, no tokenizer)."""
     from .formats.io import save_safetensors, write_json
 
     out.mkdir(parents=True, exist_ok=True)
-    save_safetensors(target_state_dict(h, layers, alpha), out / "model.safetensors", {"format": "pt"})
-    write_json(out / "config.json", target_config(h, layers))
+    save_safetensors(target_state_dict(h, layers, alpha, family=family), out / "model.safetensors", {"format": "pt"})
+    write_json(out / "config.json", target_config(h, layers, family))
     return out
 
 
-def drafter_config(fc_norm: bool = False, norm_output: bool = False, h: int = H, **kw) -> DrafterConfig:
+def drafter_config(fc_norm: bool = False, norm_output: bool = False, h: int = H, family: Family = "llama", **kw) -> DrafterConfig:
+    nh, nkv, hd = GEOMETRY[family]
     return DrafterConfig(
+        architecture=family,
         hidden_size=h,
         target_hidden_size=h,
         num_aux=len(AUX_IDS),
         vocab_size=h,
         draft_vocab_size=kw.pop("draft_vocab_size", h),
         intermediate_size=h,
-        num_attention_heads=HEADS,
-        num_key_value_heads=KV_HEADS,
-        head_dim=HEAD_DIM,
+        num_attention_heads=nh,
+        num_key_value_heads=nkv,
+        head_dim=hd,
         rms_norm_eps=1e-6,
         rope_theta=10000.0,
         max_position_embeddings=1024,
@@ -130,9 +155,11 @@ def drafter_config(fc_norm: bool = False, norm_output: bool = False, h: int = H,
     )
 
 
-def drafter_state_dict(kind: ToyKind = "oracle", h: int = H, alpha: float = ALPHA, seed: int = 1) -> dict[str, torch.Tensor]:
+def drafter_state_dict(kind: ToyKind = "oracle", h: int = H, alpha: float = ALPHA, seed: int = 1,
+                       family: Family = "llama") -> dict[str, torch.Tensor]:
     """Canonical (vLLM-layout) tensors of a toy EAGLE-3 drafter for the successor target."""
     g = torch.Generator().manual_seed(seed)
+    HEADS, KV_HEADS, HEAD_DIM = GEOMETRY[family]  # noqa: N806 (the module constants, per family)
     s = math.sqrt(h)
     k = len(AUX_IDS)
     sd: dict[str, torch.Tensor] = {}
@@ -168,16 +195,20 @@ def drafter_state_dict(kind: ToyKind = "oracle", h: int = H, alpha: float = ALPH
         sd["lm_head.weight"] = torch.eye(h) * 1.0  # logits_y = norm(h_pre)_y: argmax is the encoded token
     for n in ("input_layernorm", "post_attention_layernorm", "hidden_norm"):
         sd[f"layers.0.{n}.weight"] = torch.ones(h)
+    if family == "qwen3":
+        sd["layers.0.self_attn.q_norm.weight"] = _qk_norm(HEAD_DIM, "q", 0)
+        sd["layers.0.self_attn.k_norm.weight"] = _qk_norm(HEAD_DIM, "k", 0)
     sd["norm.weight"] = torch.ones(h)
     return sd
 
 
-def write_drafter(out: Path, kind: ToyKind = "oracle", dtype: torch.dtype | None = torch.float32) -> Path:
+def write_drafter(out: Path, kind: ToyKind = "oracle", dtype: torch.dtype | None = torch.float32,
+                  family: Family = "llama") -> Path:
     """Write a toy EAGLE-3 drafter in the vLLM layout."""
     from .formats.vllm import write_vllm
 
     out.mkdir(parents=True, exist_ok=True)
-    write_vllm(drafter_config(), drafter_state_dict(kind), out, dtype=dtype)
+    write_vllm(drafter_config(family=family), drafter_state_dict(kind, family=family), out, dtype=dtype)
     return out
 
 

@@ -346,66 +346,49 @@ def read_feature_file(f: Path) -> FeatureBatch:
 
 
 class PrecomputedFeatures:
-    """Target features another pipeline wrote; one :class:`FeatureBatch` per file.
+    """Target features another pipeline wrote, read by :mod:`eagle_migrate.hidden_states` (the one reader of a
+    ``--hidden-states`` folder: the same layouts, layer-id checks and widths as the norm statistics); one
+    :class:`FeatureBatch` per file (a padded batch for our own layout, one sequence for speculators / SpecForge).
 
-    Layouts (``layout="auto"`` picks by file suffix):
-
-    * ``eagle-migrate``: ``*.safetensors``, each one batch: ``input_ids`` [B,T], ``loss_mask`` [B,T], ``aux``
-      [B,T,K*Ht] (aux layers ascending, concatenated), optional ``lengths`` [B], and either ``final`` [B,T,Ht]
-      (the target's post-norm last hidden state) or ``target_logits`` [B,T,Vd] (restricted to the draft vocab).
-      :class:`FeatureStore` writes exactly this.
-    * ``specforge``: SpecForge's offline hidden states (``scripts/prepare_hidden_states.py``): ``*.ckpt``, one
-      sample each, a dict with ``input_ids`` [T], ``loss_mask`` [T], ``aux_hidden_state`` [1,T,K*Ht] and
-      ``hidden_state`` [1,T,Ht] (the state the target's lm_head reads, i.e. post-norm).
-    * ``speculators``: speculators' data generation (vLLM ``extract_hidden_states``): ``*.pt``, one sample each,
-      with ``input_ids`` [T], optional ``loss_mask`` [T] and ``hidden_states``: a list of [T,Ht] tensors, the K aux
-      layers then the last layer (pre-norm: pass ``final_norm=(weight, eps)`` of the target's final norm).
-
-    Files are read with ``torch.load(weights_only=True)`` (tensors, lists and dicts only; never code).
+    ``layer_ids`` / ``hidden_size``: the drafter's aux layers and the target's width (checked against what the
+    folder records). ``final_norm=(weight, eps)``: the target's final norm, needed for speculators files, whose last
+    layer is stored before it (the training target is the post-norm state).
     """
 
-    SUFFIX = {"eagle-migrate": "*.safetensors", "specforge": "*.ckpt", "speculators": "*.pt"}
-
-    def __init__(self, folder: str | os.PathLike, layout: str = "auto",
+    def __init__(self, folder: str | os.PathLike, layer_ids: list[int], hidden_size: int,
                  final_norm: tuple[torch.Tensor, float] | None = None):
-        folder = Path(folder)
-        if layout == "auto":
-            layout = next((name for name, pat in self.SUFFIX.items() if any(folder.glob(pat))), "eagle-migrate")
-        if layout not in self.SUFFIX:
-            raise ValueError(f"unknown precomputed layout {layout!r}: expected one of {', '.join(self.SUFFIX)}")
-        self.layout = layout
+        from .hidden_states import describe_hidden_states
+
+        self.info = describe_hidden_states(Path(folder))
+        self.layout = self.info.layout
+        self.files = self.info.files
+        self.k, self.hidden_size = len(layer_ids), hidden_size
+        self.pick = self.info.pick(layer_ids)
         self.final_norm = final_norm
-        self.files = sorted(folder.glob(self.SUFFIX[layout]))
-        if not self.files:
-            raise ValueError(f"{folder}: no {self.SUFFIX[layout]} feature files ({layout} layout)")
+        if self.layout == "speculators" and final_norm is None:
+            raise ValueError("speculators features hold the pre-norm last layer: pass final_norm=(weight, eps)")
 
     def __len__(self) -> int:
         return len(self.files)
 
     def __getitem__(self, i: int) -> FeatureBatch:
+        from .errors import DataError
+        from .hidden_states import checked, read_file
+
         f = self.files[i]
         if self.layout == "eagle-migrate":
-            return read_feature_file(f)
-        from .formats.io import torch_load_weights_only
-
-        d = torch_load_weights_only(f)
-        ids = d["input_ids"].reshape(1, -1).long()
-        t = ids.shape[1]
-        lm = d.get("loss_mask")
-        lm = torch.ones(1, t, dtype=torch.bool) if lm is None else lm.reshape(1, -1).bool()
-        if self.layout == "specforge":
-            aux = d["aux_hidden_state"].reshape(1, t, -1)
-            final = d["hidden_state"].reshape(1, t, -1)
-        else:
-            hs = [h.reshape(t, -1) for h in d["hidden_states"]]
-            aux = torch.cat(hs[:-1], dim=-1)[None]
-            final = hs[-1][None]
-            if self.final_norm is None:
-                raise ValueError("speculators features hold the pre-norm last layer: pass final_norm=(weight, eps)")
-            w, eps = self.final_norm
-            xf = final.float()
-            final = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w.float()
-        return FeatureBatch(ids, aux.float(), lm, final.float(), lengths=torch.tensor([t]))
+            fb = read_feature_file(f)
+            if fb.aux.shape[-1] != self.k * self.hidden_size:
+                raise DataError(f"{f}: aux hidden states are {fb.aux.shape[-1]} wide, expected K*Ht = "
+                                f"{self.k}*{self.hidden_size} = {self.k * self.hidden_size}")
+            return fb
+        recs = [checked(r, f, self.k, self.hidden_size) for r in read_file(f, self.layout, self.k, self.pick, self.final_norm)]
+        r = recs[0]
+        if r.last is None:
+            raise DataError(f"{f}: no last-layer hidden state of width {self.hidden_size} to train against")
+        t = r.input_ids.shape[0]
+        lm = torch.ones(1, t, dtype=torch.bool) if r.loss_mask is None else r.loss_mask.reshape(1, -1).bool()
+        return FeatureBatch(r.input_ids[None], r.aux.float()[None], lm, r.last.float()[None], lengths=torch.tensor([t]))
 
     @property
     def num_tokens(self) -> int:

@@ -76,6 +76,9 @@ def canonical_state_dict(cfg: DrafterConfig, seed: int = 0, *, embed: bool | Non
         sd[p + "self_attn.k_proj.weight"] = r(kvd, din)
         sd[p + "self_attn.v_proj.weight"] = r(kvd, din)
         sd[p + "self_attn.o_proj.weight"] = r(h, qd)
+        if cfg.qk_norm:  # Qwen3 layer
+            sd[p + "self_attn.q_norm.weight"] = 1 + r(cfg.head_dim)
+            sd[p + "self_attn.k_norm.weight"] = 1 + r(cfg.head_dim)
         if cfg.attention_bias:
             for x, n in (("q", qd), ("k", kvd), ("v", kvd)):
                 sd[p + f"self_attn.{x}_proj.bias"] = r(n)
@@ -155,9 +158,16 @@ def mla_state_dict(cfg: DrafterConfig, seed: int = 0) -> dict[str, torch.Tensor]
 
 
 # ----- configs ---------------------------------------------------------------------------------------------------
+QWEN3_ARCH = {"LlamaForCausalLMEagle3": "Eagle3Qwen3ForCausalLM", "LlamaForCausalLM": "Qwen3ForCausalLM"}
+
+
 def hf_config(cfg: DrafterConfig, arch: str = "LlamaForCausalLMEagle3", *, rope: bool = True, ids: list[int] | None | str = "cfg") -> dict[str, Any]:
+    """The producer's HF config; a Qwen3 ``cfg`` gets the Qwen3 names (Eagle3Qwen3ForCausalLM / Qwen3ForCausalLM,
+    model_type qwen3)."""
+    qwen3 = cfg.architecture == "qwen3"
     d: dict[str, Any] = {
-        "architectures": [arch], "model_type": "llama", "hidden_size": cfg.hidden_size,
+        "architectures": [QWEN3_ARCH.get(arch, arch) if qwen3 else arch], "model_type": "qwen3" if qwen3 else "llama",
+        "hidden_size": cfg.hidden_size,
         "intermediate_size": cfg.intermediate_size, "num_attention_heads": cfg.num_attention_heads,
         "num_key_value_heads": cfg.num_key_value_heads, "head_dim": cfg.head_dim, "num_hidden_layers": cfg.num_layers,
         "hidden_act": "silu", "rms_norm_eps": cfg.rms_norm_eps, "max_position_embeddings": cfg.max_position_embeddings,

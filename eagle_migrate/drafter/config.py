@@ -8,6 +8,12 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Generation = Literal["eagle2", "eagle3"]
 
+# Drafter decoder-layer families, as vLLM names them (``architecture`` below). ``llama``: Eagle3LlamaForCausalLM /
+# LlamaForCausalLMEagle3; ``qwen3``: Eagle3Qwen3ForCausalLM (the Llama layer plus per-head RMSNorms q_norm/k_norm
+# [head_dim] on queries and keys before rope, and no o_proj bias); ``mla``: Eagle3DeepseekV2ForCausalLM (recognised,
+# not built here).
+SUPPORTED_ARCHITECTURES = ("llama", "qwen3")
+
 
 class DrafterConfig(BaseModel):
     """Sizes and flags of an EAGLE-2/EAGLE-3/EAGLE-3.1 drafter (Llama-style decoder layers).
@@ -44,7 +50,7 @@ class DrafterConfig(BaseModel):
     fc_bias: bool = Field(False, description="fc carries a bias (EAGLE-1/2 default)")
     has_lm_head: bool = Field(True, description="the drafter has its own lm_head [Vd, H] (EAGLE-2: target's head is used)")
     has_embed_tokens: bool = Field(False, description="the drafter ships its own embed_tokens [V, H]")
-    architecture: str = Field("llama", description="llama (supported) or mla (recognised, not convertible)")
+    architecture: str = Field("llama", description="the decoder-layer family: llama or qwen3 (supported), mla (recognised, not convertible)")
 
     @model_validator(mode="after")
     def _check(self) -> DrafterConfig:
@@ -61,6 +67,16 @@ class DrafterConfig(BaseModel):
             # vLLM accepts both (input_norm first); speculators forbids it. We accept and apply in vLLM's order.
             pass
         return self
+
+    @property
+    def supported_architecture(self) -> bool:
+        """The family has a layer in drafter/model.py and a vLLM writer (SUPPORTED_ARCHITECTURES)."""
+        return self.architecture in SUPPORTED_ARCHITECTURES
+
+    @property
+    def qk_norm(self) -> bool:
+        """Per-head RMSNorm on queries and keys (``self_attn.q_norm`` / ``k_norm`` [head_dim]): the Qwen3 layer."""
+        return self.architecture == "qwen3"
 
     @property
     def is_eagle31(self) -> bool:

@@ -1,8 +1,10 @@
-"""The EAGLE-3 / EAGLE-3.1 drafter as vLLM runs it (``vllm/model_executor/models/llama_eagle3.py``), in plain torch.
+"""The EAGLE-3 / EAGLE-3.1 drafter as vLLM runs it (``vllm/model_executor/models/llama_eagle3.py`` and, for
+``cfg.architecture == "qwen3"``, ``qwen3_eagle3.py``: the same layer with per-head ``q_norm`` / ``k_norm``
+[head_dim] RMSNorms on queries and keys before rope and no o_proj bias), in plain torch.
 
 Parameter names are the canonical (vLLM-layout) checkpoint names, so ``load_state_dict`` takes a vLLM-layout
 state dict as is: ``fc.weight``, ``fc_norm.{k}.weight``, ``input_norm.weight``, ``layers.{i}.self_attn.q_proj.weight``,
-``layers.{i}.hidden_norm.weight``, ``norm.weight``, ``lm_head.weight``, ``embed_tokens.weight`` and the ``d2t`` buffer.
+``layers.{i}.hidden_norm.weight``, ``layers.{i}.self_attn.q_norm.weight`` (Qwen3), ``norm.weight``, ``lm_head.weight``, ``embed_tokens.weight`` and the ``d2t`` buffer.
 
 Math (docs/architecture.md):
   g = fc(fc_norm(input_norm(cat(a_1..a_K))))                     # step 0 only
@@ -40,28 +42,107 @@ class RMSNorm(nn.Module):
         return xf.to(dtype) * self.weight.to(dtype)
 
 
-def _rope_inv_freq(cfg: DrafterConfig) -> tuple[torch.Tensor, float]:
-    """Inverse frequencies and attention scaling, through transformers' own rope initialisers."""
-    from transformers import LlamaConfig
-    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+#: the rope types the drafter computes, each as vLLM's ``get_rope`` does (vllm/model_executor/layers/rotary_embedding)
+ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3", "longrope")
 
+
+def rope_parameters(cfg: DrafterConfig) -> dict:
+    """The drafter's rope parameters as vLLM sees them after transformers standardises the config: ``rope_type``
+    (legacy ``type`` understood, ``su`` = longrope), ``rope_theta``, and ``original_max_position_embeddings``
+    defaulting to ``max_position_embeddings`` for llama3 / yarn / longrope."""
     rope = dict(cfg.rope_scaling or {})
     rope_type = rope.get("rope_type", rope.get("type", "default"))
-    params = {"rope_type": rope_type, "rope_theta": cfg.rope_theta, **{k: v for k, v in rope.items() if k != "type"}}
-    params["rope_type"] = rope_type
-    hf = LlamaConfig(
-        hidden_size=cfg.num_attention_heads * cfg.head_dim,
-        num_attention_heads=cfg.num_attention_heads,
-        head_dim=cfg.head_dim,
-        max_position_embeddings=cfg.max_position_embeddings,
-        rope_parameters=params,
-    )
-    if rope_type == "default":
-        base = cfg.rope_theta
-        inv = 1.0 / (base ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float32) / cfg.head_dim))
-        return inv, 1.0
-    inv, scaling = ROPE_INIT_FUNCTIONS[rope_type](hf, "cpu")
-    return inv.float(), float(scaling)
+    rope_type = {"su": "longrope", "mrope": "default"}.get(rope_type, rope_type)
+    rope.pop("type", None)
+    rope.update(rope_type=rope_type, rope_theta=cfg.rope_theta)
+    if rope_type in ("llama3", "yarn", "longrope"):
+        rope.setdefault("original_max_position_embeddings", cfg.max_position_embeddings)
+    return rope
+
+
+def _rope_inv_freq(cfg: DrafterConfig) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies ``[head_dim/2]`` (float32, on the CPU whatever the ambient device: the drafter is often
+    built under ``torch.device("meta")``) and the cos/sin scale (YaRN's and LongRoPE's attention factor), the
+    numbers vLLM's rotary embedding for the same config uses (``get_rope``; compared in tests/unit/test_rope.py).
+
+    * ``linear``: vLLM divides the positions by ``factor``; here the frequencies are (same up to float rounding).
+    * ``dynamic``: vLLM's static NTK base ``theta * (factor * max_pos / max_trained_positions - (factor - 1)) **
+      (d / (d - 2))`` (= theta when ``max_trained_positions`` is absent), or ``theta * alpha ** (d / (d - 2))``.
+    * ``longrope``: vLLM uses the long factors when its ``max_model_len`` exceeds
+      ``original_max_position_embeddings``; its default ``max_model_len`` is the model's ``max_position_embeddings``,
+      which is what decides here (a server started with a smaller ``--max-model-len`` uses the short factors).
+    """
+    rp = rope_parameters(cfg)
+    rope_type = rp["rope_type"]
+    if rope_type not in ROPE_TYPES:
+        raise ValueError(f"rope type {rope_type!r} is not supported (supported: {', '.join(ROPE_TYPES)})")
+    d = cfg.head_dim
+    base = float(rp["rope_theta"])
+    max_pos = cfg.max_position_embeddings
+    with torch.device("cpu"):
+        exps = torch.arange(0, d, 2, dtype=torch.float32, device="cpu") / d
+
+        def plain(b: float) -> torch.Tensor:
+            return 1.0 / (b ** exps)
+
+        scale = 1.0
+        if rope_type == "default":
+            inv = plain(base)
+        elif rope_type == "linear":
+            inv = plain(base) / float(rp["factor"])
+        elif rope_type == "dynamic":
+            if "alpha" in rp:
+                inv = plain(base * float(rp["alpha"]) ** (d / (d - 2)))
+            else:
+                factor = float(rp["factor"])
+                trained = rp.get("max_trained_positions", max_pos)
+                inv = plain(base * (factor * max_pos / trained - (factor - 1)) ** (d / (d - 2)))
+        elif rope_type == "llama3":
+            factor, lo, hi = float(rp["factor"]), float(rp["low_freq_factor"]), float(rp["high_freq_factor"])
+            orig = rp["original_max_position_embeddings"]
+            inv0 = plain(base)
+            wave = 2 * math.pi / inv0
+            smooth = (orig / wave - lo) / (hi - lo) if lo != hi else 0
+            mid = (1 - smooth) * inv0 / factor + smooth * inv0
+            inv = torch.where(wave < orig / hi, inv0, torch.where(wave > orig / lo, inv0 / factor, mid))
+        elif rope_type == "yarn":
+            factor = float(rp["factor"])
+            orig = rp["original_max_position_embeddings"]
+            beta_fast, beta_slow = rp.get("beta_fast", 32), rp.get("beta_slow", 1)
+            pos = base ** exps
+
+            def corr(rot: float) -> float:
+                return (d * math.log(orig / (rot * 2 * math.pi))) / (2 * math.log(base))
+
+            low, high = corr(beta_fast), corr(beta_slow)
+            if rp.get("truncate", True):
+                low, high = math.floor(low), math.ceil(high)
+            low, high = max(low, 0), min(high, d - 1)
+            if low == high:
+                high += 0.001
+            ramp = torch.clamp((torch.arange(d // 2, dtype=torch.float32, device="cpu") - low) / (high - low), 0, 1)
+            keep = 1 - ramp  # 1 = extrapolate (high frequencies kept), 0 = interpolate (divided by factor)
+            inv = (1.0 / (factor * pos)) * (1 - keep) + (1.0 / pos) * keep
+
+            def mscale(s: float, m: float = 1.0) -> float:
+                return 1.0 if s <= 1 else 0.1 * m * math.log(s) + 1.0
+
+            if rp.get("attention_factor") is not None:
+                scale = float(rp["attention_factor"])
+            elif rp.get("mscale") and rp.get("mscale_all_dim"):
+                scale = float(mscale(factor, rp["mscale"]) / mscale(factor, rp["mscale_all_dim"]))
+            else:
+                scale = float(mscale(factor))
+        else:  # longrope
+            orig = rp["original_max_position_embeddings"]
+            long = max_pos > orig
+            factors = torch.tensor(rp["long_factor" if long else "short_factor"], dtype=torch.float32, device="cpu")
+            inv = 1.0 / (factors * (base ** exps))
+            ratio = max_pos / orig
+            default = 1.0 if ratio <= 1.0 else math.sqrt(1 + math.log(ratio) / math.log(orig))
+            chosen = rp.get("long_mscale" if long else "short_mscale")
+            scale = float(chosen) if chosen is not None else default
+    return inv.float(), float(scale)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -91,6 +172,11 @@ class KVCache:
         return 0 if not self.keys or self.keys[0] is None else self.keys[0].shape[2]
 
 
+def o_proj_has_bias(cfg: DrafterConfig) -> bool:
+    """vLLM's Llama attention has an o_proj bias iff ``attention_bias``; its Qwen3 attention never has one."""
+    return cfg.attention_bias and not cfg.qk_norm
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: DrafterConfig, in_features: int):
         super().__init__()
@@ -100,10 +186,17 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(in_features, self.nkv * self.hd, bias=cfg.attention_bias)
         # vLLM's LlamaAttention gives o_proj a bias whenever attention_bias is set; checkpoints that carry only
         # q/k/v biases (Qwen2-style) mean a zero o_proj bias, so it starts at zero here and is written as zeros.
-        self.o_proj = nn.Linear(self.nh * self.hd, cfg.hidden_size, bias=cfg.attention_bias)
-        if cfg.attention_bias:
+        # vLLM's Qwen3Attention never has an o_proj bias.
+        o_bias = o_proj_has_bias(cfg)
+        self.o_proj = nn.Linear(self.nh * self.hd, cfg.hidden_size, bias=o_bias)
+        if o_bias:
             nn.init.zeros_(self.o_proj.bias)
             self.register_load_state_dict_pre_hook(self._zero_o_proj_bias)
+        # Qwen3: per-head RMSNorm [head_dim] on queries and keys, before rope (vLLM's Qwen3Attention.forward)
+        self.qk_norm = cfg.qk_norm
+        if self.qk_norm:
+            self.q_norm = RMSNorm(self.hd, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(self.hd, cfg.rms_norm_eps)
 
     def _zero_o_proj_bias(self, module, state_dict, prefix, *args) -> None:
         """A state dict without ``o_proj.bias`` (q/k/v biases only) means a zero o_proj bias, as written on disk."""
@@ -126,6 +219,8 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(b, t, self.nh, self.hd).transpose(1, 2)
         k = self.k_proj(x).view(b, t, self.nkv, self.hd).transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.nkv, self.hd).transpose(1, 2)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [B,1,T,hd]
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin

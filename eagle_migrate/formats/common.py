@@ -39,6 +39,12 @@ EAGLE3_ARCHS = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM", "Eagle3Qwen3
                 "Eagle3DeepseekV2ForCausalLM", "Eagle3DeepseekV3ForCausalLM", "Eagle3Speculator", "Eagle3DraftModel")
 
 _LAYER_RE = re.compile(r"^layers\.(\d+)\.")
+_QK_NORM_RE = re.compile(r"^layers\.(\d+)\.self_attn\.([qk])_norm\.weight$")
+# architectures vLLM's registry maps to the Qwen3 / Llama EAGLE-3 drafter classes (plus the plain model names that
+# speculators' transformer_layer_config and trainers write)
+QWEN3_ARCHS = ("Eagle3Qwen3ForCausalLM", "PeagleQwen3ForCausalLM", "Qwen3ForCausalLM")
+LLAMA_ARCHS = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM", "LlamaForCausalLM")
+QWEN3_DEFAULT_HEAD_DIM = 128  # transformers' Qwen3Config default, which vLLM uses when the config has no head_dim
 
 
 def finding(severity: str, code: str, message: str) -> Finding:
@@ -82,6 +88,57 @@ def scan_names(store: TensorStore) -> NameScan:
             raise CheckpointError(f"{store.root}: tensors '{name_map[c]}' and '{s}' both mean '{c}'")
         name_map[c] = s
     return NameScan(name_map, prefix, midlayer, ignored)
+
+
+def config_family(flat: dict[str, Any], layout: str) -> tuple[str | None, str]:
+    """The drafter family (llama / qwen3) vLLM would build from the config alone, and the key that decides it.
+
+    The speculators layout: ``transformer_layer_config.model_type`` (vLLM maps qwen3 -> Eagle3Qwen3ForCausalLM,
+    llama or none -> Eagle3LlamaForCausalLM); every other layout: the first known architecture, else model_type.
+    None when the config says nothing we know."""
+    mt = flat.get("model_type")
+    archs = flat.get("architectures") if isinstance(flat.get("architectures"), list) else []
+    if layout == "speculators":
+        if mt == "qwen3":
+            return "qwen3", "transformer_layer_config.model_type qwen3"
+        return ("llama", f"transformer_layer_config.model_type {mt or '(none: llama)'}") if mt in (None, "llama") else (None, "")
+    for a in archs:
+        if a in QWEN3_ARCHS:
+            return "qwen3", f"architectures {a}"
+        if a in LLAMA_ARCHS:
+            return "llama", f"architectures {a}"
+    if mt in ("qwen3", "llama"):
+        return mt, f"model_type {mt}"
+    return None, ""
+
+
+def _family(nm: dict[str, str], flat: dict[str, Any], layout: str, num_layers: int, hd: int, h: int, nh: int,
+            hd_cfg: int | None, findings: list[Finding], where: str, shp) -> str:
+    """llama or qwen3, by evidence: q_norm/k_norm weights first, the config second; the family's traps as findings."""
+    qk = {(int(m.group(1)), m.group(2)) for c in nm if (m := _QK_NORM_RE.match(c))}
+    cfg_fam, why = config_family(flat, layout)
+    if qk:
+        family = "qwen3"
+        if cfg_fam == "llama":
+            findings.append(finding("error", "family_mismatch", f"the config says a Llama drafter ({why}) but the weights carry q_norm/k_norm (a Qwen3 layer): vLLM's Llama drafter has no such parameters; convert writes it as Eagle3Qwen3ForCausalLM"))
+    elif cfg_fam == "qwen3":
+        family = "qwen3"
+        findings.append(finding("error", "qk_norm_weights_missing", f"a Qwen3 drafter ({why}) without self_attn.q_norm/k_norm weights: vLLM loads all-ones norms without a word, which changes attention unless the drafter was trained so; if it was trained as a Llama layer, it must be written as LlamaForCausalLMEagle3"))
+    else:
+        family = "llama"
+    if family == "qwen3":
+        missing = [f"layers.{i}.self_attn.{x}_norm.weight" for i in range(num_layers) for x in "qk" if (i, x) not in qk]
+        if qk and missing:
+            findings.append(finding("error", "qk_norm_weights_incomplete", f"missing {', '.join(missing)}: vLLM silently uses all-ones norms for them"))
+        for i, x in sorted(qk):
+            s = shp(f"layers.{i}.self_attn.{x}_norm.weight")
+            if s != (hd,):
+                raise CheckpointError(f"{where}: contradicting shapes: layers.{i}.self_attn.{x}_norm.weight is {list(s or ())}, expected [head_dim={hd}]")
+        if hd_cfg is None and flat and hd != QWEN3_DEFAULT_HEAD_DIM:
+            findings.append(finding("error", "head_dim_missing", f"a Qwen3 drafter with head_dim {hd} but no head_dim in the config: vLLM builds it with Qwen3Config's default {QWEN3_DEFAULT_HEAD_DIM}"))
+        if nh and hd * nh != h:
+            findings.append(finding("info", "head_dim_not_hidden_over_heads", f"head_dim {hd} != H/heads = {h}/{nh}: taken from the {'config' if hd_cfg else 'q_norm width'}, written explicitly"))
+    return family
 
 
 def is_mla(names: list[str], cfg: dict[str, Any] | None) -> bool:
@@ -394,6 +451,8 @@ def derive(
         if o is not None and o != (h, qrows):
             raise CheckpointError(f"{where}: contradicting shapes: o_proj is {list(o)}, expected [{h}, {qrows}]")
 
+    family = "mla" if mla else _family(nm, flat, layout, num_layers, hd, h, nh, _int(flat, "head_dim"), findings, where, shp)
+
     # MLP
     gp = shp("layers.0.mlp.gate_proj.weight")
     if gp is None:
@@ -575,7 +634,7 @@ def derive(
             fc_bias=("fc.bias" in nm),
             has_lm_head=lm is not None,
             has_embed_tokens=emb is not None,
-            architecture="mla" if mla else "llama",
+            architecture=family,
         )
     except ValidationError as e:
         err = e.errors()[0]

@@ -27,7 +27,7 @@ from ..errors import CheckpointError
 from .base import Checkpoint, Layout, Probe, register_layout
 from .common import ConfigView, derive, finding, quant_scheme
 from .io import save_safetensors, write_json
-from .vllm import llama_layer_config
+from .vllm import FAMILY_HF_ARCH, llama_layer_config
 
 EAGLE_FIELDS = ("draft_vocab_size", "target_hidden_size", "norm_before_residual", "norm_before_fc", "fc_norm",
                 "norm_output", "eagle_aux_hidden_state_layer_ids")
@@ -113,7 +113,7 @@ def speculators_config_dict(
     if cfg.generation != "eagle3":
         raise ValueError("the speculators eagle3 layout holds EAGLE-3 style drafters only")
     tlc: dict[str, Any] = {
-        "architectures": ["LlamaForCausalLM"],
+        "architectures": [FAMILY_HF_ARCH[cfg.architecture]],
         **llama_layer_config(cfg),
         "tie_word_embeddings": False,
         "attention_bias": cfg.attention_bias,
@@ -141,7 +141,7 @@ def speculators_config_dict(
                 "verifier_accept_k": 1, "accept_tolerance": 0.0,
             }],
             "default_proposal_method": "greedy",
-            "verifier": {"name_or_path": verifier, "architectures": list(verifier_architectures or ["LlamaForCausalLM"])},
+            "verifier": {"name_or_path": verifier, "architectures": list(verifier_architectures or [FAMILY_HF_ARCH[cfg.architecture]])},
         },
         "torch_dtype": str(dtype).removeprefix("torch.") if dtype is not None else "float32",
         "eagle_migrate": {"version": __version__},

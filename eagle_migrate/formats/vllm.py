@@ -1,6 +1,7 @@
 """The vLLM layout (what ``vllm serve --speculative-config '{"method": "eagle3", ...}'`` loads): read and write.
 
-Written exactly per the emit checklist in docs/formats.md: ``LlamaForCausalLMEagle3`` + ``model_type: llama``;
+Written exactly per the emit checklist in docs/formats.md: ``LlamaForCausalLMEagle3`` + ``model_type: llama``
+(Qwen3 drafters: ``Eagle3Qwen3ForCausalLM`` + ``model_type: qwen3``, with ``head_dim`` and every q_norm/k_norm);
 3.1 flags at the top level; aux layer ids at the top level and in ``eagle_config`` (+ ``num_aux_hidden_states``
 when K != 3); no ``model.`` prefix; ``d2t`` iff Vd != V; never ``t2d``; ``tie_word_embeddings: false``.
 """
@@ -19,6 +20,18 @@ from ..drafter.config import DrafterConfig
 from .io import save_safetensors, write_json
 
 VLLM_ARCH = "LlamaForCausalLMEagle3"
+# per drafter family (DrafterConfig.architecture): the architecture vLLM's registry maps to the family's drafter
+# class, the decoder layer's HF model_type, and the HF architecture of a plain model of that family (speculators'
+# transformer_layer_config; vLLM picks the drafter class from its model_type)
+FAMILY_ARCH = {"llama": VLLM_ARCH, "qwen3": "Eagle3Qwen3ForCausalLM"}
+FAMILY_MODEL_TYPE = {"llama": "llama", "qwen3": "qwen3"}
+FAMILY_HF_ARCH = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+
+
+def _family(cfg: DrafterConfig) -> str:
+    if cfg.architecture not in FAMILY_ARCH:
+        raise ValueError(f"no vLLM layout for {cfg.architecture} drafters here (families: {', '.join(FAMILY_ARCH)})")
+    return cfg.architecture
 
 
 def rope_from_config(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
@@ -37,10 +50,11 @@ def rope_from_config(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]
 
 
 def llama_layer_config(cfg: DrafterConfig) -> dict[str, Any]:
-    """The Llama decoder-layer keys (``model_type`` .. ``vocab_size``, in this order) of the drafter's config, shared
-    by the vLLM config.json and the speculators ``transformer_layer_config``."""
+    """The decoder-layer keys (``model_type`` .. ``vocab_size``, in this order) of the drafter's config, shared
+    by the vLLM config.json and the speculators ``transformer_layer_config``; ``model_type`` per family (llama,
+    qwen3). ``head_dim`` is always written: Qwen3Config's default is 128, not H / heads."""
     return {
-        "model_type": "llama",
+        "model_type": FAMILY_MODEL_TYPE[_family(cfg)],
         "hidden_size": cfg.hidden_size,
         "intermediate_size": cfg.intermediate_size,
         "num_attention_heads": cfg.num_attention_heads,
@@ -61,7 +75,7 @@ def vllm_config_dict(cfg: DrafterConfig, extra: dict[str, Any] | None = None) ->
     if cfg.generation != "eagle3":
         raise ValueError("the vLLM eagle3 layout holds EAGLE-3 style drafters only")
     d: dict[str, Any] = {
-        "architectures": [VLLM_ARCH],
+        "architectures": [FAMILY_ARCH[_family(cfg)]],
         **llama_layer_config(cfg),
         "draft_vocab_size": cfg.draft_vocab_size,
         "target_hidden_size": cfg.target_hidden_size,
@@ -101,8 +115,10 @@ def vllm_tensor_names(cfg: DrafterConfig) -> list[str]:
     for i in range(cfg.num_layers):
         p = f"layers.{i}."
         names += [p + f"self_attn.{x}_proj.weight" for x in "qkvo"]
-        if cfg.attention_bias:
-            names += [p + f"self_attn.{x}_proj.bias" for x in "qkvo"]  # vLLM: o_proj has a bias too
+        if cfg.attention_bias:  # vLLM's Llama layer: o_proj has a bias too; its Qwen3 layer: never
+            names += [p + f"self_attn.{x}_proj.bias" for x in ("qkvo" if not cfg.qk_norm else "qkv")]
+        if cfg.qk_norm:  # vLLM loads all-ones norms without a word when these are missing
+            names += [p + "self_attn.q_norm.weight", p + "self_attn.k_norm.weight"]
         names += [p + f"mlp.{x}_proj.weight" for x in ("gate", "up", "down")]
         names += [p + "input_layernorm.weight", p + "post_attention_layernorm.weight"]
         if i == 0:

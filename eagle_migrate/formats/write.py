@@ -64,7 +64,7 @@ def prepare_tensors(
         t2d = torch.zeros(cfg.vocab_size, dtype=torch.bool)
         t2d[torch.arange(d2t.numel()) + d2t] = True
         sd["t2d"] = t2d
-    if cfg.attention_bias:  # vLLM builds o_proj with a bias too; a checkpoint without one means zeros
+    if cfg.attention_bias and not cfg.qk_norm:  # vLLM's Llama o_proj has a bias too; none means zeros (Qwen3: none)
         for i in range(cfg.num_layers):
             ob, ow = f"layers.{i}.self_attn.o_proj.bias", f"layers.{i}.self_attn.o_proj.weight"
             if ob not in sd and ow in sd and sd[ow].is_floating_point():
@@ -90,7 +90,7 @@ def ensure_convertible(ck: Checkpoint | DrafterConfig) -> None:
     """Raise UnsupportedError for what conversion paths cannot handle yet (MLA drafters). EAGLE-1/2 passes:
     converting it is exactly what ``convert`` does."""
     cfg = ck.config if isinstance(ck, Checkpoint) else ck
-    if cfg.architecture != "llama":
+    if not cfg.supported_architecture:
         where = f"{ck.path}: " if isinstance(ck, Checkpoint) else ""
         raise UnsupportedError(f"{where}{cfg.architecture.upper()} drafter (e.g. Eagle3DeepseekV2ForCausalLM): recognised, but eagle-migrate cannot convert it yet")
 

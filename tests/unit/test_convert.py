@@ -388,7 +388,7 @@ def test_cli_require_improvement_exits_1_after_writing(world, target, monkeypatc
 # ----- data sources -----------------------------------------------------------------------------------------------
 def test_precomputed_hidden_states_and_token_id_data(world, target):
     from eagle_migrate.convert import _TargetSide
-    from eagle_migrate.stats import write_hidden_states
+    from eagle_migrate.hidden_states import write_hidden_states
 
     seqs = toy.prompts(10, 24, seed=5)
     data = world / "data.jsonl"

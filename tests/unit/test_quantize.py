@@ -16,13 +16,18 @@ from safetensors import safe_open
 from eagle_migrate import toy
 from eagle_migrate.errors import CheckFailed, InputError, OutputExistsError
 from eagle_migrate.formats.vllm import write_vllm
+from eagle_migrate.drafter.load import build_drafter, load_drafter, read_tensors
 from eagle_migrate.quantize import (
     AcceptanceReport,
-    build_drafter,
     quantization_config,
     quantize,
-    read_quantized,
 )
+
+
+def read_quantized(path):
+    """(config, dense tensors, quantization_config) through the one loader's reader."""
+    ck, tensors, qc = read_tensors(path)
+    return ck.config, tensors, qc
 
 FP8_DYNAMIC_BLOCK = {  # quant-formats.md §2, verbatim
     "quant_method": "compressed-tensors", "format": "float-quantized", "quantization_status": "compressed",
@@ -370,10 +375,11 @@ def _fake_stats(al: float, drafts: int = 100):
 
 def test_max_al_drop_gate(monkeypatch, qdir, toy_oracle, toy_target):
     """A drop above --max-al-drop raises CheckFailed with the report and writes nothing; within it, writes."""
-    import eagle_migrate.quantize as q
+    from eagle_migrate.validate import api
 
     suites = {"toy": {"prompts": toy.prompts(2), "max_tokens": 8}}
-    monkeypatch.setattr(q, "measure_acceptance_vllm", lambda *a, **k: ({"toy": _fake_stats(4.0)}, {"toy": _fake_stats(3.5)}))
+    monkeypatch.setattr(api, "run_engine", lambda *a, **k: api.EngineRun(
+        [{"toy": (_fake_stats(4.0), {})}, {"toy": (_fake_stats(3.5), {})}], None, "float32"))
     with pytest.raises(CheckFailed) as ei:
         quantize(toy_oracle, qdir / "gated", "fp8-dynamic", target=str(toy_target), suites=suites, max_al_drop_pct=5.0)
     res = ei.value.result
@@ -409,13 +415,11 @@ def test_nvfp4_acceptance_through_reference_engine(qdir, toy_oracle, toy_target)
 @pytest.mark.parametrize("scheme", ["fp8", "nvfp4"])
 def test_simulated_drafter_quantizes_linear_inputs(outputs, scheme):
     """What the next layer sees after the fake-quant hook lies on the scheme's grid."""
-    from eagle_migrate.quantize import simulated_drafter
+    from types import SimpleNamespace
 
     out, _ = outputs[scheme]
     t = _tensors(out)
-    cfg, _deq, qc = read_quantized(out)
-    t["embed_tokens.weight"] = torch.eye(toy.H) * toy.H ** 0.5
-    m = simulated_drafter(cfg, t, qc)
+    m = load_drafter(out, SimpleNamespace(embed_weight=torch.eye(toy.H) * toy.H ** 0.5, lm_head_weight=None))
     seen = {}
     m.layers[0].mlp.down_proj.register_forward_pre_hook(lambda _m, a: seen.setdefault("x", a[0].detach().clone()))
     with torch.no_grad():

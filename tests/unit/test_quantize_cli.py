@@ -85,14 +85,14 @@ def test_existing_output_needs_force(tmp_path, toy_random, capsys, no_debug):
 
 
 def test_gate_failure_exits_1_with_report(tmp_path, toy_oracle, toy_target, capsys, monkeypatch, no_debug):
-    import eagle_migrate.quantize as q
+    from eagle_migrate.validate import api
     from eagle_migrate.validate.metrics import AcceptanceStats
 
-    def fake(*_a, **_k):
-        return ({"chat": AcceptanceStats(num_drafts=10, num_accepted_tokens=30)},
-                {"chat": AcceptanceStats(num_drafts=10, num_accepted_tokens=20)})
+    def fake(engine, *_a, **_k):  # quantize's gate measures through validate's run_engine
+        return api.EngineRun([{"chat": (AcceptanceStats(num_drafts=10, num_accepted_tokens=30), {})},
+                              {"chat": (AcceptanceStats(num_drafts=10, num_accepted_tokens=20), {})}], None, "float32")
 
-    monkeypatch.setattr(q, "measure_acceptance_vllm", fake)
+    monkeypatch.setattr(api, "run_engine", fake)
     code = _main(["quantize", str(toy_oracle), "-o", str(tmp_path / "q"), "--scheme", "fp8-dynamic", "--target",
                   str(toy_target), "--max-al-drop", "2", "--json"])
     assert code == 1

@@ -13,7 +13,8 @@ from eagle_migrate.formats.io import save_safetensors, write_json
 from eagle_migrate.target import load_target
 from eagle_migrate.validate import reference
 from eagle_migrate.validate.diagnostics import drift_diagnostics
-from eagle_migrate.validate.reference import ReferenceEngine, load_drafter, measure
+from eagle_migrate.drafter.load import load_drafter
+from eagle_migrate.validate.reference import ReferenceEngine, measure
 
 
 @pytest.fixture(scope="module")

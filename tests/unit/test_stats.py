@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from eagle_migrate.errors import DataError
-from eagle_migrate.stats import HiddenRecord, StatsAccumulator, count_hidden_states, iter_hidden_states, write_hidden_states
+from eagle_migrate.hidden_states import HiddenRecord, count_hidden_states, iter_hidden_states, write_hidden_states
+from eagle_migrate.stats import StatsAccumulator
 
 K, HT = 3, 16
 IDS = [2, 5, 7]

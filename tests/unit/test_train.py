@@ -302,14 +302,14 @@ def test_precomputed_layouts_read_back(tmp_path):
     (tmp_path / "sf").mkdir()
     torch.save({"input_ids": ids, "loss_mask": torch.ones(t, dtype=torch.long), "aux_hidden_state": aux,
                 "hidden_state": last}, tmp_path / "sf" / "0000.ckpt")
-    fb = PrecomputedFeatures(tmp_path / "sf")[0]
-    assert PrecomputedFeatures(tmp_path / "sf").layout == "specforge"
+    fb = PrecomputedFeatures(tmp_path / "sf", [1, 2, 3], ht)[0]
+    assert PrecomputedFeatures(tmp_path / "sf", [1, 2, 3], ht).layout == "specforge"
     assert torch.equal(fb.aux, aux) and torch.equal(fb.final, last) and fb.input_ids.tolist() == [ids.tolist()]
     (tmp_path / "sp").mkdir()
     torch.save({"input_ids": ids, "hidden_states": [aux[0, :, :ht], aux[0, :, ht:2 * ht], aux[0, :, 2 * ht:], last[0]]},
                tmp_path / "sp" / "data_0.pt")
     w = torch.rand(ht) + 0.5
-    fb = PrecomputedFeatures(tmp_path / "sp", final_norm=(w, 1e-6))[0]
+    fb = PrecomputedFeatures(tmp_path / "sp", [1, 2, 3], ht, final_norm=(w, 1e-6))[0]
     assert torch.allclose(fb.aux, aux)
     ref = last * torch.rsqrt(last.pow(2).mean(-1, keepdim=True) + 1e-6) * w
     assert torch.allclose(fb.final, ref, atol=1e-5)

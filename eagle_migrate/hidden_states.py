@@ -1,0 +1,277 @@
+"""Precomputed target hidden states (``--hidden-states DIR``): the one reader of such a folder, for the norm
+statistics (:mod:`eagle_migrate.stats`, through ``convert``) and for the calibration fine-tune
+(:class:`eagle_migrate.train.PrecomputedFeatures`), and the writer of our own layout.
+
+Accepted layouts (aux states must be those of the drafter's ``layer_ids``, vLLM convention, ascending):
+
+* **eagle-migrate** (ours; what ``eagle_migrate.train.FeatureStore`` caches and :func:`write_hidden_states`
+  writes): ``*.safetensors`` files, each a right-padded batch with ``input_ids`` [B,T] int64, ``lengths`` [B],
+  ``aux`` [B,T,K*Ht] (aux layers ascending, concatenated), optionally ``final`` [B,T,Ht] (post-final-norm last
+  hidden state) or ``target_logits`` [B,T,Vd], and ``loss_mask``; header metadata ``layer_ids`` (JSON list), when
+  present, must equal the drafter's ids.
+* **speculators** (``scripts/data_generation_offline.py``): ``data_N.pt`` = ``{"input_ids": [T], "hidden_states":
+  [[T, Ht] per captured layer], "loss_mask": [T]}`` with the layer list in ``data_config.json``; speculators
+  captures the aux layers and then the last layer (pre-norm). When ``data_config.json`` records layer ids they must
+  contain the drafter's, which are picked by id; otherwise the first K are the aux states. The entry after them is
+  the last layer: normalised with the target's final norm (``final_norm``) it is the ``last`` state.
+* **SpecForge** offline data (``scripts/prepare_hidden_states.py``): ``**/*.ckpt`` = ``{"input_ids": [T],
+  "loss_mask": [T], "aux_hidden_state": [1, T, K*Ht], "hidden_state": [1, T, Ht]}`` (post-norm); SpecForge records
+  no layer ids (its defaults are the same tensors as vLLM's): only the width K*Ht is checked.
+
+``.pt`` / ``.ckpt`` files are read with ``torch.load(weights_only=True)`` (tensors, lists and dicts only; never code).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .errors import DataError
+
+
+@dataclass
+class HiddenRecord:
+    """One sequence: token ids [T], aux states [T, K*Ht] at the drafter's aux layers, optional post-norm last
+    [T, Ht] and loss mask [T]."""
+
+    input_ids: torch.Tensor
+    aux: torch.Tensor
+    last: torch.Tensor | None = None
+    loss_mask: torch.Tensor | None = None
+
+
+@dataclass
+class HiddenStatesFolder:
+    """A ``--hidden-states`` folder: its layout, files and recorded layer ids (:func:`describe_hidden_states`)."""
+
+    path: Path
+    layout: str  # eagle-migrate | speculators | specforge
+    files: list[Path]
+    layer_ids: list[int] | None
+    has_last: bool
+
+    def pick(self, layer_ids: list[int]) -> list[int] | None:
+        """Indices of ``layer_ids`` in a speculators capture list (None: the first K), after checking that the
+        folder holds the drafter's layers; raises DataError when it does not."""
+        want = sorted(layer_ids)
+        rec = self.layer_ids
+        if rec is None:
+            return None
+        if self.layout == "eagle-migrate" and sorted(rec) != want:
+            raise DataError(f"{self.path}: hidden states were captured at layers {rec}, the drafter needs {want}")
+        if self.layout == "speculators":
+            if not set(want) <= set(rec):
+                raise DataError(f"{self.path}: speculators data captured layers {rec}, the drafter needs {want}")
+            return [rec.index(i) for i in want]
+        return None
+
+
+def write_hidden_states(out: Path, records: list[HiddenRecord] | Iterator[HiddenRecord], layer_ids: list[int], batch: int = 1) -> Path:
+    """Write records in our own feature layout (the one ``eagle_migrate.train.FeatureStore`` caches): one
+    ``batch-NNNNN.safetensors`` per ``batch`` sequences, right-padded, with ``input_ids`` [B,T] int64, ``lengths``
+    [B], ``loss_mask`` [B,T] uint8, ``aux`` [B,T,K*Ht], ``final`` [B,T,Ht] when known, metadata ``layer_ids``."""
+    from safetensors.torch import save_file
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    buf: list[HiddenRecord] = []
+    n = 0
+
+    def flush() -> None:
+        nonlocal n
+        if not buf:
+            return
+        t = max(r.input_ids.numel() for r in buf)
+        b = len(buf)
+        d = buf[0].aux.shape[-1]
+        ids = torch.zeros(b, t, dtype=torch.int64)
+        aux = torch.zeros(b, t, d, dtype=buf[0].aux.dtype)
+        lm = torch.zeros(b, t, dtype=torch.uint8)
+        lengths = torch.tensor([r.input_ids.numel() for r in buf], dtype=torch.int64)
+        has_final = all(r.last is not None for r in buf)
+        final = torch.zeros(b, t, buf[0].last.shape[-1], dtype=buf[0].last.dtype) if has_final else None
+        for i, r in enumerate(buf):
+            L = r.input_ids.numel()
+            ids[i, :L] = r.input_ids.reshape(-1)
+            aux[i, :L] = r.aux.reshape(L, -1)
+            lm[i, :L] = 1 if r.loss_mask is None else r.loss_mask.reshape(-1).to(torch.uint8)
+            if final is not None:
+                final[i, :L] = r.last.reshape(L, -1)
+        tensors = {"input_ids": ids, "lengths": lengths, "loss_mask": lm, "aux": aux}
+        if final is not None:
+            tensors["final"] = final
+        save_file(tensors, str(out / f"batch-{n:05d}.safetensors"), metadata={"layer_ids": json.dumps(sorted(layer_ids))})
+        n += 1
+        buf.clear()
+
+    for rec in records:
+        buf.append(rec)
+        if len(buf) >= batch:
+            flush()
+    flush()
+    return out
+
+
+def _find_layer_ids(obj: Any) -> list[int] | None:
+    if isinstance(obj, dict):
+        for key in ("layer_ids", "aux_layer_ids", "eagle_aux_hidden_state_layer_ids"):
+            v = obj.get(key)
+            if isinstance(v, list) and v and all(isinstance(i, int) for i in v):
+                return v
+        for v in obj.values():
+            r = _find_layer_ids(v)
+            if r is not None:
+                return r
+    return None
+
+
+def _torch_load(path: Path) -> Any:
+    from .formats.io import torch_load_weights_only
+
+    try:
+        return torch_load_weights_only(path, mmap=True)
+    except RuntimeError:
+        try:
+            return torch_load_weights_only(path)
+        except Exception as e:  # noqa: BLE001
+            raise DataError(f"{path}: not a readable hidden-states file ({str(e)[:160]})") from None
+    except Exception as e:  # noqa: BLE001  (UnpicklingError for anything beyond tensors/lists/dicts)
+        raise DataError(f"{path}: not a readable hidden-states file ({str(e)[:160]})") from None
+
+
+def _st_header(f: Path) -> tuple[set[str], dict[str, str]]:
+    from safetensors import safe_open
+
+    with safe_open(str(f), framework="pt") as sf:
+        return set(sf.keys()), dict(sf.metadata() or {})
+
+
+def describe_hidden_states(path: Path) -> HiddenStatesFolder:
+    """Which layout a hidden-states folder is in, its files and (when recorded) its layer ids."""
+    path = Path(path)
+    if not path.is_dir():
+        raise DataError(f"{path}: --hidden-states must be a folder")
+    st = sorted(path.glob("*.safetensors"))
+    if st:
+        keys, meta = _st_header(st[0])
+        if "aux" not in keys or "input_ids" not in keys:
+            raise DataError(f"{st[0]}: not an eagle-migrate feature file (needs 'input_ids' and 'aux')")
+        ids = None
+        if meta.get("layer_ids"):
+            try:
+                ids = json.loads(meta["layer_ids"])
+            except json.JSONDecodeError:
+                ids = None
+        return HiddenStatesFolder(path, "eagle-migrate", st, ids, "final" in keys)
+    spec = sorted(path.glob("data_*.pt"), key=lambda p: (len(p.name), p.name))
+    if spec:
+        ids = None
+        cfg = path / "data_config.json"
+        if cfg.is_file():
+            try:
+                ids = _find_layer_ids(json.loads(cfg.read_text()))
+            except json.JSONDecodeError:
+                ids = None
+        return HiddenStatesFolder(path, "speculators", spec, ids, True)
+    sf = sorted(path.rglob("*.ckpt"))
+    if sf:
+        return HiddenStatesFolder(path, "specforge", sf, None, True)
+    raise DataError(f"{path}: no hidden states found (expected eagle-migrate *.safetensors feature files, speculators data_*.pt, or SpecForge *.ckpt)",
+                    "see docs/norm-init.md, section 'Precomputed hidden states'")
+
+
+def _norm(x: torch.Tensor, final_norm: tuple[torch.Tensor, float]) -> torch.Tensor:
+    w, eps = final_norm
+    xf = x.float()
+    return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w.float().to(xf.device)
+
+
+def read_file(f: Path, layout: str, k: int, pick: list[int] | None,
+              final_norm: tuple[torch.Tensor, float] | None = None) -> Iterator[HiddenRecord]:
+    """The records of one file (a batch for our layout, one sequence otherwise), unvalidated. ``last`` of a
+    speculators file is its pre-norm last layer normalised with ``final_norm`` (None without it)."""
+    if layout == "eagle-migrate":
+        from safetensors.torch import load_file
+
+        d = load_file(str(f))
+        ids, aux, fin, lm = d["input_ids"], d["aux"], d.get("final"), d.get("loss_mask")
+        if ids.dim() == 1:
+            yield HiddenRecord(ids, aux, fin, lm)
+            return
+        lengths = d.get("lengths")
+        for b in range(ids.shape[0]):
+            n = int(lengths[b]) if lengths is not None else ids.shape[1]
+            yield HiddenRecord(ids[b, :n], aux[b, :n], None if fin is None else fin[b, :n], None if lm is None else lm[b, :n])
+    elif layout == "speculators":
+        d = _torch_load(f)
+        hs = d.get("hidden_states") if isinstance(d, dict) else None
+        if not isinstance(hs, (list, tuple)) or len(hs) < k:
+            raise DataError(f"{f}: expected 'hidden_states' as a list of >= {k} tensors")
+        idx = pick if pick is not None else list(range(k))
+        chosen = [hs[i] for i in idx]
+        t = chosen[0].shape[-2]
+        last = None
+        if final_norm is not None and len(hs) > k and (len(hs) - 1) not in idx:
+            last = _norm(hs[-1].reshape(t, -1), final_norm)
+        yield HiddenRecord(d["input_ids"], torch.cat([h.reshape(t, -1) for h in chosen], dim=-1), last, d.get("loss_mask"))
+    else:
+        d = _torch_load(f)
+        if not isinstance(d, dict) or "aux_hidden_state" not in d or "input_ids" not in d:
+            raise DataError(f"{f}: expected a SpecForge record with 'input_ids' and 'aux_hidden_state'")
+        yield HiddenRecord(d["input_ids"], d["aux_hidden_state"], d.get("hidden_state"), d.get("loss_mask"))
+
+
+def checked(rec: HiddenRecord, f: Path, k: int, hidden_size: int) -> HiddenRecord:
+    """``rec`` with 1-D ids, 2-D states, after checking the widths and lengths agree."""
+    ids = torch.as_tensor(rec.input_ids).reshape(-1).to(torch.int64)
+    aux = rec.aux.reshape(-1, rec.aux.shape[-1])
+    if aux.shape[-1] != k * hidden_size:
+        raise DataError(f"{f}: aux hidden states are {aux.shape[-1]} wide, expected K*Ht = {k}*{hidden_size} = {k * hidden_size}")
+    if aux.shape[0] != ids.shape[0]:
+        raise DataError(f"{f}: {ids.shape[0]} token ids but {aux.shape[0]} hidden-state rows")
+    last = rec.last
+    if last is not None:
+        last = last.reshape(-1, last.shape[-1])
+        if last.shape[-1] != hidden_size or last.shape[0] != ids.shape[0]:
+            last = None
+    lm = None if rec.loss_mask is None else rec.loss_mask.reshape(-1)
+    if lm is not None and lm.shape[0] != ids.shape[0]:
+        lm = None
+    return HiddenRecord(ids, aux, last, lm)
+
+
+def iter_hidden_states(path: Path, layer_ids: list[int], hidden_size: int, limit: int | None = None,
+                       final_norm: tuple[torch.Tensor, float] | None = None) -> Iterator[HiddenRecord]:
+    """Stream precomputed target hidden states, one sequence at a time (layouts: the module docstring).
+    ``final_norm``: the target's final norm ``(weight, eps)``, which turns a speculators file's pre-norm last layer
+    into the post-norm ``last`` state."""
+    info = describe_hidden_states(path)
+    k = len(layer_ids)
+    pick = info.pick(layer_ids)
+    n = 0
+    for f in info.files:
+        for rec in read_file(f, info.layout, k, pick, final_norm):
+            if limit is not None and n >= limit:
+                return
+            yield checked(rec, f, k, hidden_size)
+            n += 1
+
+
+def count_hidden_states(path: Path) -> int:
+    """How many sequences a hidden-states folder holds (reads headers only where possible)."""
+    info = describe_hidden_states(path)
+    if info.layout != "eagle-migrate":
+        return len(info.files)
+    from safetensors import safe_open
+
+    n = 0
+    for f in info.files:
+        with safe_open(str(f), framework="pt") as sf:
+            shape = sf.get_slice("input_ids").get_shape()
+        n += 1 if len(shape) == 1 else shape[0]
+    return n
