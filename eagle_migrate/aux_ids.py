@@ -309,16 +309,12 @@ def measure(ck: Checkpoint, target: Any, candidates: list[list[int]], *, positio
     next token. ``target``: a ``convert._TargetSide``. ``candidates`` in the order of :data:`CONVENTIONS`."""
     import torch
 
-    from .convert import _build_eagle3, calibration_sequences
+    from .convert import calibration_sequences
+    from .drafter.load import load_drafter
 
     cfg = ck.config
-    tensors = {n: ck.tensor(n) for n in ck.canonical_names() if n != "t2d"}
-    if "embed_tokens.weight" not in tensors:
-        tensors["embed_tokens.weight"] = target.weight("embed")
-    if "lm_head.weight" not in tensors:  # vLLM shares the target's head (Vd = V)
-        tensors["lm_head.weight"] = target.weight("lm_head")
-    m = _build_eagle3(cfg.model_copy(update={"aux_layer_ids": None}), tensors, target.device, target.dtype)
-    del tensors
+    # the one loader; the target's embedding / head shared where vLLM shares them
+    m = load_drafter(ck, target.loaded, device=target.device, dtype=target.dtype)
     union = sorted({i for c in candidates for i in c})
     if data is None and target.tokenizer is None:
         seqs = _own_sequences(target, 8, positions // 8 + 1, seed)
