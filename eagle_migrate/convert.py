@@ -39,6 +39,7 @@ from . import __version__
 from .drafter.config import DrafterConfig
 from .drafter.load import build_drafter
 from .drafter.model import MLP, Attention, EagleDrafter, KVCache, RMSNorm, _rope_inv_freq, _rotate_half  # noqa: F401
+from .aux_ids import AuxIds, Convention, eagle2_aux_ids  # noqa: F401  (eagle2_aux_ids: one home, re-exported)
 from .errors import DataError, InputError, PairingError, UnsupportedError
 from .allocator import fixed_mmap_threshold
 from .formats.io import atomic_output_dir, check_output_dir, sha256_files, write_json
@@ -154,6 +155,7 @@ class Provenance(BaseModel):
     calibration: str = "not calibrated"
     calibration_verdict: str | None = None
     statistics: TargetStatistics | None = None
+    aux_ids: AuxIds | None = Field(None, description="stored aux ids, their convention and how it was decided")
     started_at: str
     finished_at: str | None = None
     python: str = platform.python_version()
@@ -172,6 +174,7 @@ class ConvertResult(BaseModel):
     inserted: list[str] = Field(default_factory=list, description="tensors and flags added")
     changes: list[str] = Field(default_factory=list, description="everything else that differs from the source")
     aux_layer_ids: list[int] = Field(default_factory=list)
+    aux_ids_evidence: AuxIds | None = Field(None, description="stored ids, both readings, the decision and its evidence (a measurement's numbers)")
     norm_init: NormInit | None = None
     norm_output: NormOutputCompensation | None = None
     eagle2_mapping: Eagle2Mapping | None = None
@@ -207,29 +210,20 @@ def _resolve_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype:
 
 
 def default_aux_ids(num_target_layers: int, k: int = 3) -> list[int]:
-    t = num_target_layers
-    ids = sorted({min(max(i, 0), t - 1) for i in (2, t // 2, t - 3)})
-    if len(ids) != k:
-        raise PairingError(f"the target has only {t} layers: cannot place the default {k} aux layers (2, T//2, T-3)",
-                           "pass a drafter that records its eagle_aux_hidden_state_layer_ids")
-    return ids
+    """vLLM's default ids as vLLM captures them (:func:`eagle_migrate.aux_ids.vllm_default_aux_ids`); PairingError
+    when they are not ``k`` distinct layers (vLLM would crash on the first request)."""
+    from .aux_ids import pairing_error, vllm_default_aux_ids
 
-
-def eagle2_aux_ids(num_target_layers: int) -> list[int]:
-    """(2, L//2, L-1): vLLM's default with the last id moved to the layer closest to the last hidden state."""
-    t = num_target_layers
-    ids = sorted({min(2, t - 1), t // 2, t - 1})
-    while len(ids) < 3:
-        cand = [i for i in range(t) if i not in ids]
-        if not cand:
-            raise PairingError(f"the target has only {t} layers: an EAGLE-3.1 drafter needs 3 distinct aux layers")
-        ids = sorted(ids + [cand[0]])
-    return ids
+    err = pairing_error(None, k, num_target_layers)
+    if err:
+        raise PairingError(err, "pass a drafter that records its eagle_aux_hidden_state_layer_ids")
+    return vllm_default_aux_ids(num_target_layers)
 
 
 # ===== pairing =====================================================================================================
-def check_pairing(cfg: DrafterConfig, tinfo: Any, aux_ids: list[int]) -> None:
-    """Raise PairingError (exit 2) when drafter and target cannot work together; the message names both numbers."""
+def check_pairing(cfg: DrafterConfig, tinfo: Any, aux_ids: list[int] | None) -> None:
+    """Raise PairingError (exit 2) when drafter and target cannot work together; the message names both numbers.
+    ``aux_ids`` (vLLM convention; None = not yet known) go through :func:`eagle_migrate.aux_ids.check_aux_ids`."""
     t = tinfo
     if cfg.generation == "eagle2":
         if cfg.hidden_size != t.hidden_size:
@@ -245,10 +239,12 @@ def check_pairing(cfg: DrafterConfig, tinfo: Any, aux_ids: list[int]) -> None:
     if cfg.draft_vocab_size > t.vocab_size:
         raise PairingError(f"vocabulary mismatch: draft_vocab_size={cfg.draft_vocab_size} exceeds the target's "
                            f"vocab_size={t.vocab_size}")
-    bad = [i for i in aux_ids if not 0 <= i < t.num_layers]
-    if bad:
-        raise PairingError(f"aux layer id {bad[0]} is beyond the target's {t.num_layers} layers (valid ids 0..{t.num_layers - 1}, "
-                           f"vLLM convention); the drafter's ids are {aux_ids}")
+    if cfg.generation == "eagle3" and aux_ids is not None:
+        from .aux_ids import pairing_error
+
+        err = pairing_error(aux_ids, cfg.num_aux, t.num_layers)
+        if err:
+            raise PairingError(err + " (vLLM convention)")
 
 
 # ===== target side: weights, sequences, hidden states ==============================================================
@@ -324,16 +320,20 @@ class _TargetSide:
 
     @torch.no_grad()
     def capture(self, seqs: list[list[int]], aux_ids: list[int], want_last: bool) -> Iterator[HiddenRecord]:
-        """Aux states (vLLM ids = transformers ``output_hidden_states[i]``), one sequence at a time."""
+        """Aux states at vLLM ids (transformers ``output_hidden_states[i]``; id L before the final norm), one
+        sequence at a time; ``last`` is the post-norm final state."""
+        from .target import vllm_hidden_states
+
         tg = self.loaded
         model = tg.model
         base = model.get_decoder() if hasattr(model, "get_decoder") else model
         for seq in seqs:
             ids = torch.tensor([seq], dtype=torch.long, device=tg.device)
-            out = base(input_ids=ids, output_hidden_states=True, use_cache=False)
-            hs = out.hidden_states
+            with vllm_hidden_states(model, self.info.num_layers, aux_ids) as states:
+                out = base(input_ids=ids, output_hidden_states=True, use_cache=False)
+                hs = states(out.hidden_states)
             aux = torch.cat([hs[i][0] for i in sorted(aux_ids)], dim=-1).float()
-            last = hs[-1][0].float() if want_last else None
+            last = out.hidden_states[-1][0].float() if want_last else None
             yield HiddenRecord(ids[0].cpu(), aux, last)
             del out, hs
 
@@ -631,6 +631,7 @@ def convert(
     evaluate: bool = True,
     command: str | None = None,
     max_minutes: float | None = None,
+    aux_ids_convention: Convention | None = None,
 ) -> ConvertResult:
     """Convert an EAGLE-2/EAGLE-3 drafter to EAGLE-3.1 (see the module docstring and docs/norm-init.md).
 
@@ -644,6 +645,9 @@ def convert(
     quarter, 1..16) only for measuring agreement.
     ``evaluate=False`` skips the agreement runs (the source's ``lm_head`` is never loaded): the fc_norm
     candidate is chosen by its fc-output error on the held-out sequences alone.
+    ``aux_ids_convention`` (vllm | output-of-layer) overrides how the stored aux ids are read; otherwise a
+    writer-unique fingerprint decides, or a measurement on the target (:mod:`eagle_migrate.aux_ids`), and when
+    neither decides, PairingError (exit 2) names both readings.
     """
     progress = progress or _noop_progress
     started = _now()
@@ -679,16 +683,32 @@ def convert(
             warnings.append(data_warning)
 
     mode = "passthrough" if cfg.is_eagle31 else cfg.generation
+    check_pairing(cfg, tinfo, None)
+    aux = None
     if mode == "eagle2":
         aux_ids = eagle2_aux_ids(tinfo.num_layers)
-    elif cfg.aux_layer_ids:
-        aux_ids = sorted(cfg.aux_layer_ids)
     else:
-        if cfg.num_aux != 3:
-            raise PairingError(f"the drafter fuses K={cfg.num_aux} aux states but records no aux layer ids (vLLM's default has 3)")
-        aux_ids = default_aux_ids(tinfo.num_layers)
-        warnings.append(f"no aux layer ids in the source: vLLM's default {aux_ids} for a {tinfo.num_layers}-layer target written explicitly")
+        from . import aux_ids as _aux
+
+        progress("aux ids", 0, 1)
+        aux = _aux.resolve_for_target(ck, tside, override=aux_ids_convention, seed=seed, data=data)
+        progress("aux ids", 1, 1)
+        if aux.stored is not None:
+            if not aux.decided:
+                hint = _aux.UNDECIDED_HINT if aux.measurement is not None else "a drafter for this target records aux ids within 0..L"
+                raise PairingError(_aux.undecided_message(aux, tinfo.num_layers, cfg.num_aux), hint)
+            _aux.apply(ck, aux)
+            cfg = ck.config
+            aux_ids = aux.ids
+            if aux.decided_by in ("measurement", "unambiguous", "override"):
+                warnings += [f"{f.severity}: {f.message}" for f in _aux.findings(aux, ck.producer)]
+        else:
+            if cfg.num_aux != 3:
+                raise PairingError(f"the drafter fuses K={cfg.num_aux} aux states but records no aux layer ids (vLLM's default has 3)")
+            aux_ids = default_aux_ids(tinfo.num_layers)
+            warnings.append(f"no aux layer ids in the source: vLLM's default {aux_ids} for a {tinfo.num_layers}-layer target written explicitly")
     check_pairing(cfg, tinfo, aux_ids)
+    aux_ids = sorted(aux_ids)
 
     source_files = [str(f) for f in ck.store.files]
     progress("hash source", 0, 1)
@@ -700,7 +720,8 @@ def convert(
     prov = Provenance(command=cmd, source=str(source), source_sha256=src_sha, source_files=[Path(f).name for f in source_files],
                       source_format=ck.format, source_producer=ck.producer, target=target, target_config_sha256=tcfg_sha,
                       data=data, hidden_states_dir=str(hidden_states_dir) if hidden_states_dir else None, seed=seed,
-                      device=dev, dtype=str(cdtype).removeprefix("torch."), output_format=output_format, started_at=started)
+                      device=dev, dtype=str(cdtype).removeprefix("torch."), output_format=output_format, started_at=started,
+                      aux_ids=aux)
     store_dtype = _float_dtype([ck.info(n).dtype for n in ("fc.weight", "norm.weight", "layers.0.post_attention_layernorm.weight") if ck.has(n)])
 
     # rope / positions consistent with the target
@@ -713,7 +734,10 @@ def convert(
     if tmax > cfg.max_position_embeddings:
         upd["max_position_embeddings"] = int(tmax)
         base_changes.append(f"max_position_embeddings {cfg.max_position_embeddings} -> {tmax} (the target's)")
-    if cfg.aux_layer_ids is None or sorted(cfg.aux_layer_ids) != aux_ids:
+    if aux is not None and aux.stored is not None and aux.convention == "output-of-layer":
+        base_changes.append(f"aux layer ids {aux.stored} (output-of-layer, by {aux.decided_by}) written as vLLM ids {aux_ids} "
+                            "(top level and eagle_config)")
+    elif aux is None or aux.stored is None or sorted(aux.stored) != aux_ids:
         base_changes.append(f"aux layer ids written explicitly: {aux_ids} (top level and eagle_config)")
 
     from .calibrate import TRAIN_MODES
@@ -834,7 +858,7 @@ def convert(
     return ConvertResult(
         source=str(source), output=str(out), source_format=ck.format, source_producer=ck.producer,
         output_format=output_format, passthrough=(mode == "passthrough"), inserted=inserted, changes=plan.changes,
-        aux_layer_ids=aux_ids, norm_init=norm_init, norm_output=comp, eagle2_mapping=e2map, agreement=agreement,
+        aux_layer_ids=aux_ids, aux_ids_evidence=aux, norm_init=norm_init, norm_output=comp, eagle2_mapping=e2map, agreement=agreement,
         calibration=calibration, calibration_required=calibration_required, output_files=files, provenance=prov,
         warnings=warnings,
     )

@@ -3,7 +3,8 @@
 Cheap by construction: safetensors are read through their headers (names, shapes, dtypes); the only tensor data
 read are ``d2t``/``t2d`` and small tensors (norm weights and anything of at most ``SMALL_NUMEL`` elements, for the
 NaN/Inf check). ``deep=True`` checks every tensor for NaN/Inf, one tensor at a time. With a target, the pairing is
-checked from the target's config.json alone (no target weights are read).
+checked from the target's config.json alone; the target is run only when the stored aux ids can be read two ways
+and nothing in the checkpoint decides (the measurement of :mod:`eagle_migrate.aux_ids`).
 
 Findings have a stable ``code`` (docs/formats.md lists them all) and a severity: ``error`` (vLLM refuses it or runs
 it wrongly: exit 1), ``warning`` (probably wrong, or wrong on some vLLM versions) and ``info``.
@@ -17,6 +18,8 @@ from typing import Any
 import torch
 from pydantic import BaseModel, Field
 
+from . import aux_ids as _aux
+from .aux_ids import AuxIds, Convention
 from .formats.base import Checkpoint, Finding
 from .formats.common import QUANT_SUFFIXES, finding
 
@@ -79,7 +82,8 @@ class InspectReport(BaseModel):
     sizes: Sizes
     aux_layer_ids: list[int] | None = Field(..., description="in vLLM's convention (residual stream after i layers), ascending")
     aux_layer_ids_stored: list[int] | None = Field(..., description="as written in the checkpoint's config")
-    aux_layer_ids_convention: str = Field(..., description="input-to-layer (vLLM) or output-of-layer (SGLang-style trainers)")
+    aux_layer_ids_convention: str = Field(..., description="vllm (input-to-layer), output-of-layer (SpecForge/ModelOpt-style trainers) or undecided (aux_layer_ids is then the literal reading, what vLLM does)")
+    aux_ids_evidence: AuxIds | None = Field(None, description="stored ids, where, both readings with their evidence, the decision and how it was made")
     flags: Flags
     rope_theta: float
     rope_scaling: dict[str, Any] | None
@@ -200,21 +204,11 @@ def _pairing(ck: Checkpoint, ti: Any) -> list[Finding]:
         if cfg.draft_vocab_size != ti.vocab_size and not ck.has("d2t") and not any(f.code == "d2t_missing" for f in ck.findings):
             out.append(finding("error", "d2t_missing", f"Vd={cfg.draft_vocab_size} differs from the target vocab {ti.vocab_size} but there is no d2t"))
         ids = cfg.aux_layer_ids
-        if ids is None:
-            default = [2, t_layers // 2, t_layers - 3]
-            if len(set(default)) != len(default) or min(default) < 0 or len(default) != cfg.num_aux:
-                out.append(finding("error", "aux_ids_default_invalid", f"no aux ids, and vLLM's fallback (2, T//2, T-3) = {default} for T={t_layers} does not give {cfg.num_aux} distinct layers: vLLM crashes on the first request"))
-            else:
-                out.append(finding("info", "aux_ids_default", f"without ids vLLM uses {default} for this target; eagle-migrate writes them explicitly on conversion"))
-        else:
-            bad = [i for i in ids if i < 0 or i > t_layers]
-            if bad:
-                out.append(finding("error", "aux_ids_out_of_range", f"aux layer ids {bad} (vLLM convention) are outside 0..{t_layers} for a {t_layers}-layer target"))
-            elif t_layers in ids:
-                out.append(finding("warning", "aux_id_last_layer", f"aux id {t_layers} = the residual stream after the last layer: vLLM captures it before the final norm, transformers' hidden_states[{t_layers}] is after it"))
-            stored = ck.meta.get("aux_ids_stored")
-            if ck.meta.get("aux_offset", 0) == 0 and stored and ck.producer in ("vllm", "unknown") and min(stored) == 1:
-                out.append(finding("info", "aux_ids_convention_hint", f"first aux id is 1: some trainers (SGLang-style, output-of-layer) write {stored} meaning vLLM ids {[i + 1 for i in stored]}; the producer is not known, so they are taken as written"))
+        a = ck.aux
+        if ids is None and a is not None and a.stored is not None:  # ids that failed the reader's check: report them
+            ids = a.ids if a.decided else list(a.stored)
+        out += [f for f in _aux.check_aux_ids(ids, cfg.num_aux, t_layers)
+                if f.severity == "error" or f.code in ("aux_id_last_layer", "aux_ids_default")]
     if ti.max_position_embeddings and cfg.max_position_embeddings < int(ti.max_position_embeddings):
         out.append(finding("warning", "max_position_embeddings_low", f"drafter max_position_embeddings={cfg.max_position_embeddings} < the target's {ti.max_position_embeddings}: vLLM < 0.27 crashes past it (vllm#48894), later versions raise it silently"))
     if abs(cfg.rope_theta - ti.rope_theta) > 1e-6 * max(1.0, ti.rope_theta):
@@ -273,13 +267,55 @@ def _num_parameters(ck: Checkpoint) -> int:
     return n
 
 
-def report_from_checkpoint(ck: Checkpoint, target: str | None = None, deep: bool = False) -> InspectReport:
-    findings = list(ck.findings)
+_AUX_CODES = ("aux_ids_convention_ambiguous", "aux_ids_convention", "aux_ids_measured")
+
+
+def _sizes_pair(ck: Checkpoint, ti: Any) -> bool:
+    cfg = ck.config
+    return cfg.target_hidden_size == ti.hidden_size and ck.meta.get("vocab_size_declared", cfg.vocab_size) == ti.vocab_size
+
+
+def _resolve_aux(ck: Checkpoint, target: str | None, ti: Any, override: Convention | None, device: str) -> None:
+    """Decide the aux-id convention where the checkpoint does not: the override, else (with a target) the readings
+    valid on it, else a measurement. An undecided measurement is PairingError (exit 2) naming both readings."""
+    a: AuxIds | None = ck.aux
+    if a is None or a.stored is None or ck.config.generation != "eagle3":
+        return
+    if ti is None:
+        b = _aux.resolve(a, ck.config.num_aux, 0, override=override) if override else a
+    elif (override or not a.decided) and _sizes_pair(ck, ti) and ck.config.architecture == "llama" and not ck.quantization:
+        from .convert import _TargetSide
+        from .options import resolve_device, resolve_dtype
+
+        from .errors import TargetError
+
+        dev = resolve_device(device)
+        try:
+            b = _aux.resolve_for_target(ck, _TargetSide(target, dev, resolve_dtype("auto", dev)), override=override)
+        except TargetError as e:  # e.g. a config-only target folder: report the ambiguity, say why it was not measured
+            ck.findings = [f for f in ck.findings if f.code not in _AUX_CODES] + [
+                f.model_copy(update={"message": f.message + f" (not measured: {e.message})"}) for f in _aux.findings(a, ck.producer)]
+            return
+        if not b.decided and b.measurement is not None:  # undecided without a measurement: neither reading fits (errors below)
+            from .errors import PairingError
+
+            raise PairingError(_aux.undecided_message(b, ti.num_layers), _aux.UNDECIDED_HINT)
+    else:
+        b = _aux.resolve(a, ck.config.num_aux, ti.num_layers, override=override)
+    if b is not a:
+        _aux.apply(ck, b)
+        ck.findings = [f for f in ck.findings if f.code not in _AUX_CODES] + _aux.findings(b, ck.producer)
+
+
+def report_from_checkpoint(ck: Checkpoint, target: str | None = None, deep: bool = False,
+                           aux_ids_convention: Convention | None = None, device: str = "auto") -> InspectReport:
     ti = None
     if target is not None:
         from .target import target_info
 
         ti = target_info(target)
+    _resolve_aux(ck, target, ti, aux_ids_convention, device)
+    findings = list(ck.findings)
     findings += _check_vocab_maps(ck, ti.vocab_size if ti else None)
     findings += _check_finite(ck, deep)
     findings += _check_norm_weights(ck)
@@ -322,7 +358,8 @@ def report_from_checkpoint(ck: Checkpoint, target: str | None = None, deep: bool
         ),
         aux_layer_ids=cfg.aux_layer_ids,
         aux_layer_ids_stored=ck.meta.get("aux_ids_stored"),
-        aux_layer_ids_convention=ck.meta.get("aux_convention", "input-to-layer"),
+        aux_layer_ids_convention=(ck.aux.convention or "undecided") if ck.aux is not None else "vllm",
+        aux_ids_evidence=ck.aux,
         flags=Flags(fc_norm=cfg.fc_norm, norm_output=cfg.norm_output, norm_before_fc=cfg.norm_before_fc,
                     norm_before_residual=cfg.norm_before_residual),
         rope_theta=cfg.rope_theta,
@@ -340,13 +377,16 @@ def report_from_checkpoint(ck: Checkpoint, target: str | None = None, deep: bool
     )
 
 
-def inspect_checkpoint(path: str | Path, target: str | None = None, deep: bool = False) -> InspectReport:
+def inspect_checkpoint(path: str | Path, target: str | None = None, deep: bool = False,
+                       aux_ids_convention: Convention | None = None, device: str = "auto") -> InspectReport:
     """Read ``path`` (any supported layout; never modified) and report what it is and what is wrong with it.
 
-    Raises CheckpointError (exit 2) when the input cannot be read at all; TargetError when ``target`` cannot.
+    ``aux_ids_convention`` (vllm | output-of-layer) overrides how stored aux ids are read. Raises CheckpointError
+    (exit 2) when the input cannot be read at all; TargetError when ``target`` cannot; PairingError when the aux
+    ids can be read two ways and measuring on ``target`` does not tell which.
     """
     from .formats import read_checkpoint
 
     ck = read_checkpoint(path)
     ck.meta["input_path"] = str(path)
-    return report_from_checkpoint(ck, target=target, deep=deep)
+    return report_from_checkpoint(ck, target=target, deep=deep, aux_ids_convention=aux_ids_convention, device=device)

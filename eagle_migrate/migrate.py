@@ -60,6 +60,7 @@ class MigrateOptions:
     device: str = "auto"
     dtype: str = "auto"
     seed: int = 0
+    aux_ids_convention: str | None = None  # --aux-ids-convention: vllm | output-of-layer (None: fingerprint or measurement)
     vllm_python: str | None = None
     verify: bool = False  # identify the target by the sha256 of its weights, not headers + sizes + mtimes
     force_stage: str | None = None  # re-run this stage and every later one, even when done
@@ -165,11 +166,12 @@ def build_stages(source: Path, target: str, opts: MigrateOptions) -> list[Stage]
                 h[key] = _local(h[key])
         return h
 
-    inspect_args = {"path": source, "target": target}
+    inspect_args = {"path": source, "target": target, "aux_ids_convention": opts.aux_ids_convention, "device": opts.device}
     convert_args = {"source": source, "target": target, "data": opts.data, "num_sequences": opts.num_sequences,
                     "output_format": opts.output_format, "device": opts.device, "dtype": opts.dtype,
                     "calibrate": opts.calibrate, "steps": opts.steps, "train": opts.train, "seed": opts.seed,
-                    "num_speculative_tokens": opts.k, "max_minutes": opts.max_minutes}
+                    "num_speculative_tokens": opts.k, "max_minutes": opts.max_minutes,
+                    "aux_ids_convention": opts.aux_ids_convention}
     quantize_args = {"scheme": opts.quantize, "target": target, "data": opts.data, "quantize_fc": opts.quantize_fc,
                      "validate": "none"}
     validate_args = {"target": target, "engine": opts.engine, "suites": opts.suites, "prompts_file": opts.prompts_file,

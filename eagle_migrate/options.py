@@ -27,6 +27,13 @@ class OutputFormat(str, Enum):
     speculators = "speculators"
 
 
+class AuxIdsConventionChoice(str, Enum):
+    """--aux-ids-convention: how stored eagle_aux_hidden_state_layer_ids are to be read (``aux_ids.Convention``)."""
+
+    vllm = "vllm"
+    output_of_layer = "output-of-layer"
+
+
 class TrainChoice(str, Enum):
     """convert --train: what the calibration fine-tune updates (``calibrate.TRAIN_MODES``)."""
 
@@ -66,6 +73,11 @@ DtypeOpt = Annotated[DtypeChoice, typer.Option("--dtype", help="auto: bfloat16 o
 SeedOpt = Annotated[int, typer.Option("--seed", help="Random seed (results are deterministic for a seed).")]
 TrainOpt = Annotated[TrainChoice, typer.Option("--train", help="What calibration updates: norms (the inserted and neighbouring norms), norms+fc, or all (EAGLE-2 sources need it).")]
 MaxMinutesOpt = Annotated[Optional[float], typer.Option("--max-minutes", min=0.01, help="Wall-clock budget for the calibration fine-tune: it stops after the step that runs past it (that step is evaluated; the best evaluation is kept).")]
+AuxIdsConventionOpt = Annotated[Optional[AuxIdsConventionChoice], typer.Option(
+    "--aux-ids-convention",
+    help="How the drafter's stored aux layer ids are meant: vllm (residual stream after i layers, what vLLM reads) or "
+         "output-of-layer (SpecForge/ModelOpt training: vLLM id = stored + 1). Overrides fingerprints and measurement; "
+         "recorded in provenance.json.")]
 NumSpecTokensOpt = Annotated[int, typer.Option("--num-speculative-tokens", "-k", min=1, max=16, help="Draft tokens per step (k).")]
 
 

@@ -471,10 +471,17 @@ def dequantize_state_dict(sd: dict[str, torch.Tensor], qc: dict[str, Any], dtype
 
 
 def _read_source(path: Path):
-    """A ``Checkpoint`` of any producer layout ``eagle_migrate.formats`` reads (canonical vLLM-layout names)."""
+    """A ``Checkpoint`` of any producer layout ``eagle_migrate.formats`` reads (canonical vLLM-layout names).
+    Its aux-id convention must be decided: the output carries eagle-migrate's fingerprint (vLLM ids)."""
     from .formats import read_checkpoint
 
-    return read_checkpoint(Path(path))
+    ck = read_checkpoint(Path(path))
+    aux = ck.aux
+    if aux is not None and aux.stored is not None and not aux.decided:
+        raise InputError(f"{path}: aux layer ids {aux.stored} can be read two ways (vLLM ids or output-of-layer) and nothing "
+                         "in the checkpoint decides which", "convert it first: `eagle-migrate convert` decides the convention "
+                         "on the target (or with --aux-ids-convention vllm|output-of-layer)")
+    return ck
 
 
 def _source_float_dtype(ckpt) -> torch.dtype:

@@ -2,13 +2,15 @@
 
 ``spec`` is a local folder, a single ``.gguf`` file, or a hub id. Hub ids go through huggingface_hub's cache and
 honour ``HF_HUB_OFFLINE``. Aux hidden states are captured at exactly the layers vLLM feeds: id i = the residual
-stream after i decoder layers = transformers' ``output_hidden_states[i]``.
+stream after i decoder layers = transformers' ``output_hidden_states[i]`` for i < L; id L is the last layer's output
+before the final norm (``vllm_hidden_states``).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -111,6 +113,33 @@ def target_info(spec: str) -> TargetInfo:
     )
 
 
+@contextmanager
+def vllm_hidden_states(model: Any, num_layers: int, layer_ids: list[int]) -> Iterator[Any]:
+    """transformers' ``output_hidden_states[L]`` is after the final norm; vLLM's aux id L is the last layer's output
+    before it. Within this context the final norm's input is recorded when ``L`` is asked for; the yielded function
+    maps transformers' hidden states to vLLM's (index i = residual stream after i layers)."""
+    rec: dict[str, torch.Tensor] = {}
+    hook = None
+    if num_layers in layer_ids:
+        base = model.get_decoder() if hasattr(model, "get_decoder") else model
+        norm = getattr(base, "norm", None)
+        if norm is None:
+            raise TargetError(f"aux id {num_layers} (the last layer's output before the final norm) cannot be captured: the target has no final 'norm' module")
+        hook = norm.register_forward_pre_hook(lambda _m, args: rec.__setitem__("pre", args[0]))
+
+    def states(hs: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
+        out = list(hs)
+        if "pre" in rec:
+            out[num_layers] = rec["pre"]
+        return out
+
+    try:
+        yield states
+    finally:
+        if hook is not None:
+            hook.remove()
+
+
 @dataclass
 class Target:
     model: Any  # transformers PreTrainedModel
@@ -140,13 +169,15 @@ class Target:
     @torch.no_grad()
     def forward(self, input_ids: torch.Tensor, layer_ids: list[int], logits_to_keep: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """(aux [B,T,K*Ht] at ``layer_ids`` ascending, logits [B,T,V]) for one batch. ``logits_to_keep`` > 0: only the
-        logits of the last that many positions (transformers' convention; a long sequence's full logits may not fit)."""
-        bad = [i for i in layer_ids if not 0 <= i < self.info.num_layers]
+        logits of the last that many positions (transformers' convention; a long sequence's full logits may not fit).
+        Ids as vLLM captures them (:func:`eagle_migrate.aux_ids.vllm_captured`): 0..L, id L before the final norm."""
+        bad = [i for i in layer_ids if not 0 <= i <= self.info.num_layers]
         if bad:
-            raise TargetError(f"aux layer ids {bad} are outside the target's 0..{self.info.num_layers - 1}")
+            raise TargetError(f"aux layer ids {bad} are outside the target's 0..{self.info.num_layers}")
         kw = {"logits_to_keep": logits_to_keep} if logits_to_keep else {}
-        out = self.model(input_ids=input_ids.to(self.device), output_hidden_states=True, use_cache=False, **kw)
-        hs = out.hidden_states
+        with vllm_hidden_states(self.model, self.info.num_layers, layer_ids) as states:
+            out = self.model(input_ids=input_ids.to(self.device), output_hidden_states=True, use_cache=False, **kw)
+            hs = states(out.hidden_states)
         aux = torch.cat([hs[i] for i in sorted(layer_ids)], dim=-1)
         return aux, out.logits
 

@@ -205,14 +205,18 @@ def _base_model(model: Any) -> Any:
 
 @torch.no_grad()
 def capture(target: Any, input_ids: torch.Tensor, lengths: torch.Tensor, layer_ids: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(aux [B,T,K*Ht] at ``layer_ids`` ascending, post-norm last hidden [B,T,Ht]) for a right-padded batch."""
+    """(aux [B,T,K*Ht] at ``layer_ids`` ascending, post-norm last hidden [B,T,Ht]) for a right-padded batch. Ids as
+    vLLM captures them: id L is the last layer's output before the final norm (``target.vllm_hidden_states``)."""
+    from .target import vllm_hidden_states
+
     t = input_ids.shape[1]
     attn = (torch.arange(t)[None, :] < lengths[:, None]).long()
     dev = target.device
-    out = _base_model(target.model)(
-        input_ids=input_ids.to(dev), attention_mask=attn.to(dev), output_hidden_states=True, use_cache=False
-    )
-    hs = out.hidden_states
+    with vllm_hidden_states(target.model, target.info.num_layers, list(layer_ids)) as states:
+        out = _base_model(target.model)(
+            input_ids=input_ids.to(dev), attention_mask=attn.to(dev), output_hidden_states=True, use_cache=False
+        )
+        hs = states(out.hidden_states)
     aux = torch.cat([hs[i] for i in sorted(layer_ids)], dim=-1)
     return aux, out.last_hidden_state
 

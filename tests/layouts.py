@@ -46,6 +46,18 @@ EXPECTED: dict[str, dict[str, Any]] = {
 }
 LAYOUT_NAMES = list(EXPECTED)
 
+# The convention each builder writes aux ids in (as the producer's own code does), and what reading the
+# checkpoint alone decides (docs/formats.md, aux-id decision table): "fingerprint" (a writer-unique key decides),
+# "unambiguous" (no ids stored), "undecided" (both readings possible: a target measures, or --aux-ids-convention).
+AUX_CONVENTION: dict[str, str] = {n: "vllm" for n in EXPECTED} | {
+    "specforge": "output-of-layer", "modelopt": "output-of-layer", "torchspec": "output-of-layer",
+    "quantized-modelopt-nvfp4": "output-of-layer",
+}
+AUX_DECIDED_BY: dict[str, str] = {n: "undecided" for n in EXPECTED} | {
+    "vllm": "fingerprint", "speculators": "fingerprint", "speculators-ours": "fingerprint",
+    "safeailab-eagle3": "unambiguous", "safeailab-eagle3-noconfig": "unambiguous",
+}
+
 
 # ----- canonical state dicts ----------------------------------------------------------------------------------------
 def canonical_state_dict(cfg: DrafterConfig, seed: int = 0, *, embed: bool | None = None) -> dict[str, torch.Tensor]:
@@ -203,8 +215,11 @@ def write_layout(name: str, cfg: DrafterConfig, canonical_sd: dict[str, torch.Te
     """Write ``canonical_sd`` (sizes/flags from ``cfg``) as producer layout ``name`` into the new folder ``out``.
 
     Returns the path to hand to ``read_checkpoint`` (the folder). ``opts``: ``with_config`` (safeailab-eagle3,
-    default True), ``shards`` (sharded, default 2), ``dtype`` (override the producer's dtype).
+    default True), ``shards`` (sharded, default 2), ``dtype`` (override the producer's dtype), ``aux_convention``
+    (write ``cfg.aux_layer_ids`` -- vLLM ids -- in this convention wherever the builder stores ids, instead of the
+    producer's own: the same weights with ids in either convention).
     """
+    conv = opts.pop("aux_convention", None)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     sd = {k: v for k, v in canonical_sd.items() if k != "t2d"}
@@ -214,6 +229,13 @@ def write_layout(name: str, cfg: DrafterConfig, canonical_sd: dict[str, torch.Te
     if fn is None:
         raise KeyError(f"unknown layout '{name}'; known: {', '.join(_BUILDERS)}")
     fn(cfg, sd, out, **opts)
+    if conv is not None and cfg.aux_layer_ids and (out / "config.json").is_file():
+        stored = [i - 1 for i in cfg.aux_layer_ids] if conv == "output-of-layer" else list(cfg.aux_layer_ids)
+        d = json.loads((out / "config.json").read_text())
+        for holder in (d, d.get("eagle_config")):
+            if isinstance(holder, dict) and "eagle_aux_hidden_state_layer_ids" in holder:
+                holder["eagle_aux_hidden_state_layer_ids"] = stored
+        write_json(out / "config.json", d)
     return out
 
 

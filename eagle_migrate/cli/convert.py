@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from ..options import (
+    AuxIdsConventionOpt,
     CheckpointArg,
     DeviceChoice,
     DeviceOpt,
@@ -55,6 +56,7 @@ def convert(
     cache_dir: CacheDirOpt = None,
     resume: ResumeOpt = None,
     output_format: FormatOpt = OutputFormat.vllm,
+    aux_ids_convention: AuxIdsConventionOpt = None,
     num_speculative_tokens: NumSpecTokensOpt = 3,
     device: DeviceOpt = DeviceChoice.auto,
     dtype: DtypeOpt = DtypeChoice.auto,
@@ -69,8 +71,12 @@ def convert(
     held-out sequences, what was inserted and how the norms were initialised. EAGLE-2 sources become a warm start
     that needs the calibration fine-tune. The source is never modified; the output appears atomically.
 
+    Stored aux layer ids that can be read two ways (vLLM's convention or output-of-layer) are decided by a
+    fingerprint of the writer, else by measuring the drafter's step-0 agreement with the target under each reading;
+    when neither reading wins clearly, convert stops (exit 2): pass --aux-ids-convention.
+
     Exit codes: 0 ok, 1 --require-improvement and calibration did not improve the drafter, 2 bad input (unreadable
-    checkpoint, drafter/target mismatch, existing output without --force).
+    checkpoint, drafter/target mismatch, undecidable aux-id convention, existing output without --force).
 
     Example: eagle-migrate convert ./eagle3-ckpt --target ./Llama-3.1-8B-Instruct -o ./eagle31
     """
@@ -83,7 +89,7 @@ def convert(
             output_format=output_format.value, device=device.value, dtype=dtype.value, calibrate=calibrate,
             force=force, seed=seed, progress=prog, steps=steps, train=train.value, cache_dir=cache_dir,
             resume_dir=resume, num_speculative_tokens=num_speculative_tokens, command=cmd,
-            max_minutes=max_minutes,
+            max_minutes=max_minutes, aux_ids_convention=aux_ids_convention.value if aux_ids_convention else None,
         )
     if json:
         print_json(res)

@@ -5,7 +5,7 @@ from typing import Annotated
 import typer
 
 from ..errors import EXIT_CHECK_FAILED
-from ..options import CheckpointArg, JsonOpt, TargetOpt
+from ..options import AuxIdsConventionOpt, CheckpointArg, DeviceChoice, DeviceOpt, JsonOpt, TargetOpt
 from . import app
 from .render import print_json, stdout
 
@@ -13,19 +13,23 @@ DeepOpt = Annotated[bool, typer.Option("--deep", help="Check every tensor for Na
 
 
 @app.command()
-def inspect(ckpt: CheckpointArg, target: TargetOpt = None, deep: DeepOpt = False, json: JsonOpt = False) -> None:
+def inspect(ckpt: CheckpointArg, target: TargetOpt = None, deep: DeepOpt = False, aux_ids_convention: AuxIdsConventionOpt = None,
+            device: DeviceOpt = DeviceChoice.auto, json: JsonOpt = False) -> None:
     """What a drafter checkpoint is (format, producer, sizes, aux ids, flags) and every trap vLLM would hit.
 
     Reads any layout: SafeAILab EAGLE-1/2/3, SpecForge, speculators, ModelOpt, TorchSpec, vLLM, sharded or not.
-    The input is never modified; safetensors are read through their headers only.
+    The input is never modified; safetensors are read through their headers only. With --target, stored aux layer
+    ids that can be read two ways and carry no deciding fingerprint are measured on the target (it is loaded).
 
-    Exit codes: 0 no error finding, 1 a finding of severity error, 2 unreadable input.
+    Exit codes: 0 no error finding, 1 a finding of severity error, 2 unreadable input (or aux ids whose convention
+    measuring on --target does not decide: pass --aux-ids-convention).
 
     Example: eagle-migrate inspect ./EAGLE3-LLaMA3.1-Instruct-8B --target meta-llama/Llama-3.1-8B-Instruct
     """
     from ..inspect import inspect_checkpoint
 
-    report = inspect_checkpoint(ckpt, target=target, deep=deep)
+    report = inspect_checkpoint(ckpt, target=target, deep=deep, device=device.value,
+                                aux_ids_convention=aux_ids_convention.value if aux_ids_convention else None)
     if json:
         print_json(report)
     else:
@@ -48,8 +52,9 @@ def render_report(r) -> None:
     t.add_row("I / heads / kv heads / head_dim", f"{s.intermediate_size} / {s.num_attention_heads} / {s.num_key_value_heads} / {s.head_dim}")
     t.add_row("layers", str(s.num_layers))
     ids = "none" if r.aux_layer_ids is None else str(r.aux_layer_ids)
-    if r.aux_layer_ids_stored is not None and r.aux_layer_ids_stored != r.aux_layer_ids:
-        ids += f"  (stored {r.aux_layer_ids_stored}, {r.aux_layer_ids_convention})"
+    if r.aux_layer_ids_stored is not None and (r.aux_layer_ids_stored != r.aux_layer_ids or r.aux_layer_ids_convention != "vllm"):
+        how = r.aux_ids_evidence.decided_by if r.aux_ids_evidence is not None else ""
+        ids += f"  (stored {r.aux_layer_ids_stored}, {r.aux_layer_ids_convention}" + (f" by {how}" if how != "undecided" else ": read literally") + ")"
     t.add_row("aux layer ids (vLLM)", ids)
     f = r.flags
     t.add_row("flags", f"fc_norm={f.fc_norm} norm_output={f.norm_output} norm_before_fc={f.norm_before_fc} norm_before_residual={f.norm_before_residual}")

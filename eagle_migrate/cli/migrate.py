@@ -6,6 +6,7 @@ from typing import Annotated, Optional
 import typer
 
 from ..options import (
+    AuxIdsConventionOpt,
     CheckpointArg,
     DeviceChoice,
     DeviceOpt,
@@ -73,6 +74,7 @@ def migrate(
     device: DeviceOpt = DeviceChoice.auto,
     dtype: DtypeOpt = DtypeChoice.auto,
     seed: SeedOpt = 0,
+    aux_ids_convention: AuxIdsConventionOpt = None,
     vllm_python: Annotated[Optional[str], typer.Option("--vllm-python", help="Python that has vLLM (default: this one).")] = None,
     force_stage: Annotated[Optional[str], typer.Option("--force-stage", help="Re-run this stage (inspect, convert, quantize, validate, publish) and every later one, even when finished.")] = None,
     restart: Annotated[bool, typer.Option("--restart", help="Re-run every stage (the folder's manifest is kept).")] = False,
@@ -101,6 +103,7 @@ def migrate(
         min_acceptance_length=min_acceptance_length, max_regression_pct=max_regression, publish=publish,
         publish_dry_run=dry_run, private=private, create_pr=create_pr, revision=revision, device=device.value,
         dtype=dtype.value, seed=seed, vllm_python=vllm_python, force_stage=force_stage, restart=restart, verify=verify,
+        aux_ids_convention=aux_ids_convention.value if aux_ids_convention else None,
     )
     res = run_migrate(ckpt, target, output, opts, log=None if json else log_plain)
     if json:

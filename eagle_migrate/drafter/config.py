@@ -98,6 +98,8 @@ class DrafterConfig(BaseModel):
         return self.draft_vocab_size != self.vocab_size
 
     def default_aux_layer_ids(self, num_target_layers: int) -> list[int]:
-        """vLLM's fallback when no ids are written: (2, T//2, T-3)."""
-        t = num_target_layers
-        return [2, t // 2, t - 3]
+        """vLLM's fallback when no ids are written, as vLLM captures it (:func:`eagle_migrate.aux_ids.vllm_default_aux_ids`:
+        sorted(set((2, T//2, T-3))) within 0..T, fewer than 3 ids on tiny targets)."""
+        from ..aux_ids import vllm_default_aux_ids
+
+        return vllm_default_aux_ids(num_target_layers)

@@ -40,8 +40,12 @@ class Checkpoint:
     layout: str = ""  # the reader that parsed it (e.g. "vllm", "safeailab-eagle3")
     # canonical name -> function producing the tensor when the stored tensor needs a transform
     transforms: dict[str, Callable[[torch.Tensor], torch.Tensor]] = field(default_factory=dict)
-    # reader notes: aux-id convention and raw ids, stripped prefix, logical shapes of packed tensors, ...
+    # reader notes: raw aux ids and where they were stored, stripped prefix, logical shapes of packed tensors, ...
     meta: dict[str, Any] = field(default_factory=dict)
+    # the stored aux ids and their convention as separate facts: where they were stored, both readings with the
+    # evidence for each, the decided convention and how it was decided (``eagle_migrate.aux_ids.AuxIds``).
+    # ``config.aux_layer_ids`` holds the decided reading, or the literal one (what vLLM does) while undecided.
+    aux: Any = None
 
     @property
     def format(self) -> str:

@@ -246,16 +246,19 @@ class ConfigView:
     flat: dict[str, Any]  # hidden_size, num_attention_heads, head_dim, vocab_size, draft_vocab_size, flags, ...
     aux_ids: list[int] | None = None  # as stored
     aux_ids_source: str = "none"  # "top-level", "eagle_config", "none"
-    aux_offset: int = 0  # added to stored ids to reach the vLLM convention (input-to-layer)
-    aux_convention: str = "input-to-layer"
+    # a fingerprint unique to one producer's writer that decides the aux-id convention: (convention, what was seen)
+    aux_fingerprint: tuple[str, str] | None = None
     norm_before_residual_default: bool = False
     # flags that vLLM reads only at the top level, and where each was actually found
     nested_flags: dict[str, str] = field(default_factory=dict)
+    # evidence for each aux-id reading that does not decide it (convention -> remarks), reported by inspect
+    aux_notes: dict[str, list[str]] = field(default_factory=dict)
 
 
-def hf_view(cfg: dict[str, Any] | None, *, aux_offset: int = 0, convention: str = "input-to-layer",
-            nbr_default: bool = False) -> ConfigView:
-    """The plain HF-format drafter config (vLLM, SpecForge, ModelOpt, TorchSpec, SafeAILab)."""
+def hf_view(cfg: dict[str, Any] | None, *, aux_fingerprint: tuple[str, str] | None = None,
+            aux_notes: dict[str, list[str]] | None = None, nbr_default: bool = False) -> ConfigView:
+    """The plain HF-format drafter config (vLLM, SpecForge, ModelOpt, TorchSpec, SafeAILab). Aux ids are where vLLM
+    0.32 looks (top level, else ``eagle_config``); their convention is decided only by ``aux_fingerprint``."""
     cfg = dict(cfg or {})
     ec = cfg.get("eagle_config") if isinstance(cfg.get("eagle_config"), dict) else {}
     flat = dict(cfg)
@@ -269,15 +272,15 @@ def hf_view(cfg: dict[str, Any] | None, *, aux_offset: int = 0, convention: str 
         if k in ec and k not in cfg:
             nested[k] = "eagle_config"
     ids, src = None, "none"
-    if isinstance(cfg.get("eagle_aux_hidden_state_layer_ids"), list):
+    if isinstance(cfg.get("eagle_aux_hidden_state_layer_ids"), list) and cfg["eagle_aux_hidden_state_layer_ids"]:
         ids, src = cfg["eagle_aux_hidden_state_layer_ids"], "top-level"
-    elif isinstance(ec.get("eagle_aux_hidden_state_layer_ids"), list):
+    elif isinstance(ec.get("eagle_aux_hidden_state_layer_ids"), list) and ec["eagle_aux_hidden_state_layer_ids"]:
         ids, src = ec["eagle_aux_hidden_state_layer_ids"], "eagle_config"
     if "num_aux_hidden_states" not in flat and isinstance(ec.get("eagle_aux_hidden_state_layer_ids"), list):
         flat["_eagle_config_num_aux"] = len(ec["eagle_aux_hidden_state_layer_ids"])
     if ids is not None and not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
         raise CheckpointError(f"eagle_aux_hidden_state_layer_ids must be a list of integers, found {ids!r}")
-    return ConfigView(flat, ids, src, aux_offset, convention, nbr_default, nested)
+    return ConfigView(flat, ids, src, aux_fingerprint, nbr_default, nested, dict(aux_notes or {}))
 
 
 # ----- derivation -------------------------------------------------------------------------------------------------
@@ -561,29 +564,25 @@ def derive(
     nbr = _flag(flat, "norm_before_residual")
     norm_before_residual = view.norm_before_residual_default if nbr is None else nbr
 
-    # aux ids
+    # aux ids: the stored ids and their convention are separate facts (eagle_migrate.aux_ids)
+    from .. import aux_ids as _aux
+
+    aux = _aux.from_stored(view.aux_ids, view.aux_ids_source, fingerprint=view.aux_fingerprint, notes=view.aux_notes)
     aux_ids: list[int] | None = None
     meta: dict[str, Any] = {"aux_ids_stored": view.aux_ids, "aux_ids_source": view.aux_ids_source,
-                            "aux_convention": view.aux_convention, "aux_offset": view.aux_offset,
                             "prefix_stripped": scan.prefix, "midlayer": scan.midlayer, "logical_shapes": shapes,
                             "ignored_tensors": scan.ignored}
     if generation == "eagle3":
         if view.aux_ids is None:
             findings.append(finding("warning", "aux_ids_missing", "no eagle_aux_hidden_state_layer_ids: vLLM silently falls back to (2, T//2, T-3); the ids the drafter was trained on must be written explicitly"))
         else:
-            ids = [i + view.aux_offset for i in view.aux_ids]
-            if len(set(ids)) != len(ids):
-                findings.append(finding("error", "aux_ids_duplicate", f"aux layer ids {view.aux_ids} repeat a layer"))
-            elif len(ids) != k_aux:
-                findings.append(finding("error", "aux_ids_count_mismatch", f"{len(ids)} aux layer ids {view.aux_ids} but fc takes K={k_aux} chunks of Ht={ht}"))
-            elif min(ids) < 0:
-                findings.append(finding("error", "aux_ids_out_of_range", f"aux layer ids {view.aux_ids} include a negative id"))
-            else:
+            # the decided reading, or while undecided the literal one (what vLLM does with this checkpoint)
+            ids = aux.ids if aux.decided else list(view.aux_ids)
+            problems = _aux.check_aux_ids(ids, k_aux)
+            findings.extend(problems)
+            if not any(f.severity == "error" for f in problems):
                 aux_ids = sorted(ids)
-                if list(view.aux_ids) != sorted(view.aux_ids):
-                    findings.append(finding("info", "aux_ids_unsorted", f"aux layer ids {view.aux_ids} are not ascending; vLLM concatenates in ascending order"))
-            if view.aux_offset:
-                findings.append(finding("info", "aux_ids_convention", f"{producer} stores aux ids as output-of-layer {view.aux_ids}; in vLLM's convention (residual stream after i layers) they are {[i + view.aux_offset for i in view.aux_ids]}"))
+            findings.extend(_aux.findings(aux, producer))
             if view.aux_ids_source == "eagle_config":
                 findings.append(finding("warning", "aux_ids_nested_only", "aux ids only in eagle_config: vLLM's GPU Model Runner V2 (default from 0.29) reads only top-level ids and silently falls back to defaults"))
 
@@ -645,7 +644,7 @@ def derive(
         findings.append(finding("warning", "mla_not_convertible", "MLA drafter (kv_lora_rank / q_a_proj / kv_a_proj_with_mqa): recognised, served by vLLM >= 0.23 as Eagle3DeepseekV2ForCausalLM, but eagle-migrate cannot convert it yet"))
     return Checkpoint(
         path=root, config=cfg, producer=producer, store=store, name_map=dict(nm), raw_config=raw_config,
-        quantization=quantization, findings=findings, layout=layout, meta=meta,
+        quantization=quantization, findings=findings, layout=layout, meta=meta, aux=aux if generation == "eagle3" else None,
     )
 
 

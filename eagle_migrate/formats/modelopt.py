@@ -10,7 +10,9 @@ use_mtp_layernorm, next_layer_regular, parallel_draft_step, ...}``; no ``target_
 
 Aux ids: ModelOpt's HF plugin captures them with a forward hook on the decoder layer's *output*
 (default ``[1, L//2 - 1, L - 4]`` via ``list(set(...))``, so possibly unsorted) and the exporter copies them
-unchanged: output-of-layer convention, vLLM id = stored id + 1.
+unchanged, which speaks for output-of-layer. But the ``eagle_config.use_*`` keys identify the config template, not
+what the ids mean after a hand fix, and NVIDIA's exported drafters are served by vLLM with the ids read literally
+(sglang#32334 disputes one): the convention is measured with a target, not taken from the producer.
 """
 from __future__ import annotations
 
@@ -18,6 +20,13 @@ from .base import Checkpoint, Layout, Probe, register_layout
 from .common import derive, hf_view, quant_scheme, weights_generation
 
 MODELOPT_EAGLE_KEYS = ("use_input_layernorm_in_first_layer", "use_last_layernorm", "use_mtp_layernorm", "next_layer_regular")
+
+
+NOTES = {
+    "output-of-layer": ["ModelOpt's training plugin hooks decoder-layer outputs and its exporter copies the ids"],
+    "vllm": ["ModelOpt-exported drafters are served by vLLM with the ids read literally; the eagle_config.use_* "
+             "keys survive hand-fixed ids (sglang#32334)"],
+}
 
 
 def _sniff(p: Probe) -> int:
@@ -33,7 +42,7 @@ def _sniff(p: Probe) -> int:
 
 
 def _read(p: Probe) -> Checkpoint:
-    view = hf_view(p.config, aux_offset=1, convention="output-of-layer", nbr_default=False)
+    view = hf_view(p.config, nbr_default=False, aux_notes=NOTES)
     return derive(p.folder, p.store, p.scan, view, producer="modelopt", layout="modelopt", raw_config=p.config,
                   quantization=quant_scheme(p.config, p.side.get("hf_quant_config.json")))
 

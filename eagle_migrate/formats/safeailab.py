@@ -3,7 +3,8 @@
 * EAGLE-3 (``eagle/traineagle3/``): ``midlayer.*`` names, ``state_{epoch}/pytorch_model.bin`` (fp16), saved with
   ``exclude_frozen_parameters`` (no embedding unless ``target_hidden_size``); the trainer writes **no config.json**
   (Hub copies say ``LlamaForCausalLM`` + ``draft_vocab_size``). ``d2t`` and ``t2d`` always. Aux layers are
-  hard-coded to vLLM's convention (2, L//2, L-3) and never stored.
+  hard-coded to vLLM's convention (2, L//2, L-3) and never stored (ids added to a config by hand are read
+  like any other unfingerprinted ids: measured with a target).
 * EAGLE-1/2 (``eagle/model/cnets1.py``): ``pytorch_model.bin`` + plain ``LlamaForCausalLM`` config, ``fc`` [H, 2H]
   over cat(embedding, last target hidden) with a bias unless ``"bias": false``, ``layers.0.*`` without
   ``input_layernorm``, ``embed_tokens`` saved, no ``norm`` and no ``lm_head`` (the target's head is reused).

@@ -2,8 +2,10 @@
 
 ``midlayer.*`` names, model.safetensors (bf16), ``LlamaForCausalLMEagle3`` config; ``t2d`` and ``d2t`` always (an
 identity ``d2t`` when Vd = V, which vLLM >= 0.30 rejects); ``embed_tokens`` dropped by ``--to sglang``, included by
-``--to hf``. ``head_dim`` honoured; ``fc_norm`` list fixed at 3. Aux layer ids, when stored, follow the
-output-of-layer convention of SGLang / SpecForge training (id k = output of layer k = vLLM id k + 1).
+``--to hf``. ``head_dim`` honoured; ``fc_norm`` list fixed at 3. Aux layer ids: SpecForge training captures layer
+outputs (SGLang adds +1 to the config's ids), but nothing SpecForge writes is unique to it: SGLang repacks,
+hand-fixed configs and other converters have the same shape and are served by vLLM, which reads the ids literally.
+So the layout never decides the convention (docs/formats.md, aux-id decision table): a target measures it.
 ``norm_output`` before SpecForge PR #879 only gated the norm in front of ``lm_head`` (pre-norm state fed back).
 """
 
@@ -11,6 +13,13 @@ from __future__ import annotations
 
 from .base import Checkpoint, Layout, Probe, register_layout
 from .common import EAGLE3_ARCHS, derive, hf_view, quant_scheme, weights_generation
+
+
+NOTES = {
+    "output-of-layer": ["SpecForge / SGLang training captures layer outputs (SGLang adds +1 to config ids)"],
+    "vllm": ["midlayer.* + an Eagle3 architecture is also what SGLang repacks and hand-fixed configs look like, "
+             "served by vLLM with the ids read literally"],
+}
 
 
 def _sniff(p: Probe) -> int:
@@ -25,7 +34,7 @@ def _sniff(p: Probe) -> int:
 
 
 def _read(p: Probe) -> Checkpoint:
-    view = hf_view(p.config, aux_offset=1, convention="output-of-layer", nbr_default=False)
+    view = hf_view(p.config, nbr_default=False, aux_notes=NOTES)
     return derive(p.folder, p.store, p.scan, view, producer="specforge", layout="specforge", raw_config=p.config,
                   quantization=quant_scheme(p.config))
 

@@ -9,7 +9,9 @@ verifier. Weights are ``layers.N.*`` (vLLM names); ``d2t``/``t2d`` only when Vd 
 vLLM (``transformers_utils/configs/speculators/algos.py`` ``update_eagle3``) builds its HF config from
 ``transformer_layer_config`` and copies the top-level fields over it; ``norm_before_residual`` defaults to
 **true** when absent, ``fc_norm``/``norm_output`` are read from the top level (0.25+) and overwrite whatever
-``transformer_layer_config`` says. Aux ids are in vLLM's convention (input-to-layer).
+``transformer_layer_config`` says. Aux ids are copied literally: in vLLM's convention when speculators' trainer
+(``Eagle3DraftModel``) or eagle-migrate wrote them; ``speculators convert`` (``Eagle3Speculator``) copies a source's ids
+unchanged, so those are measured with a target (docs/formats.md).
 """
 
 from __future__ import annotations
@@ -57,7 +59,15 @@ def speculators_view(cfg: dict[str, Any]) -> ConfigView:
     ids = cfg.get("eagle_aux_hidden_state_layer_ids")
     if ids is not None and (not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids)):
         raise CheckpointError(f"eagle_aux_hidden_state_layer_ids must be a list of integers, found {ids!r}")
-    return ConfigView(flat, ids if ids else None, "top-level" if ids else "none", 0, "input-to-layer", True, nested)
+    if isinstance(cfg.get("eagle_migrate"), dict):
+        fp = ("vllm", "written by eagle-migrate (config key eagle_migrate), whose writer stores vLLM ids")
+    elif "Eagle3DraftModel" in (cfg.get("architectures") or []):
+        fp = ("vllm", "speculators_model_type + Eagle3DraftModel: written by speculators' trainer, which captures at vLLM's ids")
+    else:
+        fp = None  # Eagle3Speculator: `speculators convert` copies the source's ids unchanged
+    notes = {"vllm": ["speculators configs are read by vLLM with the ids copied literally"],
+             "output-of-layer": ["`speculators convert` (Eagle3Speculator) copies a SpecForge/SafeAILab source's ids unchanged"]}
+    return ConfigView(flat, ids if ids else None, "top-level" if ids else "none", fp, True, nested, notes)
 
 
 def _read(p: Probe) -> Checkpoint:

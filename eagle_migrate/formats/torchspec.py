@@ -2,17 +2,20 @@
 
 * native (``tools/convert_to_hf.py`` without ``--vllm``): ``midlayer.*`` names, model.safetensors with header
   metadata ``torchspec_version``, config with top-level ``_torchspec_version``; ``embed_tokens`` included;
-  ``d2t``/``t2d`` only with ``--prune-vocab`` (Vd != V). Aux ids (``eagle_aux_hidden_state_layer_ids``, top level
-  or in ``eagle_config``) are the training convention: output of layer k (SGLang's) = vLLM id k + 1.
+  ``d2t``/``t2d`` only with ``--prune-vocab`` (Vd != V). Aux ids: top level or in ``eagle_config``.
 * ``--vllm`` export: ``midlayer.`` -> ``layers.0.``; ``_fixup_export_config`` adds +1 to the ids **only when
-  ``model_type == "kimi_k2"``** ("vLLM uses 1-indexed layer IDs for kimi_k2"). We read ``--vllm`` ids as vLLM ids
-  (what vLLM will do) and warn for other model types that the converter did not shift them.
+  ``model_type == "kimi_k2"``** ("vLLM uses 1-indexed layer IDs for kimi_k2").
+
+Aux-id convention (docs/formats.md): ``_torchspec_version`` is written by TorchSpec alone, and its exporter's own
+kimi_k2 rule is a fingerprint: native + kimi_k2 = output-of-layer (the exporter adds +1 for vLLM), ``--vllm`` +
+kimi_k2 = vLLM's (already shifted). For other model types the exporter copies the ids unchanged, and whether they
+were meant as vLLM's cannot be read from the files: measured with a target.
 """
 
 from __future__ import annotations
 
 from .base import Checkpoint, Layout, Probe, register_layout
-from .common import derive, finding, hf_view, quant_scheme, weights_generation
+from .common import derive, hf_view, quant_scheme, weights_generation
 
 
 def _is_torchspec(p: Probe) -> bool:
@@ -27,8 +30,19 @@ def _sniff_vllm(p: Probe) -> int:
     return 80 if _is_torchspec(p) and not p.scan.midlayer and weights_generation(p) == "eagle3" else 0
 
 
+NOTES = {
+    "output-of-layer": ["TorchSpec trains with SGLang-style capture (layer outputs)"],
+    "vllm": ["TorchSpec's own --vllm exporter copies these ids unchanged for model types other than kimi_k2"],
+}
+
+
+def _kimi(p: Probe) -> bool:
+    return (p.config or {}).get("model_type") == "kimi_k2"
+
+
 def _read_native(p: Probe) -> Checkpoint:
-    view = hf_view(p.config, aux_offset=1, convention="output-of-layer")
+    fp = ("output-of-layer", "_torchspec_version + model_type kimi_k2: TorchSpec's exporter adds +1 to these ids for vLLM") if _kimi(p) else None
+    view = hf_view(p.config, aux_fingerprint=fp, aux_notes=NOTES)
     ck = derive(p.folder, p.store, p.scan, view, producer="torchspec", layout="torchspec", raw_config=p.config,
                 quantization=quant_scheme(p.config))
     ck.meta["torchspec_version"] = (p.config or {}).get("_torchspec_version") or p.st_metadata.get("torchspec_version")
@@ -36,15 +50,11 @@ def _read_native(p: Probe) -> Checkpoint:
 
 
 def _read_vllm(p: Probe) -> Checkpoint:
-    view = hf_view(p.config)
+    fp = ("vllm", "_torchspec_version + model_type kimi_k2 in a --vllm export: the exporter already added +1") if _kimi(p) else None
+    view = hf_view(p.config, aux_fingerprint=fp, aux_notes=NOTES)
     ck = derive(p.folder, p.store, p.scan, view, producer="torchspec", layout="torchspec-vllm", raw_config=p.config,
                 quantization=quant_scheme(p.config))
     ck.meta["torchspec_version"] = (p.config or {}).get("_torchspec_version") or p.st_metadata.get("torchspec_version")
-    if view.aux_ids is not None and (p.config or {}).get("model_type") != "kimi_k2":
-        ck.findings.append(finding(
-            "warning", "aux_ids_convention_uncertain",
-            f"TorchSpec's --vllm export shifts aux ids by +1 only for kimi_k2; these ids {view.aux_ids} were copied "
-            f"unchanged. If training captured layer outputs, vLLM needs {[i + 1 for i in view.aux_ids]}: validate the acceptance length"))
     return ck
 
 

@@ -3,13 +3,22 @@ names and an ``*Eagle3*`` architecture (what ``vllm serve --speculative-config '
 vLLM-V0's EAGLE-1 format (``model_type: eagle`` with a nested ``model`` config).
 
 Producer: ``eagle-migrate`` when our writer's ``eagle_migrate`` key is present, ``vllm`` for an Eagle3
-architecture of no other recognisable origin, ``unknown`` when there is no config to tell.
+architecture of no other recognisable origin, ``unknown`` when there is no config to tell. Aux ids: our writer's
+``eagle_migrate`` key is a fingerprint (it stores vLLM ids); without it the layout alone does not tell the convention
+(exporters that copy training ids unchanged write the same layout): measured with a target.
 """
 
 from __future__ import annotations
 
 from .base import Checkpoint, Layout, Probe, register_layout
 from .common import EAGLE3_ARCHS, derive, hf_view, quant_scheme, weights_generation
+
+
+NOTES = {
+    "vllm": ["layers.N.* + an Eagle3 architecture: the layout vLLM serves, reading the ids literally"],
+    "output-of-layer": ["exporters that copy training ids unchanged (TorchSpec --vllm for non-kimi_k2 models, "
+                        "hand-made conversions of SpecForge/ModelOpt drafters) write the same layout"],
+}
 
 
 def _sniff(p: Probe) -> int:
@@ -32,7 +41,8 @@ def _read(p: Probe) -> Checkpoint:
         producer = "vllm"
     else:
         producer = "unknown"
-    view = hf_view(cfg, nbr_default=False)
+    fp = ("vllm", "written by eagle-migrate (config key eagle_migrate), whose writer stores vLLM ids") if producer == "eagle-migrate" else None
+    view = hf_view(cfg, nbr_default=False, aux_fingerprint=fp, aux_notes=NOTES)
     return derive(p.folder, p.store, p.scan, view, producer=producer, layout="vllm", raw_config=p.config,
                   quantization=quant_scheme(p.config, p.side.get("hf_quant_config.json")))
 

@@ -141,6 +141,11 @@ def write_checkpoint(
     ensure_convertible(src)
     if cfg.generation != "eagle3":
         raise UnsupportedError("EAGLE-1/2 weights have no EAGLE-3 layout; convert them with `eagle-migrate convert` first")
+    aux = src.aux if isinstance(src, Checkpoint) else None
+    if aux is not None and aux.stored is not None and not aux.decided:
+        # the output carries our fingerprint (vLLM ids): never launder an undecided reading into it
+        raise InputError(f"{src.path}: aux layer ids {aux.stored} can be read two ways (vLLM ids or output-of-layer) and are undecided",
+                         "decide first: eagle_migrate.aux_ids.resolve + apply (or convert with --target / --aux-ids-convention)")
     if layout not in ("vllm", "speculators"):
         raise InputError(f"unknown output layout '{layout}' (vllm or speculators)")
     sd = prepare_tensors(cfg, tensors, dtype=dtype, keep_t2d=(layout == "speculators"), quantized=quant_cfg is not None)

@@ -18,7 +18,7 @@ from eagle_migrate.convert import convert
 from eagle_migrate.validate.vllm_engine import measure_many
 
 from ..conftest import requires_vllm
-from ..layouts import LAYOUT_NAMES, write_layout
+from ..layouts import AUX_CONVENTION, AUX_DECIDED_BY, LAYOUT_NAMES, write_layout
 from ..unit.test_convert import IDS, LAYERS, convertible, eagle2_oracle, toy_cfg, toy_sd, write_src
 
 pytestmark = [pytest.mark.vllm, requires_vllm]
@@ -45,7 +45,9 @@ def als(tmp_path_factory):
         if not convertible(name) or name == "vllm":  # "vllm" is the src-oracle above
             continue
         src = write_layout(name, toy_cfg(), toy_sd("oracle"), d / f"layout-{name}")
-        convert(src, target, d / f"layout-{name}-31", **KW)
+        # the toy cannot tell the aux-id conventions apart (test_aux_ids_vllm.py measures them): pass the producer's
+        conv = AUX_CONVENTION[name] if AUX_DECIDED_BY[name] == "undecided" else None
+        convert(src, target, d / f"layout-{name}-31", aux_ids_convention=conv, **KW)
         drafters[f"31-{name}"], expected[f"31-{name}"] = d / f"layout-{name}-31", 4.0
     res = convert(eagle2_oracle(d / "e2"), target, d / "e2-31", **KW)
     assert res.calibration_required

@@ -40,9 +40,15 @@ def test_safeailab_bin_written_as_vllm_loads_with_predicted_al(toy_target, tmp_p
 
 
 def test_specforge_written_as_speculators_loads_with_predicted_al(toy_target, tmp_path):
-    """SpecForge stores output-of-layer aux ids ([0, 2, 4] here): only the +1 shift gives the oracle's AL."""
+    """SpecForge training stores output-of-layer aux ids ([0, 2, 4] here): only the +1 shift gives the oracle's AL.
+    The layout does not decide it (the toy's layers differ only in scale, so it cannot be measured here): the
+    convention is passed, as --aux-ids-convention would."""
+    from eagle_migrate import aux_ids
+
     ck = read_checkpoint(write_layout("specforge", toy.drafter_config(), toy.drafter_state_dict("oracle"), tmp_path / "src"))
-    assert ck.meta["aux_ids_stored"] == [0, 2, 4] and ck.config.aux_layer_ids == toy.AUX_IDS
+    assert ck.meta["aux_ids_stored"] == [0, 2, 4] and not ck.aux.decided
+    aux_ids.apply(ck, aux_ids.resolve(ck.aux, 3, toy.NUM_LAYERS, override="output-of-layer"))
+    assert ck.config.aux_layer_ids == toy.AUX_IDS
     out = write_checkpoint(ck, tmp_path / "spec", layout="speculators", verifier=str(toy_target))
     report = inspect_checkpoint(out, target=str(toy_target))
     assert report.layout == "speculators" and report.ok, report.findings

@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 
-from eagle_migrate import toy
+from eagle_migrate import aux_ids, toy
 from eagle_migrate.drafter import EagleDrafter
 from eagle_migrate.errors import CheckpointError
 from eagle_migrate.formats import read_checkpoint, write_checkpoint
@@ -21,7 +21,7 @@ from eagle_migrate.formats.io import save_safetensors, write_json
 from eagle_migrate.formats.vllm import vllm_config_dict, vllm_tensor_names
 from eagle_migrate.inspect import inspect_checkpoint
 
-from ..layouts import EXPECTED, LAYOUT_NAMES, canonical_state_dict, hf_config, write_layout
+from ..layouts import AUX_CONVENTION, EXPECTED, LAYOUT_NAMES, canonical_state_dict, hf_config, write_layout
 
 QWEN3_LAYOUTS = ["vllm", "vllm-plain", "speculators", "speculators-ours", "specforge"]
 
@@ -167,7 +167,12 @@ def test_every_qwen3_layout_reads_as_qwen3(tmp_path, name):
     c = ck.config
     assert c.architecture == "qwen3" and c.format_name == cfg.format_name
     assert (c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim) == (64, 4, 2, 32)
-    assert c.aux_layer_ids == toy.AUX_IDS
+    # ids nothing in the files decides are read literally (the aux-id convention is measured on a target, never
+    # guessed from the layout: tests/unit/test_aux_ids.py); decide with the producer's convention to write them
+    assert c.aux_layer_ids == ([i - 1 for i in toy.AUX_IDS] if AUX_CONVENTION[name] == "output-of-layer" else toy.AUX_IDS)
+    if not ck.aux.decided:
+        aux_ids.apply(ck, aux_ids.resolve(ck.aux, ck.config.num_aux, toy.NUM_LAYERS, override=AUX_CONVENTION[name]))
+    assert ck.config.aux_layer_ids == toy.AUX_IDS
     # SpecForge always writes d2t, an identity one when Vd = V, which vLLM >= 0.30 refuses (its own finding)
     assert errors(ck) <= ({"d2t_with_full_vocab"} if name == "specforge" else set()), ck.findings
     assert "head_dim_not_hidden_over_heads" in codes(ck)

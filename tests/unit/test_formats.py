@@ -9,10 +9,11 @@ import torch
 
 from eagle_migrate import toy
 from eagle_migrate.drafter.config import DrafterConfig
-from eagle_migrate.errors import UnsupportedError
+from eagle_migrate import aux_ids
+from eagle_migrate.errors import InputError, UnsupportedError
 from eagle_migrate.formats import read_checkpoint, write_checkpoint
 
-from ..layouts import EXPECTED, LAYOUT_NAMES, MLA, canonical_state_dict, write_layout
+from ..layouts import AUX_CONVENTION, AUX_DECIDED_BY, EXPECTED, LAYOUT_NAMES, MLA, canonical_state_dict, write_layout
 
 SIZE_FIELDS = ("hidden_size", "target_hidden_size", "num_aux", "vocab_size", "draft_vocab_size", "intermediate_size",
                "num_attention_heads", "num_key_value_heads", "head_dim", "num_layers")
@@ -50,7 +51,10 @@ def test_every_layout_toy(tmp_path, name):
         return
     assert got == _sizes(cfg)
     if name != "safeailab-eagle3-noconfig":
-        assert ck.config.aux_layer_ids == (None if name.startswith("safeailab") else toy.AUX_IDS)
+        # undecided ids read literally (what vLLM does); the convention is decided with a target (test_aux_ids.py)
+        literal = [i - 1 for i in toy.AUX_IDS] if AUX_CONVENTION[name] == "output-of-layer" else toy.AUX_IDS
+        assert ck.config.aux_layer_ids == (None if name.startswith("safeailab") else literal)
+        assert ck.aux.decided_by == AUX_DECIDED_BY[name]
         assert ck.config.max_position_embeddings == 1024
 
 
@@ -63,20 +67,49 @@ def test_every_layout_all_sizes(tmp_path, name):
     assert _sizes(ck.config) == _sizes(BIG)
     assert ck.config.fc_norm and ck.config.norm_output and ck.config.has_embed_tokens
     if not name.startswith("safeailab"):
-        assert ck.config.aux_layer_ids == BIG.aux_layer_ids, "aux ids must come out in vLLM's convention"
+        literal = [i - 1 for i in BIG.aux_layer_ids] if AUX_CONVENTION[name] == "output-of-layer" else BIG.aux_layer_ids
+        assert ck.config.aux_layer_ids == literal, "undecided aux ids are read literally, as vLLM reads them"
     assert ck.config.rope_theta == (10000.0 if name.startswith("safeailab") else 500000.0)
     errors = [f.code for f in ck.findings if f.severity == "error"]
     expected_errors = {"model-prefix": ["model_prefix"]}.get(name, [])
     assert errors == expected_errors
 
 
-def test_output_of_layer_ids_are_shifted_and_reported(tmp_path):
+def test_layout_alone_never_shifts_aux_ids(tmp_path):
+    """The old reader shifted SpecForge/ModelOpt/TorchSpec ids by +1 from the layout alone (a guess: vLLM itself
+    reads midlayer.* checkpoints literally). Now both readings are kept and the ambiguity is reported."""
     cfg, sd = toy.drafter_config(), toy.drafter_state_dict("oracle")
-    for name in ("specforge", "modelopt", "torchspec"):
+    for name in ("specforge", "modelopt", "torchspec", "torchspec-vllm", "vllm-plain"):
         ck = read_checkpoint(write_layout(name, cfg, sd, tmp_path / name))
-        assert ck.meta["aux_ids_stored"] == [0, 2, 4]
-        assert ck.config.aux_layer_ids == [1, 3, 5]
-        assert any(f.code == "aux_ids_convention" and f.severity == "info" for f in ck.findings)
+        stored = ck.meta["aux_ids_stored"]
+        assert ck.aux.stored == stored and ck.config.aux_layer_ids == stored and not ck.aux.decided
+        assert {c.convention: c.ids for c in ck.aux.candidates} == {"vllm": stored, "output-of-layer": [i + 1 for i in stored]}
+        f = [f for f in ck.findings if f.code == "aux_ids_convention_ambiguous"]
+        assert f and f[0].severity == "warning" and "--aux-ids-convention" in f[0].message
+
+
+@pytest.mark.parametrize("model_type,layout,conv", [("kimi_k2", "torchspec", "output-of-layer"), ("kimi_k2", "torchspec-vllm", "vllm")])
+def test_torchspec_kimi_rule_is_a_fingerprint(tmp_path, model_type, layout, conv):
+    """TorchSpec's exporter adds +1 for kimi_k2 only: native kimi_k2 ids are output-of-layer, --vllm ones vLLM's."""
+    cfg, sd = toy.drafter_config(), toy.drafter_state_dict("oracle")
+    p = write_layout(layout, cfg, sd, tmp_path / layout)
+    d = json.loads((p / "config.json").read_text())
+    d["model_type"] = model_type
+    (p / "config.json").write_text(json.dumps(d))
+    ck = read_checkpoint(p)
+    assert (ck.aux.convention, ck.aux.decided_by) == (conv, "fingerprint")
+    assert ck.config.aux_layer_ids == toy.AUX_IDS
+
+
+def test_speculators_converted_ids_are_not_fingerprinted(tmp_path):
+    """`speculators convert` (Eagle3Speculator) copies a source's ids unchanged; its trainer (Eagle3DraftModel) does not."""
+    cfg, sd = toy.drafter_config(), toy.drafter_state_dict("oracle")
+    p = write_layout("speculators", cfg, sd, tmp_path / "s")
+    assert read_checkpoint(p).aux.decided_by == "fingerprint"
+    d = json.loads((p / "config.json").read_text())
+    d["architectures"] = ["Eagle3Speculator"]
+    (p / "config.json").write_text(json.dumps(d))
+    assert read_checkpoint(p).aux.decided_by == "undecided"
 
 
 def test_safeailab_without_config_reads_weights_only(tmp_path):
@@ -106,6 +139,10 @@ def test_write_round_trip(tmp_path, src, out_layout):
     ck = read_checkpoint(write_layout(src, cfg, sd, tmp_path / "src"))
     if src.startswith("safeailab"):  # ids are never stored by SafeAILab: the user supplies them on conversion
         ck.config = ck.config.model_copy(update={"aux_layer_ids": [2, 5, 9], "norm_output": True, "rope_theta": 500000.0})
+    if not ck.aux.decided:  # our output is fingerprinted as vLLM ids: an undecided reading is refused, not laundered
+        with pytest.raises(InputError, match="undecided"):
+            write_checkpoint(ck, tmp_path / "out", layout=out_layout, verifier="toy-target")
+        aux_ids.apply(ck, aux_ids.resolve(ck.aux, 3, 12, override=AUX_CONVENTION[src]))
     out = write_checkpoint(ck, tmp_path / "out", layout=out_layout, verifier="toy-target")
     back = read_checkpoint(out)
     assert back.producer == "eagle-migrate" and back.layout == out_layout
@@ -182,8 +219,10 @@ def test_quantized_checkpoints_report_scheme_and_logical_shapes(tmp_path):
     nv = read_checkpoint(write_layout("quantized-modelopt-nvfp4", cfg, sd, tmp_path / "nv"))
     assert nv.producer == "modelopt" and nv.quantization["scheme"] == "nvfp4"
     assert nv.info("layers.0.self_attn.q_proj.weight").shape == (64, 64)  # uint8, two values per byte
-    assert _sizes(nv.config) == _sizes(cfg) and nv.config.aux_layer_ids == toy.AUX_IDS
-    # a quantized checkpoint is copied as is, with its quantization_config
+    # ModelOpt's keys do not decide the convention: the ids are read literally until a target measures them
+    assert _sizes(nv.config) == _sizes(cfg) and nv.config.aux_layer_ids == [i - 1 for i in toy.AUX_IDS] and not nv.aux.decided
+    # a quantized checkpoint is copied as is, with its quantization_config (its ids decided first: vLLM's here)
+    aux_ids.apply(fp8, aux_ids.resolve(fp8.aux, 3, toy.NUM_LAYERS, override="vllm"))
     out = write_checkpoint(fp8, tmp_path / "fp8-out")
     c = json.loads((out / "config.json").read_text())
     assert c["quantization_config"]["format"] == "float-quantized"

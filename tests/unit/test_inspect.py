@@ -16,7 +16,7 @@ from eagle_migrate import toy
 from eagle_migrate.formats.io import write_json
 from eagle_migrate.inspect import InspectReport, inspect_checkpoint
 
-from ..layouts import EXPECTED, LAYOUT_NAMES, canonical_state_dict, write_layout
+from ..layouts import AUX_CONVENTION, AUX_DECIDED_BY, EXPECTED, LAYOUT_NAMES, canonical_state_dict, write_layout
 from .test_formats import BIG, NO_BIG
 
 
@@ -81,8 +81,9 @@ def test_report_every_layout_every_size(tmp_path, name):
         "hidden_size": 32, "target_hidden_size": 48, "num_aux": 3, "vocab_size": 100, "draft_vocab_size": 40,
         "intermediate_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "num_layers": 2,
     }
-    if not name.startswith("safeailab"):
-        assert r.aux_layer_ids == [2, 5, 9]
+    if not name.startswith("safeailab"):  # undecided ids are reported as vLLM reads them (literally)
+        assert r.aux_layer_ids == ([1, 4, 8] if AUX_CONVENTION[name] == "output-of-layer" else [2, 5, 9])
+        assert r.aux_layer_ids_convention == ("undecided" if AUX_DECIDED_BY[name] == "undecided" else "vllm")
 
 
 def test_parameter_count_and_dtype(tmp_path):

@@ -1,0 +1,361 @@
+"""Aux layer ids: one definition of vLLM's behaviour, one pairing check, and the decision between the two
+conventions the same config key is written in (docs/formats.md, "Aux layer ids").
+
+vLLM 0.32 (``gpu_model_runner._get_eagle3_aux_layers_from_config``, ``interfaces.EagleModelMixin``, the decoder
+loops of ``llama.py``) reads ``eagle_aux_hidden_state_layer_ids`` (top level, else ``eagle_config``) **literally**:
+id ``i`` is the residual stream after ``i`` decoder layers (0 = the embeddings, ``L`` = the last layer's output
+before the final norm). It keeps ``sorted(set(ids))``, so duplicates collapse and unsorted ids are concatenated in
+ascending order; an id outside ``0..L`` is never captured. With no ids it uses ``(2, L//2, L-3)`` through the same
+``sorted(set(...))``. Whenever the captured states are not K (fc's chunks), the first request fails with a shape
+error. :func:`vllm_captured` is that rule; :func:`check_aux_ids` turns it into findings.
+
+Conventions: ``vllm`` (input-to-layer: the ids as vLLM reads them) and ``output-of-layer`` (SpecForge / SGLang /
+ModelOpt training: stored id ``k`` = output of layer ``k`` = vLLM id ``k + 1``). A producer's layout never decides
+between them; only a fingerprint written by one producer's writer does (:data:`FINGERPRINTS`), or a measurement
+with the target (:func:`measure`), or the user (``--aux-ids-convention``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, Field
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .formats.base import Checkpoint, Finding
+
+Convention = Literal["vllm", "output-of-layer"]
+DecidedBy = Literal["fingerprint", "measurement", "override", "unambiguous", "undecided"]
+CONVENTIONS: tuple[Convention, ...] = ("vllm", "output-of-layer")
+
+# Measurement: positions of the default calibration data, and what a clear winner is.
+MEASURE_POSITIONS = 384
+MIN_STANDARD_ERRORS = 3.0
+MIN_MARGIN = 0.05
+
+
+# ----- vLLM's rules ---------------------------------------------------------------------------------------------------
+def vllm_default_raw(num_target_layers: int) -> tuple[int, int, int]:
+    """``get_eagle3_default_aux_hidden_state_layers``: (2, L//2, L-3), as vLLM writes it (may repeat a layer)."""
+    t = num_target_layers
+    return (2, t // 2, t - 3)
+
+
+def vllm_captured(ids: list[int] | tuple[int, ...], num_target_layers: int) -> list[int]:
+    """The ids whose states vLLM 0.32 actually captures, in the order it concatenates them: ``sorted(set(ids))``
+    restricted to ``0..L`` (id 0 = embeddings, id L = the last layer's output before the final norm)."""
+    return [i for i in sorted(set(ids)) if 0 <= i <= num_target_layers]
+
+
+def vllm_default_aux_ids(num_target_layers: int) -> list[int]:
+    """What vLLM captures when a drafter records no ids (on a 4-layer target: [1, 2], two states)."""
+    return vllm_captured(vllm_default_raw(num_target_layers), num_target_layers)
+
+
+def to_vllm(stored: list[int], convention: Convention) -> list[int]:
+    """Stored ids in ``convention`` -> vLLM ids (not sorted, not deduplicated: the check reports those)."""
+    return [i + 1 for i in stored] if convention == "output-of-layer" else list(stored)
+
+
+def eagle2_aux_ids(num_target_layers: int) -> list[int]:
+    """Aux ids we choose for an EAGLE-2 source: (2, L//2, L-1), vLLM's default with the last id moved next to the
+    last hidden state the EAGLE-2 fc read; filled with the lowest unused layers on tiny targets."""
+    from .errors import PairingError
+
+    t = num_target_layers
+    ids = sorted({min(2, t - 1), t // 2, t - 1})
+    while len(ids) < 3:
+        cand = [i for i in range(t) if i not in ids]
+        if not cand:
+            raise PairingError(f"the target has only {t} layers: an EAGLE-3.1 drafter needs 3 distinct aux layers")
+        ids = sorted(ids + [cand[0]])
+    return ids
+
+
+# ----- the one check ------------------------------------------------------------------------------------------------
+def check_aux_ids(ids: list[int] | None, num_aux: int, num_target_layers: int | None = None) -> list[Finding]:
+    """Findings for vLLM ids ``ids`` (None = none written) against fc's K chunks and, when known, an L-layer target.
+
+    Errors are exactly the cases where vLLM 0.32 captures other than K states (duplicates, ids outside 0..L, a
+    count other than K, a default that collapses on a small target). ``aux_id_last_layer`` (a warning) and
+    ``aux_ids_unsorted`` / ``aux_ids_default`` (info) are remarks.
+    """
+    from .formats.common import finding
+
+    out: list[Finding] = []
+    t = num_target_layers
+    if ids is None:
+        if t is None:
+            return out
+        raw, got = list(vllm_default_raw(t)), vllm_default_aux_ids(t)
+        if len(got) != num_aux:
+            out.append(finding("error", "aux_ids_default_invalid",
+                               f"no aux ids, and vLLM's fallback (2, L//2, L-3) = {raw} for L={t} captures layers {got}, "
+                               f"not the {num_aux} fc expects: vLLM crashes on the first request"))
+        else:
+            out.append(finding("info", "aux_ids_default", f"without ids vLLM uses {got} for this target; eagle-migrate writes them explicitly on conversion"))
+        return out
+    if len(set(ids)) != len(ids):
+        out.append(finding("error", "aux_ids_duplicate", f"aux layer ids {ids} repeat a layer: vLLM captures it once and fc gets {len(set(ids))} of its {num_aux} chunks"))
+    elif len(ids) != num_aux:
+        out.append(finding("error", "aux_ids_count_mismatch", f"{len(ids)} aux layer ids {ids} but fc takes K={num_aux} chunks"))
+    if any(i < 0 for i in ids):
+        out.append(finding("error", "aux_ids_out_of_range", f"aux layer ids {ids} include a negative id (vLLM never captures it)"))
+    elif t is not None:
+        bad = [i for i in ids if i > t]
+        if bad:
+            out.append(finding("error", "aux_ids_out_of_range",
+                               f"aux layer id {bad[0]} is beyond the target's {t} layers (vLLM captures ids 0..{t}); the ids are {ids}"))
+        elif t in ids:
+            out.append(finding("warning", "aux_id_last_layer", f"aux id {t} = the last layer's output: vLLM captures it before the final norm (transformers' hidden_states[{t}] is after it)"))
+    if list(ids) != sorted(ids):
+        out.append(finding("info", "aux_ids_unsorted", f"aux layer ids {ids} are not ascending; vLLM concatenates in ascending order"))
+    return out
+
+
+def pairing_error(ids: list[int] | None, num_aux: int, num_target_layers: int) -> str | None:
+    """The first error of :func:`check_aux_ids`, or None: what convert refuses (exit 2)."""
+    errs = [f.message for f in check_aux_ids(ids, num_aux, num_target_layers) if f.severity == "error"]
+    return errs[0] if errs else None
+
+
+# ----- the decision -------------------------------------------------------------------------------------------------
+class Candidate(BaseModel):
+    convention: Convention
+    ids: list[int] = Field(..., description="in vLLM's convention, sorted")
+    evidence: list[str] = Field(default_factory=list, description="what speaks for (or against) this reading")
+    agreement: float | None = Field(None, description="measured step-0 top-1 agreement with the target's next token")
+
+
+class Measurement(BaseModel):
+    positions: int
+    sequences: int
+    agreement: dict[str, float] = Field(..., description="convention -> step-0 top-1 agreement with the target's own next token")
+    difference: float = Field(..., description="vllm minus output-of-layer")
+    standard_error: float = Field(..., description="of the difference, clustered by sequence")
+    rule: str
+
+
+class AuxIds(BaseModel):
+    """Stored aux ids and their convention, kept apart: what the checkpoint says, where, what each reading would be,
+    what was decided and how."""
+
+    stored: list[int] | None = Field(..., description="eagle_aux_hidden_state_layer_ids as written")
+    where: str = Field("none", description="top-level, eagle_config or none")
+    candidates: list[Candidate] = Field(default_factory=list)
+    convention: Convention | None = Field(None, description="the decided convention (None: not decided)")
+    decided_by: DecidedBy = "undecided"
+    reason: str = ""
+    measurement: Measurement | None = None
+
+    @property
+    def decided(self) -> bool:
+        return self.convention is not None
+
+    @property
+    def ids(self) -> list[int] | None:
+        """vLLM ids of the decided convention (None when nothing is stored or nothing is decided)."""
+        if self.stored is None or self.convention is None:
+            return None
+        return sorted(to_vllm(self.stored, self.convention))
+
+    def candidate(self, convention: Convention) -> Candidate | None:
+        return next((c for c in self.candidates if c.convention == convention), None)
+
+    def decide(self, convention: Convention, by: DecidedBy, reason: str) -> AuxIds:
+        return self.model_copy(update={"convention": convention, "decided_by": by, "reason": reason})
+
+
+def from_stored(stored: list[int] | None, where: str, *, fingerprint: tuple[Convention, str] | None = None,
+                notes: dict[str, list[str]] | None = None) -> AuxIds:
+    """The reader's view: both readings of ``stored``; decided only by a writer-unique ``fingerprint``
+    (convention, what was seen), or when nothing is stored (both conventions' defaults name the same tensors)."""
+    if stored is None:
+        return AuxIds(stored=None, where="none", convention="vllm", decided_by="unambiguous",
+                      reason="no ids stored: vLLM uses its default (2, L//2, L-3); the output-of-layer trainers' default "
+                             "(1, L//2-1, L-4) names the same states")
+    cands = []
+    for conv in CONVENTIONS:
+        ev = list((notes or {}).get(conv, []))
+        if fingerprint and fingerprint[0] == conv:
+            ev.insert(0, fingerprint[1])
+        cands.append(Candidate(convention=conv, ids=sorted(to_vllm(stored, conv)), evidence=ev))
+    a = AuxIds(stored=list(stored), where=where, candidates=cands)
+    if fingerprint:
+        a = a.decide(fingerprint[0], "fingerprint", fingerprint[1])
+    return a
+
+
+def findings(a: AuxIds, producer: str) -> list[Finding]:
+    """What inspect reports about the convention (without a target, or after resolving with one)."""
+    from .formats.common import finding
+
+    if a.stored is None or (a.decided_by == "fingerprint" and a.convention == "vllm"):
+        return []  # nothing to say: the ids are what vLLM reads (aux_ids_evidence still says why)
+    v, o = a.candidate("vllm"), a.candidate("output-of-layer")
+    both = f"vLLM ids {v.ids if v else '?'} if written in vLLM's convention, {o.ids if o else '?'} if output-of-layer"
+    if a.decided_by == "undecided":
+        return [finding("warning", "aux_ids_convention_ambiguous",
+                        f"aux layer ids {a.stored} ({producer}): {both}; vLLM reads them literally. Nothing in the checkpoint "
+                        "tells which one it was trained with: pass --target to measure, or --aux-ids-convention vllm|output-of-layer")]
+    if a.decided_by == "measurement" and a.measurement is not None:
+        m = a.measurement
+        return [finding("info", "aux_ids_measured",
+                        f"aux layer ids {a.stored}: {a.convention} by measurement on {m.positions} positions (step-0 top-1 agreement "
+                        f"with the target: vllm {m.agreement.get('vllm', float('nan')):.3f}, output-of-layer "
+                        f"{m.agreement.get('output-of-layer', float('nan')):.3f}) -> vLLM ids {a.ids}")]
+    sev = "warning" if a.convention == "output-of-layer" and a.decided_by != "override" else "info"
+    return [finding(sev, "aux_ids_convention",
+                    f"aux layer ids {a.stored} are {a.convention} ({a.decided_by}: {a.reason}) -> vLLM ids {a.ids}"
+                    + ("; written as is, vLLM would read them one layer off" if a.convention == "output-of-layer" else ""))]
+
+
+def resolve(a: AuxIds, num_aux: int, num_target_layers: int, *, override: Convention | None = None,
+            measure_fn: Any = None) -> AuxIds:
+    """Decide with a target: ``override`` first, then an earlier decision, then the readings that are valid on an
+    L-layer target (one left: unambiguous), then ``measure_fn(candidates) -> Measurement`` (a clear winner decides;
+    otherwise undecided). Never guesses."""
+    if override is not None:
+        if a.stored is None:
+            return a.model_copy(update={"reason": a.reason + f" (--aux-ids-convention {override} has nothing to apply to)"})
+        return a.decide(override, "override", f"--aux-ids-convention {override}")
+    if a.decided:
+        return a
+    valid = [c for c in a.candidates if pairing_error(c.ids, num_aux, num_target_layers) is None]
+    if len(valid) == 1:
+        bad = next(c for c in a.candidates if c is not valid[0])
+        return a.decide(valid[0].convention, "unambiguous",
+                        f"the {bad.convention} reading {bad.ids} is impossible on a {num_target_layers}-layer target "
+                        f"({pairing_error(bad.ids, num_aux, num_target_layers)})")
+    if not valid or measure_fn is None:
+        return a
+    m: Measurement = measure_fn([c.ids for c in a.candidates])
+    cands = [c.model_copy(update={"agreement": m.agreement[c.convention]}) for c in a.candidates]
+    a = a.model_copy(update={"candidates": cands, "measurement": m})
+    winner = clear_winner(m)
+    if winner is None:
+        return a.model_copy(update={"reason": f"measurement undecided: {m.rule}"})
+    return a.decide(winner, "measurement", m.rule)
+
+
+def clear_winner(m: Measurement) -> Convention | None:
+    d, se = m.difference, m.standard_error
+    if abs(d) >= MIN_MARGIN and abs(d) > MIN_STANDARD_ERRORS * se:
+        return "vllm" if d > 0 else "output-of-layer"
+    return None
+
+
+def undecided_message(a: AuxIds, num_target_layers: int, num_aux: int = 3) -> str:
+    v, o = a.candidate("vllm"), a.candidate("output-of-layer")
+    if a.measurement is None and v is not None and o is not None:
+        ev, eo = pairing_error(v.ids, num_aux, num_target_layers), pairing_error(o.ids, num_aux, num_target_layers)
+        if ev and eo:
+            return f"aux layer ids {a.stored} fit neither reading on this {num_target_layers}-layer target: as vLLM ids, {ev}; as output-of-layer ids, {eo}"
+    msg = (f"aux layer ids {a.stored} can be read two ways: vLLM ids {v.ids} (vLLM's convention) or {o.ids} "
+           f"(output-of-layer, SpecForge/ModelOpt training) on this {num_target_layers}-layer target")
+    if a.measurement is not None:
+        m = a.measurement
+        msg += (f", and measuring did not tell them apart (step-0 top-1 agreement with the target on {m.positions} "
+                f"positions: {m.agreement['vllm']:.3f} vs {m.agreement['output-of-layer']:.3f}, difference "
+                f"{m.difference:+.3f} +- {m.standard_error:.3f})")
+    return msg
+
+
+UNDECIDED_HINT = "pass --aux-ids-convention vllm|output-of-layer (the convention the drafter was trained with)"
+
+
+# ----- the measurement ---------------------------------------------------------------------------------------------
+def measurement_from_hits(hits: dict[str, list[list[int]]]) -> Measurement:
+    """Paired per-position hits (1 = the drafter's step-0 top-1 equals the target's next token) for the two
+    conventions, grouped by sequence -> agreement, difference and its sequence-clustered standard error."""
+    a, b = hits["vllm"], hits["output-of-layer"]
+    n = sum(len(s) for s in a)
+    if n == 0:
+        return Measurement(positions=0, sequences=0, agreement={"vllm": 0.0, "output-of-layer": 0.0}, difference=0.0,
+                           standard_error=float("inf"), rule="no positions to measure")
+    pa = sum(map(sum, a)) / n
+    pb = sum(map(sum, b)) / n
+    d = pa - pb
+    # cluster-robust (by sequence) variance of the mean paired difference
+    var = sum((sum(x - y for x, y in zip(sa, sb)) - len(sa) * d) ** 2 for sa, sb in zip(a, b)) / (n * n)
+    g = len(a)
+    se = math.sqrt(var * g / (g - 1)) if g > 1 else float("inf")
+    rule = (f"clear winner = difference >= {MIN_MARGIN} and > {MIN_STANDARD_ERRORS:g} standard errors; measured "
+            f"{d:+.3f} +- {se:.3f} over {n} positions in {g} sequences")
+    return Measurement(positions=n, sequences=g, agreement={"vllm": pa, "output-of-layer": pb}, difference=d,
+                       standard_error=se, rule=rule)
+
+
+def _own_sequences(target: Any, n: int, length: int, seed: int) -> list[list[int]]:
+    """The target's greedy continuations of random first tokens (a tokenizer-less target has no text to render)."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, target.info.vocab_size, (n, 1), generator=g)
+    model = target.loaded.model
+    with torch.no_grad():
+        for _ in range(length - 1):
+            nxt = model(input_ids=x.to(target.loaded.device), use_cache=False).logits[:, -1].argmax(-1, keepdim=True)
+            x = torch.cat([x, nxt.cpu()], dim=1)
+    return x.tolist()
+
+
+def measure(ck: Checkpoint, target: Any, candidates: list[list[int]], *, positions: int = MEASURE_POSITIONS,
+            seed: int = 0, max_length: int = 96, data: str | None = None) -> Measurement:
+    """Step 0 of the drafter (:class:`eagle_migrate.drafter.EagleDrafter`) on the target's aux states under each
+    candidate id set, on ``positions`` positions of the calibration data (``data``, default: the built-in set; for a
+    tokenizer-less target without ``data``, its own greedy continuations); top-1 agreement with the target's own
+    next token. ``target``: a ``convert._TargetSide``. ``candidates`` in the order of :data:`CONVENTIONS`."""
+    import torch
+
+    from .convert import calibration_sequences
+    from .drafter.load import load_drafter
+
+    cfg = ck.config
+    # the one loader; the target's embedding / head shared where vLLM shares them
+    m = load_drafter(ck, target.loaded, device=target.device, dtype=target.dtype)
+    union = sorted({i for c in candidates for i in c})
+    if data is None and target.tokenizer is None:
+        seqs = _own_sequences(target, 8, positions // 8 + 1, seed)
+    else:
+        seqs = calibration_sequences(data, target, 32, seed, max_length)
+    hits: dict[str, list[list[int]]] = {c: [] for c in CONVENTIONS}
+    total = 0
+    with torch.no_grad():
+        for ids in seqs:
+            if total >= positions or len(ids) < 3:
+                continue
+            aux_all, logits = target.loaded.forward(torch.tensor([ids]), union)  # vLLM ids, id L pre-norm
+            aux_all, logits = aux_all[0].float(), logits[0]
+            t = len(ids)
+            want = logits[1:].argmax(-1).cpu()  # the target's next token after x_{i+1}
+            x = torch.tensor(ids[1:], device=target.device).unsqueeze(0)
+            pos = torch.arange(t - 1, device=target.device).unsqueeze(0)
+            ht = cfg.target_hidden_size
+            for conv, cand in zip(CONVENTIONS, candidates):
+                cols = [union.index(i) for i in sorted(cand)]
+                aux = torch.cat([aux_all[:, j * ht:(j + 1) * ht] for j in cols], dim=-1)[: t - 1]
+                aux = aux.to(device=target.device, dtype=target.dtype)
+                o = m.forward_step(x, m.combine(aux).unsqueeze(0), pos)
+                pred = m.to_target_ids(m.logits(o.h_post)[0].argmax(-1)).cpu()
+                hits[conv].append((pred == want).int().tolist())
+            total += t - 1
+    return measurement_from_hits(hits)
+
+
+def resolve_for_target(ck: Checkpoint, target: Any, *, override: Convention | None = None, seed: int = 0,
+                       data: str | None = None) -> AuxIds:
+    """:func:`resolve` for a checkpoint and a ``convert._TargetSide`` (measures only when needed)."""
+    a: AuxIds | None = getattr(ck, "aux", None)
+    if a is None or ck.config.generation != "eagle3":
+        return a if a is not None else from_stored(None, "none")
+    return resolve(a, ck.config.num_aux, target.info.num_layers, override=override,
+                   measure_fn=lambda cands: measure(ck, target, cands, seed=seed, data=data))
+
+
+def apply(ck: Checkpoint, a: AuxIds) -> None:
+    """Record the decision on ``ck``: ``ck.aux`` and, when decided, ``ck.config.aux_layer_ids``."""
+    ck.aux = a
+    if a.decided and a.ids is not None and len(a.ids) == ck.config.num_aux:
+        ck.config = ck.config.model_copy(update={"aux_layer_ids": a.ids})
