@@ -312,7 +312,8 @@ def fake_stages(monkeypatch):
 
 
 CHANGES = [  # (option, new value, the keyword the stage is called with, the first stage that must run again)
-    ("device", "cpu", "device", "convert"), ("dtype", "float32", "dtype", "convert"),
+    ("device", "cpu", "device", "inspect"), ("dtype", "float32", "dtype", "convert"),  # inspect measures aux ids on the device
+    ("aux_ids_convention", "vllm", "aux_ids_convention", "inspect"),
     ("k", 4, "num_speculative_tokens", "convert"), ("seed", 1, "seed", "convert"), ("steps", 5, "steps", "convert"),
     ("train", "all", "train", "convert"), ("num_sequences", 8, "num_sequences", "convert"),
     ("output_format", "speculators", "output_format", "convert"), ("calibrate", True, "calibrate", "convert"),
