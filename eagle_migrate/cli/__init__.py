@@ -61,18 +61,56 @@ def main(argv: list[str] | None = None) -> int:
     from . import render
 
     render.json_documents_printed = 0
+    real_stderr = sys.stderr
+    if json_mode:  # typer prints usage errors itself: keep a copy to put into the JSON error document
+        sys.stderr = _Tee(real_stderr)
     try:
         app(args=argv, prog_name="eagle-migrate", standalone_mode=True)
         return 0
+    except SystemExit as e:
+        if json_mode and e.code == 2 and not render.json_documents_printed and isinstance(sys.stderr, _Tee):
+            message = _usage_message(sys.stderr.captured()) or "invalid command-line usage"
+            sys.stderr = real_stderr
+            render.print_json({"error": {"code": "UsageError", "message": message,
+                                         "hint": "see 'eagle-migrate COMMAND --help'", "exit_code": 2}})
+        raise
     except EagleMigrateError as e:
         _fail(e.__class__.__name__, e.message, e.hint, e.exit_code, debug, json_mode)
-    except (SystemExit, KeyboardInterrupt):
+    except KeyboardInterrupt:
         raise
     except Exception as e:
         first = str(e).splitlines()[0][:300] if str(e) else ""
         _fail("InternalError", f"unexpected {e.__class__.__name__}: {first}",
               "this is a bug in eagle-migrate: re-run with EAGLE_MIGRATE_DEBUG=1 and report the traceback", 1, debug, json_mode)
+    finally:
+        sys.stderr = real_stderr
     return 0
+
+
+class _Tee:
+    """stderr that also keeps what was written (typer's usage errors, for the ``--json`` error document)."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+        self._parts: list[str] = []
+
+    def write(self, s: str) -> int:
+        self._parts.append(s)
+        return self._stream.write(s)
+
+    def captured(self) -> str:
+        return "".join(self._parts)
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+def _usage_message(text: str) -> str:
+    """The error inside typer's usage output (its boxed 'Error' panel, or click's 'Error: ...' line), on one line."""
+    lines = [ln.strip().strip("│╭╮╰╯─").strip() for ln in text.splitlines()]
+    keep = [ln for ln in lines if ln and not ln.startswith(("Usage:", "Try ")) and ln.strip("─ ") != "Error"]
+    msg = " ".join(keep)
+    return msg[len("Error:"):].strip() if msg.startswith("Error:") else msg
 
 
 def _fail(code: str, message: str, hint: str | None, exit_code: int, debug: bool, json_mode: bool) -> None:

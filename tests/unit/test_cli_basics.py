@@ -37,6 +37,16 @@ def test_unknown_command_is_usage_error():
     assert "Traceback" not in r.stderr
 
 
+@pytest.mark.parametrize("bad", [["--train", "bogus"], ["--no-such-option"]])
+def test_usage_error_with_json_is_a_json_error_document(tmp_path, bad):
+    r = run("convert", str(tmp_path / "x"), "--target", str(tmp_path / "t"), "-o", str(tmp_path / "o"), *bad, "--json")
+    assert r.returncode == 2
+    doc = json.loads(r.stdout)  # exactly one JSON document on stdout, even for errors typer reports itself
+    assert doc["error"]["code"] == "UsageError" and doc["error"]["exit_code"] == 2
+    assert (bad[1] if bad[0] == "--train" else bad[0]) in doc["error"]["message"]
+    assert "Usage:" in r.stderr and not (tmp_path / "o").exists()
+
+
 def test_error_table_exit_codes():
     assert ERROR_TABLE[CheckpointError][0] == 2
     assert ERROR_TABLE[CheckFailed][0] == 1
