@@ -644,7 +644,7 @@ def _bucket_label(tokens: int) -> str:
     """1024 -> "1k", 7680 -> "7.5k" (multiples of 512), any other size as itself."""
     if tokens % 1024 == 0:
         return f"{tokens // 1024}k"
-    return f"{tokens // 1024}.5k" if tokens % 512 == 0 else str(tokens)
+    return f"{tokens // 1024}.5k" if tokens % 512 == 0 and tokens > 1024 else str(tokens)
 
 
 def _bucket_key(label: str) -> int:
