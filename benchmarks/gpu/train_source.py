@@ -2,9 +2,9 @@
 project's trainer the way production drafters are, and the EAGLE-3.1 control trained from scratch identically.
 
     # item 1: the source, plain EAGLE-3 (original flags: norm_before_residual false, no fc_norm, pre-norm feedback)
-    python benchmarks/gpu/train_source.py --arch eagle3  --run /tmp/em/run-e3  --out $OUT/e3  --max-minutes 8
+    python benchmarks/gpu/train_source.py --arch eagle3  --run /tmp/em/run --out $OUT/e3  --max-minutes 8
     # item 2: the control, EAGLE-3.1 (fc_norm + norm_output) with the same data, steps, seed and draft vocabulary
-    python benchmarks/gpu/train_source.py --arch eagle31 --run /tmp/em/run-e31 --out $OUT/e31 --max-minutes 8
+    python benchmarks/gpu/train_source.py --arch eagle31 --run /tmp/em/run --out $OUT/e31 --max-minutes 8
 
 Training: the unrolled k-step objective of ``eagle_migrate.train.fit`` (training-time test over ``--k`` 3 steps,
 soft labels = the target's distribution over the draft vocabulary), whole ShareGPT conversations under the native
@@ -14,10 +14,11 @@ fly on the GPU (never stored). The draft vocabulary (8,192 most frequent ids) an
 ``--seed`` alone, so the two arms see the same data.
 
 A run spans several device calls (10 minutes each at most): ``--max-minutes`` stops training after the step that
-passes it; ``--run DIR`` holds the resume state (``fit``'s ``state.pt``) and the tokenized data, so the same command
-again continues where the last call stopped (on the same warm machine; /tmp survives while it is held). Every call
+passes it; ``--run DIR`` holds the resume state (``fit``'s ``state.pt``, one folder per ``--arch``), the tokenized
+data and the draft vocabulary (shared by both arms), so the same command again continues where the last call stopped (on the same warm machine; /tmp survives while it is held). Every call
 writes the current weights to ``--out`` (vLLM layout, bf16, embeddings left out, shards under 16 MiB so that they
-come back through $OUT) with ``training.json`` (step, tokens, loss, held-out simulated AL, the command).
+come back through $OUT) with ``training.json`` (step, tokens, loss, held-out simulated AL, the command), and a
+copy to ``--run``/latest-ARCH that stays on the device for ``recipe_search.py --source``.
 ``--steps`` is the schedule's length (cosine decay): keep it the same across the calls of one run.
 """
 
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -180,6 +182,10 @@ def main() -> None:
                    extra_config={"eagle_migrate_training": summary})
         summary["files"] = reshard(tmp)
         (tmp / "training.json").write_text(json.dumps(summary, indent=1))
+    latest = a.run / f"latest-{a.arch}"  # stays on the device (while it is held) for recipe_search.py --source
+    if latest.exists():
+        shutil.rmtree(latest)
+    shutil.copytree(a.out, latest)
     summary["seconds"] = round(time.perf_counter() - t_start, 1)
     print("SUMMARY " + json.dumps(summary), flush=True)
     if math.isfinite(summary.get("last_loss") or 0.0) is False:
