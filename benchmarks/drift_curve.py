@@ -274,7 +274,8 @@ def build_cells(tok: Any, info: Any, *, chat: int, shift_requests: int, long_per
 
 
 def measure(engine: str, target: str, drafters: list[str], cells: list[dict[str, Any]], *, k: int, seed: int,
-            max_model_len: int, vllm_python: str | None = None, skip_tokenizer_init: bool = False) -> tuple[list[dict[str, list[Req]]], str | None]:
+            max_model_len: int, vllm_python: str | None = None,
+            skip_tokenizer_init: bool = False) -> tuple[list[dict[str, list[Req]]], str | None]:
     """Per drafter, {cell: [Req per prompt]} on the same prompts; and the engine's version."""
     if engine == "vllm":
         from eagle_migrate.validate import vllm_engine
@@ -282,7 +283,8 @@ def measure(engine: str, target: str, drafters: list[str], cells: list[dict[str,
         jobs = {c["cell"]: {"prompts": c["prompts"], "max_tokens": c["max_tokens"]} for c in cells}
         res = vllm_engine.measure_many(target, list(drafters), jobs, num_speculative_tokens=k, dtype="float32",
                                        max_model_len=max_model_len, temperature=0.0, seed=seed, python=vllm_python,
-                                       skip_tokenizer_init=skip_tokenizer_init, per_request_metrics=True, max_num_seqs=8, timeout=6 * 3600)
+                                       skip_tokenizer_init=skip_tokenizer_init, per_request_metrics=True,
+                                       max_num_seqs=8, timeout=6 * 3600)
         out = []
         for d, r in zip(drafters, res):
             per: dict[str, list[Req]] = {}

@@ -138,7 +138,8 @@ def main() -> None:
         d_out = a.work / "defaults"
         r = convert(a.source, target, d_out, data="sharegpt", device=dev, seed=a.seed, force=True,
                     max_minutes=a.max_minutes, command="benchmarks/gpu/recipe_search.py (defaults)")
-        cal = r.calibration.model_dump() if getattr(r, "calibration", None) is not None else {}
+        status = r.calibration.model_dump() if getattr(r, "calibration", None) is not None else {}
+        cal = status.get("details") or {}  # calibrate's CalibrationResult, when the fine-tune ran
         after = {k: (v.get("after") or {}).get("acceptance_length") for k, v in (cal.get("suites") or {}).items()}
         drift = [x for k, x in after.items() if k in ("long", "template-shift") and x is not None]
         results["defaults"] = {"path": str(d_out), "after": after, "best_step": cal.get("best_step", 1),
