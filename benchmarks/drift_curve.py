@@ -364,6 +364,7 @@ def run(drafters: list[tuple[str, str]], target: str, out: Path, *, engine: str 
             raise InputError(f"drafter {lab}: {p} is not a folder")
     check_output_dir(out, force, [Path(p) for _, p in drafters])
     t0 = time.perf_counter()
+    mach = machine()  # the commit of the code that measures, read before the (long) measurement
     info = target_info(target)
     tok = _load_tokenizer(target)
     mml = int(max_model_len or min(int(info.max_position_embeddings or 8192), 8192))
@@ -388,7 +389,7 @@ def run(drafters: list[tuple[str, str]], target: str, out: Path, *, engine: str 
                      "chat": chat, "shift_requests": shift_requests, "long_per_bucket": long_per_bucket,
                      "buckets": list(buckets), "long_kinds": list(long_kinds), "max_tokens": max_tokens,
                      "long_max_tokens": long_max_tokens},
-        "machine": machine(),
+        "machine": mach,
         "cells": [{key: v for key, v in c.items() if key != "prompts"} | {"prompt_lengths": [len(p) for p in c["prompts"]]}
                   for c in cells],
         "per_request": {lab: {c: [q.counts() for q in reqs] for c, reqs in r.items()} for lab, r in per_request.items()},
