@@ -169,9 +169,8 @@ def main() -> None:
     ranked = sorted((x for x in results.items() if x[1].get("drift_score") is not None),
                     key=lambda x: -x[1]["drift_score"])
     kept = []
-    for name, r in ranked[: a.keep]:
-        if r.get("best_step", 1) == 0 or not Path(r["path"]).exists():
-            continue
+    keepable = [(n, r) for n, r in ranked if r.get("best_step", 1) != 0 and Path(r["path"]).exists()]
+    for name, r in keepable[: a.keep]:  # a recipe that kept the initial weights wrote nothing
         dest = a.out / name
         shutil.copytree(r["path"], dest)
         for junk in dest.glob("*"):
