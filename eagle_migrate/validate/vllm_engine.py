@@ -91,6 +91,8 @@ def _parse_suites(suites: dict[str, Any], vllm_version: str | None) -> dict[str,
         extra = {"outputs": r["outputs"], "seconds": r["seconds"], "vllm_version": vllm_version}
         if "drafts" in r:
             extra["drafts"] = r["drafts"]
+        if "per_request" in r:
+            extra["per_request"] = r["per_request"]
         out[name] = (stats, extra)
     return out
 

