@@ -250,10 +250,11 @@ class CalibrationResult(BaseModel):
         return "\n".join(lines) + "\n"
 
 
-def resolve_device(device: str | torch.device | None) -> torch.device:
-    if device in (None, "auto"):
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+def resolve_device(device: Any = "auto") -> torch.device:
+    """:func:`eagle_migrate.devices.resolve_device` as a ``torch.device`` (cuda without CUDA is an InputError)."""
+    from .devices import resolve_device as _resolve
+
+    return torch.device(_resolve(device))
 
 
 def _feature_dtype(target: Any) -> torch.dtype:
@@ -696,7 +697,7 @@ def calibrate_checkpoint(
     with a loud warning."""
     from .formats.io import atomic_output_dir
     from .formats.vllm import write_vllm
-    from .options import resolve_dtype
+    from .devices import resolve_dtype
     from .target import Target, load_target
 
     dev = resolve_device(device)

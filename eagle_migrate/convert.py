@@ -42,6 +42,7 @@ from .drafter.model import MLP, Attention, EagleDrafter, KVCache, RMSNorm, _rope
 from .aux_ids import AuxIds, Convention, eagle2_aux_ids  # noqa: F401  (eagle2_aux_ids: one home, re-exported)
 from .errors import DataError, InputError, PairingError, UnsupportedError
 from .allocator import fixed_mmap_threshold
+from .devices import resolve_device, resolve_dtype
 from .formats.io import atomic_output_dir, check_output_dir, sha256_files, write_json
 from .hidden_states import HiddenRecord, iter_hidden_states
 from .stats import StatsAccumulator, TargetStatistics, rms_normalize
@@ -193,20 +194,6 @@ def _now() -> str:
 
 def _noop_progress(stage: str, done: int, total: int | None) -> None:  # noqa: ARG001
     return None
-
-
-def _resolve_device(device: str) -> str:
-    from .options import resolve_device
-
-    return resolve_device(device)
-
-
-def _resolve_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    from .options import resolve_dtype
-
-    return resolve_dtype(dtype or "auto", device)
 
 
 def default_aux_ids(num_target_layers: int, k: int = 3) -> list[int]:
@@ -658,8 +645,8 @@ def convert(
         raise InputError(f"{source}: no such file or folder")
     check_output_dir(out, force, [source, target, data, hidden_states_dir])
     fixed_mmap_threshold()  # freed per-sequence temporaries go back to the OS (see its docstring)
-    dev = _resolve_device(device)
-    cdtype = _resolve_dtype(dtype, dev)
+    dev = resolve_device(device)
+    cdtype = resolve_dtype(dtype, dev)
     torch.manual_seed(seed)
 
     from .formats import read_checkpoint

@@ -285,7 +285,7 @@ def _resolve_aux(ck: Checkpoint, target: str | None, ti: Any, override: Conventi
         b = _aux.resolve(a, ck.config.num_aux, 0, override=override) if override else a
     elif (override or not a.decided) and _sizes_pair(ck, ti) and ck.config.architecture == "llama" and not ck.quantization:
         from .convert import _TargetSide
-        from .options import resolve_device, resolve_dtype
+        from .devices import resolve_device, resolve_dtype
 
         from .errors import TargetError
 

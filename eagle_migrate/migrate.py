@@ -256,7 +256,8 @@ def check_options(source: Path, target: str, out: Path, opts: MigrateOptions) ->
     """Every option of every stage, checked before the first stage starts (a typo costs seconds, not a
     conversion): exit 2 with the option's name."""
     from .data import SUITE_NAMES
-    from .options import DeviceChoice, DtypeChoice, OutputFormat, SchemeChoice, TrainChoice, resolve_device
+    from .devices import DEVICES, DTYPES, resolve_device
+    from .options import OutputFormat, SchemeChoice, TrainChoice
 
     def choice(flag: str, value: Any, allowed: list[str] | tuple[str, ...]) -> None:
         if value is not None and value not in allowed:
@@ -270,8 +271,8 @@ def check_options(source: Path, target: str, out: Path, opts: MigrateOptions) ->
     choice("--engine", opts.engine, ENGINES)
     choice("--output-format", opts.output_format, [c.value for c in OutputFormat])
     choice("--train", opts.train, [c.value for c in TrainChoice])
-    choice("--device", opts.device, [c.value for c in DeviceChoice])
-    choice("--dtype", opts.dtype, [c.value for c in DtypeChoice])
+    choice("--device", opts.device, DEVICES)
+    choice("--dtype", opts.dtype, DTYPES)
     if opts.device == "cuda":
         resolve_device(opts.device)  # --device cuda without CUDA (imports torch: only when asked for)
     if opts.suites is not None:

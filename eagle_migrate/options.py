@@ -8,6 +8,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from .devices import resolve_device, resolve_dtype  # noqa: F401  (re-exported for the CLI modules)
+
 
 class DeviceChoice(str, Enum):
     auto = "auto"
@@ -79,25 +81,3 @@ AuxIdsConventionOpt = Annotated[Optional[AuxIdsConventionChoice], typer.Option(
          "output-of-layer (SpecForge/ModelOpt training: vLLM id = stored + 1). Overrides fingerprints and measurement; "
          "recorded in provenance.json.")]
 NumSpecTokensOpt = Annotated[int, typer.Option("--num-speculative-tokens", "-k", min=1, max=16, help="Draft tokens per step (k).")]
-
-
-def resolve_device(device: DeviceChoice | str) -> str:
-    import torch
-
-    d = device.value if isinstance(device, DeviceChoice) else device
-    if d == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if d == "cuda" and not torch.cuda.is_available():
-        from .errors import InputError
-
-        raise InputError("--device cuda was asked for but no CUDA device is visible", "use --device auto or cpu")
-    return d
-
-
-def resolve_dtype(dtype: DtypeChoice | str, device: str):
-    import torch
-
-    d = dtype.value if isinstance(dtype, DtypeChoice) else dtype
-    if d == "auto":
-        return torch.bfloat16 if device.startswith("cuda") else torch.float32
-    return getattr(torch, d)

@@ -238,3 +238,20 @@ def test_default_held_out_prompts_are_distinct(monkeypatch):
     _, held = default_data(tgt, None, 4, 0, 64, suites=("chat",), heldout_per_suite=n, max_model_len=4096)
     chat = held["chat"]
     assert 0 < len(chat) < n and len({tuple(p) for p in chat}) == len(chat)
+
+
+def test_device_resolution_is_one_function_and_refuses_missing_cuda(monkeypatch):
+    """calibrate's device resolution is devices.resolve_device (it used to have its own, without the CUDA check:
+    `--device cuda` on a CPU box crashed inside torch instead of exit 2)."""
+    import torch
+
+    from eagle_migrate import calibrate, convert, devices, options
+    from eagle_migrate.errors import InputError
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert calibrate.resolve_device("auto") == torch.device("cpu") and devices.resolve_device(None) == "cpu"
+    for fn in (calibrate.resolve_device, devices.resolve_device, options.resolve_device):
+        with pytest.raises(InputError):
+            fn("cuda")
+    assert options.resolve_device is devices.resolve_device and convert.resolve_device is devices.resolve_device
+    assert devices.resolve_dtype("auto", "cuda") == torch.bfloat16 and devices.resolve_dtype(torch.float16, "cpu") == torch.float16

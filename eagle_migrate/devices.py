@@ -1,0 +1,44 @@
+"""Device and dtype choices, resolved once for the library and the CLI (torch is imported only when resolving)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
+DTYPES: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16")
+
+
+def _name(v: Any) -> Any:
+    return getattr(v, "value", v)  # a CLI Enum choice carries its string in .value
+
+
+def resolve_device(device: Any = "auto") -> str:
+    """``auto`` -> ``cuda`` when a CUDA device is visible, else ``cpu``; ``cuda`` without one is an InputError
+    (exit 2) instead of a crash deep inside a stage. Accepts a string, a CLI choice, a ``torch.device`` or None."""
+    import torch
+
+    d = _name(device)
+    if d is None or d == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    d = str(d)
+    if d.startswith("cuda") and not torch.cuda.is_available():
+        from .errors import InputError
+
+        raise InputError(f"--device {d} was asked for but no CUDA device is visible", "use --device auto or cpu")
+    return d
+
+
+def resolve_dtype(dtype: Any, device: str):
+    """``auto`` -> bfloat16 on a GPU, float32 on a CPU; a ``torch.dtype`` is returned as it is."""
+    import torch
+
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    d = _name(dtype) or "auto"
+    if d == "auto":
+        return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
+    if d not in DTYPES:
+        from .errors import InputError
+
+        raise InputError(f"--dtype {d!r} is not one of {', '.join(DTYPES)}")
+    return getattr(torch, d)
