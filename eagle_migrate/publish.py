@@ -92,7 +92,7 @@ class PublishResult(BaseModel):
 
 
 # ----- reading inputs defensively --------------------------------------------------------------------------------
-class ValidationReport(BaseModel):
+class ReportView(BaseModel):
     """report.json as written by ``validate`` (read defensively: unknown keys kept, shapes checked on use)."""
 
     model_config = ConfigDict(extra="allow")
@@ -110,7 +110,7 @@ class ValidationReport(BaseModel):
     vllm_version: str | None = None
 
 
-class Provenance(BaseModel):
+class ProvenanceView(BaseModel):
     """provenance.json written next to a converted / quantized checkpoint (read defensively)."""
 
     model_config = ConfigDict(extra="allow")
@@ -278,7 +278,7 @@ def scrub(text: str, token: str | None) -> str:
 class _Report(BaseModel):
     path: Path
     raw: dict[str, Any]
-    model: ValidationReport
+    model: ReportView
     passed: bool | None
     reason: str | None
     info: ValidationInfo
@@ -297,7 +297,7 @@ def load_report(report_dir: Path) -> _Report:
     if not isinstance(raw, dict):
         raise InputError(f"{path}: expected a JSON object, found {type(raw).__name__}", "re-run `eagle-migrate validate ... --report DIR`")
     try:
-        model = ValidationReport.model_validate(raw)
+        model = ReportView.model_validate(raw)
     except ValidationError as e:
         raise InputError(f"{path}: unexpected report layout ({e.errors()[0]['loc']}: {e.errors()[0]['msg']})",
                          "re-run `eagle-migrate validate ... --report DIR`") from None
@@ -550,7 +550,7 @@ def publish(
             prov_raw = got if isinstance(got, dict) else {}
         except CheckpointError as e:
             findings.append(Finding(severity="warning", code="provenance_unreadable", message=e.message))
-    prov = Provenance.model_validate(prov_raw)
+    prov = ProvenanceView.model_validate(prov_raw)
     spec_cfg = cfg.get("speculators_config") if isinstance(cfg.get("speculators_config"), dict) else {}
     if target is not None and _hub_id(target) is None:
         raise InputError(f"--target {target!r} is not a hub model id (ORG/NAME)", "base_model must name a model on the Hub")

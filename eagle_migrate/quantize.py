@@ -94,7 +94,7 @@ class CalibrationReport(BaseModel):
     source: str = Field(..., description="where the calibration sequences came from")
 
 
-class SuiteAcceptance(BaseModel):
+class SuiteDrop(BaseModel):
     before: float
     after: float
     drop_pct: float = Field(..., description="100 (before - after) / before; negative = the quantized drafter is better")
@@ -105,7 +105,7 @@ class SuiteAcceptance(BaseModel):
 class AcceptanceReport(BaseModel):
     engine: Literal["vllm", "reference"]
     num_speculative_tokens: int
-    suites: dict[str, SuiteAcceptance]
+    suites: dict[str, SuiteDrop]
     before: float = Field(..., description="acceptance length of the unquantized drafter, all suites pooled")
     after: float = Field(..., description="acceptance length of the quantized drafter, all suites pooled")
     drop_pct: float
@@ -589,7 +589,7 @@ def _acceptance_from(engine: str, k: int, before: dict[str, Any], after: dict[st
     for name in before:
         b, a = before[name], after[name]
         bal, aal = b.acceptance_length, a.acceptance_length
-        suites[name] = SuiteAcceptance(before=round(bal, 4), after=round(aal, 4),
+        suites[name] = SuiteDrop(before=round(bal, 4), after=round(aal, 4),
                                        drop_pct=round(100 * (bal - aal) / bal, 3) if bal else 0.0,
                                        num_drafts_before=b.num_drafts, num_drafts_after=a.num_drafts)
     bal, _ = _pooled(before)
