@@ -16,11 +16,10 @@ Two entry points:
 from __future__ import annotations
 
 import hashlib
-import inspect
 import json
 import time
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -28,6 +27,7 @@ import torch
 from pydantic import BaseModel, Field
 
 from .drafter.model import EagleDrafter
+from .progress import StageProgress
 from .errors import CheckFailed, InputError, UnsupportedError
 from .train import (
     Evaluation,
@@ -328,7 +328,7 @@ def calibrate(
     cache_dir: str | Path | None = None,
     resume_dir: str | Path | None = None,
     require_improvement: bool = False,
-    progress: Callable[..., None] | None = None,
+    progress: StageProgress | None = None,
     source: EagleDrafter | None = None,
     loss_masks: Sequence[Sequence[bool]] | None = None,
     precomputed: str | Path | None = None,  # a folder of feature files instead of running the target
@@ -530,74 +530,28 @@ def _train_info(e: dict[str, Any], al_text: str) -> str:
     return f"loss {e['loss']:.3f}, top-1 per step {acc}" + (f"; held-out AL {al_text}" if al_text else "")
 
 
-def _progress_adapter(progress: Callable[..., None] | None) -> Progress:
-    """Our events are dicts; convert's hook passes a ``(stage, done, total)`` callback: adapt to either. A stage
-    callback with an ``info`` parameter also gets the loss and the last held-out AL (convert's CLI bar)."""
+def _progress_adapter(progress: StageProgress | None) -> Progress:
+    """The trainer's per-step records -> the library's stage events (``eagle_migrate.progress``): training steps
+    carry the loss, per-step top-1 and the last held-out AL as ``info``."""
     if progress is None:
         return lambda e: None
-    try:
-        params = inspect.signature(progress).parameters
-    except (TypeError, ValueError):
-        params = None
-    n = 1 if params is None else len([p for p in params.values()
-                                      if p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)])
-    if n >= 3:
-        counts = {"heldout": 0, "eval": 0}
-        takes_info = "info" in params
-        last_al = {"text": ""}
+    counts = {"heldout": 0, "eval": 0}
+    last_al = {"text": ""}
 
-        def emit(stage: str, done: int, total: int | None, info: str) -> None:
-            if takes_info:
-                progress(stage, done, total, info=info)
-            else:
-                progress(stage, done, total)
-
-        def three(e: dict[str, Any]) -> None:
-            ph = e.get("phase")
-            if ph == "train":
-                emit("calibrate", e["step"], e["steps"], _train_info(e, last_al["text"]))
-            elif ph == "capture":
-                emit("calibrate: target features", e["batch"], e["batches"], "")
-            elif ph == "heldout":
-                counts["heldout"] += 1
-                emit("calibrate: held-out suites", counts["heldout"], None, f"{e['suite']}: {e['sequences']} sequences")
-            elif ph in ("before", "heldout-eval"):
-                counts["eval"] += 1
-                last_al["text"] = _al_text(e)
-                emit("calibrate: held-out evaluations", counts["eval"], None, last_al["text"])
-        return three
-    return progress
-
-
-# ----- rich progress ------------------------------------------------------------------------------------------------
-class RichProgress:
-    """A rich progress bar with loss, per-step agreement and the last held-out AL; use as ``progress=``."""
-
-    def __init__(self, console: Any = None):
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress as RP, TextColumn, TimeElapsedColumn
-
-        self.rp = RP(TextColumn("[bold]calibrate"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                     TextColumn("{task.fields[info]}"), console=console, transient=False)
-        self.task = None
-        self.heldout = ""
-
-    def __enter__(self) -> RichProgress:
-        self.rp.__enter__()
-        return self
-
-    def __exit__(self, *a: Any) -> None:
-        self.rp.__exit__(*a)
-
-    def __call__(self, e: dict[str, Any]) -> None:
+    def adapt(e: dict[str, Any]) -> None:
         ph = e.get("phase")
         if ph == "train":
-            if self.task is None:
-                self.task = self.rp.add_task("calibrate", total=e["steps"], info="")
-            self.rp.update(self.task, completed=e["step"], info=_train_info(e, self.heldout))
-        elif ph in ("heldout-eval", "before"):
-            self.heldout = _al_text(e)
-        elif ph == "warning":
-            self.rp.console.print(f"[bold red]warning:[/] {e['message']}")
+            progress("calibrate", e["step"], e["steps"], _train_info(e, last_al["text"]))
+        elif ph == "capture":
+            progress("calibrate: target features", e["batch"], e["batches"], "")
+        elif ph == "heldout":
+            counts["heldout"] += 1
+            progress("calibrate: held-out suites", counts["heldout"], None, f"{e['suite']}: {e['sequences']} sequences")
+        elif ph in ("before", "heldout-eval"):
+            counts["eval"] += 1
+            last_al["text"] = _al_text(e)
+            progress("calibrate: held-out evaluations", counts["eval"], None, last_al["text"])
+    return adapt
 
 
 # ----- checkpoint form (what convert calls) -------------------------------------------------------------------------
@@ -677,7 +631,7 @@ def calibrate_checkpoint(
     cache_dir: str | Path | None = None,
     resume_dir: str | Path | None = None,
     require_improvement: bool = False,
-    progress: Callable[..., None] | None = None,
+    progress: StageProgress | None = None,
     in_place: bool = True,
     out: str | Path | None = None,
     suites: Sequence[str] = ("chat", "long", "template-shift"),
@@ -757,6 +711,6 @@ def calibrate_checkpoint(
     return res
 
 
-__all__ = ["CalibrationResult", "SuiteAcceptance", "RichProgress", "TRAIN_MODES", "DEFAULT_LR", "DEFAULTS", "CPU_DEFAULTS", "defaults_for", "calibrate",
+__all__ = ["CalibrationResult", "SuiteAcceptance", "TRAIN_MODES", "DEFAULT_LR", "DEFAULTS", "CPU_DEFAULTS", "defaults_for", "calibrate",
            "calibrate_checkpoint", "trainable_names", "heldout_sequences", "Comparison", "Judge", "JUDGE_Z",
            "check_improvement", "resolve_data", "source_verdict"]

@@ -47,7 +47,7 @@ from .formats.io import atomic_output_dir, check_output_dir, sha256_files, write
 from .hidden_states import HiddenRecord, iter_hidden_states
 from .stats import StatsAccumulator, TargetStatistics, rms_normalize
 
-Progress = Callable[[str, int, "int | None"], None]
+from .progress import StageProgress as Progress, no_progress  # noqa: E402
 OutputFormat = Literal["vllm", "speculators"]
 
 
@@ -190,10 +190,6 @@ class ConvertResult(BaseModel):
 # ===== small helpers ===============================================================================================
 def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-
-
-def _noop_progress(stage: str, done: int, total: int | None) -> None:  # noqa: ARG001
-    return None
 
 
 def default_aux_ids(num_target_layers: int, k: int = 3) -> list[int]:
@@ -636,7 +632,7 @@ def convert(
     writer-unique fingerprint decides, or a measurement on the target (:mod:`eagle_migrate.aux_ids`), and when
     neither decides, PairingError (exit 2) names both readings.
     """
-    progress = progress or _noop_progress
+    progress = progress or no_progress
     started = _now()
     source, out = Path(source), Path(out)
     if output_format not in ("vllm", "speculators"):

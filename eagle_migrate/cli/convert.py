@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import shlex
 import sys
-import time
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -27,7 +26,7 @@ from ..options import (
     TrainOpt,
 )
 from . import app
-from .render import log, print_json, progress_enabled, stderr, stdout
+from .render import StageBar, print_json, stdout
 
 DataOpt = Annotated[Optional[str], typer.Option("--data", help="Calibration data: JSONL/JSON of prompts, chat messages or {\"token_ids\": [...]}, ShareGPT JSON, an HF dataset id; default: the built-in set.")]
 HiddenStatesOpt = Annotated[Optional[Path], typer.Option("--hidden-states", help="Precomputed target hidden states (eagle-migrate features, speculators data_*.pt or SpecForge *.ckpt) instead of running the target.")]
@@ -83,7 +82,7 @@ def convert(
     from ..convert import convert as run_convert
 
     cmd = " ".join(["eagle-migrate"] + [shlex.quote(a) for a in sys.argv[1:]])
-    with _Progress(json) as prog:
+    with StageBar("convert", json) as prog:
         res = run_convert(
             ckpt, target, output, data=data, hidden_states_dir=hidden_states, num_sequences=num_sequences,
             output_format=output_format.value, device=device.value, dtype=dtype.value, calibrate=calibrate,
@@ -105,51 +104,6 @@ def convert(
 
         raise CheckFailed(f"calibration did not improve the drafter ({res.calibration.reason}); {res.output} holds the initialised drafter",
                           "more or more varied --data, more --steps, or --train norms+fc")
-
-
-class _Progress:
-    """Stage-wise rich progress on stderr on a TTY; elsewhere (``--json``, CI logs) one stderr line when a stage
-    starts, at most one every 30 s while it runs, and one when it ends, so a long calibration is never silent."""
-
-    LOG_EVERY = 30.0
-
-    def __init__(self, json_mode: bool):
-        self.enabled = progress_enabled(json_mode)
-        self._p = None
-        self._tasks: dict[str, int] = {}
-        self._last: dict[str, float] = {}
-        self._ended: set[str] = set()
-        self._t0 = time.monotonic()
-
-    def __enter__(self):
-        if self.enabled:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-            self._p = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                               TextColumn("{task.fields[info]}"), console=stderr, transient=False)
-            self._p.__enter__()
-        return self
-
-    def __call__(self, stage: str, done: int, total: int | None, info: str | None = None) -> None:
-        if self._p is None:
-            now = time.monotonic()
-            first = stage not in self._last
-            end = total is not None and done >= total and stage not in self._ended
-            if end:
-                self._ended.add(stage)
-            if first or end or (stage not in self._ended and now - self._last[stage] >= self.LOG_EVERY):
-                self._last[stage] = now
-                of = f"/{total}" if total is not None else ""
-                log(f"convert: {stage} {done}{of} ({now - self._t0:.0f} s)" + (f" {info}" if info else ""))
-            return
-        if stage not in self._tasks:
-            self._tasks[stage] = self._p.add_task(stage, total=total, info="")
-        self._p.update(self._tasks[stage], completed=done, total=total, info=info or "")
-
-    def __exit__(self, *exc):
-        if self._p is not None:
-            self._p.__exit__(*exc)
-        return False
 
 
 def _pct(x: float | None) -> str:

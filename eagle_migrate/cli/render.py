@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import sys
-from collections.abc import Iterator
+import time
 from typing import Any
 
 from pydantic import BaseModel
@@ -97,24 +96,48 @@ def progress_enabled(json_mode: bool) -> bool:
     return not json_mode and sys.stderr.isatty()
 
 
-@contextlib.contextmanager
-def progress(json_mode: bool, description: str, total: float | None = None) -> Iterator[Any]:
-    """A rich progress bar on stderr, or a no-op when --json is set or stderr is not a TTY.
+class StageBar:
+    """The one progress display (a :class:`eagle_migrate.progress.StageProgress`): stage-wise rich bars on stderr on a
+    TTY; elsewhere (``--json``, CI logs) one ``command: stage done/total (s) info`` line on stderr when a stage starts,
+    at most one every 30 s while it runs, and one when it ends, so long work is never silent."""
 
-    Yields ``update(advance=1, **fields)``.
-    """
-    if not progress_enabled(json_mode):
-        yield lambda advance=1, **kw: None
-        return
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    LOG_EVERY = 30.0
 
-    with Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        TextColumn("{task.fields[info]}"), console=stderr, transient=False,
-    ) as p:
-        task = p.add_task(description, total=total, info="")
+    def __init__(self, command: str, json_mode: bool):
+        self.command = command
+        self.enabled = progress_enabled(json_mode)
+        self._p = None
+        self._tasks: dict[str, int] = {}
+        self._last: dict[str, float] = {}
+        self._ended: set[str] = set()
+        self._t0 = time.monotonic()
 
-        def update(advance: float = 1, info: str | None = None) -> None:
-            p.update(task, advance=advance, **({"info": info} if info is not None else {}))
+    def __enter__(self):
+        if self.enabled:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        yield update
+            self._p = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                               TextColumn("{task.fields[info]}"), console=stderr, transient=False)
+            self._p.__enter__()
+        return self
+
+    def __call__(self, stage: str, done: int, total: int | None, info: str = "") -> None:
+        if self._p is None:
+            now = time.monotonic()
+            first = stage not in self._last
+            end = total is not None and done >= total and stage not in self._ended
+            if end:
+                self._ended.add(stage)
+            if first or end or (stage not in self._ended and now - self._last[stage] >= self.LOG_EVERY):
+                self._last[stage] = now
+                of = f"/{total}" if total is not None else ""
+                log(f"{self.command}: {stage} {done}{of} ({now - self._t0:.0f} s)" + (f" {info}" if info else ""))
+            return
+        if stage not in self._tasks:
+            self._tasks[stage] = self._p.add_task(stage, total=total, info="")
+        self._p.update(self._tasks[stage], completed=done, total=total, info=info or "")
+
+    def __exit__(self, *exc):
+        if self._p is not None:
+            self._p.__exit__(*exc)
+        return False

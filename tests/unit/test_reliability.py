@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from eagle_migrate import toy
 from eagle_migrate.errors import InputError, OutputExistsError
 
 KW = dict(num_sequences=4, command="test", calibrate=False, evaluate=False)
