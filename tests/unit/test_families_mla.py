@@ -272,3 +272,17 @@ def test_convert_and_quantize_keep_mla(tmp_path):
     ckq = read_checkpoint(tmp_path / "fp8")
     assert ckq.config.architecture == "mla" and ckq.config.kv_lora_rank == 512
     assert ckq.info("layers.0.self_attn.kv_a_layernorm.weight").dtype in ("float32", "bfloat16", "float16")
+
+
+def test_calibration_runs_on_an_mla_drafter(tmp_path):
+    """convert with calibration (--train all: every drafter weight, the MLA projections and layernorms included)
+    keeps the family and every MLA tensor."""
+    from eagle_migrate.convert import convert
+
+    target = str(toy.write_target(tmp_path / "t", family="mla"))
+    src = toy.write_drafter(tmp_path / "src", "aux-only", family="mla")
+    convert(src, target, tmp_path / "o", num_sequences=8, command="test", calibrate=True, steps=3, train="all")
+    ck = read_checkpoint(tmp_path / "o")
+    assert ck.config.architecture == "mla" and ck.format == "eagle3.1" and not errors(ck)
+    assert all(ck.has(f"layers.0.self_attn.{n}.weight") for n in ("q_a_proj", "q_a_layernorm", "q_b_proj",
+                                                                  "kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj", "o_proj"))
