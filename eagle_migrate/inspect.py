@@ -20,6 +20,7 @@ from pydantic import BaseModel, Field
 
 from . import aux_ids as _aux
 from .aux_ids import AuxIds, Convention
+from .drafter.config import MLA_FIELDS
 from .formats.base import Checkpoint, Finding
 from .formats.common import QUANT_SUFFIXES, finding
 
@@ -39,6 +40,7 @@ class Sizes(BaseModel):
     num_key_value_heads: int
     head_dim: int
     num_layers: int = Field(..., description="decoder layers, counted from the weights")
+    mla: dict[str, int | None] | None = Field(None, description="MLA drafters: q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim (from the weights)")
 
 
 class Flags(BaseModel):
@@ -78,7 +80,7 @@ class InspectReport(BaseModel):
     format: str = Field(..., description="eagle2 (EAGLE-1/2 weights), eagle3 or eagle3.1")
     producer: str = Field(..., description="safeailab, specforge, speculators, modelopt, torchspec, vllm, eagle-migrate or unknown")
     layout: str = Field(..., description="the reader that parsed it, e.g. safeailab-eagle3, torchspec-vllm")
-    architecture: str = Field(..., description="the drafter family: llama or qwen3 (convertible), mla (recognised, not convertible)")
+    architecture: str = Field(..., description="the drafter family: llama, qwen3 or mla")
     sizes: Sizes
     aux_layer_ids: list[int] | None = Field(..., description="in vLLM's convention (residual stream after i layers), ascending")
     aux_layer_ids_stored: list[int] | None = Field(..., description="as written in the checkpoint's config")
@@ -355,6 +357,7 @@ def report_from_checkpoint(ck: Checkpoint, target: str | None = None, deep: bool
             vocab_size=ck.meta.get("vocab_size_declared", cfg.vocab_size), draft_vocab_size=cfg.draft_vocab_size,
             intermediate_size=cfg.intermediate_size, num_attention_heads=cfg.num_attention_heads,
             num_key_value_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim, num_layers=cfg.num_layers,
+            mla={k: getattr(cfg, k) for k in MLA_FIELDS} if cfg.mla else None,
         ),
         aux_layer_ids=cfg.aux_layer_ids,
         aux_layer_ids_stored=ck.meta.get("aux_ids_stored"),

@@ -236,7 +236,11 @@ def scheme_from_config(qc: dict[str, Any]) -> str | None:
 # q_norm / k_norm, every other norm) is an RMSNorm that vLLM keeps in 16 bits.
 _ATTN = tuple(f"self_attn.{x}_proj" for x in "qkvo")
 _MLP = tuple(f"mlp.{x}_proj" for x in ("gate", "up", "down"))
-LAYER_LINEARS = {"llama": _ATTN + _MLP, "qwen3": _ATTN + _MLP}
+# MLA (deepseek_eagle3.py -> DeepseekV2MLAAttention): q_a_proj + kv_a_proj_with_mqa fused into fused_qkv_a_proj,
+# q_b_proj, kv_b_proj, o_proj, all built with the quant_config (the "Linear" target matches each); q_a_layernorm /
+# kv_a_layernorm are RMSNorms (16-bit); lm_head is a ParallelLMHead without quant_config (vllm-contract.md section 9).
+_MLA_ATTN = tuple(f"self_attn.{x}" for x in ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"))
+LAYER_LINEARS = {"llama": _ATTN + _MLP, "qwen3": _ATTN + _MLP, "mla": _MLA_ATTN + _MLP}
 
 
 def linear_prefixes(cfg: DrafterConfig, names: Iterable[str], *, quantize_fc: bool = False,
@@ -259,7 +263,8 @@ def linear_prefixes(cfg: DrafterConfig, names: Iterable[str], *, quantize_fc: bo
 
 
 def fused_groups(prefixes: list[str]) -> list[list[str]]:
-    """Layers vLLM fuses (q/k/v -> qkv_proj, gate/up -> gate_up_proj): they share one NVFP4 global scale."""
+    """Layers vLLM fuses (q/k/v -> qkv_proj, MLA q_a/kv_a -> fused_qkv_a_proj, gate/up -> gate_up_proj): they share
+    one NVFP4 global scale."""
     groups: list[list[str]] = []
     seen: set[str] = set()
     for p in prefixes:
@@ -268,6 +273,9 @@ def fused_groups(prefixes: list[str]) -> list[list[str]]:
         if p.endswith("self_attn.q_proj"):
             base = p[: -len("q_proj")]
             g = [base + x for x in ("q_proj", "k_proj", "v_proj")]
+        elif p.endswith("self_attn.q_a_proj"):  # MLA: vLLM's fused_qkv_a_proj
+            base = p[: -len("q_a_proj")]
+            g = [base + x for x in ("q_a_proj", "kv_a_proj_with_mqa")]
         elif p.endswith("mlp.gate_proj"):
             base = p[: -len("gate_proj")]
             g = [base + x for x in ("gate_proj", "up_proj")]

@@ -10,9 +10,10 @@ Generation = Literal["eagle2", "eagle3"]
 
 # Drafter decoder-layer families, as vLLM names them (``architecture`` below). ``llama``: Eagle3LlamaForCausalLM /
 # LlamaForCausalLMEagle3; ``qwen3``: Eagle3Qwen3ForCausalLM (the Llama layer plus per-head RMSNorms q_norm/k_norm
-# [head_dim] on queries and keys before rope, and no o_proj bias); ``mla``: Eagle3DeepseekV2ForCausalLM (recognised,
-# not built here).
-SUPPORTED_ARCHITECTURES = ("llama", "qwen3")
+# [head_dim] on queries and keys before rope, and no o_proj bias); ``mla``: Eagle3DeepseekV2ForCausalLM (DeepSeek-V3,
+# Kimi K2: multi-head latent attention with q_lora/kv_lora projections, split nope/rope heads, interleaved rope).
+SUPPORTED_ARCHITECTURES = ("llama", "qwen3", "mla")
+MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 
 
 class DrafterConfig(BaseModel):
@@ -50,7 +51,15 @@ class DrafterConfig(BaseModel):
     fc_bias: bool = Field(False, description="fc carries a bias (EAGLE-1/2 default)")
     has_lm_head: bool = Field(True, description="the drafter has its own lm_head [Vd, H] (EAGLE-2: target's head is used)")
     has_embed_tokens: bool = Field(False, description="the drafter ships its own embed_tokens [V, H]")
-    architecture: str = Field("llama", description="the decoder-layer family: llama or qwen3 (supported), mla (recognised, not convertible)")
+    architecture: str = Field("llama", description="the decoder-layer family: llama, qwen3 or mla")
+    # MLA (architecture == "mla"; DeepseekV2MLAAttention): q = q_b(q_a_layernorm(q_a(x))) [nh, nope+rope];
+    # kv_a_proj_with_mqa(x) = [c (kv_lora) | k_pe (rope, shared by all heads)]; kv_b(kv_a_layernorm(c)) = per head
+    # [k_nope (nope) | v (v_head_dim)]. head_dim is nope + rope and num_key_value_heads = num_attention_heads there.
+    q_lora_rank: int | None = Field(None, gt=0, description="MLA: rows of q_a_proj (vLLM's Eagle3 DeepSeek drafter needs it set)")
+    kv_lora_rank: int | None = Field(None, gt=0, description="MLA: the latent width of kv_a_proj_with_mqa")
+    qk_nope_head_dim: int | None = Field(None, gt=0, description="MLA: per-head query/key width without rope")
+    qk_rope_head_dim: int | None = Field(None, gt=0, description="MLA: per-head query/key rope width (the shared k_pe)")
+    v_head_dim: int | None = Field(None, gt=0, description="MLA: per-head value width")
 
     @model_validator(mode="after")
     def _check(self) -> DrafterConfig:
@@ -63,6 +72,19 @@ class DrafterConfig(BaseModel):
             raise ValueError(f"draft_vocab_size={self.draft_vocab_size} > vocab_size={self.vocab_size}")
         if self.aux_layer_ids is not None and self.generation == "eagle3" and len(self.aux_layer_ids) != self.num_aux:
             raise ValueError(f"aux_layer_ids has {len(self.aux_layer_ids)} entries but num_aux={self.num_aux}")
+        if self.architecture == "mla":
+            missing = [f for f in MLA_FIELDS[1:] if getattr(self, f) is None]
+            if missing:
+                raise ValueError(f"an MLA drafter needs {', '.join(missing)}")
+            if self.head_dim != self.qk_nope_head_dim + self.qk_rope_head_dim:
+                raise ValueError(f"MLA head_dim={self.head_dim} != qk_nope_head_dim + qk_rope_head_dim = "
+                                 f"{self.qk_nope_head_dim} + {self.qk_rope_head_dim}")
+            if self.qk_rope_head_dim % 2:
+                raise ValueError(f"qk_rope_head_dim={self.qk_rope_head_dim} is odd")
+            if self.num_key_value_heads != self.num_attention_heads:
+                raise ValueError("MLA: num_key_value_heads must equal num_attention_heads (every head has its own keys)")
+            if self.norm_before_fc or self.attention_bias:
+                raise ValueError("vLLM's DeepSeek EAGLE-3 drafter has no norm_before_fc (input_norm) and no attention biases")
         if self.fc_norm and self.norm_before_fc:
             # vLLM accepts both (input_norm first); speculators forbids it. We accept and apply in vLLM's order.
             pass
@@ -77,6 +99,16 @@ class DrafterConfig(BaseModel):
     def qk_norm(self) -> bool:
         """Per-head RMSNorm on queries and keys (``self_attn.q_norm`` / ``k_norm`` [head_dim]): the Qwen3 layer."""
         return self.architecture == "qwen3"
+
+    @property
+    def mla(self) -> bool:
+        """Multi-head latent attention (DeepseekV2MLAAttention): the DeepSeek-V3 / Kimi K2 layer."""
+        return self.architecture == "mla"
+
+    @property
+    def rope_dim(self) -> int:
+        """Width rope rotates per head: qk_rope_head_dim (MLA, interleaved pairs) or head_dim (neox halves)."""
+        return self.qk_rope_head_dim if self.mla else self.head_dim
 
     @property
     def is_eagle31(self) -> bool:

@@ -1,6 +1,7 @@
 """The EAGLE-3 / EAGLE-3.1 drafter as vLLM runs it (``vllm/model_executor/models/llama_eagle3.py`` and, for
 ``cfg.architecture == "qwen3"``, ``qwen3_eagle3.py``: the same layer with per-head ``q_norm`` / ``k_norm``
-[head_dim] RMSNorms on queries and keys before rope and no o_proj bias), in plain torch.
+[head_dim] RMSNorms on queries and keys before rope and no o_proj bias; for ``cfg.architecture == "mla"``,
+``deepseek_eagle3.py``: the same decoder layer around DeepseekV2MLAAttention, see ``MLAAttention``), in plain torch.
 
 Parameter names are the canonical (vLLM-layout) checkpoint names, so ``load_state_dict`` takes a vLLM-layout
 state dict as is: ``fc.weight``, ``fc_norm.{k}.weight``, ``input_norm.weight``, ``layers.{i}.self_attn.q_proj.weight``,
@@ -24,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import UnsupportedError
 from .config import DrafterConfig
 
 
@@ -76,7 +78,11 @@ def _rope_inv_freq(cfg: DrafterConfig) -> tuple[torch.Tensor, float]:
     rope_type = rp["rope_type"]
     if rope_type not in ROPE_TYPES:
         raise ValueError(f"rope type {rope_type!r} is not supported (supported: {', '.join(ROPE_TYPES)})")
-    d = cfg.head_dim
+    if cfg.mla and rope_type != "default":  # vLLM makes it deepseek_yarn / deepseek_llama_scaling with its own mscale
+        raise UnsupportedError(f"MLA drafters with rope scaling ({rope_type}) are not supported yet: vLLM applies "
+                               "deepseek_yarn with mscale to the rope part and the softmax scale",
+                               "convert a drafter whose config has no rope_scaling / rope_parameters scaling")
+    d = cfg.rope_dim  # the rotated width: head_dim, or qk_rope_head_dim for MLA
     base = float(rp["rope_theta"])
     max_pos = cfg.max_position_embeddings
     with torch.device("cpu"):
@@ -247,6 +253,74 @@ class Attention(nn.Module):
         return self.o_proj(out), probs, new_kv
 
 
+def _rope_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """vLLM's rope with ``is_neox_style=False`` (DeepSeek): pairs (x[2i], x[2i+1]) rotate by frequency i.
+    ``cos`` / ``sin`` are the neox-layout tables [.., d] (two copies of the d/2 frequencies)."""
+    half = x.shape[-1] // 2
+    c, s = cos[..., :half], sin[..., :half]
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    return torch.stack((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).flatten(-2)
+
+
+class MLAAttention(nn.Module):
+    """Multi-head latent attention as vLLM's DeepseekV2MLAAttention computes it (``layers/mla.py``), unabsorbed:
+
+      q = q_b_proj(q_a_layernorm(q_a_proj(x)))  (or q_proj(x) without q_lora)  -> per head [nope | rope]
+      [c | k_pe] = kv_a_proj_with_mqa(x);  [k_nope | v] per head = kv_b_proj(kv_a_layernorm(c))
+      rope (interleaved) on q's rope part and on k_pe (one per token, shared by all heads)
+      out = o_proj(softmax(q . [k_nope | k_pe] * (nope + rope)^-0.5) v)
+
+    The absorbed form vLLM's decode kernels use is the same product reassociated. The cache holds the per-head
+    keys [B, nh, T, nope + rope] and values [B, nh, T, v_head_dim]."""
+
+    def __init__(self, cfg: DrafterConfig, in_features: int):
+        super().__init__()
+        self.nh = cfg.num_attention_heads
+        self.nope, self.rope, self.vd = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
+        self.kv_lora = cfg.kv_lora_rank
+        self.scale = (self.nope + self.rope) ** -0.5
+        self.q_lora = cfg.q_lora_rank
+        if self.q_lora is not None:
+            self.q_a_proj = nn.Linear(in_features, self.q_lora, bias=False)
+            self.q_a_layernorm = RMSNorm(self.q_lora, cfg.rms_norm_eps)
+            self.q_b_proj = nn.Linear(self.q_lora, self.nh * (self.nope + self.rope), bias=False)
+        else:
+            self.q_proj = nn.Linear(in_features, self.nh * (self.nope + self.rope), bias=False)
+        self.kv_a_proj_with_mqa = nn.Linear(in_features, self.kv_lora + self.rope, bias=False)
+        self.kv_a_layernorm = RMSNorm(self.kv_lora, cfg.rms_norm_eps)
+        self.kv_b_proj = nn.Linear(self.kv_lora, self.nh * (self.nope + self.vd), bias=False)
+        self.o_proj = nn.Linear(self.nh * self.vd, cfg.hidden_size, bias=False)
+
+    def forward(self, x, cos, sin, mask, cache, layer, want_probs=False, extra_kv=None):
+        b, t, _ = x.shape
+        qx = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x))) if self.q_lora is not None else self.q_proj(x)
+        q = qx.view(b, t, self.nh, self.nope + self.rope).transpose(1, 2)  # [B,nh,T,nope+rope]
+        c, k_pe = self.kv_a_proj_with_mqa(x).split([self.kv_lora, self.rope], dim=-1)
+        kv = self.kv_b_proj(self.kv_a_layernorm(c)).view(b, t, self.nh, self.nope + self.vd).transpose(1, 2)
+        k_nope, v = kv.split([self.nope, self.vd], dim=-1)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [B,1,T,rope]
+        q = torch.cat([q[..., : self.nope], _rope_interleaved(q[..., self.nope:], cos, sin)], dim=-1)
+        k_pe = _rope_interleaved(k_pe.unsqueeze(1), cos, sin).expand(b, self.nh, t, self.rope)
+        k = torch.cat([k_nope, k_pe], dim=-1)
+        new_kv = (k, v)
+        if cache is not None:
+            k, v = cache.update(layer, k, v)
+        if extra_kv is not None:
+            k = torch.cat([extra_kv[0], k], dim=2)
+            v = torch.cat([extra_kv[1], v], dim=2)
+        probs = None
+        if want_probs:
+            scores = (q.float() @ k.float().transpose(-1, -2)) * self.scale
+            if mask is not None:
+                scores = scores.masked_fill(~mask, float("-inf"))
+            probs = scores.softmax(-1)
+            out = (probs @ v.float()).to(q.dtype)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)
+        out = out.transpose(1, 2).reshape(b, t, self.nh * self.vd)
+        return self.o_proj(out), probs, new_kv
+
+
 class MLP(nn.Module):
     def __init__(self, cfg: DrafterConfig):
         super().__init__()
@@ -263,7 +337,7 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.index = index
         h = cfg.hidden_size
-        self.self_attn = Attention(cfg, 2 * h if index == 0 else h)
+        self.self_attn = (MLAAttention if cfg.mla else Attention)(cfg, 2 * h if index == 0 else h)
         self.mlp = MLP(cfg)
         self.input_layernorm = RMSNorm(h, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(h, cfg.rms_norm_eps)

@@ -141,6 +141,70 @@ def _family(nm: dict[str, str], flat: dict[str, Any], layout: str, num_layers: i
     return family
 
 
+def _mla_sizes(shp, flat: dict[str, Any], h: int, findings: list[Finding], where: str) -> dict[str, Any]:
+    """MLA sizes from the layer-0 weights (DeepseekV2MLAAttention's shapes), the config only where the weights are
+    silent; a config that disagrees with the weights is an error finding.
+
+    q_b_proj [nh*(nope+rope), q_lora] (or q_proj [nh*(nope+rope), in]), kv_a_proj_with_mqa [kv_lora+rope, in],
+    kv_a_layernorm [kv_lora], kv_b_proj [nh*(nope+v), kv_lora], o_proj [H, nh*v]: rope = kv_a rows - kv_lora,
+    nh = (q_b rows - kv_b rows + o cols) / rope, nope = (kv_b rows - o cols) / nh, v = o cols / nh."""
+    p = "layers.0.self_attn."
+    qa, qb, qp = shp(p + "q_a_proj.weight"), shp(p + "q_b_proj.weight"), shp(p + "q_proj.weight")
+    kva, kvn, kvb, o = shp(p + "kv_a_proj_with_mqa.weight"), shp(p + "kv_a_layernorm.weight"), shp(p + "kv_b_proj.weight"), shp(p + "o_proj.weight")
+    q_rows = (qb or qp or (None,))[0]
+    if kva is None or kvb is None or o is None or q_rows is None:
+        raise CheckpointError(f"{where}: an MLA drafter without q_b_proj/q_proj, kv_a_proj_with_mqa, kv_b_proj and o_proj weights in layer 0")
+    kv_lora = kvn[0] if kvn is not None else (kvb[1] if len(kvb) == 2 else _int(flat, "kv_lora_rank"))
+    rope = kva[0] - kv_lora
+    if rope <= 0 or (len(kvb) == 2 and kvb[1] != kv_lora):
+        raise CheckpointError(f"{where}: contradicting shapes: kv_a_proj_with_mqa {list(kva)}, kv_b_proj {list(kvb)}, kv_lora_rank {kv_lora}")
+    nh_x_nope = kvb[0] - o[1]
+    if (q_rows - nh_x_nope) % rope or nh_x_nope <= 0:
+        raise CheckpointError(f"{where}: contradicting shapes: q {q_rows} rows, kv_b_proj {list(kvb)}, o_proj {list(o)} do not fit qk_rope_head_dim {rope}")
+    nh = (q_rows - nh_x_nope) // rope
+    if nh <= 0 or nh_x_nope % nh or o[1] % nh or o[0] != h:
+        raise CheckpointError(f"{where}: contradicting shapes: q {q_rows} rows, kv_b_proj {list(kvb)}, o_proj {list(o)} for {nh} heads")
+    sizes: dict[str, Any] = {"num_attention_heads": nh, "q_lora_rank": qa[0] if qa is not None else None,
+                             "kv_lora_rank": kv_lora, "qk_nope_head_dim": nh_x_nope // nh, "qk_rope_head_dim": rope,
+                             "v_head_dim": o[1] // nh}
+    if qa is not None and qb is not None and qb[1] != qa[0]:
+        raise CheckpointError(f"{where}: contradicting shapes: q_a_proj {list(qa)} but q_b_proj {list(qb)}")
+    for k, v in sizes.items():
+        c = _int(flat, k)
+        if c is not None and v is not None and c != v:
+            findings.append(finding("error", "mla_size_mismatch", f"config {k}={c} but the weights say {v}: vLLM builds the drafter from the config"))
+    return sizes
+
+
+CPU_MLA_WIDTH = 576  # vLLM's CPU MLA kernels: kv_lora_rank + qk_rope_head_dim must be 512 + 64
+
+
+def _mla_traps(flat: dict[str, Any], sizes: dict[str, Any], aux_ids: list[int] | None, norm_before_fc: bool,
+               has_input_norm: bool, has_lm_head: bool, vd: int, scaling: Any,
+               findings: list[Finding]) -> bool:
+    """What vLLM's Eagle3DeepseekV2ForCausalLM does with an MLA drafter that a Llama one would not hit
+    (vllm-contract.md section 13, deepseek_eagle3.py); returns norm_before_fc as vLLM runs it (always off)."""
+    if sizes.get("q_lora_rank") is None:
+        findings.append(finding("error", "mla_q_lora_missing", "an MLA drafter without q_a_proj (q_lora_rank unset): vLLM's Eagle3 DeepSeek loader fails ('no module or parameter named layers.0.self_attn.fused_qkv_a_proj'); it cannot be served"))
+    elif flat and _int(flat, "q_lora_rank") is None:
+        findings.append(finding("error", "mla_q_lora_rank_missing", f"q_a_proj weights but no q_lora_rank in the config: vLLM builds a plain q_proj and fails to load them; convert writes q_lora_rank={sizes['q_lora_rank']}"))
+    if flat.get("model_type") == "deepseek_v3":
+        findings.append(finding("error", "mla_model_type_deepseek_v3", "model_type deepseek_v3 on the drafter: vLLM rewrites it to its MTP model and refuses it (Eagle3DeepSeekMTPModel not supported); the drafter must say deepseek_v2 (convert writes that)"))
+    if aux_ids is not None and 0 in aux_ids:
+        findings.append(finding("error", "mla_aux_id_zero", f"aux layer ids {aux_ids} include 0: vLLM's DeepSeek target crashes collecting it ('unsupported operand type(s) for +: Tensor and NoneType')"))
+    if (sizes.get("kv_lora_rank") or 0) + (sizes.get("qk_rope_head_dim") or 0) != CPU_MLA_WIDTH:
+        findings.append(finding("info", "mla_cpu_head_size", f"kv_lora_rank + qk_rope_head_dim = {sizes.get('kv_lora_rank')} + {sizes.get('qk_rope_head_dim')} != {CPU_MLA_WIDTH}: vLLM's CPU MLA backend cannot run it (GPU backends can)"))
+    if not has_lm_head and _int(flat, "draft_vocab_size") is not None:
+        findings.append(finding("error", "mla_draft_vocab_without_lm_head", f"draft_vocab_size={vd} but no lm_head.weight: the drafter serves a randomly initialised head (sglang#27908)"))
+    if scaling:
+        findings.append(finding("error", "mla_rope_scaling_unsupported", f"rope scaling {scaling.get('rope_type', scaling.get('type'))}: vLLM runs deepseek_yarn (mscale on the rope and the softmax scale) for MLA drafters, which eagle-migrate does not reproduce yet; convert and validate refuse it"))
+    if norm_before_fc or has_input_norm:
+        findings.append(finding("error", "mla_norm_before_fc", "norm_before_fc / input_norm in an MLA drafter: vLLM's DeepSeek EAGLE-3 drafter has no input_norm; it ignores the flag (and refuses an input_norm.weight)"))
+    if flat.get("attention_bias"):
+        findings.append(finding("warning", "mla_attention_bias", "attention_bias: true, but vLLM's MLA attention has no biases"))
+    return False
+
+
 def is_mla(names: list[str], cfg: dict[str, Any] | None) -> bool:
     if any(m in n for n in names for m in MLA_MARKERS):
         return True
@@ -415,9 +479,11 @@ def derive(
             findings.append(finding("warning", "num_aux_missing", f"K={k_aux} aux states but no num_aux_hidden_states in the config: vLLM builds fc for 3 (vllm#54526)"))
 
     # heads
+    mla_sizes: dict[str, int | None] = {}
     if mla:
-        nh = _int(flat, "num_attention_heads") or 1
-        hd = (_int(flat, "qk_nope_head_dim") or 0) + (_int(flat, "qk_rope_head_dim") or 0) or _int(flat, "head_dim") or max(1, h // nh)
+        mla_sizes = _mla_sizes(shp, flat, h, findings, where)
+        nh = mla_sizes.pop("num_attention_heads")
+        hd = mla_sizes["qk_nope_head_dim"] + mla_sizes["qk_rope_head_dim"]
         nkv = nh
     else:
         qrows, kvrows = q[0], k[0]
@@ -608,6 +674,10 @@ def derive(
     if scan.ignored:
         findings.append(finding("info", "ignored_tensors", f"dropped training-only tensors: {', '.join(scan.ignored)}"))
 
+    if mla:
+        norm_before_fc = _mla_traps(flat, mla_sizes, aux_ids, norm_before_fc, input_norm is not None, lm is not None,
+                                    vd, scaling, findings)
+
     try:
         cfg = DrafterConfig(
             generation=generation,
@@ -635,13 +705,12 @@ def derive(
             has_lm_head=lm is not None,
             has_embed_tokens=emb is not None,
             architecture=family,
+            **mla_sizes,
         )
     except ValidationError as e:
         err = e.errors()[0]
         raise CheckpointError(f"{where}: inconsistent drafter description ({'.'.join(str(x) for x in err['loc'])}: {err['msg']})") from None
     meta["vocab_size_declared"] = v
-    if mla:
-        findings.append(finding("warning", "mla_not_convertible", "MLA drafter (kv_lora_rank / q_a_proj / kv_a_proj_with_mqa): recognised, served by vLLM >= 0.23 as Eagle3DeepseekV2ForCausalLM, but eagle-migrate cannot convert it yet"))
     return Checkpoint(
         path=root, config=cfg, producer=producer, store=store, name_map=dict(nm), raw_config=raw_config,
         quantization=quantization, findings=findings, layout=layout, meta=meta, aux=aux if generation == "eagle3" else None,

@@ -1,7 +1,9 @@
 """The vLLM layout (what ``vllm serve --speculative-config '{"method": "eagle3", ...}'`` loads): read and write.
 
 Written exactly per the emit checklist in docs/formats.md: ``LlamaForCausalLMEagle3`` + ``model_type: llama``
-(Qwen3 drafters: ``Eagle3Qwen3ForCausalLM`` + ``model_type: qwen3``, with ``head_dim`` and every q_norm/k_norm);
+(Qwen3 drafters: ``Eagle3Qwen3ForCausalLM`` + ``model_type: qwen3``, with ``head_dim`` and every q_norm/k_norm;
+MLA drafters: ``Eagle3DeepseekV2ForCausalLM`` + ``model_type: deepseek_v2`` with the MLA sizes, ``q_lora_rank`` set
+and ``num_aux_hidden_states`` always);
 3.1 flags at the top level; aux layer ids at the top level and in ``eagle_config`` (+ ``num_aux_hidden_states``
 when K != 3); no ``model.`` prefix; ``d2t`` iff Vd != V; never ``t2d``; ``tie_word_embeddings: false``.
 """
@@ -23,9 +25,11 @@ VLLM_ARCH = "LlamaForCausalLMEagle3"
 # per drafter family (DrafterConfig.architecture): the architecture vLLM's registry maps to the family's drafter
 # class, the decoder layer's HF model_type, and the HF architecture of a plain model of that family (speculators'
 # transformer_layer_config; vLLM picks the drafter class from its model_type)
-FAMILY_ARCH = {"llama": VLLM_ARCH, "qwen3": "Eagle3Qwen3ForCausalLM"}
-FAMILY_MODEL_TYPE = {"llama": "llama", "qwen3": "qwen3"}
-FAMILY_HF_ARCH = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+FAMILY_ARCH = {"llama": VLLM_ARCH, "qwen3": "Eagle3Qwen3ForCausalLM", "mla": "Eagle3DeepseekV2ForCausalLM"}
+# MLA: deepseek_v2, never deepseek_v3 (vLLM rewrites a deepseek_v3 drafter config to its MTP model and refuses it)
+FAMILY_MODEL_TYPE = {"llama": "llama", "qwen3": "qwen3", "mla": "deepseek_v2"}
+FAMILY_HF_ARCH = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM", "mla": "DeepseekV2ForCausalLM"}
+MLA_ATTN = ("q_a_proj", "q_a_layernorm", "q_b_proj", "kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj", "o_proj")
 
 
 def _family(cfg: DrafterConfig) -> str:
@@ -52,7 +56,29 @@ def rope_from_config(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]
 def llama_layer_config(cfg: DrafterConfig) -> dict[str, Any]:
     """The decoder-layer keys (``model_type`` .. ``vocab_size``, in this order) of the drafter's config, shared
     by the vLLM config.json and the speculators ``transformer_layer_config``; ``model_type`` per family (llama,
-    qwen3). ``head_dim`` is always written: Qwen3Config's default is 128, not H / heads."""
+    qwen3, deepseek_v2). ``head_dim`` is always written: Qwen3Config's default is 128, not H / heads (MLA: the MLA
+    sizes instead; DeepseekV2Config derives its own head_dim)."""
+    if cfg.mla:
+        if cfg.q_lora_rank is None:  # vLLM's Eagle3 DeepSeek loader maps q_a_proj into fused_qkv_a_proj
+            raise ValueError("vLLM's Eagle3DeepseekV2ForCausalLM needs q_lora_rank (q_a_proj / q_b_proj): a drafter "
+                             "with a plain q_proj fails to load there ('no module or parameter named fused_qkv_a_proj')")
+        if cfg.rope_scaling:
+            raise ValueError("MLA drafters with rope scaling are not supported yet (vLLM's deepseek_yarn mscale)")
+        return {
+            "model_type": FAMILY_MODEL_TYPE["mla"],
+            "hidden_size": cfg.hidden_size,
+            "intermediate_size": cfg.intermediate_size,
+            "num_attention_heads": cfg.num_attention_heads,
+            "num_key_value_heads": cfg.num_key_value_heads,
+            **{k: getattr(cfg, k) for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")},
+            "num_hidden_layers": cfg.num_layers,
+            "hidden_act": "silu",
+            "rms_norm_eps": cfg.rms_norm_eps,
+            "rope_theta": cfg.rope_theta,
+            "rope_scaling": None,
+            "max_position_embeddings": cfg.max_position_embeddings,
+            "vocab_size": cfg.vocab_size,
+        }
     return {
         "model_type": FAMILY_MODEL_TYPE[_family(cfg)],
         "hidden_size": cfg.hidden_size,
@@ -87,11 +113,13 @@ def vllm_config_dict(cfg: DrafterConfig, extra: dict[str, Any] | None = None) ->
         "norm_before_residual": cfg.norm_before_residual,
         "torch_dtype": "bfloat16",
     }
+    if cfg.mla:  # vLLM's DeepSeek drafter has neither (and reads no norm_before_fc)
+        del d["attention_bias"], d["norm_before_fc"]
     if cfg.aux_layer_ids is not None:
         ids = sorted(cfg.aux_layer_ids)
         d["eagle_aux_hidden_state_layer_ids"] = ids
         d["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": ids, "use_aux_hidden_state": True}
-    if cfg.num_aux != 3:
+    if cfg.num_aux != 3 or cfg.mla:  # the DeepSeek drafter sizes fc from it (or eagle_config), never the top-level ids
         d["num_aux_hidden_states"] = cfg.num_aux
     d["eagle_migrate"] = {"version": __version__}
     if extra:
@@ -114,7 +142,11 @@ def vllm_tensor_names(cfg: DrafterConfig) -> list[str]:
         names.append("embed_tokens.weight")
     for i in range(cfg.num_layers):
         p = f"layers.{i}."
-        names += [p + f"self_attn.{x}_proj.weight" for x in "qkvo"]
+        if cfg.mla:
+            attn = MLA_ATTN if cfg.q_lora_rank is not None else ("q_proj",) + MLA_ATTN[3:]
+            names += [p + f"self_attn.{x}.weight" for x in attn]
+        else:
+            names += [p + f"self_attn.{x}_proj.weight" for x in "qkvo"]
         if cfg.attention_bias:  # vLLM's Llama layer: o_proj has a bias too; its Qwen3 layer: never
             names += [p + f"self_attn.{x}_proj.bias" for x in ("qkvo" if not cfg.qk_norm else "qkv")]
         if cfg.qk_norm:  # vLLM loads all-ones norms without a word when these are missing

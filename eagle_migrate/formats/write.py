@@ -93,6 +93,15 @@ def ensure_convertible(ck: Checkpoint | DrafterConfig) -> None:
     if not cfg.supported_architecture:
         where = f"{ck.path}: " if isinstance(ck, Checkpoint) else ""
         raise UnsupportedError(f"{where}{cfg.architecture.upper()} drafter (e.g. Eagle3DeepseekV2ForCausalLM): recognised, but eagle-migrate cannot convert it yet")
+    if cfg.mla:
+        where = f"{ck.path}: " if isinstance(ck, Checkpoint) else ""
+        if cfg.q_lora_rank is None:
+            raise UnsupportedError(f"{where}an MLA drafter without q_lora_rank (a plain q_proj): vLLM's Eagle3DeepseekV2ForCausalLM "
+                                   "cannot load it ('no module or parameter named fused_qkv_a_proj')",
+                                   "only MLA drafters with q_a_proj / q_b_proj can be served by vLLM")
+        if cfg.rope_scaling:
+            raise UnsupportedError(f"{where}an MLA drafter with rope scaling: vLLM's deepseek_yarn (mscale on rope and softmax "
+                                   "scale) is not reproduced by eagle-migrate yet", "open an issue with `eagle-migrate inspect PATH --json` attached")
 
 
 def write_checkpoint(
@@ -148,6 +157,10 @@ def write_checkpoint(
                          "decide first: eagle_migrate.aux_ids.resolve + apply (or convert with --target / --aux-ids-convention)")
     if layout not in ("vllm", "speculators"):
         raise InputError(f"unknown output layout '{layout}' (vllm or speculators)")
+    if layout == "speculators" and cfg.mla:
+        raise UnsupportedError("speculators has no MLA (DeepSeek) drafter layout: vLLM refuses a speculators config "
+                               "whose transformer_layer_config.model_type is deepseek_v2 ('Unsupported model_type')",
+                               "write the vLLM layout (--output-format vllm), which vLLM loads as Eagle3DeepseekV2ForCausalLM")
     sd = prepare_tensors(cfg, tensors, dtype=dtype, keep_t2d=(layout == "speculators"), quantized=quant_cfg is not None)
     extra = dict(extra_config or {})
     if quant_cfg is not None:

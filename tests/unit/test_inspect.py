@@ -80,6 +80,7 @@ def test_report_every_layout_every_size(tmp_path, name):
     assert r.sizes.model_dump() == {
         "hidden_size": 32, "target_hidden_size": 48, "num_aux": 3, "vocab_size": 100, "draft_vocab_size": 40,
         "intermediate_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "num_layers": 2,
+        "mla": None,
     }
     if not name.startswith("safeailab"):  # undecided ids are reported as vLLM reads them (literally)
         assert r.aux_layer_ids == ([1, 4, 8] if AUX_CONVENTION[name] == "output-of-layer" else [2, 5, 9])
@@ -265,8 +266,11 @@ def test_nan_in_norm_always_found_nan_in_big_tensor_only_with_deep(tmp_path):
 
 
 def test_mla_is_reported_not_misread(tmp_path):
+    from ..layouts import MLA
+
     r = inspect_checkpoint(_toy(tmp_path, "mla"))
-    assert r.architecture == "mla" and "mla_not_convertible" in _codes(r, "warning")
+    assert r.architecture == "mla" and r.sizes.mla == MLA and r.sizes.num_attention_heads == 2
+    assert "mla_cpu_head_size" in _codes(r, "info")  # kv_lora 16 + rope 8 != 576
 
 
 def test_eagle2_is_reported(tmp_path):
