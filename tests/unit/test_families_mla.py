@@ -209,7 +209,6 @@ def test_trap_aux_id_zero(tmp_path):
 
 def test_trap_q_lora_missing(tmp_path):
     """A plain q_proj instead of q_a/q_b: vLLM's Eagle3 DeepSeek loader cannot load it."""
-    cfg = mcfg(q_lora_rank=None)
     sd = toy.drafter_state_dict(family="mla")
     for n in ("q_a_proj", "q_a_layernorm", "q_b_proj"):
         del sd[f"layers.0.self_attn.{n}.weight"]
