@@ -55,7 +55,9 @@ def als(world):
     for name in ("speculators", "specforge"):
         lay = write_layout(name, cfg, sd, d / f"layout-{name}")
         assert read_checkpoint(lay).config.architecture == "qwen3"
-        convert(lay, target, d / f"31-{name}", **KW)
+        # the successor toy's layers are identical, so no measurement tells the aux-id conventions apart here
+        # (tests/aux_world.py tests that); write_layout stores vLLM ids
+        convert(lay, target, d / f"31-{name}", aux_ids_convention="vllm", **KW)
         drafters[f"31-{name}"] = d / f"31-{name}"
     quantize(src["oracle"], d / "fp8", "fp8-dynamic", validate="none")
     drafters["fp8-oracle"] = d / "fp8"
