@@ -170,12 +170,9 @@ def main() -> None:
         log("held-out: " + ", ".join(f"{k} {len(v)} x ~{sum(len(h.ids) for h in v) // len(v)} tokens" for k, v in held.items())
             + f" (vLLM greedy continuations, {summary['heldout_generation_seconds']} s)")
 
-        def prog(e):
-            ph = e.get("phase")
-            if ph == "train" and (e["step"] % 5 == 0 or e["step"] == e["steps"]):
-                log(f"step {e['step']}/{e['steps']} loss {e['loss']:.4f} acc {[round(x, 3) for x in e['step_acc']]} lr {e['lr']:.1e}")
-            elif ph in ("before", "heldout-eval", "eval", "warning", "heldout"):
-                log(f"{ph}: {json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in e.items() if k != 'phase'})}")
+        def prog(stage: str, done: int, total: int | None, info: str = "") -> None:  # eagle_migrate.progress.StageProgress
+            if stage != "calibrate" or done % 5 == 0 or done == total:
+                log(f"{stage} {done}/{total or '?'} {info}".rstrip())
 
         if a.sweep:
             init_sd = {n: t.clone() for n, t in model.state_dict().items()}

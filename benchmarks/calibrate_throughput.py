@@ -175,8 +175,8 @@ def end_to_end(shape: str, device: torch.device, steps: int | None, num_sequence
             "template-shift": [toks(300) for _ in range(min(cap, d["heldout_shift_max"]))]}
     marks: list[tuple[float, str]] = []
 
-    def progress(e: dict) -> None:
-        marks.append((time.perf_counter(), str(e.get("phase"))))
+    def progress(stage: str, done: int, total: int | None, info: str = "") -> None:  # eagle_migrate.progress.StageProgress
+        marks.append((time.perf_counter(), stage))
 
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -188,9 +188,8 @@ def end_to_end(shape: str, device: torch.device, steps: int | None, num_sequence
     phases: dict[str, float] = {}
     last = t1
     for t, ph in marks:
-        key = {"train": "train steps", "heldout": "held-out continuations + features", "before": "held-out evaluations",
-               "heldout-eval": "held-out evaluations", "eval": "held-out evaluations",
-               "warning": "final evaluation + report"}.get(ph, ph)
+        key = {"calibrate": "train steps", "calibrate: held-out suites": "held-out continuations + features",
+               "calibrate: target features": "train features", "calibrate: held-out evaluations": "held-out evaluations"}.get(ph, ph)
         phases[key] = phases.get(key, 0.0) + (t - last)
         last = t
     phases["final evaluation + report"] = phases.get("final evaluation + report", 0.0) + (time.perf_counter() - last)

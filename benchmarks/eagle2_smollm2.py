@@ -82,7 +82,7 @@ def run_convert(args: argparse.Namespace, target: Path) -> dict:
     t0 = time.perf_counter()
     last = [0.0]
 
-    def progress(stage: str, done: int, total: int | None) -> None:
+    def progress(stage: str, done: int, total: int | None, info: str = "") -> None:
         now = time.perf_counter()
         if now - last[0] > 20 or (total and done == total):
             last[0] = now
