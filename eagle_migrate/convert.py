@@ -23,7 +23,6 @@ import json
 import math
 import os
 import platform
-import struct
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -43,7 +42,7 @@ from .aux_ids import AuxIds, Convention, eagle2_aux_ids  # noqa: F401  (eagle2_a
 from .errors import DataError, InputError, PairingError, UnsupportedError
 from .allocator import fixed_mmap_threshold
 from .devices import resolve_device, resolve_dtype
-from .formats.io import atomic_output_dir, check_output_dir, sha256_files, write_json
+from .formats.io import PlannedTensor, atomic_output_dir, check_output_dir, sha256_files, write_json, write_safetensors_streaming
 from .hidden_states import HiddenRecord, iter_hidden_states
 from .stats import StatsAccumulator, TargetStatistics, rms_normalize
 
@@ -520,41 +519,6 @@ class _Counter:
         )
 
 
-# ===== streaming safetensors writer ================================================================================
-_ST_DTYPE = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.int64: "I64", torch.int32: "I32",
-             torch.bool: "BOOL", torch.uint8: "U8", torch.int8: "I8", torch.float64: "F64"}
-
-
-@dataclass
-class _Planned:
-    name: str
-    shape: tuple[int, ...]
-    dtype: torch.dtype
-    make: Callable[[], torch.Tensor]
-
-
-def write_safetensors_streaming(path: Path, plan: list[_Planned], metadata: dict[str, str]) -> None:
-    """Write a safetensors file producing one tensor at a time (peak memory: the largest tensor and its cast)."""
-    header: dict[str, Any] = {"__metadata__": metadata}
-    off = 0
-    for p in plan:
-        n = math.prod(p.shape) * torch.empty((), dtype=p.dtype).element_size()
-        header[p.name] = {"dtype": _ST_DTYPE[p.dtype], "shape": list(p.shape), "data_offsets": [off, off + n]}
-        off += n
-    hb = json.dumps(header, separators=(",", ":")).encode()
-    hb += b" " * (-len(hb) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(hb)))
-        f.write(hb)
-        for p in plan:
-            t = p.make()
-            if tuple(t.shape) != tuple(p.shape):
-                raise RuntimeError(f"internal: {p.name} has shape {tuple(t.shape)}, planned {p.shape}")
-            t = t.detach().to("cpu", p.dtype).contiguous()
-            f.write(memoryview(t.view(torch.uint8).reshape(-1).numpy()))
-            del t
-
-
 # ===== calibration hook ============================================================================================
 def _run_calibration(ckpt_dir: Path, ctx: dict[str, Any]) -> CalibrationStatus:
     """The calibration fine-tune (:func:`eagle_migrate.calibrate.calibrate_checkpoint`) on the written checkpoint, in place."""
@@ -795,7 +759,7 @@ def convert(
             plist = []
             for n in names:
                 dt = torch.int64 if n == "d2t" else store_dtype
-                plist.append(_Planned(n, tuple(plan.shapes[n]), dt, _counting(plan.tensors[n], progress, len(names))))
+                plist.append(PlannedTensor(n, tuple(plan.shapes[n]), dt, _counting(plan.tensors[n], progress, len(names))))
             write_safetensors_streaming(tmp / "model.safetensors", plist, meta)
             d = vllm_config_dict(cfg_out, extra)
             d["torch_dtype"] = str(store_dtype).removeprefix("torch.")

@@ -22,7 +22,7 @@ import pickle
 import shutil
 import threading
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -516,36 +516,56 @@ def write_json(path: Path, data: Any) -> None:
 _ST_NAMES = {v: k for k, v in SAFETENSORS_DTYPES.items()}
 
 
-def save_safetensors(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None) -> None:
-    """A safetensors file whose bytes depend only on the tensors and metadata: header keys sorted (the
-    safetensors library writes ``__metadata__`` in hash-map order, different in every process), tensors laid out
-    by alignment then name (as the library does), so identical inputs give identical sha256 (resume checks and
-    Hub deduplication rely on it)."""
+@dataclass
+class PlannedTensor:
+    """One tensor of a safetensors file written by :func:`write_safetensors_streaming`: ``make`` produces it when
+    its turn comes (it is cast to ``dtype`` and must have ``shape``)."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    make: Callable[[], torch.Tensor]
+
+
+def write_safetensors_streaming(path: Path, plan: list[PlannedTensor], metadata: dict[str, str] | None) -> None:
+    """The one safetensors writer: header first (keys and ``__metadata__`` in a fixed order), then each tensor made,
+    cast and written one at a time (peak memory: the largest tensor and its cast), in ``plan``'s order."""
+    import math
     import struct
 
-    if metadata is None:  # ours unless the caller says otherwise (``is_our_output`` reads it)
-        from .. import __version__
-
-        metadata = {"format": "pt", "producer": f"eagle-migrate {__version__}"}
-    meta = {str(k): str(v) for k, v in sorted(metadata.items())}
-    items = []
-    for name, t in tensors.items():
-        t = t.detach().to("cpu").contiguous()
-        if t.dtype not in _ST_NAMES:
-            raise ValueError(f"cannot write {name}: dtype {t.dtype} has no safetensors name")
-        items.append((name, t))
-    items.sort(key=lambda kv: (-kv[1].element_size(), kv[0]))
-    header: dict[str, Any] = {"__metadata__": meta} if meta else {}
+    header: dict[str, Any] = {"__metadata__": {str(k): str(v) for k, v in sorted(metadata.items())}} if metadata else {}
     off = 0
-    for name, t in items:
-        n = t.numel() * t.element_size()
-        header[name] = {"dtype": _ST_NAMES[t.dtype], "shape": list(t.shape), "data_offsets": [off, off + n]}
+    for p in plan:
+        if p.dtype not in _ST_NAMES:
+            raise ValueError(f"cannot write {p.name}: dtype {p.dtype} has no safetensors name")
+        n = math.prod(p.shape) * torch.empty((), dtype=p.dtype).element_size()
+        header[p.name] = {"dtype": _ST_NAMES[p.dtype], "shape": list(p.shape), "data_offsets": [off, off + n]}
         off += n
     hb = json.dumps(header, separators=(",", ":")).encode()
     hb += b" " * (-len(hb) % 8)
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(hb)))
         f.write(hb)
-        for _, t in items:
+        for p in plan:
+            t = p.make()
+            if tuple(t.shape) != tuple(p.shape):
+                raise RuntimeError(f"internal: {p.name} has shape {tuple(t.shape)}, planned {p.shape}")
+            t = t.detach().to("cpu", p.dtype).contiguous()
             if t.numel():
                 f.write(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
+            del t
+
+
+def save_safetensors(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None) -> None:
+    """A safetensors file whose bytes depend only on the tensors and metadata: header keys sorted (the
+    safetensors library writes ``__metadata__`` in hash-map order, different in every process), tensors laid out
+    by alignment then name (as the library does), so identical inputs give identical sha256 (resume checks and
+    Hub deduplication rely on it)."""
+    if metadata is None:  # ours unless the caller says otherwise (``is_our_output`` reads it)
+        from .. import __version__
+
+        metadata = {"format": "pt", "producer": f"eagle-migrate {__version__}"}
+    items = sorted(((n, t.detach().to("cpu").contiguous()) for n, t in tensors.items()),
+                   key=lambda kv: (-kv[1].element_size(), kv[0]))
+    write_safetensors_streaming(path, [PlannedTensor(n, tuple(t.shape), t.dtype, (lambda t=t: t)) for n, t in items],
+                                metadata)
