@@ -231,11 +231,7 @@ class Attention(nn.Module):
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
         new_kv = (k, v)
-        if cache is not None:
-            k, v = cache.update(layer, k, v)
-        if extra_kv is not None:
-            k = torch.cat([extra_kv[0], k], dim=2)
-            v = torch.cat([extra_kv[1], v], dim=2)
+        k, v = _with_past(k, v, layer, cache, extra_kv)
         rep = self.nh // self.nkv
         if rep > 1:
             k = k.repeat_interleave(rep, dim=1)
@@ -251,6 +247,17 @@ class Attention(nn.Module):
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0 / math.sqrt(self.hd))
         out = out.transpose(1, 2).reshape(b, t, self.nh * self.hd)
         return self.o_proj(out), probs, new_kv
+
+
+def _with_past(k: torch.Tensor, v: torch.Tensor, layer: int, cache: KVCache | None,
+               extra_kv: tuple[torch.Tensor, torch.Tensor] | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """This step's keys/values [B, heads, T, d] appended to the cache (when given), then preceded by ``extra_kv``."""
+    if cache is not None:
+        k, v = cache.update(layer, k, v)
+    if extra_kv is not None:
+        k = torch.cat([extra_kv[0], k], dim=2)
+        v = torch.cat([extra_kv[1], v], dim=2)
+    return k, v
 
 
 def _rope_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -303,11 +310,7 @@ class MLAAttention(nn.Module):
         k_pe = _rope_interleaved(k_pe.unsqueeze(1), cos, sin).expand(b, self.nh, t, self.rope)
         k = torch.cat([k_nope, k_pe], dim=-1)
         new_kv = (k, v)
-        if cache is not None:
-            k, v = cache.update(layer, k, v)
-        if extra_kv is not None:
-            k = torch.cat([extra_kv[0], k], dim=2)
-            v = torch.cat([extra_kv[1], v], dim=2)
+        k, v = _with_past(k, v, layer, cache, extra_kv)
         probs = None
         if want_probs:
             scores = (q.float() @ k.float().transpose(-1, -2)) * self.scale
