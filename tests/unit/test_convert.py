@@ -396,7 +396,7 @@ def test_cli_require_improvement_exits_1_after_writing(world, target, monkeypatc
 
 # ----- data sources -----------------------------------------------------------------------------------------------
 def test_precomputed_hidden_states_and_token_id_data(world, target):
-    from eagle_migrate.convert import _TargetSide
+    from eagle_migrate.target import LazyTarget
     from eagle_migrate.hidden_states import write_hidden_states
 
     seqs = toy.prompts(10, 24, seed=5)
@@ -404,7 +404,7 @@ def test_precomputed_hidden_states_and_token_id_data(world, target):
     data.write_text("".join(json.dumps({"token_ids": s}) + "\n" for s in seqs))
     src = write_src(world / "hs-src", "random")
     a = convert(src, target, world / "hs-data", data=str(data), num_sequences=10, command="t", calibrate=False)
-    ts = _TargetSide(target, "cpu", torch.float32)
+    ts = LazyTarget(target, "cpu", torch.float32)
     write_hidden_states(world / "hs", ts.capture(seqs, IDS, want_last=True), IDS, batch=3)
     b = convert(src, target, world / "hs-pre", hidden_states_dir=world / "hs", num_sequences=10, command="t", calibrate=False)
     assert b.norm_init.statistics.num_tokens == a.norm_init.statistics.num_tokens
