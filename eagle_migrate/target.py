@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 
@@ -21,7 +21,6 @@ from .errors import TargetError
 from .formats.io import read_json
 from .formats.vllm import rope_from_config
 from .hidden_states import HiddenRecord
-
 
 # any of these in a local target folder means it ships a tokenizer
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model")
@@ -253,7 +252,7 @@ class LazyTarget:
     model only on first need (``loaded``), a few weights read straight from the folder without loading the model
     (``weight``), and the aux states of token sequences one at a time (``capture``, through :meth:`Target.capture`)."""
 
-    _NAMES = {
+    _NAMES: ClassVar[dict[str, list[str]]] = {
         "embed": ["model.embed_tokens.weight", "embed_tokens.weight", "model.language_model.embed_tokens.weight", "transformer.wte.weight"],
         "lm_head": ["lm_head.weight"],
         "norm": ["model.norm.weight", "norm.weight", "model.language_model.norm.weight", "transformer.ln_f.weight"],

@@ -18,8 +18,23 @@ from ..formats.io import atomic_output_dir, write_json
 from ..stats import TargetStatistics
 from .calibration import CalibrationOptions, run_calibration
 from .options import ConvertOptions
-from .read import Job, check_pairing, decide_aux_ids, map_source, now, read, resolve_data
-from .result import Agreement, CalibrationStatus, ConvertResult, Eagle2Mapping, NormInit, NormOutputCompensation
+from .read import (
+    Job,
+    check_pairing,
+    decide_aux_ids,
+    map_source,
+    now,
+    read,
+    resolve_data,
+)
+from .result import (
+    Agreement,
+    CalibrationStatus,
+    ConvertResult,
+    Eagle2Mapping,
+    NormInit,
+    NormOutputCompensation,
+)
 from .write import OutputLabels, OutputPlan, verify_written, write_plan
 
 

@@ -45,7 +45,7 @@ def run_calibration(ckpt_dir: Path, opts: CalibrationOptions) -> CalibrationStat
     from ..calibrate import calibrate_checkpoint
 
     res = calibrate_checkpoint(ckpt_dir, opts.target, in_place=True, **opts.keywords())
-    kept = ("best step %d of %d" % (res.best_step, res.steps_run) if res.best_step
+    kept = (f"best step {res.best_step} of {res.steps_run}" if res.best_step
             else "initial weights kept: the structural conversion is returned")
     j = res.judge
     paired = (f", paired {j.vs_initial.diff:+.3f} +/- {j.vs_initial.se:.3f} over {j.heldout_positions} positions"

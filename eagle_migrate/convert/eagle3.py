@@ -26,7 +26,14 @@ from .agreement import AgreementCounter, chains, cuts, eagle3_runner
 from .base import Converter, Initialised, register
 from .read import Job
 from .records import STATS_MAX_SEQUENCES, records, split_stream
-from .result import Agreement, FcNormWeight, FeedbackVariant, NormCandidate, NormInit, NormOutputCompensation
+from .result import (
+    Agreement,
+    FcNormWeight,
+    FeedbackVariant,
+    NormCandidate,
+    NormInit,
+    NormOutputCompensation,
+)
 from .write import OutputPlan, copy_from
 
 # among candidates within 0.002 step-0 agreement and 1 % fc error of the best, the first of these is kept
