@@ -63,7 +63,7 @@ def test_sharegpt_truncated_file_decodes_every_complete_record():
 def test_unrolled_forward_equals_drafting_on_the_real_target(target):
     """Real aux states (layers 2, 15, 27 of SmolLM2) through a SmolLM2-shaped EAGLE-3.1 drafter."""
     from eagle_migrate.drafter import DrafterConfig, EagleDrafter, KVCache
-    from eagle_migrate.train import capture, init_from_target, unrolled_forward
+    from eagle_migrate.train import init_from_target, unrolled_forward
 
     cfg = DrafterConfig(hidden_size=576, target_hidden_size=576, vocab_size=49152, draft_vocab_size=1024,
                         intermediate_size=1536, num_attention_heads=9, num_key_value_heads=3, head_dim=64,
@@ -78,7 +78,7 @@ def test_unrolled_forward_equals_drafting_on_the_real_target(target):
     ids = tok.apply_chat_template([{"role": "user", "content": "Write a haiku about the sea."}],
                                   add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"]
     n = ids.shape[1] - 1
-    aux, _ = capture(target, ids, torch.tensor([ids.shape[1]]), [2, 15, 27])
+    aux, _ = target.capture(ids, [2, 15, 27], torch.tensor([ids.shape[1]]))
     drafts, outs = m.draft_with_cache(ids, aux[:, :n], 3, KVCache())
     seq = torch.cat([ids, drafts], 1)
     pad_aux = torch.cat([aux, torch.zeros(1, seq.shape[1] - aux.shape[1], aux.shape[2])], 1)
