@@ -15,7 +15,6 @@ from pydantic import BaseModel, Field
 from ..drafter.config import DrafterConfig
 from ..errors import CheckpointError, DataError, InputError
 
-ProgressFn = Callable[[str], None]
 DRAFT_STEPS = 3
 
 
@@ -35,7 +34,7 @@ def calibrate_activations(
     *,
     draft_steps: int = DRAFT_STEPS,
     skip_first: bool = True,
-    progress: ProgressFn | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> tuple[dict[str, float], int]:
     """max |input| of every Linear in ``prefixes`` while the drafter drafts over each sequence as vLLM runs it
     (step 0 over the context fed by the target's aux states, then ``draft_steps - 1`` fed-back steps).
@@ -90,7 +89,7 @@ def data_source(data: Any) -> str:
 
 
 def activation_ranges(cfg: DrafterConfig, sd: dict[str, torch.Tensor], target, data: Any, prefixes: list[str], *,
-                      num_sequences: int, max_len: int, progress: ProgressFn | None = None
+                      num_sequences: int, max_len: int, progress: Callable[[str], None] | None = None
                       ) -> tuple[dict[str, float], CalibrationReport]:
     """The calibrated max |input| of each Linear in ``prefixes`` (``target``: a loaded ``target.Target``; ``data``:
     any source ``data.calibration_sequences`` reads, None = the built-in chat set) and what it was measured on."""

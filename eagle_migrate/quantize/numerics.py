@@ -20,9 +20,6 @@ import torch
 from ..errors import UnsupportedError
 from .schemes import NVFP4_GROUP, SchemeConfig, get_scheme
 
-FP8_MAX = 448.0
-FP4_MAX = 6.0
-
 
 def scale_dtype(source_dtype: torch.dtype) -> torch.dtype:
     """FP8 scales are stored in the weight dtype for bf16 checkpoints (what llm-compressor writes), fp32 otherwise."""

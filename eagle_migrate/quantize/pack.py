@@ -24,7 +24,6 @@ from .schemes import (
     scheme_from_config,
 )
 
-ProgressFn = Callable[[str], None]
 # what a quantized Linear stores besides its bias
 STORED_SUFFIXES = ("weight", "weight_packed", "weight_scale", "weight_global_scale", "input_scale", "input_global_scale")
 
@@ -52,7 +51,7 @@ def quantize_state_dict(
     activation_amax: dict[str, float] | None = None,
     quantize_fc: bool = False,
     quantize_lm_head: bool = False,
-    progress: ProgressFn | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> tuple[dict[str, torch.Tensor], list[LayerReport]]:
     """Quantize every targeted Linear of a canonical (vLLM-layout) state dict; other tensors pass through."""
     spec = get_scheme(scheme)
