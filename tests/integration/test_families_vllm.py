@@ -45,7 +45,7 @@ from ..layouts import write_layout
 
 pytestmark = [pytest.mark.vllm, requires_vllm]
 
-KW = dict(num_sequences=8, command="test", calibrate=False)
+KW = {"num_sequences": 8, "command": "test", "calibrate": False}
 SUITE = {"toy": {"prompts": toy.prompts(), "max_tokens": 16, "ignore_eos": True}}
 # Kimi K2's rope_scaling keys (TorchSpec's kimi_k3_eagle3_mla.json), lengths for the toy's 1024 positions
 KIMI_YARN = {"type": "yarn", "factor": 32.0, "original_max_position_embeddings": 32, "beta_fast": 32, "beta_slow": 1,
@@ -168,7 +168,7 @@ def test_fp8_dynamic_within_2_percent(als):
 
 def test_validate_engines_agree(world):
     _, _, target, src = world
-    kw = dict(suites=["chat", "long"], num_prompts=2, max_tokens=16, baseline=src["oracle"], diagnostics=False)
+    kw = {"suites": ["chat", "long"], "num_prompts": 2, "max_tokens": 16, "baseline": src["oracle"], "diagnostics": False}
     v = validate(src["aux-only"], target, engine="vllm", **kw)
     r = validate(src["aux-only"], target, engine="reference", **kw)
     assert v.engine == "vllm" and r.engine == "reference"

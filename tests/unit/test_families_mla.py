@@ -41,7 +41,10 @@ def test_mla_attention_matches_transformers_deepseek_v3_attention():
     """Our MLAAttention against transformers' DeepseekV3Attention (an independent implementation: rope_interleave,
     unabsorbed MLA) on the same weights and positions."""
     from transformers import DeepseekV3Config
-    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3Attention, DeepseekV3RotaryEmbedding
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import (
+        DeepseekV3Attention,
+        DeepseekV3RotaryEmbedding,
+    )
 
     tc = {**toy.target_config(family="mla"), "num_attention_heads": 2, "num_key_value_heads": 2}
     hf_cfg = DeepseekV3Config(**{k: v for k, v in tc.items() if k not in ("architectures", "model_type", "torch_dtype")})
