@@ -135,3 +135,37 @@ class DrafterConfig(BaseModel):
         from ..aux_ids import vllm_default_aux_ids
 
         return vllm_default_aux_ids(num_target_layers)
+
+
+def rope_parameters_of(rope_scaling: dict[str, Any] | None, rope_theta: float, max_position_embeddings: int) -> dict:
+    """A drafter's rope parameters as vLLM sees them after transformers standardises the config: ``rope_type``
+    (legacy ``type`` understood, ``su`` = longrope), ``rope_theta``, and ``original_max_position_embeddings``
+    defaulting to ``max_position_embeddings`` for llama3 / yarn / longrope (what transformers 5 fills in)."""
+    rope = dict(rope_scaling or {})
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    rope_type = {"su": "longrope", "mrope": "default"}.get(rope_type, rope_type)
+    rope.pop("type", None)
+    rope.update(rope_type=rope_type, rope_theta=rope_theta)
+    if rope_type in ("llama3", "yarn", "longrope"):
+        rope.setdefault("original_max_position_embeddings", max_position_embeddings)
+    return rope
+
+
+def mla_rope_type_of(rope_params: dict) -> str:
+    """The rope type vLLM 0.32 runs for an MLA drafter (deepseek_v2.py, ``DeepseekV2MLAAttention.__init__``): every
+    type but ``default`` becomes ``deepseek_yarn``, or ``deepseek_llama_scaling`` when ``attention_factor == 1.0``;
+    both are DeepseekScalingRotaryEmbedding (YaRN ramp over ``original_max_position_embeddings``, cos/sin times
+    ``mscale(factor, mscale) / mscale(factor, mscale_all_dim)``), and deepseek_yarn also scales the softmax.
+    For scaled types other than (deepseek_)yarn vLLM drops the type's own parameters (llama3's frequency factors,
+    longrope's lists): ValueError, as for a yarn dict without ``factor`` / ``original_max_position_embeddings``
+    (vLLM fails on those)."""
+    rope_type = rope_params.get("rope_type", "default")
+    if rope_type == "default":
+        return "default"
+    if rope_type not in ("yarn", "deepseek_yarn", "deepseek_llama_scaling"):
+        raise ValueError(f"an MLA drafter with {rope_type} rope scaling: vLLM's DeepSeek attention runs it as "
+                         "deepseek_yarn (YaRN frequencies), ignoring the type's own parameters")
+    missing = [k for k in ("factor", "original_max_position_embeddings") if k not in rope_params]
+    if missing:
+        raise ValueError(f"an MLA drafter's {rope_type} rope scaling has no {', '.join(missing)} (vLLM needs them)")
+    return "deepseek_llama_scaling" if rope_params.get("attention_factor") == 1.0 else "deepseek_yarn"

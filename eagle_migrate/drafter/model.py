@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import UnsupportedError
-from .config import DrafterConfig
+from .config import DrafterConfig, mla_rope_type_of, rope_parameters_of
 
 
 class RMSNorm(nn.Module):
@@ -49,17 +49,30 @@ ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3", "longrope")
 
 
 def rope_parameters(cfg: DrafterConfig) -> dict:
-    """The drafter's rope parameters as vLLM sees them after transformers standardises the config: ``rope_type``
-    (legacy ``type`` understood, ``su`` = longrope), ``rope_theta``, and ``original_max_position_embeddings``
-    defaulting to ``max_position_embeddings`` for llama3 / yarn / longrope."""
-    rope = dict(cfg.rope_scaling or {})
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    rope_type = {"su": "longrope", "mrope": "default"}.get(rope_type, rope_type)
-    rope.pop("type", None)
-    rope.update(rope_type=rope_type, rope_theta=cfg.rope_theta)
-    if rope_type in ("llama3", "yarn", "longrope"):
-        rope.setdefault("original_max_position_embeddings", cfg.max_position_embeddings)
-    return rope
+    """The drafter's rope parameters as vLLM sees them (:func:`eagle_migrate.drafter.config.rope_parameters_of`)."""
+    return rope_parameters_of(cfg.rope_scaling, cfg.rope_theta, cfg.max_position_embeddings)
+
+
+def mla_rope_type(cfg: DrafterConfig) -> str:
+    """The rope type vLLM 0.32 runs for an MLA drafter (:func:`eagle_migrate.drafter.config.mla_rope_type_of`):
+    ``default``, ``deepseek_yarn`` or ``deepseek_llama_scaling``; UnsupportedError for what eagle-migrate refuses."""
+    try:
+        return mla_rope_type_of(rope_parameters(cfg))
+    except ValueError as e:
+        raise UnsupportedError(str(e), "only yarn / deepseek_yarn rope scaling (with factor and "
+                               "original_max_position_embeddings) is supported for MLA drafters") from None
+
+
+def mla_softmax_scale(cfg: DrafterConfig) -> float:
+    """The MLA softmax scale as vLLM's DeepseekV2MLAAttention sets it: ``(nope + rope) ** -0.5``, times
+    ``yarn_get_mscale(factor, mscale_all_dim) ** 2`` under deepseek_yarn (1 when ``mscale_all_dim`` is absent or 0)."""
+    scale = (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim) ** -0.5
+    if mla_rope_type(cfg) == "deepseek_yarn":
+        rp = rope_parameters(cfg)
+        factor, all_dim = float(rp["factor"]), float(rp.get("mscale_all_dim") or 0)
+        m = 1.0 if factor <= 1 else 0.1 * all_dim * math.log(factor) + 1.0
+        scale = scale * m * m
+    return scale
 
 
 def rope_inv_freq(cfg: DrafterConfig) -> tuple[torch.Tensor, float]:
@@ -73,15 +86,14 @@ def rope_inv_freq(cfg: DrafterConfig) -> tuple[torch.Tensor, float]:
     * ``longrope``: vLLM uses the long factors when its ``max_model_len`` exceeds
       ``original_max_position_embeddings``; its default ``max_model_len`` is the model's ``max_position_embeddings``,
       which is what decides here (a server started with a smaller ``--max-model-len`` uses the short factors).
+    * MLA (``qk_rope_head_dim`` rotated, interleaved pairs): vLLM's DeepSeek attention runs any scaled rope as
+      ``deepseek_yarn`` (:func:`mla_rope_type`): the YaRN ramp with cos/sin times ``mscale(factor, mscale) /
+      mscale(factor, mscale_all_dim)`` (DeepseekScalingRotaryEmbedding; the softmax scale: :func:`mla_softmax_scale`).
     """
     rp = rope_parameters(cfg)
-    rope_type = rp["rope_type"]
-    if rope_type not in ROPE_TYPES:
+    rope_type = mla_rope_type(cfg) if cfg.mla else rp["rope_type"]  # MLA: default / deepseek_yarn / deepseek_llama_scaling
+    if rope_type not in ROPE_TYPES and not cfg.mla:
         raise ValueError(f"rope type {rope_type!r} is not supported (supported: {', '.join(ROPE_TYPES)})")
-    if cfg.mla and rope_type != "default":  # vLLM makes it deepseek_yarn / deepseek_llama_scaling with its own mscale
-        raise UnsupportedError(f"MLA drafters with rope scaling ({rope_type}) are not supported yet: vLLM applies "
-                               "deepseek_yarn with mscale to the rope part and the softmax scale",
-                               "convert a drafter whose config has no rope_scaling / rope_parameters scaling")
     d = cfg.rope_dim  # the rotated width: head_dim, or qk_rope_head_dim for MLA
     base = float(rp["rope_theta"])
     max_pos = cfg.max_position_embeddings
@@ -111,7 +123,9 @@ def rope_inv_freq(cfg: DrafterConfig) -> tuple[torch.Tensor, float]:
             smooth = (orig / wave - lo) / (hi - lo) if lo != hi else 0
             mid = (1 - smooth) * inv0 / factor + smooth * inv0
             inv = torch.where(wave < orig / hi, inv0, torch.where(wave > orig / lo, inv0 / factor, mid))
-        elif rope_type == "yarn":
+        elif rope_type in ("yarn", "deepseek_yarn", "deepseek_llama_scaling"):
+            # yarn: YaRNScalingRotaryEmbedding; deepseek_*: DeepseekScalingRotaryEmbedding (MLA), the same ramp over
+            # original_max_position_embeddings with truncated correction bounds, a different cos/sin scale below
             factor = float(rp["factor"])
             orig = rp["original_max_position_embeddings"]
             beta_fast, beta_slow = rp.get("beta_fast", 32), rp.get("beta_slow", 1)
@@ -121,7 +135,7 @@ def rope_inv_freq(cfg: DrafterConfig) -> tuple[torch.Tensor, float]:
                 return (d * math.log(orig / (rot * 2 * math.pi))) / (2 * math.log(base))
 
             low, high = corr(beta_fast), corr(beta_slow)
-            if rp.get("truncate", True):
+            if rp.get("truncate", True) or rope_type != "yarn":  # DeepseekScalingRotaryEmbedding always truncates
                 low, high = math.floor(low), math.ceil(high)
             low, high = max(low, 0), min(high, d - 1)
             if low == high:
@@ -133,7 +147,9 @@ def rope_inv_freq(cfg: DrafterConfig) -> tuple[torch.Tensor, float]:
             def mscale(s: float, m: float = 1.0) -> float:
                 return 1.0 if s <= 1 else 0.1 * m * math.log(s) + 1.0
 
-            if rp.get("attention_factor") is not None:
+            if rope_type != "yarn":  # DeepseekScalingRotaryEmbedding: mscale / mscale_all_dim (defaults 1 and 0)
+                scale = float(mscale(factor, float(rp.get("mscale", 1))) / mscale(factor, float(rp.get("mscale_all_dim", 0))))
+            elif rp.get("attention_factor") is not None:
                 scale = float(rp["attention_factor"])
             elif rp.get("mscale") and rp.get("mscale_all_dim"):
                 scale = float(mscale(factor, rp["mscale"]) / mscale(factor, rp["mscale_all_dim"]))
@@ -292,7 +308,7 @@ class MLAAttention(nn.Module):
         self.nh = cfg.num_attention_heads
         self.nope, self.rope, self.vd = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
         self.kv_lora = cfg.kv_lora_rank
-        self.scale = (self.nope + self.rope) ** -0.5
+        self.scale = mla_softmax_scale(cfg)
         self.q_lora = cfg.q_lora_rank
         if self.q_lora is not None:
             self.q_a_proj = nn.Linear(in_features, self.q_lora, bias=False)

@@ -21,7 +21,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ..drafter.config import DrafterConfig
+from ..drafter.config import DrafterConfig, mla_rope_type_of, rope_parameters_of
 from ..errors import CheckpointError
 from .base import Checkpoint, Finding
 from .io import TensorInfo, TensorStore
@@ -197,7 +197,10 @@ def _mla_traps(flat: dict[str, Any], sizes: dict[str, Any], aux_ids: list[int] |
     if not has_lm_head and _int(flat, "draft_vocab_size") is not None:
         findings.append(finding("error", "mla_draft_vocab_without_lm_head", f"draft_vocab_size={vd} but no lm_head.weight: the drafter serves a randomly initialised head (sglang#27908)"))
     if scaling:
-        findings.append(finding("error", "mla_rope_scaling_unsupported", f"rope scaling {scaling.get('rope_type', scaling.get('type'))}: vLLM runs deepseek_yarn (mscale on the rope and the softmax scale) for MLA drafters, which eagle-migrate does not reproduce yet; convert and validate refuse it"))
+        try:
+            mla_rope_type_of(rope_parameters_of(scaling, 1.0, _int(flat, "max_position_embeddings") or 2048))
+        except ValueError as e:
+            findings.append(finding("error", "mla_rope_scaling_unsupported", f"{e}; convert and validate refuse it"))
     if norm_before_fc or has_input_norm:
         findings.append(finding("error", "mla_norm_before_fc", "norm_before_fc / input_norm in an MLA drafter: vLLM's DeepSeek EAGLE-3 drafter has no input_norm; it ignores the flag (and refuses an input_norm.weight)"))
     if flat.get("attention_bias"):

@@ -62,8 +62,6 @@ def llama_layer_config(cfg: DrafterConfig) -> dict[str, Any]:
         if cfg.q_lora_rank is None:  # vLLM's Eagle3 DeepSeek loader maps q_a_proj into fused_qkv_a_proj
             raise ValueError("vLLM's Eagle3DeepseekV2ForCausalLM needs q_lora_rank (q_a_proj / q_b_proj): a drafter "
                              "with a plain q_proj fails to load there ('no module or parameter named fused_qkv_a_proj')")
-        if cfg.rope_scaling:
-            raise ValueError("MLA drafters with rope scaling are not supported yet (vLLM's deepseek_yarn mscale)")
         return {
             "model_type": FAMILY_MODEL_TYPE["mla"],
             "hidden_size": cfg.hidden_size,
@@ -75,7 +73,7 @@ def llama_layer_config(cfg: DrafterConfig) -> dict[str, Any]:
             "hidden_act": "silu",
             "rms_norm_eps": cfg.rms_norm_eps,
             "rope_theta": cfg.rope_theta,
-            "rope_scaling": None,
+            "rope_scaling": cfg.rope_scaling,  # yarn: vLLM runs deepseek_yarn (drafter/model.py mla_rope_type)
             "max_position_embeddings": cfg.max_position_embeddings,
             "vocab_size": cfg.vocab_size,
         }

