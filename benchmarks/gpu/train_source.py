@@ -165,6 +165,8 @@ def main(argv: list[str] | None = None) -> dict:
         log(f"held-out simulated AL (k=3, {sim.num_sequences} chat prompts x {a.eval_tokens}): "
             f"{sim.acceptance_length:.3f}")
 
+    summary["missing_on_device"] = missing_on_device()  # imports the device image lacks: must stay empty
+
     def finish(folder: Path) -> None:
         summary["files"] = reshard(folder)
         (folder / "training.json").write_text(json.dumps(summary, indent=1))
