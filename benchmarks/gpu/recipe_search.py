@@ -37,7 +37,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
-from common import log, reshard
+from common import log, missing_on_device, reshard
 
 from eagle_migrate import assets, data
 
@@ -54,10 +54,10 @@ DATA_SEED = 5000  # training mixes: far from the drift curve's seed 0 and calibr
 OUT_FILES = 8  # the device tool returns at most 8 files a call
 # --smoke: the whole search at toy sizes (a CPU proves the script end to end in a few minutes): one tiny recipe, and
 # calibrate's own defaults (the `convert` defaults run and every recipe's held-out suites) shrunk to match
-SMOKE_ARGS = {"recipes": "", "stats_sequences": 4, "defaults_sequences": 4, "max_minutes": 1.0, "budget_minutes": 10.0}
-SMOKE_RECIPE = "smoke:norms+fc,128,mix,3,2,6"
-SMOKE_CALIBRATION = {"steps": 2, "seq_len": 128, "eval_every": 1, "warmup": 0, "heldout_per_suite": 2,
-                     "heldout_new_tokens": 8, "heldout_long_buckets": (256,), "heldout_long_per_bucket": 1,
+SMOKE_ARGS = {"recipes": "", "stats_sequences": 2, "defaults_sequences": 2, "max_minutes": 1.0, "budget_minutes": 10.0}
+SMOKE_RECIPE = "smoke:norms+fc,96,mix,3,2,3"
+SMOKE_CALIBRATION = {"steps": 2, "seq_len": 96, "eval_every": 2, "warmup": 0, "heldout_per_suite": 2,
+                     "heldout_new_tokens": 6, "heldout_long_buckets": (160,), "heldout_long_per_bucket": 1,
                      "heldout_shift_max": 2}
 
 
@@ -161,6 +161,7 @@ def main(argv: list[str] | None = None) -> dict:
         d_out = a.work / "defaults"
         more = {} if a.defaults_sequences is None else {"num_sequences": a.defaults_sequences}
         r = convert(a.source, target, d_out, data="sharegpt", device=dev, seed=a.seed, force=True,
+                    cache_dir=a.work / "cache",
                     max_minutes=a.max_minutes, **more, command="benchmarks/gpu/recipe_search.py (defaults)")
         status = r.calibration.model_dump() if getattr(r, "calibration", None) is not None else {}
         cal = status.get("details") or {}  # calibrate's CalibrationResult, when the fine-tune ran
@@ -184,7 +185,8 @@ def main(argv: list[str] | None = None) -> dict:
         log(f"recipe {name}: train {train}, seq_len {seq_len}, data {mix}, k {k}, steps {steps}")
         res = calibrate_checkpoint(structural, target, data=str(mix_file), train=train, steps=steps, seed=a.seed,
                                    device=dev, num_sequences=n, in_place=False, out=dest, loaded_target=tgt,
-                                   seq_len=seq_len, k=k, max_minutes=a.max_minutes, source_checkpoint=a.source)
+                                   seq_len=seq_len, k=k, max_minutes=a.max_minutes, source_checkpoint=a.source,
+                                   cache_dir=a.work / "cache")  # held-out continuations computed once
         results[name] = {"recipe": {"train": train, "seq_len": seq_len, "data": mix, "k": k, "steps": steps,
                                     "sequences": n}, "path": str(dest), "written": res.best_step > 0, **score(res)}
         log(f"recipe {name}: held-out {res.score_before:.3f} -> {res.score_after:.3f} "

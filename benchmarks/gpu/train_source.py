@@ -19,7 +19,10 @@ data and the draft vocabulary (shared by both arms), so the same command again c
 writes the current weights to ``--out`` (vLLM layout, bf16, embeddings left out, shards under 16 MiB so that they
 come back through $OUT) with ``training.json`` (step, tokens, loss, held-out simulated AL, the command), and a
 copy to ``--run``/latest-ARCH that stays on the device for ``recipe_search.py --source``.
-``--steps`` is the schedule's length (cosine decay): keep it the same across the calls of one run.
+``--steps`` is the schedule's length (cosine decay): keep it the same across the calls of one run. ``--steps 0``
+(the default) fits the schedule into this call: it times a few throwaway steps and takes as many as the rest of
+``--max-minutes`` holds; ``training.json`` records the number, which the control (``--arch eagle31 --steps N``) and
+any continuation must reuse.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
-from common import log, reshard
+from common import log, missing_on_device, reshard
 from eagle3_scratch import (
     AUX_IDS,
     SMOLLM2_VOCAB,
@@ -77,6 +80,29 @@ def tokenized(tok, run: Path, num_seqs: int, seq_len: int, heldout: int) -> tupl
     return train, held
 
 
+def auto_steps(model, trainable, store, head, a, dev, t_start: float) -> tuple[int, dict]:
+    """Schedule length that fits the rest of ``--max-minutes``: time ``--probe-steps`` steps on a throwaway copy
+    (the first two left out: allocation and kernel selection), keep 5 % for the end of the call."""
+    import copy
+
+    stamps: list[float] = []
+    probe_model = copy.deepcopy(model)
+
+    def tick(e):
+        if e.get("phase") == "train":
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+            stamps.append(time.perf_counter())
+
+    n = max(3, a.probe_steps)
+    fit(probe_model, trainable, store, head, FitConfig(steps=n, lr=a.lr, warmup=0, k=a.k, seed=a.seed + 1,
+                                                       eval_every=10**9, patience=None), device=dev, progress=tick)
+    del probe_model
+    per = (stamps[-1] - stamps[1]) / (len(stamps) - 2)
+    left = a.max_minutes * 60 - (time.perf_counter() - t_start)
+    return max(1, int(0.95 * left / per)), {"steps": n, "seconds_per_step": round(per, 4)}
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arch", choices=("eagle3", "eagle31"), required=True)
@@ -86,7 +112,11 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--seq-len", type=int, default=1024)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--k", type=int, default=3, help="training-time test depth")
-    ap.add_argument("--steps", type=int, default=12000, help="schedule length (same in every call of a run)")
+    ap.add_argument("--steps", type=int, default=0,
+                    help="schedule length (same in every call of a run); 0 = as many as fit --max-minutes in this "
+                         "call, from the step time of --probe-steps throwaway steps (the control then takes the "
+                         "source's training.json `steps`)")
+    ap.add_argument("--probe-steps", type=int, default=12, help="throwaway steps timed for --steps 0")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--warmup", type=int, default=200)
     ap.add_argument("--draft-vocab", type=int, default=8192)
@@ -95,7 +125,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--eval-prompts", type=int, default=32, help="held-out prompts for the simulated AL at the end")
     ap.add_argument("--eval-tokens", type=int, default=64, help="greedy tokens per held-out prompt")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--max-minutes", type=float, required=True, help="training time of this call")
+    ap.add_argument("--max-minutes", type=float, required=True,
+                    help="training stops after the step that passes this many minutes since the script started "
+                         "(loading and tokenizing included; the held-out evaluation and writing come after)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--target-dtype", choices=("bfloat16", "float32"), default=None,
                     help="the target's dtype (default: bfloat16 on CUDA, float32 on the CPU)")
@@ -132,9 +164,16 @@ def main(argv: list[str] | None = None) -> dict:
     head = TargetHead.from_target(target, t_ids, dev)  # on the device the batches are on (fit does not move it)
     store = FeatureStore(target, seqs, AUX_IDS, batch=a.batch, seq_len=a.seq_len)  # streamed: computed on the GPU
     trainable = [n for n, _ in model.named_parameters() if n != "embed_tokens.weight"]
+    t_fit = time.perf_counter()
+    probe = None
+    if a.steps <= 0:
+        a.steps, probe = auto_steps(model, trainable, store, head, a, dev, t_start)
+        log(f"--steps 0: {probe['seconds_per_step']:.3f} s a step -> {a.steps} steps in the rest of --max-minutes")
+        t_fit = time.perf_counter()
+    left = a.max_minutes * 60 - (t_fit - t_start)  # --max-minutes counts from the start of the script
     fcfg = FitConfig(steps=a.steps, lr=a.lr, warmup=a.warmup, schedule="cosine", k=a.k, seed=a.seed,
                      eval_every=10**9, save_every=min(100, a.steps), patience=None, clip=1.0,
-                     max_seconds=a.max_minutes * 60)
+                     max_seconds=max(1.0, left))
     last: dict = {}
 
     def prog(e):
@@ -150,7 +189,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     summary = {"arch": a.arch, "step": r.steps_run, "steps": a.steps, "done": r.steps_run >= a.steps,
                "epochs": round(epochs, 3), "resumed_from": r.resumed_from, "stop_reason": r.stop_reason,
-               "train_sequences": len(seqs), "train_tokens_per_epoch": sum(map(len, seqs)),
+               "probe": probe, "train_sequences": len(seqs), "train_tokens_per_epoch": sum(map(len, seqs)),
                "last_loss": last.get("loss"), "last_step_acc": last.get("step_acc"),
                "command": " ".join(["benchmarks/gpu/train_source.py", *(argv if argv is not None else sys.argv[1:])]),
                "seed": a.seed, "seq_len": a.seq_len, "batch": a.batch, "k": a.k, "lr": a.lr,
