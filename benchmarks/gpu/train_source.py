@@ -2,20 +2,22 @@
 project's trainer the way production drafters are, and the EAGLE-3.1 control trained from scratch identically.
 
     # item 1: the source, plain EAGLE-3 (original flags: norm_before_residual false, no fc_norm, pre-norm feedback)
-    python benchmarks/gpu/train_source.py --arch eagle3  --run /tmp/em/run --out $OUT/e3  --max-minutes 8
-    # item 2: the control, EAGLE-3.1 (fc_norm + norm_output) with the same data, steps, seed and draft vocabulary
-    python benchmarks/gpu/train_source.py --arch eagle31 --run /tmp/em/run --out $OUT/e31 --max-minutes 8
+    python benchmarks/gpu/train_source.py --arch eagle3  --run /tmp/em/run --out $OUT/e3  --max-minutes 6
+    # item 2: the control, EAGLE-3.1 (fc_norm + norm_output) with the same data, seed, draft vocabulary and steps N
+    python benchmarks/gpu/train_source.py --arch eagle31 --run /tmp/em/run --out $OUT/e31 --steps N --max-minutes 6.5
+    # proof on a CPU (toy sizes, ~30 s): --smoke
 
 Training: the unrolled k-step objective of ``eagle_migrate.train.fit`` (training-time test over ``--k`` 3 steps,
 soft labels = the target's distribution over the draft vocabulary), whole ShareGPT conversations under the native
 chat template cut at ``--seq-len`` 1,024 tokens, the whole ShareGPT file (``--num-seqs 0``) but the last
 ``--heldout`` records, several epochs (``--steps`` x ``--batch`` sequences). Target features are computed on the
-fly on the GPU (never stored). The draft vocabulary (8,192 most frequent ids) and the sequence order depend on
-``--seed`` alone, so the two arms see the same data.
+fly on the GPU (never stored). The draft vocabulary (8,192 most frequent ids of the first ``--vocab-sample``
+sequences) and the sequence order depend on the data flags and ``--seed`` alone, so the two arms see the same data.
 
 A run spans several device calls (10 minutes each at most): ``--max-minutes`` stops training after the step that
 passes it; ``--run DIR`` holds the resume state (``fit``'s ``state.pt``, one folder per ``--arch``), the tokenized
-data and the draft vocabulary (shared by both arms), so the same command again continues where the last call stopped (on the same warm machine; /tmp survives while it is held). Every call
+data and the draft vocabulary (shared by both arms), so the same command again continues where the last call
+stopped (on the same warm machine; /tmp survives while it is held). Every call
 writes the current weights to ``--out`` (vLLM layout, bf16, embeddings left out, shards under 16 MiB so that they
 come back through $OUT) with ``training.json`` (step, tokens, loss, held-out simulated AL, the command), and a
 copy to ``--run``/latest-ARCH that stays on the device for ``recipe_search.py --source``.
@@ -166,10 +168,15 @@ def main(argv: list[str] | None = None) -> dict:
     trainable = [n for n, _ in model.named_parameters() if n != "embed_tokens.weight"]
     t_fit = time.perf_counter()
     probe = None
-    if a.steps <= 0:
+    steps_file = a.run / f"steps-{a.arch}.json"  # a resumed run keeps the schedule its first call chose
+    if a.steps <= 0 and steps_file.exists():
+        a.steps = int(json.loads(steps_file.read_text())["steps"])
+        log(f"--steps 0: resuming the schedule of {a.steps} steps chosen by this run's first call")
+    elif a.steps <= 0:
         a.steps, probe = auto_steps(model, trainable, store, head, a, dev, t_start)
         log(f"--steps 0: {probe['seconds_per_step']:.3f} s a step -> {a.steps} steps in the rest of --max-minutes")
         t_fit = time.perf_counter()
+    steps_file.write_text(json.dumps({"steps": a.steps}))
     left = a.max_minutes * 60 - (t_fit - t_start)  # --max-minutes counts from the start of the script
     fcfg = FitConfig(steps=a.steps, lr=a.lr, warmup=a.warmup, schedule="cosine", k=a.k, seed=a.seed,
                      eval_every=10**9, save_every=min(100, a.steps), patience=None, clip=1.0,
