@@ -44,7 +44,8 @@ DEVICE_IMAGE_PACKAGES = frozenset({
     "treescope", "triton", "typer", "typing-extensions", "typing-inspect", "urllib3", "uvloop", "wadler-lindig",
     "werkzeug", "wheel", "wrapt", "xarray", "xxhash", "yarl", "zipp",
 })
-CARRIED_PACKAGES = frozenset({"pydantic", "pydantic-core", "annotated-types", "typing-inspection", "gguf"})
+CARRIED_PACKAGES = frozenset({"pydantic", "pydantic-core", "annotated-types", "typing-inspection", "typing-extensions",
+                              "gguf"})
 
 
 def log(msg: str) -> None:

