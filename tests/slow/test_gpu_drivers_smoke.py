@@ -94,3 +94,18 @@ def test_recipe_search_smoke_converts_and_ranks(source, smollm2):
     model, _ = _loads(out / "defaults", smollm2)
     assert model.cfg.fc_norm and model.cfg.norm_output  # the EAGLE-3.1 conversion
     assert (out / "defaults" / "provenance.json").exists()
+
+
+def test_train_source_smoke_control_is_eagle31_on_the_same_vocabulary(source, smollm2):
+    """Item 2's control: EAGLE-3.1 from scratch with the source's draft vocabulary (shared through --run)."""
+    import torch
+
+    tmp, s3 = source
+    s = _run("train_source.py", "--arch", "eagle31", "--smoke", "--run", str(tmp / "run"), "--out", str(tmp / "e31"),
+             "--steps", str(s3["steps"]), "--max-minutes", "2", tmp=tmp)
+    assert s["done"] and s["steps"] == s3["steps"] and s["missing_on_device"] == []
+    control, _ = _loads(tmp / "e31", smollm2)
+    src, _ = _loads(tmp / "e3", smollm2)
+    assert control.cfg.fc_norm and control.cfg.norm_output and not control.cfg.norm_before_residual
+    ids = torch.arange(control.cfg.draft_vocab_size)
+    assert torch.equal(control.to_target_ids(ids), src.to_target_ids(ids))
