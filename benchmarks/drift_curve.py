@@ -354,7 +354,7 @@ def run(drafters: list[tuple[str, str]], target: str, out: Path, *, engine: str 
     from eagle_migrate.errors import InputError
     from eagle_migrate.formats.io import atomic_output_dir, check_output_dir
     from eagle_migrate.target import target_info
-    from eagle_migrate.validate.api import _load_tokenizer
+    from eagle_migrate.validate.api import load_tokenizer
 
     labels = [lab for lab, _ in drafters]
     if not drafters or len(set(labels)) != len(labels):
@@ -366,7 +366,7 @@ def run(drafters: list[tuple[str, str]], target: str, out: Path, *, engine: str 
     t0 = time.perf_counter()
     mach = machine()  # the commit of the code that measures, read before the (long) measurement
     info = target_info(target)
-    tok = _load_tokenizer(target)
+    tok = load_tokenizer(target)
     mml = int(max_model_len or min(int(info.max_position_embeddings or 8192), 8192))
     cells = build_cells(tok, info, chat=chat, shift_requests=shift_requests, long_per_bucket=long_per_bucket,
                         buckets=buckets, long_kinds=long_kinds, max_tokens=max_tokens, long_max_tokens=long_max_tokens,

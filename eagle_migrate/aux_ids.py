@@ -306,10 +306,10 @@ def measure(ck: Checkpoint, target: Any, candidates: list[list[int]], *, positio
     """Step 0 of the drafter (:class:`eagle_migrate.drafter.EagleDrafter`) on the target's aux states under each
     candidate id set, on ``positions`` positions of the calibration data (``data``, default: the built-in set; for a
     tokenizer-less target without ``data``, its own greedy continuations); top-1 agreement with the target's own
-    next token. ``target``: a ``convert._TargetSide``. ``candidates`` in the order of :data:`CONVENTIONS`."""
+    next token. ``target``: a :class:`eagle_migrate.target.LazyTarget`. ``candidates`` in the order of :data:`CONVENTIONS`."""
     import torch
 
-    from .convert import calibration_sequences
+    from .data import calibration_sequences
     from .drafter.load import load_drafter
 
     cfg = ck.config
@@ -319,7 +319,7 @@ def measure(ck: Checkpoint, target: Any, candidates: list[list[int]], *, positio
     if data is None and target.tokenizer is None:
         seqs = _own_sequences(target, 8, positions // 8 + 1, seed)
     else:
-        seqs = calibration_sequences(data, target, 32, seed, max_length)
+        seqs = calibration_sequences(data, target.tokenizer, target.info.vocab_size, 32, max_length, seed)
     hits: dict[str, list[list[int]]] = {c: [] for c in CONVENTIONS}
     total = 0
     with torch.no_grad():
@@ -346,7 +346,7 @@ def measure(ck: Checkpoint, target: Any, candidates: list[list[int]], *, positio
 
 def resolve_for_target(ck: Checkpoint, target: Any, *, override: Convention | None = None, seed: int = 0,
                        data: str | None = None) -> AuxIds:
-    """:func:`resolve` for a checkpoint and a ``convert._TargetSide`` (measures only when needed)."""
+    """:func:`resolve` for a checkpoint and a :class:`eagle_migrate.target.LazyTarget` (measures only when needed)."""
     a: AuxIds | None = getattr(ck, "aux", None)
     if a is None or ck.config.generation != "eagle3":
         return a if a is not None else from_stored(None, "none")

@@ -286,14 +286,14 @@ def _resolve_aux(ck: Checkpoint, target: str | None, ti: Any, override: Conventi
     if ti is None:
         b = _aux.resolve(a, ck.config.num_aux, 0, override=override) if override else a
     elif (override or not a.decided) and _sizes_pair(ck, ti) and ck.config.architecture == "llama" and not ck.quantization:
-        from .convert import _TargetSide
         from .devices import resolve_device, resolve_dtype
 
         from .errors import TargetError
+        from .target import LazyTarget
 
         dev = resolve_device(device)
         try:
-            b = _aux.resolve_for_target(ck, _TargetSide(target, dev, resolve_dtype("auto", dev)), override=override)
+            b = _aux.resolve_for_target(ck, LazyTarget(target, dev, resolve_dtype("auto", dev)), override=override)
         except TargetError as e:  # e.g. a config-only target folder: report the ambiguity, say why it was not measured
             ck.findings = [f for f in ck.findings if f.code not in _AUX_CODES] + [
                 f.model_copy(update={"message": f.message + f" (not measured: {e.message})"}) for f in _aux.findings(a, ck.producer)]

@@ -13,14 +13,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Literal
 
 import torch
 
 from .errors import TargetError
 from .formats.io import read_json
 from .formats.vllm import rope_from_config
-
+from .hidden_states import HiddenRecord
 
 # any of these in a local target folder means it ships a tokenizer
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model")
@@ -166,20 +166,41 @@ class Target:
         norm = getattr(base, "norm", None)
         return None if norm is None else norm.weight
 
-    @torch.no_grad()
-    def forward(self, input_ids: torch.Tensor, layer_ids: list[int], logits_to_keep: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-        """(aux [B,T,K*Ht] at ``layer_ids`` ascending, logits [B,T,V]) for one batch. ``logits_to_keep`` > 0: only the
-        logits of the last that many positions (transformers' convention; a long sequence's full logits may not fit).
-        Ids as vLLM captures them (:func:`eagle_migrate.aux_ids.vllm_captured`): 0..L, id L before the final norm."""
+    @property
+    def decoder(self) -> Any:
+        """The decoder stack without the lm_head (``get_decoder()``, else ``.model``, else the model itself)."""
+        get = getattr(self.model, "get_decoder", None)
+        base = get() if callable(get) else None
+        return base if base is not None else getattr(self.model, "model", self.model)
+
+    def _aux_states(self, module: Any, input_ids: torch.Tensor, layer_ids: list[int], **kw: Any) -> tuple[torch.Tensor, Any]:
+        """The one capture: (aux [B,T,K*Ht] at ``layer_ids`` ascending, ``module``'s output). Ids as vLLM captures
+        them (:func:`eagle_migrate.aux_ids.vllm_captured`): 0..L, id L before the final norm."""
         bad = [i for i in layer_ids if not 0 <= i <= self.info.num_layers]
         if bad:
             raise TargetError(f"aux layer ids {bad} are outside the target's 0..{self.info.num_layers}")
-        kw = {"logits_to_keep": logits_to_keep} if logits_to_keep else {}
-        with vllm_hidden_states(self.model, self.info.num_layers, layer_ids) as states:
-            out = self.model(input_ids=input_ids.to(self.device), output_hidden_states=True, use_cache=False, **kw)
+        with vllm_hidden_states(self.model, self.info.num_layers, list(layer_ids)) as states:
+            out = module(input_ids=input_ids.to(self.device), output_hidden_states=True, use_cache=False, **kw)
             hs = states(out.hidden_states)
-        aux = torch.cat([hs[i] for i in sorted(layer_ids)], dim=-1)
+        return torch.cat([hs[i] for i in sorted(layer_ids)], dim=-1), out
+
+    @torch.no_grad()
+    def forward(self, input_ids: torch.Tensor, layer_ids: list[int], logits_to_keep: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """(aux [B,T,K*Ht] at ``layer_ids`` ascending, logits [B,T,V]) for one batch. ``logits_to_keep`` > 0: only the
+        logits of the last that many positions (transformers' convention; a long sequence's full logits may not fit)."""
+        kw = {"logits_to_keep": logits_to_keep} if logits_to_keep else {}
+        aux, out = self._aux_states(self.model, input_ids, layer_ids, **kw)
         return aux, out.logits
+
+    @torch.no_grad()
+    def capture(self, input_ids: torch.Tensor, layer_ids: list[int], lengths: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(aux [B,T,K*Ht] at ``layer_ids`` ascending, post-norm last hidden state [B,T,Ht]) without the lm_head.
+        ``lengths``: a right-padded batch (positions past a row's length are masked out)."""
+        kw: dict[str, Any] = {}
+        if lengths is not None:
+            kw["attention_mask"] = (torch.arange(input_ids.shape[1])[None, :] < lengths[:, None]).long().to(self.device)
+        aux, out = self._aux_states(self.decoder, input_ids, layer_ids, **kw)
+        return aux, out.last_hidden_state
 
     def iter_aux(self, sequences: list[list[int]], layer_ids: list[int]) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         """Stream (input_ids [1,T], aux [1,T,K*Ht], logits [1,T,V]) one sequence at a time (never all in memory)."""
@@ -224,3 +245,91 @@ def load_target(
             tok = None  # tokenizer-less toys: token ids only
     dev = next(model.parameters()).device
     return Target(model=model, tokenizer=tok, info=info, device=dev)
+
+
+class LazyTarget:
+    """The target as convert and the aux-id measurement use it: the config at once (``info``), the transformers
+    model only on first need (``loaded``), a few weights read straight from the folder without loading the model
+    (``weight``), and the aux states of token sequences one at a time (``capture``, through :meth:`Target.capture`)."""
+
+    _NAMES: ClassVar[dict[str, list[str]]] = {
+        "embed": ["model.embed_tokens.weight", "embed_tokens.weight", "model.language_model.embed_tokens.weight", "transformer.wte.weight"],
+        "lm_head": ["lm_head.weight"],
+        "norm": ["model.norm.weight", "norm.weight", "model.language_model.norm.weight", "transformer.ln_f.weight"],
+    }
+
+    def __init__(self, spec: str, device: str, dtype: torch.dtype):
+        self.spec = spec
+        self.info = target_info(spec)
+        self.device = device
+        self.dtype = dtype
+        self._target: Target | None = None
+        self._store = None
+
+    @property
+    def loaded(self) -> Target:
+        if self._target is None:
+            import importlib.util
+
+            dm = "auto" if self.device.startswith("cuda") and importlib.util.find_spec("accelerate") else None
+            self._target = load_target(self.spec, device=self.device, dtype=self.dtype, device_map=dm)
+        return self._target
+
+    @property
+    def loaded_or_none(self) -> Target | None:
+        """The model when something has loaded it already (calibration reuses it), else None."""
+        return self._target
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.loaded.tokenizer
+
+    def _weight_store(self) -> Any:
+        if self._store is None:
+            from .errors import InputError
+            from .formats.io import TensorStore, open_checkpoint_path
+
+            p = Path(self.spec).expanduser()
+            if not p.is_dir():
+                return None
+            try:
+                folder, files, _ = open_checkpoint_path(p)
+            except InputError:
+                return None
+            self._store = TensorStore(folder, files)
+        return self._store
+
+    def weight(self, kind: Literal["embed", "lm_head", "norm"], mapped: bool = False) -> torch.Tensor:
+        """embed [V, Ht], lm_head [V, Ht], final norm [Ht]: from the loaded model, else read lazily from the folder
+        (float32). ``mapped``: from a safetensors folder, a read-only memory-mapped view in the stored dtype (no copy;
+        only the rows that are looked up are ever read) -- what the embedding needs."""
+        if self._target is None:
+            store = self._weight_store()
+            if store is not None:
+                for n in self._NAMES[kind]:
+                    if n in store:
+                        return store.mapped(n) if mapped else store.get(n).float()
+                if kind == "lm_head":  # tied embeddings
+                    return self.weight("embed", mapped=mapped)
+        tg = self.loaded
+        if kind == "embed":
+            return tg.embed_weight.detach().float().cpu()
+        if kind == "lm_head":
+            return tg.lm_head_weight.detach().float().cpu()
+        w = tg.final_norm_weight
+        if w is None:
+            from .errors import UnsupportedError
+
+            raise UnsupportedError(f"{self.spec}: cannot find the target's final norm weight")
+        # Gemma-style (1 + w) norms are not Llama RMSNorms; the drafter world is Llama-style
+        return w.detach().float().cpu()
+
+    def capture(self, seqs: list[list[int]], aux_ids: list[int], want_last: bool) -> Iterator[HiddenRecord]:
+        """Aux states at vLLM ids (id L before the final norm), one sequence at a time; ``last`` is the post-norm
+        final state (``want_last``)."""
+        tg = self.loaded
+        for seq in seqs:
+            ids = torch.tensor([seq], dtype=torch.long, device=tg.device)
+            aux, last = tg.capture(ids, aux_ids)
+            yield HiddenRecord(ids[0].cpu(), aux[0].float(), last[0].float() if want_last else None)
+            del aux, last

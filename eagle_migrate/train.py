@@ -196,30 +196,6 @@ class FeatureBatch:
         return head.logits(self.final)
 
 
-def _base_model(model: Any) -> Any:
-    get = getattr(model, "get_decoder", None)
-    base = get() if callable(get) else None
-    return base if base is not None else getattr(model, "model", model)
-
-
-@torch.no_grad()
-def capture(target: Any, input_ids: torch.Tensor, lengths: torch.Tensor, layer_ids: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(aux [B,T,K*Ht] at ``layer_ids`` ascending, post-norm last hidden [B,T,Ht]) for a right-padded batch. Ids as
-    vLLM captures them: id L is the last layer's output before the final norm (``target.vllm_hidden_states``)."""
-    from .target import vllm_hidden_states
-
-    t = input_ids.shape[1]
-    attn = (torch.arange(t)[None, :] < lengths[:, None]).long()
-    dev = target.device
-    with vllm_hidden_states(target.model, target.info.num_layers, list(layer_ids)) as states:
-        out = _base_model(target.model)(
-            input_ids=input_ids.to(dev), attention_mask=attn.to(dev), output_hidden_states=True, use_cache=False
-        )
-        hs = states(out.hidden_states)
-    aux = torch.cat([hs[i] for i in sorted(layer_ids)], dim=-1)
-    return aux, out.last_hidden_state
-
-
 def pad_batch(seqs: Sequence[Sequence[int]], masks: Sequence[Sequence[bool]] | None, seq_len: int, pad_id: int = 0):
     seqs = [list(s)[:seq_len] for s in seqs]
     t = max(len(s) for s in seqs)
@@ -295,7 +271,7 @@ class FeatureStore:
         seqs = self.sequences[i * self.batch : (i + 1) * self.batch]
         masks = None if self.masks is None else self.masks[i * self.batch : (i + 1) * self.batch]
         ids, lengths, lm = pad_batch(seqs, masks, self.seq_len)
-        aux, final = capture(self.target, ids, lengths, self.layer_ids)
+        aux, final = self.target.capture(ids, self.layer_ids, lengths)
         # streamed (neither cached nor kept): stay on the target's device, the next use is there
         dev = aux.device if self.dir is None and self._memory is None else "cpu"
         return FeatureBatch(ids, aux.to(dev, self.store_dtype), lm, final.to(dev, self.store_dtype), lengths=lengths)

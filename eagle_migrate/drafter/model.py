@@ -62,7 +62,7 @@ def rope_parameters(cfg: DrafterConfig) -> dict:
     return rope
 
 
-def _rope_inv_freq(cfg: DrafterConfig) -> tuple[torch.Tensor, float]:
+def rope_inv_freq(cfg: DrafterConfig) -> tuple[torch.Tensor, float]:
     """Inverse frequencies ``[head_dim/2]`` (float32, on the CPU whatever the ambient device: the drafter is often
     built under ``torch.device("meta")``) and the cos/sin scale (YaRN's and LongRoPE's attention factor), the
     numbers vLLM's rotary embedding for the same config uses (``get_rope``; compared in tests/unit/test_rope.py).
@@ -149,6 +149,13 @@ def _rope_inv_freq(cfg: DrafterConfig) -> tuple[torch.Tensor, float]:
             chosen = rp.get("long_mscale" if long else "short_mscale")
             scale = float(chosen) if chosen is not None else default
     return inv.float(), float(scale)
+
+
+def rope_cos_sin(inv_freq: torch.Tensor, scale: float, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin ``[B, T, head_dim]`` (rotate-half layout) for ``positions`` from :func:`rope_inv_freq`'s numbers."""
+    freqs = positions.float().unsqueeze(-1) * inv_freq  # [B,T,hd/2]
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return (emb.cos() * scale).to(dtype), (emb.sin() * scale).to(dtype)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -379,7 +386,7 @@ class EagleDrafter(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
         if cfg.uses_d2t:
             self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
-        inv, scale = _rope_inv_freq(cfg)
+        inv, scale = rope_inv_freq(cfg)
         self.register_buffer("_inv_freq", inv, persistent=False)
         self._rope_scale = scale
 
@@ -395,9 +402,7 @@ class EagleDrafter(nn.Module):
         return self.fc(x.to(self.fc.weight.dtype) if self.fc.weight.dtype.is_floating_point else x)
 
     def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = positions.float().unsqueeze(-1) * self._inv_freq  # [B,T,hd/2]
-        emb = torch.cat([freqs, freqs], dim=-1)
-        return (emb.cos() * self._rope_scale).to(dtype), (emb.sin() * self._rope_scale).to(dtype)
+        return rope_cos_sin(self._inv_freq, self._rope_scale, positions, dtype)
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids + self.d2t[draft_ids] if self.cfg.uses_d2t else draft_ids

@@ -19,7 +19,7 @@ ENGINES = ("auto", "vllm", "reference")
 GROUPED_SUITES = ("long", "template-shift")  # measured per group (own counters) for the breakdown tables/plots
 
 
-def _load_tokenizer(target: str) -> Any:
+def load_tokenizer(target: str) -> Any:
     """The target's tokenizer, or None for a tokenizer-less target (token-id prompts then)."""
     p = Path(target).expanduser()
     try:
@@ -175,7 +175,7 @@ def validate(
 
         check_no_overlap(Path(report_dir), [ckpt, target, baseline, prompts_file], what="--report")
     info = target_info(target)
-    tok = _load_tokenizer(target)
+    tok = load_tokenizer(target)
     names = list(suites) if suites else ([] if prompts_file else ["chat", "code", "long", "template-shift"])
     if prompts_file is not None:
         names.append("prompts")

@@ -1,4 +1,4 @@
-"""Our rotary embedding (drafter/model.py ``_rope_inv_freq``) equals vLLM's ``get_rope`` for every rope type vLLM and
+"""Our rotary embedding (drafter/model.py ``rope_inv_freq``) equals vLLM's ``get_rope`` for every rope type vLLM and
 transformers know, on the same config (cos/sin including YaRN's / LongRoPE's attention factor, CPU, float32)."""
 
 from __future__ import annotations

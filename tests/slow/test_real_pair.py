@@ -78,7 +78,7 @@ def test_sharegpt_truncated_file_decodes_every_complete_record():
 def test_unrolled_forward_equals_drafting_on_the_real_target(target):
     """Real aux states (layers 2, 15, 27 of SmolLM2) through a SmolLM2-shaped EAGLE-3.1 drafter."""
     from eagle_migrate.drafter import DrafterConfig, EagleDrafter, KVCache
-    from eagle_migrate.train import capture, unrolled_forward
+    from eagle_migrate.train import unrolled_forward
 
     init_from_target = _eagle3_scratch().init_from_target
 
@@ -95,7 +95,7 @@ def test_unrolled_forward_equals_drafting_on_the_real_target(target):
     ids = tok.apply_chat_template([{"role": "user", "content": "Write a haiku about the sea."}],
                                   add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"]
     n = ids.shape[1] - 1
-    aux, _ = capture(target, ids, torch.tensor([ids.shape[1]]), [2, 15, 27])
+    aux, _ = target.capture(ids, [2, 15, 27], torch.tensor([ids.shape[1]]))
     drafts, outs = m.draft_with_cache(ids, aux[:, :n], 3, KVCache())
     seq = torch.cat([ids, drafts], 1)
     pad_aux = torch.cat([aux, torch.zeros(1, seq.shape[1] - aux.shape[1], aux.shape[2])], 1)

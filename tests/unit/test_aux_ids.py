@@ -222,12 +222,10 @@ def test_quantize_refuses_an_undecided_source(world):
 
 def test_every_capture_takes_id_L_before_the_final_norm(world, target):
     """vLLM's id L is the last layer's output before the final norm; transformers' hidden_states[L] is after it.
-    The three captures (Target.forward, convert's, the trainer's) all give vLLM's state."""
+    Every capture (Target.forward, Target.capture the trainer uses, LazyTarget.capture convert uses) gives vLLM's state."""
     import torch
 
-    from eagle_migrate.convert import _TargetSide
-    from eagle_migrate.target import load_target
-    from eagle_migrate.train import capture
+    from eagle_migrate.target import LazyTarget, load_target
 
     tg = load_target(target)
     ids = torch.tensor([[3, 4, 5, 6, 7]])
@@ -237,7 +235,7 @@ def test_every_capture_takes_id_L_before_the_final_norm(world, target):
     h.remove()
     assert not torch.allclose(out.hidden_states[W.L], pre["x"])  # the trap
     a1, _ = tg.forward(ids, [1, W.L])
-    a2, _ = capture(tg, ids, torch.tensor([5]), [1, W.L])
-    a3 = next(_TargetSide(target, "cpu", torch.float32).capture([ids[0].tolist()], [1, W.L], False)).aux
+    a2, _ = tg.capture(ids, [1, W.L], torch.tensor([5]))
+    a3 = next(LazyTarget(target, "cpu", torch.float32).capture([ids[0].tolist()], [1, W.L], False)).aux
     for a in (a1[0], a2[0], a3):
         assert torch.allclose(a[:, W.H:], pre["x"][0]) and torch.allclose(a[:, :W.H], out.hidden_states[1][0])

@@ -250,5 +250,5 @@ def test_device_resolution_is_one_function_and_refuses_missing_cuda(monkeypatch)
     for fn in (calibrate.resolve_device, devices.resolve_device, options.resolve_device):
         with pytest.raises(InputError):
             fn("cuda")
-    assert options.resolve_device is devices.resolve_device and convert.resolve_device is devices.resolve_device
+    assert options.resolve_device is devices.resolve_device and convert.read.resolve_device is devices.resolve_device
     assert devices.resolve_dtype("auto", "cuda") == torch.bfloat16 and devices.resolve_dtype(torch.float16, "cpu") == torch.float16

@@ -86,6 +86,32 @@ def load_drafter(path: Path) -> EagleDrafter:
     return m.eval()
 
 
+# ----- the skeleton -----------------------------------------------------------------------------------------------
+def test_options_are_checked_before_anything_is_read(tmp_path):
+    """ConvertOptions checks --train and the output format on creation: before the source is read and before an
+    output folder is made (a bad --train used to be found only after the source was read and hashed)."""
+    from eagle_migrate.convert import ConvertOptions
+
+    with pytest.raises(InputError, match="--train 'everything'"):
+        convert(tmp_path / "no-such-source", "no-such-target", tmp_path / "out", train="everything")
+    with pytest.raises(InputError, match="unknown output format 'gguf'"):
+        ConvertOptions(source=tmp_path, target="t", out=tmp_path / "out", output_format="gguf")
+    assert not (tmp_path / "out").exists()
+    o = ConvertOptions(source=str(tmp_path), target="t", out=str(tmp_path / "out"), progress=None)
+    assert o.source == tmp_path and o.out == tmp_path / "out" and o.progress("stage", 0, 1) is None
+
+
+def test_every_source_generation_has_exactly_one_converter():
+    from eagle_migrate.convert.base import CONVERTERS, converter_for
+
+    cases = {"eagle3": toy_cfg(), "passthrough": toy_cfg(fc_norm=True, norm_output=True),
+             "eagle2": toy_cfg().model_copy(update={"generation": "eagle2"})}
+    for name, cfg in cases.items():
+        assert converter_for(cfg).name == name
+        assert [c.name for c in CONVERTERS if c.accepts(cfg)] == [name]
+    assert {c.name for c in CONVERTERS} == set(cases)
+
+
 # ----- the toy pair: exact ----------------------------------------------------------------------------------------
 def test_oracle_converts_exactly(world, target):
     src = write_src(world / "oracle")
@@ -396,15 +422,15 @@ def test_cli_require_improvement_exits_1_after_writing(world, target, monkeypatc
 
 # ----- data sources -----------------------------------------------------------------------------------------------
 def test_precomputed_hidden_states_and_token_id_data(world, target):
-    from eagle_migrate.convert import _TargetSide
     from eagle_migrate.hidden_states import write_hidden_states
+    from eagle_migrate.target import LazyTarget
 
     seqs = toy.prompts(10, 24, seed=5)
     data = world / "data.jsonl"
     data.write_text("".join(json.dumps({"token_ids": s}) + "\n" for s in seqs))
     src = write_src(world / "hs-src", "random")
     a = convert(src, target, world / "hs-data", data=str(data), num_sequences=10, command="t", calibrate=False)
-    ts = _TargetSide(target, "cpu", torch.float32)
+    ts = LazyTarget(target, "cpu", torch.float32)
     write_hidden_states(world / "hs", ts.capture(seqs, IDS, want_last=True), IDS, batch=3)
     b = convert(src, target, world / "hs-pre", hidden_states_dir=world / "hs", num_sequences=10, command="t", calibrate=False)
     assert b.norm_init.statistics.num_tokens == a.norm_init.statistics.num_tokens

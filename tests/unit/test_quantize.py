@@ -392,11 +392,11 @@ def test_max_al_drop_gate(monkeypatch, qdir, toy_oracle, toy_target):
 
 
 def test_sqnr_is_null_only_when_exact():
-    from eagle_migrate.quantize import _err_stats
+    from eagle_migrate.quantize import err_stats
 
     w = torch.randn(4, 16)
-    assert _err_stats(w, w.clone())[0] is None
-    s, m, rel = _err_stats(w, w * 1.01)
+    assert err_stats(w, w.clone())[0] is None
+    s, m, rel = err_stats(w, w * 1.01)
     assert s == pytest.approx(40.0, abs=0.01) and rel == pytest.approx(0.01, rel=1e-4) and math.isfinite(m)
 
 
@@ -442,3 +442,50 @@ def test_validate_off_is_none(qdir, random_bf16, toy_target):
     assert r.acceptance is None
     with pytest.raises(InputError, match="unknown validate mode"):
         quantize(random_bf16, qdir / "bad-mode", "nvfp4a16", target=str(toy_target), validate="sometimes")  # type: ignore[arg-type]
+
+
+# ----- the scheme registry ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("scheme", ["fp8-dynamic", "fp8", "nvfp4a16", "nvfp4"])
+def test_every_scheme_has_a_handler_and_reads_back_from_its_config(scheme):
+    from eagle_migrate.quantize import SCHEMES, handler_for, scheme_from_config
+
+    spec = SCHEMES[scheme]
+    assert handler_for(spec) is not None
+    assert scheme_from_config(quantization_config(scheme)) == scheme
+    assert spec.calibrated == (handler_for(spec).input_scale(spec, 1.0, torch.float32) is not None)
+
+
+def test_a_config_type_has_one_handler():
+    from eagle_migrate.quantize import SchemeHandler, register_handler
+    from eagle_migrate.quantize.schemes import FP8Dynamic
+
+    with pytest.raises(ValueError, match="already has a handler"):
+        register_handler(FP8Dynamic)(SchemeHandler)
+
+
+def test_a_new_scheme_is_one_config_class_and_one_registered_handler(monkeypatch):
+    """A scheme added from outside (a config subclass + a registered handler) drives quantize_state_dict: its
+    handler packs every fused group and supplies the static input scale."""
+    from eagle_migrate.quantize import quantize_state_dict, register_handler, schemes
+    from eagle_migrate.quantize.handlers import FP8StaticHandler
+
+    monkeypatch.setattr(schemes, "_HANDLERS", dict(schemes._HANDLERS))
+
+    class Recorded(schemes.FP8Static):
+        name = "fp8-recorded"
+
+    groups = []
+
+    @register_handler(Recorded)
+    class RecordedHandler(FP8StaticHandler):
+        def pack_group(self, scheme, weights):
+            groups.append(sorted(weights))
+            return super().pack_group(scheme, weights)
+
+    cfg, sd = toy.drafter_config(), toy.drafter_state_dict("random")
+    prefixes = [p for p in (n.removesuffix(".weight") for n in sd) if p.startswith("layers.") and "proj" in p]
+    qsd, layers = quantize_state_dict(sd, cfg, Recorded(), activation_amax=dict.fromkeys(prefixes, 2.0))
+    assert sorted(g for grp in groups for g in grp) == sorted(prefixes)
+    assert ["layers.0.self_attn.k_proj", "layers.0.self_attn.q_proj", "layers.0.self_attn.v_proj"] in groups
+    assert all(x.input_scale == pytest.approx(2.0 / 448, rel=1e-6) for x in layers)
+    assert qsd["layers.0.mlp.down_proj.input_scale"].item() == pytest.approx(2.0 / 448, rel=1e-6)

@@ -1,4 +1,4 @@
-"""The Hub model card (``README.md``) and the serving snippets of a published drafter.
+"""The Hub model card (``README.md``) of a published drafter (its serving commands come from ``serving.py``).
 
 Everything here is a pure function of a ``CardInfo`` (no clock, no network), so a card is reproducible and its
 golden test (``tests/golden/README.md``) is exact. Front matter goes through huggingface_hub's ``ModelCardData``:
@@ -9,21 +9,26 @@ golden test (``tests/golden/README.md``) is exact. Front matter goes through hug
 * ``tags``: ``speculative-decoding``, ``eagle3``, ``eagle3.1`` (when fc_norm / norm_output are on), ``vllm``,
   ``eagle-migrate`` (+ ``compressed-tensors`` for quantized drafters);
 * ``license`` (+ ``license_name`` / ``license_link`` for ``other``) when known.
+
+Imports: pydantic, huggingface_hub (lazily), ``publish.serving``.
 """
 
 from __future__ import annotations
 
-import json
-import shlex
 from typing import Any
 
 from pydantic import BaseModel, Field
 
-from .formats.vllm import speculative_config
+from .serving import (
+    TARGET_PLACEHOLDER,
+    repo_speculative_config,
+    sglang_command,
+    vllm_python_snippet,
+    vllm_serve_command,
+)
 
 EAGLE3_PAPER = "https://arxiv.org/abs/2503.01840"
 EAGLE31_PAPER = "https://arxiv.org/abs/2605.09992"
-TARGET_PLACEHOLDER = "TARGET_MODEL"
 
 
 class GateRow(BaseModel):
@@ -79,41 +84,7 @@ def target_for_commands(info: CardInfo) -> str:
 
 
 def spec_config(info: CardInfo) -> dict[str, Any]:
-    return speculative_config(info.repo_id, info.num_speculative_tokens)
-
-
-def vllm_serve_command(target: str, spec: dict[str, Any]) -> str:
-    """``vllm serve TARGET --speculative-config '{...}'`` (shell-quoted; the JSON is exactly ``spec``)."""
-    return f"vllm serve {shlex.quote(target)} --speculative-config {shlex.quote(json.dumps(spec))}"
-
-
-def vllm_python_snippet(target: str, spec: dict[str, Any]) -> str:
-    return (
-        "from vllm import LLM, SamplingParams\n\n"
-        "llm = LLM(\n"
-        f"    model={json.dumps(target)},\n"
-        f"    speculative_config={json.dumps(spec)},\n"
-        ")\n"
-        "messages = [{\"role\": \"user\", \"content\": \"Write a haiku about speculative decoding.\"}]\n"
-        "out = llm.chat(messages, SamplingParams(temperature=0.0, max_tokens=256))\n"
-        "print(out[0].outputs[0].text)\n"
-    )
-
-
-def sglang_args(draft: str, num_steps: int) -> list[str]:
-    """SGLang launch arguments for a chain (top-k 1) of ``num_steps`` drafts: num_draft_tokens = steps + 1."""
-    return [
-        "--speculative-algorithm", "EAGLE3",
-        "--speculative-draft-model-path", draft,
-        "--speculative-num-steps", str(num_steps),
-        "--speculative-eagle-topk", "1",
-        "--speculative-num-draft-tokens", str(num_steps + 1),
-    ]
-
-
-def sglang_command(target: str, draft: str, num_steps: int) -> str:
-    args = ["python", "-m", "sglang.launch_server", "--model-path", target, *sglang_args(draft, num_steps)]
-    return " ".join(shlex.quote(a) for a in args)
+    return repo_speculative_config(info.repo_id, info.num_speculative_tokens)
 
 
 # ----- the card --------------------------------------------------------------------------------------------------
@@ -158,6 +129,15 @@ def _human_count(n: int) -> str:
     if n >= 1e3:
         return f"{n / 1e3:.1f} K"
     return str(n)
+
+
+def scalar_str(v: Any) -> str:
+    """A scalar as a card cell shows it (floats to 3 decimals, booleans as yes / no)."""
+    if isinstance(v, float):
+        return f"{v:.3f}"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    return str(v)
 
 
 def _cell(s: Any) -> str:

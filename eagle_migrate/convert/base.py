@@ -1,0 +1,152 @@
+"""The conversion skeleton, the same for every source generation: *read* -> *map* -> *init* -> *write* -> *verify*
+-> *calibrate* (the calibration fine-tunes the written checkpoint in place, so it comes after the read-back check).
+A :class:`Converter` per source generation fills in what differs (the aux ids it reads, the norm initialisation and
+the agreement it measures); :func:`convert` picks the first registered converter that accepts the source.
+Imports: every convert.* module but the converters themselves, formats.io (the atomic output folder)."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar
+
+from ..aux_ids import AuxIds
+from ..drafter.config import DrafterConfig
+from ..errors import InputError
+from ..formats.io import atomic_output_dir, write_json
+from ..stats import TargetStatistics
+from .calibration import CalibrationOptions, run_calibration
+from .options import ConvertOptions
+from .read import (
+    Job,
+    check_pairing,
+    decide_aux_ids,
+    map_source,
+    now,
+    read,
+    resolve_data,
+)
+from .result import (
+    Agreement,
+    CalibrationStatus,
+    ConvertResult,
+    Eagle2Mapping,
+    NormInit,
+    NormOutputCompensation,
+)
+from .write import OutputLabels, OutputPlan, verify_written, write_plan
+
+
+@dataclass
+class Initialised:
+    """What a converter's *init* step produces: the output plan and how it was initialised and measured."""
+
+    plan: OutputPlan
+    norm_init: NormInit | None = None
+    norm_output: NormOutputCompensation | None = None
+    agreement: Agreement = field(default_factory=Agreement)
+    statistics: TargetStatistics | None = None
+    eagle2_mapping: Eagle2Mapping | None = None
+
+
+class Converter(ABC):
+    """One source generation -> EAGLE-3.1. Subclasses register themselves in :data:`CONVERTERS` (first match wins)."""
+
+    name: ClassVar[str]
+    passthrough: ClassVar[bool] = False  # the source is re-written as it is
+    uses_data: ClassVar[bool] = True  # reads calibration data (picks a default set for a real target)
+    calibration_required: ClassVar[bool] = False  # the output is a warm start that needs the fine-tune
+    calibrate_by_default: ClassVar[bool] = True  # calibrate=None runs the fine-tune
+    judged_against_source: ClassVar[bool] = False  # the fine-tune's judge also scores the source drafter
+
+    @classmethod
+    @abstractmethod
+    def accepts(cls, cfg: DrafterConfig) -> bool: ...
+
+    def aux_ids(self, job: Job) -> tuple[AuxIds | None, list[int]]:
+        """The aux ids in vLLM's convention (EAGLE-3 and 3.1 sources: the stored ones, decided)."""
+        return decide_aux_ids(job)
+
+    @abstractmethod
+    def init(self, job: Job) -> Initialised: ...
+
+
+CONVERTERS: list[type[Converter]] = []
+
+
+def register(cls: type[Converter]) -> type[Converter]:
+    CONVERTERS.append(cls)
+    return cls
+
+
+def converter_for(cfg: DrafterConfig) -> Converter:
+    from . import eagle2, eagle3, passthrough  # noqa: F401  (they register themselves)
+
+    for cls in CONVERTERS:
+        if cls.accepts(cfg):
+            return cls()
+    raise InputError(f"no converter for a {cfg.generation} drafter")
+
+
+def run(opts: ConvertOptions) -> ConvertResult:
+    """The skeleton: read -> map -> init -> write -> verify -> calibrate, then the result."""
+    job = read(opts)
+    conv = converter_for(job.cfg)
+    if conv.uses_data:
+        resolve_data(job)
+    check_pairing(job.cfg, job.target.info, None)
+    aux, aux_ids = conv.aux_ids(job)
+    map_source(job, aux, aux_ids)
+    ini = conv.init(job)
+    ini.plan.changes = job.changes + ini.plan.changes
+    if ini.norm_init is not None:
+        job.warnings.extend(f"warning: {w}" for w in ini.norm_init.warnings)
+    want_cal = conv.calibrate_by_default if opts.calibrate is None else opts.calibrate
+    required = conv.calibration_required
+    prov = job.provenance
+    prov.num_sequences = ini.statistics.num_sequences if ini.statistics is not None else 0
+    prov.statistics = ini.statistics
+    prov.norm_init = ini.norm_init.method if ini.norm_init else None
+    prov.norm_output_scale = ini.norm_output.scale if ini.norm_output else None
+    prov.calibration_required = required
+    labels = OutputLabels(source_format=job.ck.format, source_producer=job.ck.producer, source_sha256=job.source_sha256,
+                          norm_init=prov.norm_init, norm_output_scale=prov.norm_output_scale, calibration_required=required)
+    calibration = CalibrationStatus(required=required, reason="EAGLE-2 warm start: fine-tune required" if required else "")
+    with atomic_output_dir(opts.out, force=opts.force, inputs=opts.inputs) as tmp:
+        write_plan(tmp, ini.plan, labels, job.store_dtype, opts.output_format, opts.target, opts.num_speculative_tokens,
+                   opts.progress)
+        verify_written(tmp)
+        if want_cal:
+            calibration = _calibrate(tmp, job, conv, ini)
+            if calibration.worse_than_source and calibration.verdict:
+                job.warnings.append(calibration.verdict)
+            required = False
+        else:
+            calibration.reason = (calibration.reason + "; " if calibration.reason else "") + "not asked for"
+        prov.calibration = calibration.status
+        prov.calibration_verdict = calibration.verdict
+        prov.calibration_required = required
+        prov.finished_at = now()
+        write_json(tmp / "provenance.json", prov.model_dump(mode="json"))
+        files = sorted(p.name for p in tmp.iterdir())
+    return ConvertResult(
+        source=str(opts.source), output=str(opts.out), source_format=job.ck.format, source_producer=job.ck.producer,
+        output_format=opts.output_format, passthrough=conv.passthrough, inserted=list(ini.plan.inserted),
+        changes=ini.plan.changes, aux_layer_ids=job.aux_ids, aux_ids_evidence=job.aux, norm_init=ini.norm_init,
+        norm_output=ini.norm_output, eagle2_mapping=ini.eagle2_mapping, agreement=ini.agreement, calibration=calibration,
+        calibration_required=required, output_files=files, provenance=prov, warnings=job.warnings,
+    )
+
+
+def _calibrate(tmp: Path, job: Job, conv: Converter, ini: Initialised) -> CalibrationStatus:
+    opts = job.opts
+    copts = CalibrationOptions(
+        target=opts.target, data=job.data, hidden_states_dir=opts.hidden_states_dir, train=opts.train, steps=opts.steps,
+        seed=opts.seed, device=job.device, dtype=job.dtype, num_sequences=opts.num_sequences, cache_dir=opts.cache_dir,
+        resume_dir=opts.resume_dir, progress=opts.progress, max_minutes=opts.max_minutes,
+        loaded_target=job.target.loaded_or_none, source_checkpoint=opts.source if conv.judged_against_source else None,
+        statistics_tokens=ini.statistics.num_tokens if ini.statistics is not None else None)
+    cal = run_calibration(tmp, copts)
+    cal.required = conv.calibration_required
+    return cal

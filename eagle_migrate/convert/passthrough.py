@@ -1,0 +1,27 @@
+"""EAGLE-3.1 -> EAGLE-3.1: the source is re-written as it is (aux ids explicit, rope and positions from the target);
+no statistics, no agreement, calibrated only when asked. Imports: convert.base, convert.write."""
+
+from __future__ import annotations
+
+from ..drafter.config import DrafterConfig
+from .base import Converter, Initialised, register
+from .read import Job
+from .write import OutputPlan, copy_from
+
+
+@register
+class PassthroughConverter(Converter):
+    name = "passthrough"
+    passthrough = True
+    uses_data = False
+    calibrate_by_default = False
+
+    @classmethod
+    def accepts(cls, cfg: DrafterConfig) -> bool:
+        return cfg.is_eagle31
+
+    def init(self, job: Job) -> Initialised:
+        plan = OutputPlan(job.cfg.model_copy(update=job.update))
+        copy_from(job.ck, plan)
+        plan.changes = ["source already EAGLE-3.1: weights and flags re-written as they are"]
+        return Initialised(plan)

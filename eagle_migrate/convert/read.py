@@ -1,0 +1,194 @@
+"""The first two steps of every conversion: *read* (the source checkpoint, the target's config, the data to use) and
+*map* (the aux layer ids decided and checked, rope and positions taken from the target, the provenance record).
+Both are the same for every source generation; what differs is in the converters (eagle3.py, eagle2.py,
+passthrough.py). Imports: aux_ids, devices, formats, target, stats, errors, convert.options/result."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .. import aux_ids as _aux
+from ..allocator import fixed_mmap_threshold
+from ..aux_ids import AuxIds
+from ..devices import resolve_device, resolve_dtype
+from ..drafter.config import DrafterConfig
+from ..errors import InputError, PairingError, UnsupportedError
+from ..formats.io import check_output_dir, sha256_files
+from ..target import LazyTarget, TargetInfo
+from .options import ConvertOptions
+from .result import Provenance
+
+
+def now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def default_aux_ids(num_target_layers: int, k: int = 3) -> list[int]:
+    """vLLM's default ids as vLLM captures them (:func:`eagle_migrate.aux_ids.vllm_default_aux_ids`); PairingError
+    when they are not ``k`` distinct layers (vLLM would crash on the first request)."""
+    err = _aux.pairing_error(None, k, num_target_layers)
+    if err:
+        raise PairingError(err, "pass a drafter that records its eagle_aux_hidden_state_layer_ids")
+    return _aux.vllm_default_aux_ids(num_target_layers)
+
+
+def check_pairing(cfg: DrafterConfig, tinfo: TargetInfo, aux_ids: list[int] | None) -> None:
+    """Raise PairingError (exit 2) when drafter and target cannot work together; the message names both numbers.
+    ``aux_ids`` (vLLM convention; None = not yet known) go through :func:`eagle_migrate.aux_ids.check_aux_ids`."""
+    t = tinfo
+    if cfg.generation == "eagle2":
+        if cfg.hidden_size != t.hidden_size:
+            raise PairingError(f"hidden size mismatch: the EAGLE-2 drafter's fc reads the target's last hidden state of size "
+                               f"H={cfg.hidden_size}, but the target {t.path} has hidden_size={t.hidden_size}")
+    elif cfg.target_hidden_size != t.hidden_size:
+        raise PairingError(f"target hidden size mismatch: the drafter expects Ht={cfg.target_hidden_size} (fc takes K*Ht = "
+                           f"{cfg.num_aux}*{cfg.target_hidden_size} = {cfg.num_aux * cfg.target_hidden_size}) but the target "
+                           f"{t.path} has hidden_size={t.hidden_size}")
+    if cfg.vocab_size != t.vocab_size:
+        raise PairingError(f"vocabulary mismatch: the drafter has vocab_size={cfg.vocab_size} but the target {t.path} has "
+                           f"vocab_size={t.vocab_size}")
+    if cfg.draft_vocab_size > t.vocab_size:
+        raise PairingError(f"vocabulary mismatch: draft_vocab_size={cfg.draft_vocab_size} exceeds the target's "
+                           f"vocab_size={t.vocab_size}")
+    if cfg.generation == "eagle3" and aux_ids is not None:
+        err = _aux.pairing_error(aux_ids, cfg.num_aux, t.num_layers)
+        if err:
+            raise PairingError(err + " (vLLM convention)")
+
+
+@dataclass
+class Job:
+    """One conversion as the skeleton carries it from step to step (filled by :func:`read` and :func:`map_source`)."""
+
+    opts: ConvertOptions
+    device: str
+    dtype: torch.dtype
+    ck: Any  # formats.base.Checkpoint
+    target: LazyTarget
+    started: str
+    data: str | None = None  # the data actually used (a default picked for a real target)
+    warnings: list[str] = field(default_factory=list)
+    aux: AuxIds | None = None
+    aux_ids: list[int] = field(default_factory=list)  # vLLM convention, ascending
+    update: dict[str, Any] = field(default_factory=dict)  # config changes every output gets (aux ids, rope, positions)
+    changes: list[str] = field(default_factory=list)  # ... described
+    source_sha256: str = ""
+    store_dtype: torch.dtype = torch.bfloat16
+    provenance: Provenance | None = None
+
+    @property
+    def cfg(self) -> DrafterConfig:
+        return self.ck.config
+
+
+def read(opts: ConvertOptions) -> Job:
+    """*read*: check the arguments, read the source checkpoint (memory-mapped) and the target's config."""
+    started = now()
+    if not opts.source.exists():
+        raise InputError(f"{opts.source}: no such file or folder")
+    check_output_dir(opts.out, opts.force, opts.inputs)
+    fixed_mmap_threshold()  # freed per-sequence temporaries go back to the OS (see its docstring)
+    dev = resolve_device(opts.device)
+    cdtype = resolve_dtype(opts.dtype, dev)
+    torch.manual_seed(opts.seed)
+
+    from ..formats import read_checkpoint
+
+    opts.progress("read source", 0, 1)
+    ck = read_checkpoint(opts.source)
+    opts.progress("read source", 1, 1)
+    cfg = ck.config
+    if not cfg.supported_architecture:
+        raise UnsupportedError(f"{opts.source}: {cfg.architecture.upper()} drafters are recognised but cannot be converted yet")
+    if ck.quantization:
+        raise UnsupportedError(f"{opts.source}: the drafter is quantized ({ck.quantization.get('scheme')}); convert the unquantized drafter, then quantize")
+    job = Job(opts=opts, device=dev, dtype=cdtype, ck=ck, target=LazyTarget(opts.target, dev, cdtype), started=started,
+              data=opts.data)
+    job.warnings = [f"{f.severity}: {f.message}" for f in ck.findings if f.severity in ("error", "warning")]
+    return job
+
+
+def resolve_data(job: Job) -> None:
+    """The calibration data: ``--data`` as given, else ShareGPT on a real target when it is here (a warning else)."""
+    if job.opts.hidden_states_dir is not None:
+        return
+    from ..calibrate import resolve_data as pick
+
+    tok = job.target.tokenizer
+    job.data, warning = pick(job.data, tok)
+    if warning and tok is not None:
+        job.warnings.append(warning)
+
+
+def decide_aux_ids(job: Job) -> tuple[AuxIds | None, list[int]]:
+    """The aux ids of an EAGLE-3 / 3.1 source in vLLM's convention: the stored ones read by the override, a
+    writer's fingerprint or a measurement on the target (:func:`eagle_migrate.aux_ids.resolve_for_target`), else
+    vLLM's default written explicitly. PairingError (exit 2) when the stored ids cannot be decided."""
+    ck, cfg, tinfo, progress = job.ck, job.cfg, job.target.info, job.opts.progress
+    progress("aux ids", 0, 1)
+    aux = _aux.resolve_for_target(ck, job.target, override=job.opts.aux_ids_convention, seed=job.opts.seed, data=job.data)
+    progress("aux ids", 1, 1)
+    if aux.stored is not None:
+        if not aux.decided:
+            hint = _aux.UNDECIDED_HINT if aux.measurement is not None else "a drafter for this target records aux ids within 0..L"
+            raise PairingError(_aux.undecided_message(aux, tinfo.num_layers, cfg.num_aux), hint)
+        _aux.apply(ck, aux)
+        if aux.decided_by in ("measurement", "unambiguous", "override"):
+            job.warnings += [f"{f.severity}: {f.message}" for f in _aux.findings(aux, ck.producer)]
+        return aux, aux.ids
+    if cfg.num_aux != 3:
+        raise PairingError(f"the drafter fuses K={cfg.num_aux} aux states but records no aux layer ids (vLLM's default has 3)")
+    ids = default_aux_ids(tinfo.num_layers)
+    job.warnings.append(f"no aux layer ids in the source: vLLM's default {ids} for a {tinfo.num_layers}-layer target written explicitly")
+    return aux, ids
+
+
+def map_source(job: Job, aux: AuxIds | None, aux_ids: list[int]) -> None:
+    """*map*: the decided aux ids checked against the target, the source hashed, the provenance record started, and
+    the config changes every output gets (aux ids, rope and positions from the target)."""
+    opts, ck, tinfo = job.opts, job.ck, job.target.info
+    check_pairing(job.cfg, tinfo, aux_ids)
+    job.aux, job.aux_ids = aux, sorted(aux_ids)
+    opts.progress("hash source", 0, 1)
+    job.source_sha256 = sha256_files(ck.store.files)
+    opts.progress("hash source", 1, 1)
+    tcfg_path = Path(opts.target).expanduser() / "config.json"
+    cmd = opts.command if opts.command is not None else " ".join([os.path.basename(sys.argv[0] or "python")] + sys.argv[1:])
+    job.provenance = Provenance(
+        command=cmd, source=str(opts.source), source_sha256=job.source_sha256,
+        source_files=[Path(f).name for f in ck.store.files], source_format=ck.format, source_producer=ck.producer,
+        target=opts.target, target_config_sha256=sha256_files([tcfg_path]) if tcfg_path.is_file() else None,
+        data=job.data, hidden_states_dir=str(opts.hidden_states_dir) if opts.hidden_states_dir else None, seed=opts.seed,
+        device=job.device, dtype=str(job.dtype).removeprefix("torch."), output_format=opts.output_format,
+        started_at=job.started, aux_ids=aux)
+    job.store_dtype = _float_dtype([ck.info(n).dtype for n in ("fc.weight", "norm.weight", "layers.0.post_attention_layernorm.weight")
+                                    if ck.has(n)])
+    cfg, ids = job.cfg, job.aux_ids
+    job.update = {"aux_layer_ids": ids}
+    if (cfg.rope_theta, cfg.rope_scaling) != (tinfo.rope_theta, tinfo.rope_scaling):
+        job.update.update(rope_theta=tinfo.rope_theta, rope_scaling=tinfo.rope_scaling)
+        job.changes.append(f"rope_theta/rope_scaling taken from the target ({cfg.rope_theta}, {cfg.rope_scaling} -> "
+                           f"{tinfo.rope_theta}, {tinfo.rope_scaling})")
+    tmax = tinfo.max_position_embeddings or cfg.max_position_embeddings
+    if tmax > cfg.max_position_embeddings:
+        job.update["max_position_embeddings"] = int(tmax)
+        job.changes.append(f"max_position_embeddings {cfg.max_position_embeddings} -> {tmax} (the target's)")
+    if aux is not None and aux.stored is not None and aux.convention == "output-of-layer":
+        job.changes.append(f"aux layer ids {aux.stored} (output-of-layer, by {aux.decided_by}) written as vLLM ids {ids} "
+                           "(top level and eagle_config)")
+    elif aux is None or aux.stored is None or sorted(aux.stored) != ids:
+        job.changes.append(f"aux layer ids written explicitly: {ids} (top level and eagle_config)")
+
+
+def _float_dtype(store_dtypes: list[str]) -> torch.dtype:
+    for d in store_dtypes:
+        if d in ("bfloat16", "float16", "float32"):
+            return getattr(torch, d)
+    return torch.bfloat16

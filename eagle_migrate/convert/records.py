@@ -1,0 +1,47 @@
+"""The calibration records the norm initialisation and the agreement read: the target's aux states on token
+sequences (captured one sequence at a time) or a precomputed ``--hidden-states`` folder, split into a statistics set
+and a held-out set. Imports: torch, data (the one home of calibration sequences), hidden_states, target."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+from ..data import calibration_sequences, random_sequences
+from ..hidden_states import HiddenRecord, count_hidden_states, iter_hidden_states
+from ..target import LazyTarget
+
+# the statistics pass (norm initialisation + agreement) runs one sequence at a time and needs few: 32 give 94.6 %
+# step-0 agreement on the real pair, 64 give 95.2 % (docs/norm-init.md). More --num-sequences feed the calibration
+# fine-tune only (on an H100, 6,000 ShareGPT sequences took 5 min in this pass before the cap)
+STATS_MAX_SEQUENCES = 256
+
+
+def sequences_for(data: str | None, target: LazyTarget, num_sequences: int, seed: int, max_length: int) -> list[list[int]]:
+    """Token-id sequences to estimate statistics on: :func:`eagle_migrate.data.calibration_sequences` with the
+    target's tokenizer. No ``--data`` and a tokenizer-less (toy) target: random token sequences
+    (:func:`eagle_migrate.data.random_sequences`, at most 64 tokens) instead of byte-rendered text."""
+    tok = target.tokenizer
+    if data is None and tok is None:
+        return random_sequences(target.info.vocab_size, num_sequences, min(max_length, 64), seed)
+    return calibration_sequences(data, tok, target.info.vocab_size, num_sequences, max_length, seed)
+
+
+def records(target: LazyTarget, data: str | None, hidden_states_dir: Path | str | None, aux_ids: list[int], ht: int,
+            num_sequences: int, seed: int, max_length: int, want_last: bool) -> tuple[Iterator[HiddenRecord], int]:
+    """(iterator over calibration records, how many there will be)."""
+    if hidden_states_dir is not None:
+        n = min(count_hidden_states(Path(hidden_states_dir)), num_sequences)
+        return iter_hidden_states(Path(hidden_states_dir), aux_ids, ht, limit=n), n
+    seqs = sequences_for(data, target, num_sequences, seed, max_length)
+    return target.capture(seqs, aux_ids, want_last), len(seqs)
+
+
+def split_stream(it: Iterator[HiddenRecord], n_total: int, n_held: int) -> Iterator[tuple[bool, HiddenRecord]]:
+    """(is_held_out, record): every ``n_total // n_held``-th record is held out, up to ``n_held``."""
+    every = max(2, n_total // n_held)
+    held = 0
+    for i, rec in enumerate(it):
+        is_h = held < n_held and (i % every == every - 1 or n_total - i <= n_held - held)
+        held += is_h
+        yield is_h, rec

@@ -1,0 +1,150 @@
+"""convert's typed results: what was inserted, how the norms were initialised, the agreement with the source, the
+calibration status and the provenance record written next to the weights. Imports: pydantic, torch (its version),
+:mod:`eagle_migrate.stats` and :mod:`eagle_migrate.aux_ids` (their result types)."""
+
+from __future__ import annotations
+
+import platform
+from typing import Any, Literal
+
+import torch
+from pydantic import BaseModel, Field
+
+from .. import __version__
+from ..aux_ids import AuxIds
+from ..stats import TargetStatistics
+
+
+class FcNormWeight(BaseModel):
+    layer_id: int
+    chunk: int
+    mean: float
+    min: float
+    max: float
+
+
+class NormCandidate(BaseModel):
+    """One fc_norm initialisation, measured against the source on held-out sequences."""
+
+    method: str
+    step0_agreement: float | None = Field(None, description="top-1 agreement of the step-0 draft with the source's")
+    fc_rel_error: float | None = Field(None, description="E||g - g_src||^2 / E||g_src||^2, g = fc output")
+    fc_cosine: float | None = Field(None, description="mean cosine between g and g_src (scale-free)")
+    chosen: bool = False
+    note: str | None = None
+
+
+class FeedbackVariant(BaseModel):
+    name: str
+    description: str
+    step_agreement: list[float] = Field(default_factory=list, description="top-1 agreement at steps 1..k")
+    chosen: bool = False
+
+
+class NormOutputCompensation(BaseModel):
+    """How the switch of the fed-back state to the post-norm one was compensated."""
+
+    applied: bool
+    method: str = Field(..., description="fold-rms: norm.weight = R (flat), lm_head *= old_norm_weight / R")
+    scale: float | None = Field(None, description="R, the typical RMS of the source's pre-norm output h_pre (position 0 excluded)")
+    h_pre_rms_mean: float | None = None
+    h_pre_rms_median: float | None = None
+    norm_before_residual: bool
+    exact: str = Field(..., description="when the compensation is exact")
+    variants: list[FeedbackVariant] = Field(default_factory=list)
+
+
+class Agreement(BaseModel):
+    """Top-1 agreement between the converted drafter's drafts and the source's on held-out sequences."""
+
+    step0: float | None = None
+    steps: list[float] = Field(default_factory=list, description="steps 1..k of the draft chain (both drafters chain on their own drafts)")
+    num_positions: int = 0
+    num_chains: int = 0
+    held_out_sequences: int = 0
+
+
+class NormInit(BaseModel):
+    method: str = Field(..., description="the fc_norm initialisation kept")
+    fc_norm: list[FcNormWeight] = Field(default_factory=list)
+    candidates: list[NormCandidate] = Field(default_factory=list)
+    statistics: TargetStatistics | None = None
+    notes: dict[str, str] = Field(default_factory=dict)
+    warnings: list[str] = Field(default_factory=list, description="fits the statistics could not determine, and why")
+
+
+class CalibrationStatus(BaseModel):
+    status: Literal["calibrated", "not calibrated"] = "not calibrated"
+    required: bool = Field(False, description="the converted drafter needs the calibration fine-tune to be useful (EAGLE-2 sources)")
+    reason: str = ""
+    improved: bool | None = Field(None, description="the fine-tune beat the initialised drafter on the held-out suites beyond noise (None: not run)")
+    worse_than_source: bool | None = Field(None, description="the returned drafter is below the source on a held-out suite beyond noise (None: not judged)")
+    verdict: str | None = Field(None, description="one plain line: how the returned drafter compares with the source")
+    details: dict[str, Any] | None = None
+
+
+class Eagle2Mapping(BaseModel):
+    """How an EAGLE-1/2 drafter was mapped onto the EAGLE-3.1 structure (docs/norm-init.md)."""
+
+    aux_layer_ids: list[int]
+    hidden_chunk: int = Field(..., description="fc chunk that carries the old fc's hidden half")
+    embedding_rms: float
+    fc_output_rms: float
+    output_rms: float
+    fc_bias: str
+    notes: list[str] = Field(default_factory=list)
+
+
+class Provenance(BaseModel):
+    tool: str = "eagle-migrate"
+    version: str = __version__
+    command: str
+    source: str
+    source_sha256: str = Field(..., description="sha256 over the source's weight files (names and bytes)")
+    source_files: list[str]
+    source_format: str
+    source_producer: str
+    target: str
+    target_config_sha256: str | None = None
+    data: str | None = None
+    hidden_states_dir: str | None = None
+    num_sequences: int = 0
+    seed: int = 0
+    device: str = "cpu"
+    dtype: str = "float32"
+    output_format: str = "vllm"
+    norm_init: str | None = None
+    norm_output_scale: float | None = None
+    calibration_required: bool = False
+    calibration: str = "not calibrated"
+    calibration_verdict: str | None = None
+    statistics: TargetStatistics | None = None
+    aux_ids: AuxIds | None = Field(None, description="stored aux ids, their convention and how it was decided")
+    started_at: str
+    finished_at: str | None = None
+    python: str = platform.python_version()
+    torch: str = torch.__version__
+
+
+class ConvertResult(BaseModel):
+    """What ``convert`` did (printed by ``eagle-migrate convert --json``)."""
+
+    source: str
+    output: str
+    source_format: str
+    source_producer: str
+    output_format: str
+    passthrough: bool = Field(False, description="the source was already EAGLE-3.1 and was re-written as it is")
+    inserted: list[str] = Field(default_factory=list, description="tensors and flags added")
+    changes: list[str] = Field(default_factory=list, description="everything else that differs from the source")
+    aux_layer_ids: list[int] = Field(default_factory=list)
+    aux_ids_evidence: AuxIds | None = Field(None, description="stored ids, both readings, the decision and its evidence (a measurement's numbers)")
+    norm_init: NormInit | None = None
+    norm_output: NormOutputCompensation | None = None
+    eagle2_mapping: Eagle2Mapping | None = None
+    agreement: Agreement = Field(default_factory=Agreement)
+    calibration: CalibrationStatus = Field(default_factory=CalibrationStatus)
+    calibration_required: bool = False
+    output_files: list[str] = Field(default_factory=list)
+    provenance: Provenance
+    warnings: list[str] = Field(default_factory=list)

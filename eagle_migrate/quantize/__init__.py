@@ -1,0 +1,60 @@
+"""FP8 / NVFP4 drafters in the compressed-tensors format vLLM serves (docs/quantize.md).
+
+The compressed-tensors library (pinned by vLLM; 0.17 here) describes and packs the format: its presets give the
+``QuantizationArgs``, ``calculate_qparams`` / ``generate_gparam`` the scales, and its compressors
+(``float-quantized``, ``nvfp4-pack-quantized``) quantize and pack each Linear's per-module state dict. Drafters have
+no transformers class, so everything works on state dicts named in the vLLM layout (``layers.0.self_attn.q_proj``).
+
+What is written (shared/reference quant-formats.md §2-§4):
+* ``config.json`` gets the minimal, portable ``quantization_config`` at the top level (no key an older
+  compressed-tensors reader rejects); ``ignore`` uses vLLM's runtime names (``lm_head``, ``re:.*fc$``).
+* per quantized Linear: FP8 ``weight`` (float8_e4m3fn) + ``weight_scale`` (+ ``input_scale`` for static FP8);
+  NVFP4 ``weight_packed`` (uint8, two E2M1 codes per byte, low nibble first) + ``weight_scale`` (float8 [out, in/16])
+  + ``weight_global_scale`` (fp32 [1], a divisor) (+ ``input_global_scale`` for W4A4). No zero points.
+* q/k/v share one NVFP4 global scale and gate/up one (vLLM fuses them and keeps one).
+* everything else (norms, ``embed_tokens``, ``lm_head``, ``d2t``; ``fc`` unless asked) is copied unchanged.
+
+Modules, by job: ``schemes`` (one config class per scheme, the handler registry, the ``quantization_config``
+block), ``handlers`` (each scheme's pack / input-scale / activation handler), ``numerics`` (one tensor through
+compressed-tensors), ``linears`` (which Linears, which are fused), ``pack`` (a state dict quantized and back),
+``calibrate_acts`` (activation ranges), ``gate`` (acceptance before / after), ``stage`` (``quantize()``).
+"""
+
+from __future__ import annotations
+
+from .calibrate_acts import CalibrationReport, activation_ranges, calibrate_activations
+from .gate import AcceptanceReport, SuiteDrop, ValidateMode, default_suites
+from .handlers import activation_hook
+from .linears import LAYER_LINEARS, fused_groups, linear_prefixes
+from .numerics import (
+    decompress_layer,
+    err_stats,
+    fp8_weight,
+    nvfp4_global_scale,
+    nvfp4_weight,
+)
+from .pack import LayerReport, dequantize_state_dict, quantize_state_dict
+from .schemes import (
+    FC_IGNORE,
+    LM_HEAD,
+    SCHEMES,
+    SchemeConfig,
+    SchemeHandler,
+    SchemeName,
+    get_scheme,
+    handler_for,
+    ignore_list,
+    quantization_config,
+    register_handler,
+    scheme_from_config,
+)
+from .stage import QuantizeResult, quantize, write_quantized
+
+__all__ = [
+    "FC_IGNORE", "LAYER_LINEARS", "LM_HEAD", "SCHEMES", "AcceptanceReport", "CalibrationReport", "LayerReport",
+    "QuantizeResult", "SchemeConfig", "SchemeHandler", "SchemeName", "SuiteDrop", "ValidateMode", "activation_hook",
+    "activation_ranges", "calibrate_activations", "decompress_layer", "default_suites", "dequantize_state_dict",
+    "err_stats", "fp8_weight", "fused_groups", "get_scheme", "handler_for", "ignore_list", "linear_prefixes",
+    "nvfp4_global_scale", "nvfp4_weight", "quantization_config", "quantize", "quantize_state_dict", "register_handler",
+    "scheme_from_config", "write_quantized",
+]

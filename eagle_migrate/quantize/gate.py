@@ -1,0 +1,155 @@
+"""quantize's acceptance gate: which engine measures the drafter before and after quantization, the default suites,
+the measurement (through validate's ``run_engine``, the one measurement) and the drop report.
+
+Imports: pydantic, ``errors``, ``data``, ``target``, ``validate.api`` (lazily), ``formats.vllm``, ``quantize.schemes``.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from ..drafter.config import DrafterConfig
+from ..errors import InputError
+from .schemes import SchemeConfig
+
+ValidateMode = Literal["auto", "vllm", "reference", "none", "off"]  # "off" = "none"
+
+
+class SuiteDrop(BaseModel):
+    before: float
+    after: float
+    drop_pct: float = Field(..., description="100 (before - after) / before; negative = the quantized drafter is better")
+    num_drafts_before: int = 0
+    num_drafts_after: int = 0
+
+
+class AcceptanceReport(BaseModel):
+    engine: Literal["vllm", "reference"]
+    num_speculative_tokens: int
+    suites: dict[str, SuiteDrop]
+    before: float = Field(..., description="acceptance length of the unquantized drafter, all suites pooled")
+    after: float = Field(..., description="acceptance length of the quantized drafter, all suites pooled")
+    drop_pct: float
+    max_drop_pct: float | None = None
+    passed: bool | None = Field(None, description="null when no --max-al-drop gate was given")
+    note: str | None = None
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def gate_engine(spec: SchemeConfig, validate: str, target: str | None, max_al_drop_pct: float | None,
+                vllm_python: str | None) -> tuple[str, str | None]:
+    """(the validate mode, ``off`` read as ``none``; the engine that measures acceptance, None when nothing is
+    measured). ``auto``: vLLM when it is installed and has a kernel for the scheme here, else the reference engine."""
+    if validate == "off":
+        validate = "none"
+    if validate not in ("auto", "vllm", "reference", "none"):
+        raise InputError(f"unknown validate mode '{validate}'", "choose auto, vllm, reference or none")
+    if max_al_drop_pct is not None and (target is None or validate == "none"):
+        raise InputError("--max-al-drop needs an acceptance measurement", "pass --target (and leave validation on)")
+    if spec.calibrated and target is None:
+        raise InputError(f"scheme {spec.name} calibrates activation scales on data run through the target and drafter",
+                         f"pass --target T (and --data SRC), or use {spec.without_target}")
+    if validate in ("vllm", "reference") and target is None:
+        raise InputError(f"--validate {validate} measures acceptance against a target", "pass --target T")
+    if target is None or validate == "none":
+        return validate, None
+    from ..validate.api import resolve_engine
+
+    if validate == "auto":
+        engine = "vllm" if (spec.vllm_cpu or _cuda()) and resolve_engine("auto", vllm_python) == "vllm" else "reference"
+    else:
+        engine = resolve_engine(validate, vllm_python)
+    if engine == "vllm" and not spec.vllm_cpu and not _cuda():
+        raise InputError(f"vLLM on CPU cannot run {spec.name} drafters (see docs/quantize.md)",
+                         "use --validate reference (or a GPU)")
+    return validate, engine
+
+
+def max_model_len(target_spec: str, cap: int = 2048) -> int:
+    from ..target import target_info
+
+    return min(cap, int(target_info(str(target_spec)).max_position_embeddings or cap))
+
+
+def default_suites(target_spec: str, target=None, *, names: tuple[str, ...] = ("chat", "code"), num_prompts: int = 8,
+                   max_tokens: int = 64, max_model_len: int | None = None) -> dict[str, dict[str, Any]]:
+    """Acceptance prompts when none are given: small versions of the validate suites (``eagle_migrate.data``), with
+    the loaded target's tokenizer (else the target's own, as validate loads it)."""
+    from .. import data as data_mod
+    from ..target import target_info
+    from ..validate.api import load_tokenizer
+
+    info = target_info(str(target_spec))
+    tok = getattr(target, "tokenizer", None) if target is not None else load_tokenizer(str(target_spec))
+    out = {}
+    for name in names:
+        s = data_mod.suite(name, tok, info, num_prompts=num_prompts, max_tokens=max_tokens, max_model_len=max_model_len)
+        out[name] = {"prompts": s.prompts, "max_tokens": s.max_tokens}
+    return out
+
+
+def _pooled(stats: dict[str, Any]) -> float:
+    drafts = sum(s.num_drafts for s in stats.values())
+    acc = sum(s.num_accepted_tokens for s in stats.values())
+    return 1.0 + acc / drafts if drafts else 1.0
+
+
+def acceptance_report(engine: str, k: int, before: dict[str, Any], after: dict[str, Any], max_drop: float | None,
+                      note: str | None = None) -> AcceptanceReport:
+    """The drop per suite and pooled, from the engine's per-suite counters of the drafter before and after."""
+    suites = {}
+    for name, b in before.items():
+        a = after[name]
+        bal, aal = b.acceptance_length, a.acceptance_length
+        suites[name] = SuiteDrop(before=round(bal, 4), after=round(aal, 4),
+                                 drop_pct=round(100 * (bal - aal) / bal, 3) if bal else 0.0,
+                                 num_drafts_before=b.num_drafts, num_drafts_after=a.num_drafts)
+    bal, aal = _pooled(before), _pooled(after)
+    drop = 100 * (bal - aal) / bal if bal else 0.0
+    return AcceptanceReport(engine=engine, num_speculative_tokens=k, suites=suites, before=round(bal, 4),
+                            after=round(aal, 4), drop_pct=round(drop, 3), max_drop_pct=max_drop,
+                            passed=None if max_drop is None else drop <= max_drop, note=note)
+
+
+def measure_acceptance(engine: str, spec: SchemeConfig, *, source: Path, quantized: Path, work_parent: Path,
+                       cfg: DrafterConfig, sd: dict[str, Any], target: str, target_obj, suites: dict | None, k: int,
+                       max_al_drop_pct: float | None, vllm_options: dict[str, Any] | None,
+                       load_target: Callable[[], Any]) -> AcceptanceReport:
+    """Acceptance of the source drafter and of the quantized one (``quantized``: its folder) on the same suites in
+    ``engine``. vLLM loads the source written dense in its own layout; the reference engine reads any layout and the
+    quantized output through the one loader (``load_target()`` gives the loaded target when none is yet)."""
+    from ..validate import api
+
+    vopts = dict(vllm_options or {})
+    mp = max_model_len(target)
+    sts = suites if suites is not None else default_suites(target, target_obj, max_model_len=mp)
+    with tempfile.TemporaryDirectory(prefix=".eagle-migrate-quantize-", dir=str(work_parent)) as work:
+        if engine == "vllm":  # the source in the layout vLLM loads, unquantized
+            from ..formats.vllm import write_vllm
+
+            before = Path(work) / "before"
+            before.mkdir(parents=True, exist_ok=True)
+            write_vllm(cfg, sd, before, dtype=None)
+        else:
+            before = source
+            target_obj = target_obj if target_obj is not None else load_target()
+        run = api.run_engine(engine, target, [str(before), str(quantized)], sts, k=k,
+                             max_model_len=int(vopts.pop("max_model_len", mp)), vllm_python=vopts.pop("python", None),
+                             skip_tokenizer_init=all(isinstance(x, list) for st in sts.values() for x in st["prompts"]),
+                             target_obj=target_obj if engine == "reference" else None, **vopts)
+    before_s, after_s = ({n: st for n, (st, _) in r.items()} for r in run.results)
+    note = None
+    if engine == "reference":
+        acts = spec.ct_scheme().input_activations is not None
+        note = "weights dequantised through compressed-tensors" + ("; activations fake-quantized as the scheme does" if acts else "")
+    return acceptance_report(engine, k, before_s, after_s, max_al_drop_pct, note)

@@ -1,0 +1,255 @@
+"""The ``quantize`` stage: read a drafter, calibrate activation ranges (static schemes), pack, write config.json +
+model.safetensors + provenance.json atomically, and measure acceptance before / after (the gate).
+
+Imports: torch, pydantic, ``errors``, ``formats`` (reader, io, vllm, write), ``drafter.config``, ``target`` (lazily),
+``quantize.*``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import BaseModel, Field
+
+from .. import __version__
+from ..drafter.config import DrafterConfig
+from ..errors import CheckFailed, InputError, UnsupportedError
+from .calibrate_acts import CalibrationReport, activation_ranges
+from .gate import AcceptanceReport, ValidateMode, gate_engine, measure_acceptance
+from .linears import linear_prefixes
+from .numerics import nbytes
+from .pack import LayerReport, quantize_state_dict
+from .schemes import SchemeConfig, SchemeName, get_scheme, quantization_config
+
+ProgressFn = Callable[[str], None]
+
+
+class QuantizeResult(BaseModel):
+    """What ``eagle-migrate quantize`` did (``--json`` prints exactly this)."""
+
+    source: str
+    output: str
+    scheme: SchemeName
+    scheme_description: str
+    format: str = Field(..., description="compressed-tensors format written")
+    source_format: str = Field(..., description="eagle3 or eagle3.1")
+    source_producer: str
+    quantized: list[str] = Field(..., description="Linear layers quantized (checkpoint prefixes)")
+    ignore: list[str] = Field(..., description="the ignore list written (vLLM runtime names)")
+    kept: list[str] = Field(..., description="tensors copied unchanged")
+    layers: list[LayerReport]
+    quantized_bytes_before: int
+    quantized_bytes_after: int
+    quantized_ratio: float = Field(..., description="quantized layers: bytes before / after")
+    checkpoint_bytes_before: int = Field(..., description="source weight files on disk")
+    checkpoint_bytes_after: int = Field(..., description="output weight files on disk")
+    checkpoint_ratio: float
+    min_sqnr_db: float | None = Field(None, description="worst layer (null when every layer is exact)")
+    calibration: CalibrationReport | None = None
+    acceptance: AcceptanceReport | None = None
+    quantization_config: dict[str, Any]
+    speculative_config: dict[str, Any] = Field(..., description="the --speculative-config for vllm serve")
+    files: list[str]
+    seconds: float
+    notes: list[str] = Field(default_factory=list)
+
+
+# ----- reading the source ------------------------------------------------------------------------------------------
+def read_source(path: Path):
+    """A ``Checkpoint`` of any producer layout ``eagle_migrate.formats`` reads (canonical vLLM-layout names), checked
+    to be an unquantized EAGLE-3 drafter quantize supports. Its aux-id convention must be decided: the output carries
+    eagle-migrate's fingerprint (vLLM ids)."""
+    from ..formats import read_checkpoint
+
+    ck = read_checkpoint(Path(path))
+    aux = ck.aux
+    if aux is not None and aux.stored is not None and not aux.decided:
+        raise InputError(f"{path}: aux layer ids {aux.stored} can be read two ways (vLLM ids or output-of-layer) and nothing "
+                         "in the checkpoint decides which", "convert it first: `eagle-migrate convert` decides the convention "
+                         "on the target (or with --aux-ids-convention vllm|output-of-layer)")
+    cfg = ck.config
+    if ck.quantization or (ck.raw_config or {}).get("quantization_config"):
+        raise InputError(f"{path} is already quantized", "quantize the unquantized drafter")
+    if cfg.generation != "eagle3":
+        raise UnsupportedError(f"{path} is an EAGLE-2 drafter; vLLM's compressed-tensors path is for EAGLE-3 drafters",
+                               "run `eagle-migrate convert` first, then quantize its output")
+    if not cfg.supported_architecture:
+        raise UnsupportedError(f"{path}: {cfg.architecture} drafters are not supported by quantize")
+    return ck
+
+
+def source_float_dtype(ckpt) -> torch.dtype:
+    """The float dtype holding most of the checkpoint's parameters (bfloat16 when there is none)."""
+    from collections import Counter
+
+    c: Counter[str] = Counter()
+    for n in ckpt.canonical_names():
+        info = ckpt.info(n)
+        if info.dtype in ("float32", "bfloat16", "float16"):
+            c[info.dtype] += info.numel
+    return getattr(torch, c.most_common(1)[0][0]) if c else torch.bfloat16
+
+
+# ----- writing -----------------------------------------------------------------------------------------------------
+def write_quantized(out: Path, cfg: DrafterConfig, tensors: dict[str, torch.Tensor], qc: dict[str, Any],
+                    source_dtype: torch.dtype, metadata: dict[str, str] | None = None) -> list[str]:
+    """config.json (vLLM layout + top-level quantization_config) and model.safetensors into an empty folder."""
+    from ..formats.io import save_safetensors, write_json
+    from ..formats.vllm import vllm_config_dict
+    from ..formats.write import prepare_tensors
+
+    sd = prepare_tensors(cfg, tensors, dtype=None, keep_t2d=False, quantized=True)
+    meta = {"format": "pt", "producer": f"eagle-migrate {__version__}"}
+    meta.update(metadata or {})
+    save_safetensors(sd, out / "model.safetensors", meta)
+    d = vllm_config_dict(cfg, {"quantization_config": qc})
+    d["torch_dtype"] = str(source_dtype).removeprefix("torch.")
+    write_json(out / "config.json", d)
+    return list(sd)
+
+
+def _library_versions() -> dict[str, str]:
+    import importlib.metadata as md
+
+    out = {"torch": torch.__version__}
+    for pkg in ("compressed-tensors", "safetensors"):
+        try:
+            out[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            pass
+    return out
+
+
+def _provenance(result: QuantizeResult, source: Path, ckpt, src_files: list[Path], options: dict[str, Any]) -> dict:
+    from ..formats.io import sha256_files
+
+    return {
+        "tool": "eagle-migrate", "version": __version__, "command": "quantize",
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "source": {"path": str(source.resolve()), "sha256": sha256_files(src_files) if src_files else None,
+                   "format": ckpt.config.format_name, "producer": str(ckpt.producer)},
+        "options": options,
+        "libraries": _library_versions(),
+        "result": {k: v for k, v in result.model_dump(mode="json").items() if k not in ("layers", "quantization_config", "kept")},
+    }
+
+
+def _result(spec: SchemeConfig, source: Path, out: Path, ckpt, sd: dict[str, torch.Tensor], prefixes: list[str],
+            layers: list[LayerReport], qc: dict[str, Any], written: Path, src_files: list[Path], k: int,
+            **extra: Any) -> QuantizeResult:
+    """The result of a written output (``written``: its model.safetensors); ``files`` / ``seconds`` filled later."""
+    from ..formats.vllm import speculative_config
+
+    quantized = {p + ".weight" for p in prefixes} | {p + ".bias" for p in prefixes}
+    qb = sum(x.bytes_before for x in layers)
+    qa = sum(x.bytes_after for x in layers)
+    cb = sum(f.stat().st_size for f in src_files) if src_files else sum(nbytes(t) for t in sd.values())
+    ca = written.stat().st_size
+    sq = [x.sqnr_db for x in layers if x.sqnr_db is not None]
+    return QuantizeResult(
+        source=str(source), output=str(out), scheme=spec.name, scheme_description=spec.description, format=spec.format,
+        source_format=ckpt.config.format_name, source_producer=str(ckpt.producer), quantized=prefixes,
+        ignore=qc["ignore"], kept=[n for n in sd if n not in quantized], layers=layers, quantized_bytes_before=qb,
+        quantized_bytes_after=qa, quantized_ratio=round(qb / qa, 3) if qa else 0.0, checkpoint_bytes_before=cb,
+        checkpoint_bytes_after=ca, checkpoint_ratio=round(cb / ca, 3) if ca else 0.0, min_sqnr_db=min(sq) if sq else None,
+        quantization_config=qc, speculative_config=speculative_config(str(out), k), files=[], seconds=0.0, **extra)
+
+
+# ----- the stage ---------------------------------------------------------------------------------------------------
+def quantize(
+    source: str | Path,
+    out: str | Path,
+    scheme: SchemeName,
+    *,
+    target: str | None = None,
+    data: Any = None,
+    quantize_fc: bool = False,
+    quantize_lm_head: bool = False,
+    num_calibration_sequences: int = 64,
+    calibration_max_len: int = 512,
+    force: bool = False,
+    max_al_drop_pct: float | None = None,
+    validate: ValidateMode = "auto",
+    suites: dict[str, dict[str, Any]] | None = None,
+    num_speculative_tokens: int = 3,
+    vllm_options: dict[str, Any] | None = None,
+    device: str = "cpu",
+    progress: ProgressFn | None = None,
+) -> QuantizeResult:
+    """Quantize a drafter checkpoint into ``out`` (atomic; with provenance.json).
+
+    ``validate``: ``auto`` measures acceptance before/after when a target is given (vLLM for FP8; the reference
+    engine on CPU for NVFP4, vLLM for NVFP4 on a GPU), ``vllm`` / ``reference`` force an engine, ``none`` skips it.
+    ``max_al_drop_pct`` gates: when acceptance drops by more, ``CheckFailed`` is raised (its ``result`` attribute
+    holds the report) and no output is written.
+    """
+    from ..formats.io import atomic_output_dir, check_output_dir, write_json
+
+    t0 = time.perf_counter()
+    spec = get_scheme(scheme)
+    source, out = Path(source), Path(out)
+    say = progress or (lambda _m: None)
+    validate, engine = gate_engine(spec, validate, target, max_al_drop_pct, (vllm_options or {}).get("python"))
+    check_output_dir(out, force, [source, target, data])
+    say("reading the checkpoint")
+    ckpt = read_source(source)
+    cfg = ckpt.config
+    src_dtype = source_float_dtype(ckpt)
+    sd = {n: ckpt.tensor(n) for n in ckpt.canonical_names() if n != "t2d"}
+    notes: list[str] = []
+    prefixes = linear_prefixes(cfg, sd, quantize_fc=quantize_fc, quantize_lm_head=quantize_lm_head)
+
+    tgt = calib = amax = None
+
+    def load_target():
+        from ..target import load_target
+
+        say("loading the target")
+        return load_target(target, device=device, dtype=torch.float32)
+
+    if spec.calibrated:
+        tgt = load_target()
+        amax, calib = activation_ranges(cfg, sd, tgt, data, prefixes, num_sequences=num_calibration_sequences,
+                                        max_len=calibration_max_len, progress=say)
+    elif data is not None:
+        notes.append(f"--data is not used by {spec.name} (no activation scales to calibrate)")
+    qsd, layers = quantize_state_dict(sd, cfg, spec, activation_amax=amax, quantize_fc=quantize_fc,
+                                      quantize_lm_head=quantize_lm_head, progress=say)
+    qc = quantization_config(spec, quantize_fc=quantize_fc, quantize_lm_head=quantize_lm_head)
+    if quantize_lm_head:
+        notes.append("lm_head quantized: acceptance is most sensitive there (quant-formats.md §9); check the AL drop")
+
+    src_files = list(getattr(ckpt.store, "files", []))
+    with atomic_output_dir(out, force, [source, target, data]) as tmp:
+        write_quantized(tmp, cfg, qsd, qc, src_dtype, {"quantization": spec.name})
+        acceptance = None
+        if engine is not None:
+            say(f"measuring acceptance before/after ({engine})")
+            acceptance = measure_acceptance(
+                engine, spec, source=source, quantized=tmp, work_parent=out.parent, cfg=cfg, sd=sd, target=target,
+                target_obj=tgt, suites=suites, k=num_speculative_tokens, max_al_drop_pct=max_al_drop_pct,
+                vllm_options=vllm_options, load_target=load_target)
+        result = _result(spec, source, out, ckpt, sd, prefixes, layers, qc, tmp / "model.safetensors", src_files,
+                         num_speculative_tokens, calibration=calib, acceptance=acceptance, notes=notes)
+        if acceptance is not None and acceptance.passed is False:
+            result.seconds = round(time.perf_counter() - t0, 2)
+            err = CheckFailed(
+                f"acceptance length dropped {acceptance.drop_pct:.2f}% ({acceptance.before:.3f} -> {acceptance.after:.3f}), "
+                f"more than --max-al-drop {max_al_drop_pct}%; nothing was written",
+                "try fp8-dynamic, keep fc unquantized, or calibrate on data closer to the traffic (--data)",
+            )
+            err.result = result  # type: ignore[attr-defined]
+            raise err
+        options = {"scheme": spec.name, "target": target,
+                   "data": None if data is None else str(data) if not isinstance(data, list) else "token ids",
+                   "quantize_fc": quantize_fc, "quantize_lm_head": quantize_lm_head,
+                   "num_calibration_sequences": num_calibration_sequences if spec.calibrated else None,
+                   "max_al_drop_pct": max_al_drop_pct, "validate": validate}
+        write_json(tmp / "provenance.json", _provenance(result, source, ckpt, src_files, options))
+        result.files = sorted(p.name for p in tmp.iterdir())
+    result.seconds = round(time.perf_counter() - t0, 2)
+    return result
