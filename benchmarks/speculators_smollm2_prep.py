@@ -34,7 +34,7 @@ def make_data(args: argparse.Namespace) -> None:
     from transformers import AutoTokenizer
 
     from eagle_migrate import assets
-    from train_smollm2_eagle3 import sharegpt_messages  # the one ShareGPT conversation reader of the benchmarks
+    from eagle3_scratch import sharegpt_messages  # the one ShareGPT conversation reader of the benchmarks
 
     tpath = assets.smollm2_target()
     tok = AutoTokenizer.from_pretrained(str(tpath))

