@@ -141,12 +141,75 @@ def speculators() -> None:
                 extra="Target: `toy.write_target(path, family=\"qwen3\")`.\n")
 
 
+# ----- NVIDIA ModelOpt ------------------------------------------------------------------------------------------------
+def modelopt() -> None:
+    """nvidia-modelopt 0.47.0: ``mtsp.convert(model, [("eagle", EAGLE3_DEFAULT_CFG["config"])])`` on the toy target
+    (the HF path of its speculative_decoding example, draft sizes shrunk to the toy's) and its exporter
+    ``export_speculative_decoding`` (what ``export_hf_checkpoint`` calls for an EAGLE model). ``export_hf_checkpoint``
+    itself fails here before exporting: its dummy forward builds ``LlamaRotaryEmbedding(config, device=)``, which
+    transformers 5.19 no longer accepts. The Kimi-K2 (MLA) draft cannot be built offline: ModelOpt downloads Kimi's
+    modeling code from the Hub (``_setup_kimi_k2_decoder``)."""
+    import copy
+
+    import modelopt.torch.speculative as mtsp
+    from modelopt.torch.export.unified_export_hf import export_speculative_decoding
+    from modelopt.torch.speculative.config import EAGLE3_DEFAULT_CFG
+    from transformers import AutoModelForCausalLM
+
+    from eagle_migrate import toy
+
+    torch.manual_seed(0)
+
+    def export(target: str, name: str, how: str, *, oracle_ids: list[int] | None = None,
+               draft_vocab: int | None = None, extra: str = "") -> None:
+        model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.bfloat16)
+        cfg = copy.deepcopy(EAGLE3_DEFAULT_CFG["config"])
+        arch = {"intermediate_size": toy.H, "num_attention_heads": toy.HEADS, "num_key_value_heads": toy.KV_HEADS,
+                "head_dim": toy.HEAD_DIM}
+        if draft_vocab is not None:
+            arch["draft_vocab_size"] = draft_vocab
+        cfg["eagle_architecture_config"].update(arch)
+        mtsp.convert(model, [("eagle", cfg)])
+        ids = model.eagle_config.eagle_aux_hidden_state_layer_ids
+        em = model.eagle_module
+        if draft_vocab is not None:  # what load_draft_vocab_cache copies in from data.draft_vocab_cache (d2t offsets)
+            used = torch.tensor(sorted(range(0, toy.H, toy.H // draft_vocab))[:draft_vocab])
+            em.d2t.copy_(used - torch.arange(draft_vocab))
+        if oracle_ids is not None:
+            # the toy oracle, with the target's own head (ModelOpt copies the base lm_head in when the draft has
+            # none): fc maps the aux states of x_i to E[x_i] (chunk k divided by the RMS of the layer whose *output*
+            # ModelOpt's hook captured, i.e. vLLM id ids[k] + 1), the layer adds +1, the target's head adds +1
+            assert ids == oracle_ids, ids
+            sd = toy.drafter_state_dict("oracle")
+            sd["fc.weight"] = torch.cat([torch.eye(toy.H) / (len(ids) * toy.aux_rms(i + 1)) for i in ids], dim=1)
+            mine = {k: v for k, v in sd.items() if k != "lm_head.weight"}
+            missing, unexpected = em.load_state_dict(mine, strict=False)
+            assert not unexpected and not [k for k in missing if "rotary" not in k], (missing, unexpected)
+        export_speculative_decoding(model, export_dir="export")
+        finish(Path("export"), name, "nvidia-modelopt", how, f"Aux ids as ModelOpt's training hook captured them "
+               f"(decoder-layer outputs): {ids}.\n" + extra)
+        shutil.rmtree("export")
+
+    with workdir({"toy-llama8-target": {"layers": 8}, "toy-llama-target": {}}):
+        export("toy-llama8-target", "modelopt-llama",
+               "`mtsp.convert` with EAGLE3_DEFAULT_CFG (default aux layers) then `export_speculative_decoding`; "
+               "draft tensor values = the toy oracle for output-of-layer ids (vLLM ids [2, 4, 5])",
+               oracle_ids=[1, 3, 4],
+               extra="Target: `toy.write_target(path, layers=8)`; served with vLLM ids [2, 4, 5] (the "
+                     "output-of-layer reading) vLLM's acceptance length with k = 3 is 4.0 exactly.\n")
+        export("toy-llama-target", "modelopt-llama-k2-dv32",
+               "`mtsp.convert` with EAGLE3_DEFAULT_CFG and draft_vocab_size 32 on a 6-layer target (ModelOpt's "
+               "default aux layers collapse to two: sorted({1, 6 // 2 - 1, 6 - 4}) = [1, 2]) then "
+               "`export_speculative_decoding`; random init, d2t set as load_draft_vocab_cache would",
+               draft_vocab=32, extra="Target: `toy.write_target(path)` (6 layers).\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("producer", choices=["speculators"])
+    ap.add_argument("producer", choices=["speculators", "modelopt"])
     args = ap.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
-    {"speculators": speculators}[args.producer]()
+    {"speculators": speculators, "modelopt": modelopt}[args.producer]()
 
 
 if __name__ == "__main__":
