@@ -204,12 +204,94 @@ def modelopt() -> None:
                draft_vocab=32, extra="Target: `toy.write_target(path)` (6 layers).\n")
 
 
+# ----- SpecForge (sgl-project) ---------------------------------------------------------------------------------------
+def specforge() -> None:
+    """specforge 0.2.0 (installed ``--no-deps``: it pins torch 2.11 and sglang 0.5.14, whose CUDA stack does not
+    install here; the model and exporter modules need neither): the draft built by its own
+    ``AutoDraftModel.from_config`` from a draft config file, vocab maps from its
+    ``process_token_dict_to_mappings`` (what ``generate_vocab_mapping_file`` saves), the trainer's checkpoint shape
+    (``{run}-step{N}/training_state.pt`` with ``strategy`` and ``draft_state_dict`` minus the frozen embedding) and
+    its exporters ``export_to_hf`` (``specforge export --to hf --embedding-source``) and ``export_to_sglang``
+    (``--to sglang``). SpecForge 0.2.0 has one EAGLE-3 draft architecture, ``LlamaForCausalLMEagle3`` (no Qwen3 or
+    MLA draft); its trainer captures layer outputs ``[1, L // 2 - 1, L - 4]`` unless the draft config names ids."""
+    from collections import Counter
+
+    from specforge.data.preprocessing import process_token_dict_to_mappings
+    from specforge.export.to_hf import export_to_hf
+    from specforge.export.to_sglang import export_to_sglang
+    from specforge.modeling.auto import AutoDraftModel, AutoDraftModelConfig
+
+    from eagle_migrate import toy
+
+    torch.manual_seed(0)
+
+    def draft(name: str, how: str, *, to: str, ids_in_config: list[int] | None, oracle_ids: list[int] | None,
+              draft_vocab: int = toy.H, fc_norm: bool = False, norm_output: bool | None = None,
+              extra: str = "") -> None:
+        # a draft config as SpecForge's configs/*-eagle3.json are written (sizes shrunk to the toy's)
+        dc = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_act": "silu",
+              "hidden_size": toy.H, "intermediate_size": toy.H, "num_attention_heads": toy.HEADS,
+              "num_key_value_heads": toy.KV_HEADS, "head_dim": toy.HEAD_DIM, "num_hidden_layers": 1,
+              "max_position_embeddings": 1024, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "vocab_size": toy.H,
+              "draft_vocab_size": draft_vocab, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+              "bos_token_id": 0, "eos_token_id": toy.H - 1, "pad_token_id": 0}
+        if fc_norm:
+            dc["fc_norm"] = True
+        if norm_output is not None:
+            dc["norm_output"] = norm_output
+        if ids_in_config is not None:
+            dc["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": ids_in_config, "use_aux_hidden_state": True}
+        Path("draft.json").write_text(json.dumps(dc))
+        model = AutoDraftModel.from_config(AutoDraftModelConfig.from_file("draft.json"), torch_dtype=torch.bfloat16)
+        vm = None
+        if draft_vocab != toy.H:
+            freq = {t: (t * 37) % 101 + 1 for t in range(toy.H)}
+            d2t, t2d = process_token_dict_to_mappings(Counter(freq), draft_vocab, toy.H)
+            torch.save({"d2t": d2t, "t2d": t2d}, "vocab_mapping.pt")
+            vm = "vocab_mapping.pt"
+            model.load_vocab_mapping(vm)
+        if oracle_ids is not None:  # toy oracle for the ids the trainer captured (layer outputs: vLLM id + 1)
+            sd = toy.drafter_state_dict("oracle")
+            p = toy._shift(toy.H, 1)
+            sd["fc.weight"] = torch.cat([p / (len(oracle_ids) * toy.aux_rms(i + 1)) for i in oracle_ids], dim=1)
+            sd = {k.replace("layers.0.", "midlayer."): v for k, v in sd.items()}
+            missing, unexpected = model.load_state_dict(sd, strict=False)
+            assert not unexpected and not [k for k in missing if k not in ("embed_tokens.weight", "t2d", "d2t", "fc_norm.0.weight", "fc_norm.1.weight", "fc_norm.2.weight")], (missing, unexpected)
+        state = {"strategy": "eagle3",
+                 "draft_state_dict": {k: v for k, v in model.state_dict().items() if "embed" not in k}}
+        Path("run/r0-step10").mkdir(parents=True)
+        torch.save(state, "run/r0-step10/training_state.pt")
+        if to == "hf":
+            export_to_hf("run/r0-step10", "draft.json", "export", vocab_mapping_path=vm,
+                         embedding_source="toy-llama8-target")
+        else:
+            export_to_sglang("run/r0-step10", "draft.json", "export", vocab_mapping_path=vm)
+        finish(Path("export"), name, "specforge", how, extra)
+        for f in ("export", "run"):
+            shutil.rmtree(f)
+
+    with workdir({"toy-llama8-target": {"layers": 8}}):
+        draft("specforge-llama-hf",
+              "draft config without aux ids (the trainer captures its default layer outputs [1, 3, 4] on the "
+              "8-layer target), exported with `export_to_hf(..., embedding_source=target)` (`specforge export --to "
+              "hf`); tensor values = the toy oracle for those captures (vLLM ids [2, 4, 5])",
+              to="hf", ids_in_config=None, oracle_ids=[1, 3, 4],
+              extra="Target: `toy.write_target(path, layers=8)`; with no ids stored vLLM uses its default [2, 4, 5]: "
+                    "acceptance length with k = 3 is 4.0 exactly.\n")
+        draft("specforge-llama-sglang-fcnorm-dv32",
+              "draft config with `fc_norm: true`, `norm_output: false` and eagle_config ids [1, 3, 4], a 32-token "
+              "draft vocab (process_token_dict_to_mappings), exported with `export_to_sglang` (`specforge export "
+              "--to sglang`: no embedding); random init", to="sglang", ids_in_config=[1, 3, 4], oracle_ids=None,
+              draft_vocab=32, fc_norm=True, norm_output=False,
+              extra="Target: `toy.write_target(path, layers=8)`.\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("producer", choices=["speculators", "modelopt"])
+    ap.add_argument("producer", choices=["speculators", "modelopt", "specforge"])
     args = ap.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
-    {"speculators": speculators, "modelopt": modelopt}[args.producer]()
+    {"speculators": speculators, "modelopt": modelopt, "specforge": specforge}[args.producer]()
 
 
 if __name__ == "__main__":
