@@ -139,6 +139,19 @@ def speculators() -> None:
                 "SingleGPUCheckpointer, tensor values = the toy Qwen3 oracle drafter",
                 ids=[1, 3, 5], oracle=True,
                 extra="Target: `toy.write_target(path, family=\"qwen3\")`.\n")
+        # `speculators convert` of SpecForge's own export (the fixture written by `... specforge`), with the ids
+        # copied from its config as a user would: the converted checkpoint keeps fc_norm: true but its legacy
+        # Eagle3Speculator model has no fc_norm parameters, so the weights are dropped ("Unexpected keys")
+        from speculators.convert.entrypoints import convert_model
+
+        src = OUT / "specforge-llama-sglang-fcnorm-dv32"
+        convert_model(model=str(src), verifier="toy-llama8-target", algorithm="eagle3", output_path="converted",
+                      eagle_aux_hidden_state_layer_ids=[1, 3, 4])
+        finish(Path("converted"), "speculators-convert-specforge-fcnorm",
+               "speculators", "`speculators convert --algorithm eagle3 --eagle-aux-hidden-state-layer-ids 1 3 4` "
+               "(convert_model) of tests/fixtures/producers/specforge-llama-sglang-fcnorm-dv32 against the 8-layer "
+               "toy target", extra="Target: `toy.write_target(path, layers=8)`. The converter dropped the source's "
+               "fc_norm weights but kept `fc_norm: true`.\n")
 
 
 # ----- NVIDIA ModelOpt ------------------------------------------------------------------------------------------------
