@@ -122,6 +122,17 @@ def test_inspect_reports_what_the_producer_wrote(name):
     assert [f.name for f in r.files] == ["model.safetensors", "config.json"]
 
 
+VERIFIERS = {"t6": ("toy-llama-target", "LlamaForCausalLM"), "t8": ("toy-llama8-target", "LlamaForCausalLM"),
+             "q6": ("toy-qwen3-target", "Qwen3ForCausalLM")}
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if n.startswith("speculators")])
+def test_speculators_records_the_verifier_it_was_made_for(name):
+    """speculators writes the verifier (the target) into speculators_config; the reader keeps it."""
+    path, arch = VERIFIERS[EXPECTED[name]["target"]]
+    assert read_checkpoint(FIXTURES / name).meta["verifier"] == {"name_or_path": path, "architectures": [arch]}
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_vocab_maps_as_the_producer_stored_them(name):
     """d2t as stored (offsets: target id = draft id + d2t), checked against the producer's t2d where it wrote one."""
