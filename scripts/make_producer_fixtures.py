@@ -50,16 +50,17 @@ def workdir(targets: dict[str, dict]):
             os.chdir(old)
 
 
-def finish(src: Path, name: str, package: str, how: str, extra: str = "") -> None:
+def finish(src: Path, name: str, package: str, how: str, extra: str = "", version: str | None = None) -> None:
     """Move a written checkpoint into tests/fixtures/producers/<name> with its README line."""
     dst = OUT / name
     if dst.exists():
         shutil.rmtree(dst)
     shutil.copytree(src, dst)
-    cmd = f"PYTHONPATH=$PWD python scripts/make_producer_fixtures.py {sys.argv[1]}` (python: a venv with {package}=={md.version(package)}, here {sys.executable})"
+    version = version or md.version(package)
+    cmd = f"PYTHONPATH=$PWD python scripts/make_producer_fixtures.py {sys.argv[1]}` (python: a venv with {package}=={version}, here {sys.executable})"
     files = ", ".join(sorted(p.name for p in dst.iterdir()))
     (dst / "README.md").write_text(
-        f"# {name}\n\nWritten by {package} {md.version(package)} (torch {torch.__version__}, transformers "
+        f"# {name}\n\nWritten by {package} {version} (torch {torch.__version__}, transformers "
         f"{md.version('transformers')}): {how}.\nCommand: `{cmd}.\nFiles: {files}.\n{extra}"
     )
     size = sum(p.stat().st_size for p in dst.iterdir())
@@ -299,12 +300,67 @@ def specforge() -> None:
               extra="Target: `toy.write_target(path, layers=8)`.\n")
 
 
+# ----- TorchSpec (lightseekorg/TorchSpec, not on PyPI: ``torchspec`` 0.0.1 there is a name placeholder) -----------
+def torchspec() -> None:
+    """TorchSpec at a source checkout (``TORCHSPEC_SRC``, here lightseekorg/TorchSpec 6f21829, version.txt 0.1.0;
+    its own imports need numba and wandb in the venv): the draft built by its ``AutoEagle3DraftModel.from_config``
+    from a draft config shaped like its configs/draft_models/*.json, saved as the trainer's FSDP checkpoint
+    (torch.distributed.checkpoint, ``draft_model.``-prefixed keys, ``<run>/iter_1/model``), then its own
+    ``tools/convert_to_hf.py`` (native ``midlayer.`` names, and ``--vllm``), both with ``--target-model-path`` for
+    the embedding. Random init; Llama and MLA (``Eagle3DeepseekV2ForCausalLM``, model_type deepseek_v3: no kimi_k2
+    id shift)."""
+    import subprocess
+
+    import torch.distributed.checkpoint as dist_cp
+
+    src = Path(os.environ.get("TORCHSPEC_SRC", "/tmp/torchspec-src")).resolve()
+    sys.path.insert(0, str(src))
+    from torchspec.models.draft import AutoDraftModelConfig, AutoEagle3DraftModel
+
+    from eagle_migrate import toy
+
+    torch.manual_seed(0)
+    base = {"hidden_size": toy.H, "intermediate_size": toy.H, "num_hidden_layers": 1, "hidden_act": "silu",
+            "rms_norm_eps": 1e-6, "max_position_embeddings": 1024, "rope_theta": 10000.0, "rope_scaling": None,
+            "vocab_size": toy.H, "draft_vocab_size": toy.H, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+            "bos_token_id": 0, "eos_token_id": toy.H - 1}
+    llama = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", **base,
+             "num_attention_heads": toy.HEADS, "num_key_value_heads": toy.KV_HEADS, "head_dim": toy.HEAD_DIM,
+             "attention_bias": False, "attention_dropout": 0.0, "use_cache": True}
+    mla = {"architectures": ["Eagle3DeepseekV2ForCausalLM"], "model_type": "deepseek_v3", **base,
+           "num_attention_heads": 1, "num_key_value_heads": 1, "q_lora_rank": 32, "kv_lora_rank": 64,
+           "qk_nope_head_dim": 32, "qk_rope_head_dim": 32, "v_head_dim": 32, "pretraining_tp": 1, "pad_token_id": 0}
+
+    def export(name: str, cfg: dict, vllm: bool, how: str) -> None:
+        Path("draft.json").write_text(json.dumps(cfg))
+        model = AutoEagle3DraftModel.from_config(AutoDraftModelConfig.from_file("draft.json")).to(torch.bfloat16)
+        sd = {f"draft_model.{k}": v.contiguous() for k, v in model.state_dict().items() if "embed" not in k}
+        dist_cp.save(sd, storage_writer=dist_cp.FileSystemWriter("run/iter_1/model"), no_dist=True)
+        cmd = [sys.executable, str(src / "tools" / "convert_to_hf.py"), "--input-dir", "run/iter_1", "--config",
+               "draft.json", "--target-model-path", "toy-llama8-target", "--output-dir", "export"]
+        subprocess.run(cmd + (["--vllm"] if vllm else []), check=True, env={**os.environ, "PYTHONPATH": str(src)})
+        finish(Path("export"), name, "torchspec", how, "Target: `toy.write_target(path, layers=8)` (its "
+               "embedding). TorchSpec is not installed: its source checkout (lightseekorg/TorchSpec 6f21829) is on "
+               "PYTHONPATH as TORCHSPEC_SRC, in a venv with transformers < 5 (its rope code rejects transformers 5's "
+               "'default' rope type), numba and wandb.\n",
+               version=f"{(src / 'version.txt').read_text().strip()} (source 6f21829)")
+        for f in ("export", "run"):
+            shutil.rmtree(f)
+
+    with workdir({"toy-llama8-target": {"layers": 8}}):
+        export("torchspec-llama", llama, False, "FSDP checkpoint -> `tools/convert_to_hf.py` (native names)")
+        export("torchspec-llama-vllm", llama, True, "FSDP checkpoint -> `tools/convert_to_hf.py --vllm`")
+        export("torchspec-mla-vllm", mla, True, "MLA draft (Eagle3DeepseekV2ForCausalLM, deepseek_v3) FSDP "
+               "checkpoint -> `tools/convert_to_hf.py --vllm`")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("producer", choices=["speculators", "modelopt", "specforge"])
+    ap.add_argument("producer", choices=["speculators", "modelopt", "specforge", "torchspec"])
     args = ap.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
-    {"speculators": speculators, "modelopt": modelopt, "specforge": specforge}[args.producer]()
+    {"speculators": speculators, "modelopt": modelopt, "specforge": specforge,
+     "torchspec": torchspec}[args.producer]()
 
 
 if __name__ == "__main__":

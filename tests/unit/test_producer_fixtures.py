@@ -80,6 +80,23 @@ EXPECTED = {
         "flags": {"fc_norm": True, "norm_output": False, "norm_before_fc": False, "norm_before_residual": False},
         "d2t": True, "codes": {"aux_ids_convention_ambiguous", "specforge_norm_output_false", "fc_norm_all_ones"},
         "target": "t8", "convention": "output-of-layer"},
+    "torchspec-llama": {
+        "layout": "torchspec", "producer": "torchspec", "format": "eagle3", "family": "llama",
+        "sizes": (64, 3, 64, 64, 2, 1, 32), "stored": None, "decided": "none",
+        "flags": {"fc_norm": False, "norm_output": False, "norm_before_fc": False, "norm_before_residual": False},
+        "d2t": False, "codes": {"aux_ids_missing"}, "target": "t8", "convention": None},
+    "torchspec-llama-vllm": {
+        "layout": "torchspec-vllm", "producer": "torchspec", "format": "eagle3", "family": "llama",
+        "sizes": (64, 3, 64, 64, 2, 1, 32), "stored": None, "decided": "none",
+        "flags": {"fc_norm": False, "norm_output": False, "norm_before_fc": False, "norm_before_residual": False},
+        "d2t": False, "codes": {"aux_ids_missing"}, "target": "t8", "convention": None},
+    "torchspec-mla-vllm": {
+        "layout": "torchspec-vllm", "producer": "torchspec", "format": "eagle3", "family": "mla",
+        "sizes": (64, 3, 64, 64, 1, 1, 64), "stored": None, "decided": "none",
+        "flags": {"fc_norm": False, "norm_output": False, "norm_before_fc": False, "norm_before_residual": False},
+        "d2t": False, "codes": {"aux_ids_missing", "mla_model_type_deepseek_v3"}, "target": "t8", "convention": None,
+        "mla": {"q_lora_rank": 32, "kv_lora_rank": 64, "qk_nope_head_dim": 32, "qk_rope_head_dim": 32,
+                "v_head_dim": 32}},
 }
 NAMES = sorted(EXPECTED)
 
@@ -108,6 +125,7 @@ def test_inspect_reports_what_the_producer_wrote(name):
     assert (s.hidden_size, s.num_aux, s.vocab_size, s.draft_vocab_size, s.num_attention_heads,
             s.num_key_value_heads, s.head_dim) == e["sizes"]
     assert s.target_hidden_size == 64 and s.num_layers == 1
+    assert s.mla == e.get("mla")
     assert r.aux_layer_ids_stored == e["stored"]
     if e["decided"] == "fingerprint":
         assert r.aux_layer_ids_convention == "vllm" and r.aux_ids_evidence.decided_by == "fingerprint"
