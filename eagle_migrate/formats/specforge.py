@@ -12,7 +12,7 @@ So the layout never decides the convention (docs/formats.md, aux-id decision tab
 from __future__ import annotations
 
 from .base import Checkpoint, Layout, Probe, register_layout
-from .common import EAGLE3_ARCHS, derive, hf_view, quant_scheme, weights_generation
+from .common import EAGLE3_ARCHS, derive, finding, hf_view, quant_scheme, weights_generation
 
 
 NOTES = {
@@ -35,8 +35,17 @@ def _sniff(p: Probe) -> int:
 
 def _read(p: Probe) -> Checkpoint:
     view = hf_view(p.config, nbr_default=False, aux_notes=NOTES)
-    return derive(p.folder, p.store, p.scan, view, producer="specforge", layout="specforge", raw_config=p.config,
-                  quantization=quant_scheme(p.config))
+    ck = derive(p.folder, p.store, p.scan, view, producer="specforge", layout="specforge", raw_config=p.config,
+                quantization=quant_scheme(p.config))
+    if (p.config or {}).get("norm_output") is False:
+        # specforge 0.2.0 llama3_eagle.py: norm_output = getattr(config, "norm_output", True); compute_logits applies
+        # self.norm before lm_head only when it is true
+        ck.findings.append(finding(
+            "warning", "specforge_norm_output_false",
+            "norm_output: false in a SpecForge export: SpecForge (0.2.0, before PR #879) then trains lm_head on the "
+            "state without the final norm, while vLLM always applies norm before lm_head: check the SpecForge "
+            "version, or validate the acceptance length"))
+    return ck
 
 
 SPECFORGE = register_layout(Layout("specforge", "specforge", _sniff, _read, "SpecForge export: midlayer.*, LlamaForCausalLMEagle3, t2d/d2t always"))
