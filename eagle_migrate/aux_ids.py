@@ -18,16 +18,17 @@ with the target (:func:`measure`), or the user (``--aux-ids-convention``).
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from pydantic import BaseModel, Field
+
+from .choices import AuxIdsConvention as Convention
 
 if TYPE_CHECKING:  # pragma: no cover
     from .formats.base import Checkpoint, Finding
 
-Convention = Literal["vllm", "output-of-layer"]
 DecidedBy = Literal["fingerprint", "measurement", "override", "unambiguous", "undecided"]
-CONVENTIONS: tuple[Convention, ...] = ("vllm", "output-of-layer")
+CONVENTIONS: tuple[Convention, ...] = get_args(Convention)
 
 # Measurement: positions of the default calibration data, and what a clear winner is.
 MEASURE_POSITIONS = 384

@@ -35,6 +35,7 @@ from pydantic import BaseModel, Field
 from torch import nn
 
 from . import __version__
+from .choices import OutputFormat
 from .drafter.config import DrafterConfig
 from .drafter.load import build_drafter
 from .drafter.model import MLP, Attention, EagleDrafter, KVCache, RMSNorm, _rope_inv_freq, _rotate_half  # noqa: F401
@@ -47,7 +48,6 @@ from .hidden_states import HiddenRecord, iter_hidden_states
 from .stats import StatsAccumulator, TargetStatistics, rms_normalize
 
 from .progress import StageProgress as Progress, no_progress  # noqa: E402
-OutputFormat = Literal["vllm", "speculators"]
 
 
 # ===== result models ===============================================================================================

@@ -29,12 +29,12 @@ import torch
 from pydantic import BaseModel, Field
 
 from . import __version__
+from .choices import QuantizeValidate, SchemeName
 from .drafter.config import DrafterConfig
 from .drafter.load import build_drafter
 from .errors import CheckFailed, CheckpointError, DataError, InputError, UnsupportedError
 
-SchemeName = Literal["fp8-dynamic", "fp8", "nvfp4a16", "nvfp4"]
-ValidateMode = Literal["auto", "vllm", "reference", "none", "off"]  # "off" = "none"
+ValidateMode = Literal[QuantizeValidate, "off"]  # "off" = "none"
 ProgressFn = Callable[[str], None]
 
 
