@@ -32,9 +32,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from eagle_migrate import assets  # noqa: E402
+from eagle_migrate.data import iter_sharegpt  # noqa: E402
 from eagle_migrate.drafter import DrafterConfig, EagleDrafter  # noqa: E402
 from eagle_migrate.formats.io import atomic_output_dir  # noqa: E402
-from eagle_migrate.formats.vllm import write_vllm  # noqa: E402
+from eagle_migrate.formats.write import write_vllm  # noqa: E402
 from eagle_migrate.target import load_target  # noqa: E402
 from eagle_migrate.train import (  # noqa: E402
     FeatureStore,
@@ -61,7 +62,7 @@ def sharegpt_messages(start: int, count: int) -> list[list[dict[str, str]]]:
     """Chat messages of ShareGPT records [start, start + count) that have content (private reader; the
     project's data module renders prompts, here whole conversations are needed)."""
     out = []
-    for i, r in enumerate(assets.iter_sharegpt(assets.sharegpt_path())):
+    for i, r in enumerate(iter_sharegpt(assets.sharegpt_path())):
         if i < start:
             continue
         if len(out) >= count:

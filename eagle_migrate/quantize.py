@@ -699,7 +699,7 @@ def write_quantized(out: Path, cfg: DrafterConfig, tensors: dict[str, torch.Tens
 
 
 def _write_dense(out: Path, cfg: DrafterConfig, tensors: dict[str, torch.Tensor], dtype: torch.dtype | None) -> None:
-    from .formats.vllm import write_vllm
+    from .formats.write import write_vllm
 
     out.mkdir(parents=True, exist_ok=True)
     write_vllm(cfg, tensors, out, dtype=dtype)

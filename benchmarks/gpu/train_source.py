@@ -39,9 +39,10 @@ from common import log, reshard  # noqa: E402
 import torch  # noqa: E402
 
 from eagle_migrate import assets  # noqa: E402
+from eagle_migrate.data import iter_sharegpt  # noqa: E402
 from eagle_migrate.drafter import DrafterConfig, EagleDrafter  # noqa: E402
 from eagle_migrate.formats.io import atomic_output_dir  # noqa: E402
-from eagle_migrate.formats.vllm import write_vllm  # noqa: E402
+from eagle_migrate.formats.write import write_vllm  # noqa: E402
 from eagle_migrate.target import load_target  # noqa: E402
 from eagle_migrate.train import (  # noqa: E402
     FeatureStore,
@@ -70,7 +71,7 @@ def drafter_config(arch: str, vd: int) -> DrafterConfig:
 def sharegpt_conversations(limit: int | None) -> list[list[dict[str, str]]]:
     """Every usable ShareGPT record (user first, non-empty turns), in file order."""
     out = []
-    for r in assets.iter_sharegpt(assets.sharegpt_path()):
+    for r in iter_sharegpt(assets.sharegpt_path()):
         msgs = [{"role": ROLE.get(str(m.get("from", "")).lower(), "user"), "content": str(m.get("value", ""))}
                 for m in r.get("conversations", []) if str(m.get("value", "")).strip()]
         if msgs and msgs[0]["role"] != "assistant":

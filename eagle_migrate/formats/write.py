@@ -86,6 +86,33 @@ def prepare_tensors(
     return sd
 
 
+def write_vllm(
+    cfg: DrafterConfig,
+    tensors: dict[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
+    out: Path,
+    *,
+    dtype: torch.dtype | None = torch.bfloat16,
+    metadata: dict[str, str] | None = None,
+    extra_config: dict[str, Any] | None = None,
+) -> list[str]:
+    """Write config.json + model.safetensors into ``out`` (an existing, empty folder). Returns tensor names.
+
+    Floating tensors are cast to ``dtype`` (None keeps them); ``d2t`` is int64; ``t2d`` is dropped.
+    """
+    try:
+        sd = prepare_tensors(cfg, tensors, dtype=dtype, keep_t2d=False, quantized=False)
+    except Exception as e:  # InputError from an incomplete tensor set
+        raise ValueError(str(e)) from None
+    meta = {"format": "pt", "producer": f"eagle-migrate {__version__}"}
+    meta.update(metadata or {})
+    save_safetensors(sd, out / "model.safetensors", meta)
+    d = vllm_config_dict(cfg, extra_config)
+    if dtype is not None:
+        d["torch_dtype"] = str(dtype).removeprefix("torch.")
+    write_json(out / "config.json", d)
+    return list(sd)
+
+
 def ensure_convertible(ck: Checkpoint | DrafterConfig) -> None:
     """Raise UnsupportedError for what conversion paths cannot handle yet (MLA drafters). EAGLE-1/2 passes:
     converting it is exactly what ``convert`` does."""

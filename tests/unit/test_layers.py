@@ -71,3 +71,91 @@ def test_help_does_not_import_torch(argv):
     r, seen = _imported_by_cli(*argv)
     assert seen["rc"] == 0 and "Usage" in r.stdout
     assert "torch" not in seen["heavy"] and "transformers" not in seen["heavy"], seen
+
+
+# ----- import cycles --------------------------------------------------------------------------------------------
+def _import_graph(lazy: bool) -> dict[str, set[str]]:
+    """eagle_migrate module -> the eagle_migrate modules it imports: at module level, or (``lazy``) anywhere,
+    function bodies and TYPE_CHECKING blocks included."""
+    import ast
+
+    pkg = ROOT / "eagle_migrate"
+    mods: dict[str, Path] = {}
+    for p in pkg.rglob("*.py"):
+        parts = p.relative_to(ROOT).with_suffix("").parts
+        mods[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = p
+    graph: dict[str, set[str]] = {}
+    for name, p in mods.items():
+        tree = ast.parse(p.read_text(encoding="utf-8"))
+        nodes = ast.walk(tree) if lazy else iter(tree.body)
+        base = name.split(".") if p.name == "__init__.py" else name.split(".")[:-1]
+        deps: set[str] = set()
+        for node in nodes:
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    up = base[: len(base) - (node.level - 1)]
+                    mod = ".".join(up + ([node.module] if node.module else []))
+                elif (node.module or "").startswith("eagle_migrate"):
+                    mod = node.module
+                else:
+                    continue
+                for a in node.names:
+                    deps.add(f"{mod}.{a.name}" if f"{mod}.{a.name}" in mods else mod)
+            elif isinstance(node, ast.Import):
+                deps.update(a.name for a in node.names if a.name.startswith("eagle_migrate"))
+        graph[name] = {d for d in deps if d in mods and d != name}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_module_level_import_cycle():
+    assert _cycles(_import_graph(lazy=False)) == []
+
+
+@pytest.mark.parametrize("modules", [
+    "eagle_migrate.formats.",  # was common -> vllm -> write -> speculators -> common (write_vllm lived in vllm.py)
+    ("eagle_migrate.data", "eagle_migrate.assets"),  # was data <-> assets through data._iter_json_list
+])
+def test_no_import_cycle_even_through_function_level_imports(modules):
+    graph = _import_graph(lazy=True)
+    keep = {m for m in graph if (m.startswith(modules) if isinstance(modules, str) else m in modules)}
+    assert len(keep) >= 2
+    assert _cycles({m: graph[m] & keep for m in keep}) == []
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
