@@ -15,7 +15,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import torch
 from pydantic import BaseModel, Field
 
 from . import aux_ids as _aux
@@ -118,6 +117,8 @@ def _is_norm(name: str) -> bool:
 
 
 def _check_finite(ck: Checkpoint, deep: bool) -> list[Finding]:
+    import numpy as np
+
     bad: list[str] = []
     checked = 0
     for c, stored in ck.name_map.items():
@@ -126,13 +127,13 @@ def _check_finite(ck: Checkpoint, deep: bool) -> list[Finding]:
             continue
         if info.dtype in ("bool", "int8", "uint8", "int16", "int32", "int64"):
             continue
-        t = ck.store.get(stored)
+        a = ck.store.array(stored)  # numpy (bfloat16/float8 widened exactly): inspect never imports torch
         checked += 1
-        if not t.is_floating_point():
+        if a.dtype.kind != "f":
             continue
-        if not bool(torch.isfinite(t.float() if t.dtype.itemsize == 1 else t).all()):
+        if not bool(np.isfinite(a).all()):
             bad.append(c)
-        del t
+        del a
     out = []
     if bad:
         out.append(finding("error", "nonfinite_weights", f"NaN/Inf in {len(bad)} tensor(s): {', '.join(bad[:6])}{' ...' if len(bad) > 6 else ''}"))
@@ -142,31 +143,35 @@ def _check_finite(ck: Checkpoint, deep: bool) -> list[Finding]:
 
 
 def _check_vocab_maps(ck: Checkpoint, v_target: int | None) -> list[Finding]:
+    import numpy as np
+
     out: list[Finding] = []
     cfg = ck.config
     v = v_target or ck.meta.get("vocab_size_declared") or cfg.vocab_size
     d2t = t2d = None
+    d2t_int = False
     if ck.has("d2t"):
-        d2t = ck.tensor("d2t")
-        if d2t.dtype.is_floating_point or d2t.dtype == torch.bool:
-            out.append(finding("error", "d2t_dtype", f"d2t has dtype {str(d2t.dtype).removeprefix('torch.')}; it must hold int64 offsets"))
+        d2t = ck.array("d2t")
+        dtype = ck.info("d2t").dtype
+        if d2t.dtype.kind in "fb":
+            out.append(finding("error", "d2t_dtype", f"d2t has dtype {dtype}; it must hold int64 offsets"))
         else:
-            tgt = torch.arange(d2t.numel()) + d2t.long()
-            if d2t.numel() and (int(tgt.min()) < 0 or int(tgt.max()) >= v):
+            d2t_int = True
+            tgt = np.arange(d2t.size, dtype=np.int64) + d2t.reshape(-1).astype(np.int64)
+            if d2t.size and (int(tgt.min()) < 0 or int(tgt.max()) >= v):
                 out.append(finding("error", "d2t_out_of_range", f"draft id + d2t reaches [{int(tgt.min())}, {int(tgt.max())}], outside the target vocab [0, {v})"))
-            if d2t.numel() > 1 and not bool((tgt[1:] > tgt[:-1]).all()):
+            if d2t.size > 1 and not bool((tgt[1:] > tgt[:-1]).all()):
                 out.append(finding("error", "d2t_not_monotonic", "draft id + d2t is not strictly increasing: not an offset table (ids stored instead of offsets, or duplicated tokens)"))
-            if cfg.draft_vocab_size == v and bool((d2t == 0).all()):
-                pass  # identity table, already reported as d2t_with_full_vocab by the reader
+            # (an identity table with Vd == V is reported as d2t_with_full_vocab by the reader)
     if ck.has("t2d"):
-        t2d = ck.tensor("t2d")
-        if t2d.numel() != v:
-            out.append(finding("warning", "t2d_shape", f"t2d has {t2d.numel()} entries, the target vocab is {v} (vLLM ignores t2d)"))
-        elif int(t2d.bool().sum()) != cfg.draft_vocab_size:
-            out.append(finding("warning", "t2d_inconsistent", f"t2d marks {int(t2d.bool().sum())} tokens but Vd = {cfg.draft_vocab_size} (vLLM ignores t2d; d2t decides)"))
-        elif d2t is not None and not d2t.dtype.is_floating_point and d2t.dtype != torch.bool:
-            tgt = torch.arange(d2t.numel()) + d2t.long()
-            if int(tgt.min()) >= 0 and int(tgt.max()) < v and not bool(t2d.bool()[tgt].all()):
+        t2d = ck.array("t2d").reshape(-1) != 0
+        if t2d.size != v:
+            out.append(finding("warning", "t2d_shape", f"t2d has {t2d.size} entries, the target vocab is {v} (vLLM ignores t2d)"))
+        elif int(t2d.sum()) != cfg.draft_vocab_size:
+            out.append(finding("warning", "t2d_inconsistent", f"t2d marks {int(t2d.sum())} tokens but Vd = {cfg.draft_vocab_size} (vLLM ignores t2d; d2t decides)"))
+        elif d2t is not None and d2t_int:
+            tgt = np.arange(d2t.size, dtype=np.int64) + d2t.reshape(-1).astype(np.int64)
+            if int(tgt.min()) >= 0 and int(tgt.max()) < v and not bool(t2d[tgt].all()):
                 out.append(finding("warning", "t2d_inconsistent", "t2d and d2t disagree about which target tokens are in the draft vocab (vLLM ignores t2d)"))
     return out
 
@@ -179,8 +184,8 @@ def _check_norm_weights(ck: Checkpoint) -> list[Finding]:
         for k in range(ck.config.num_aux):
             n = f"fc_norm.{k}.weight"
             if ck.has(n):
-                t = ck.tensor(n)
-                if t.is_floating_point() and bool((t == 1).all()):
+                t = ck.array(n)
+                if t.dtype.kind == "f" and bool((t == 1).all()):
                     ones.append(n)
         if ones and len(ones) == ck.config.num_aux:
             out.append(finding("info", "fc_norm_all_ones", "every fc_norm weight is exactly 1.0: an uncalibrated EAGLE-3.1 conversion?"))

@@ -21,6 +21,7 @@ from ..errors import InputError, UnsupportedError
 from .base import Checkpoint
 from .common import QUANT_SUFFIXES
 from .io import atomic_output_dir, save_safetensors, write_json
+from .speculators import speculators_config_dict
 from .vllm import vllm_config_dict, vllm_tensor_names
 
 OutLayout = Literal["vllm", "speculators"]
@@ -201,8 +202,6 @@ def write_checkpoint(
             d["torch_dtype"] = _dtype_label(sd, dtype)
             write_json(tmp / "config.json", d)
         else:
-            from .speculators import write_speculators_files
-
             write_speculators_files(cfg, sd, tmp, verifier=verifier, verifier_architectures=verifier_architectures,
                                     num_speculative_tokens=num_speculative_tokens, dtype=_torch_dtype(sd, dtype),
                                     metadata=metadata, extra_config=extra)
@@ -220,3 +219,25 @@ def _torch_dtype(sd: dict[str, torch.Tensor], dtype: torch.dtype | None) -> torc
 
 def _dtype_label(sd: dict[str, torch.Tensor], dtype: torch.dtype | None) -> str:
     return str(_torch_dtype(sd, dtype)).removeprefix("torch.")
+
+
+def write_speculators_files(
+    cfg: DrafterConfig,
+    sd: dict[str, torch.Tensor],
+    out: Path,
+    *,
+    verifier: str | None = None,
+    verifier_architectures: list[str] | None = None,
+    num_speculative_tokens: int = 3,
+    dtype: torch.dtype | None,
+    metadata: dict[str, str] | None = None,
+    extra_config: dict[str, Any] | None = None,
+) -> list[str]:
+    """config.json + model.safetensors into the (existing, empty) folder ``out``; ``sd`` already checked/cast."""
+    meta = {"format": "pt", "producer": f"eagle-migrate {__version__}"}
+    meta.update(metadata or {})
+    save_safetensors(sd, out / "model.safetensors", meta)
+    write_json(out / "config.json", speculators_config_dict(
+        cfg, verifier=verifier, verifier_architectures=verifier_architectures,
+        num_speculative_tokens=num_speculative_tokens, dtype=dtype, extra=extra_config))
+    return list(sd)

@@ -159,3 +159,45 @@ def test_no_import_cycle_even_through_function_level_imports(modules):
 
 def test_the_cycle_finder_finds_a_cycle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+# ----- inspect reads headers (and small tensors through numpy): no torch --------------------------------------------
+def test_inspect_json_imports_neither_torch_nor_transformers(tmp_path):
+    """`inspect --json` of a drafter (safetensors) reads headers and small tensors without importing torch; the
+    report is the same as the library's (which the other inspect tests check)."""
+    from eagle_migrate import toy
+
+    d = toy.write_drafter(tmp_path / "d", "random")
+    r, seen = _imported_by_cli("inspect", str(d), "--json")
+    assert seen["rc"] == 0, r.stderr[-2000:]
+    doc = json.loads(r.stdout)
+    assert doc["format"] == "eagle3" and doc["sizes"]["hidden_size"] == toy.H and doc["num_tensors"] > 0
+    assert any(f["code"] == "nonfinite_check_partial" for f in doc["findings"])  # small tensors were read
+    assert "torch" not in seen["heavy"] and "transformers" not in seen["heavy"], seen
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", "int64", "bool"])
+def test_store_array_is_exactly_the_tensor(tmp_path, dtype):
+    """TensorStore.array (numpy, no torch) gives exactly torch's values, NaN and Inf included, for every dtype
+    inspect reads (bfloat16 and float8 widened to float32)."""
+    import numpy as np
+    import torch
+
+    from eagle_migrate.formats.io import TensorStore, save_safetensors
+
+    dt = getattr(torch, dtype)
+    if dtype == "bool":
+        t = torch.tensor([True, False, True])
+    elif dtype == "int64":
+        t = torch.tensor([[0, -5], [7, 2**40]])
+    else:
+        t = torch.tensor([0.0, 1.0, -1.5, 0.0625, 3e-3, 200.0, float("nan")]).to(dt)
+        if dtype != "float8_e4m3fn":  # E4M3 (fn) has no Inf
+            t = torch.cat([t, torch.tensor([float("inf"), float("-inf")]).to(dt)])
+        t = t.reshape(1, -1)
+    f = tmp_path / "m.safetensors"
+    save_safetensors({"x": t}, f)
+    a = TensorStore(tmp_path, [f]).array("x")
+    want = (t.float() if t.is_floating_point() else t).numpy()
+    assert a.shape == want.shape and a.dtype == want.dtype
+    np.testing.assert_array_equal(a, want)  # NaN equals NaN here
