@@ -82,7 +82,7 @@ def check_aux_ids(ids: list[int] | None, num_aux: int, num_target_layers: int | 
     count other than K, a default that collapses on a small target). ``aux_id_last_layer`` (a warning) and
     ``aux_ids_unsorted`` / ``aux_ids_default`` (info) are remarks.
     """
-    from .formats.common import finding
+    from .formats.traps import finding
 
     out: list[Finding] = []
     t = num_target_layers
@@ -190,7 +190,7 @@ def from_stored(stored: list[int] | None, where: str, *, fingerprint: tuple[Conv
 
 def findings(a: AuxIds, producer: str) -> list[Finding]:
     """What inspect reports about the convention (without a target, or after resolving with one)."""
-    from .formats.common import finding
+    from .formats.traps import finding
 
     if a.stored is None or (a.decided_by == "fingerprint" and a.convention == "vllm"):
         return []  # nothing to say: the ids are what vLLM reads (aux_ids_evidence still says why)

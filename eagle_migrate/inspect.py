@@ -21,7 +21,8 @@ from . import aux_ids as _aux
 from .aux_ids import AuxIds, Convention
 from .drafter.config import MLA_FIELDS
 from .formats.base import Checkpoint, Finding
-from .formats.common import QUANT_SUFFIXES, finding
+from .formats.common import QUANT_SUFFIXES
+from .formats.traps import finding
 
 SMALL_NUMEL = 1 << 16
 

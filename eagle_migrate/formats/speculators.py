@@ -23,7 +23,8 @@ from .. import __version__
 from ..drafter.config import DrafterConfig
 from ..errors import CheckpointError
 from .base import Checkpoint, Layout, Probe, register_layout
-from .common import ConfigView, derive, finding, quant_scheme
+from .common import ConfigView, derive, quant_scheme
+from .traps import finding
 from .vllm import FAMILY_HF_ARCH, llama_layer_config
 
 if TYPE_CHECKING:  # the reader runs on headers alone (inspect never imports torch)
