@@ -207,16 +207,16 @@ def _pairing(ck: Checkpoint, ti: Any) -> list[Finding]:
     if cfg.draft_vocab_size > ti.vocab_size:
         out.append(finding("error", "draft_vocab_exceeds_vocab", f"draft vocab Vd={cfg.draft_vocab_size} > target vocab {ti.vocab_size}"))
     if cfg.generation == "eagle3":
-        if cfg.draft_vocab_size == ti.vocab_size and ck.has("d2t") and not any(f.code == "d2t_with_full_vocab" for f in ck.findings):
+        # the reader judged d2t against the drafter's own V; only a target whose V differs can change the verdict
+        if cfg.draft_vocab_size == ti.vocab_size != v_declared and ck.has("d2t"):
             out.append(finding("error", "d2t_with_full_vocab", "d2t present although Vd equals the target vocab: vLLM >= 0.30 refuses to load it"))
-        if cfg.draft_vocab_size != ti.vocab_size and not ck.has("d2t") and not any(f.code == "d2t_missing" for f in ck.findings):
+        if cfg.draft_vocab_size == v_declared != ti.vocab_size and not ck.has("d2t"):
             out.append(finding("error", "d2t_missing", f"Vd={cfg.draft_vocab_size} differs from the target vocab {ti.vocab_size} but there is no d2t"))
         ids = cfg.aux_layer_ids
         a = ck.aux
         if ids is None and a is not None and a.stored is not None:  # ids that failed the reader's check: report them
             ids = a.ids if a.decided else list(a.stored)
-        out += [f for f in _aux.check_aux_ids(ids, cfg.num_aux, t_layers)
-                if f.severity == "error" or f.code in ("aux_id_last_layer", "aux_ids_default")]
+        out += _aux.check_aux_ids_on_target(ids, cfg.num_aux, t_layers)  # the rest: the reader's check_aux_ids_alone
     if ti.max_position_embeddings and cfg.max_position_embeddings < int(ti.max_position_embeddings):
         out.append(finding("warning", "max_position_embeddings_low", f"drafter max_position_embeddings={cfg.max_position_embeddings} < the target's {ti.max_position_embeddings}: vLLM < 0.27 crashes past it (vllm#48894), later versions raise it silently"))
     if abs(cfg.rope_theta - ti.rope_theta) > 1e-6 * max(1.0, ti.rope_theta):
@@ -329,15 +329,8 @@ def report_from_checkpoint(ck: Checkpoint, target: str | None = None, deep: bool
     findings += _check_norm_weights(ck)
     if ti is not None:
         findings += _pairing(ck, ti)
-    # one finding per code+message, errors first
-    seen = set()
-    uniq = []
-    for f in findings:
-        key = (f.code, f.message)
-        if key not in seen:
-            seen.add(key)
-            uniq.append(f)
-    uniq.sort(key=lambda f: _SEVERITY_ORDER[f.severity])
+    # each trap is emitted once, by the one check that owns it; errors first
+    uniq = sorted(findings, key=lambda f: _SEVERITY_ORDER[f.severity])
     cfg = ck.config
     root = Path(ck.path).resolve()
     files = []

@@ -641,7 +641,7 @@ def derive(
         else:
             # the decided reading, or while undecided the literal one (what vLLM does with this checkpoint)
             ids = aux.ids if aux.decided else list(view.aux_ids)
-            problems = _aux.check_aux_ids(ids, k_aux)
+            problems = _aux.check_aux_ids_alone(ids, k_aux)  # the target's part: inspect's pairing
             findings.extend(problems)
             if not any(f.severity == "error" for f in problems):
                 aux_ids = sorted(ids)

@@ -55,3 +55,34 @@ def test_finding_refuses_codes_and_severities_outside_the_table():
         finding("error", "d2t_mising", "m")
     with pytest.raises(ValueError, match="not info"):
         finding("info", "d2t_missing", "m")
+
+
+@pytest.mark.parametrize("layout", ["vllm", "speculators", "safeailab-eagle3", "specforge", "modelopt", "torchspec"])
+def test_each_trap_is_reported_once_with_a_target(tmp_path, toy_target, layout):
+    """Reader and pairing each own their traps: with a target nothing is reported twice (inspect no longer drops
+    repeated findings afterwards). SafeAILab's all-zero d2t with Vd = V is d2t_with_full_vocab exactly once."""
+    from eagle_migrate import toy
+    from eagle_migrate.inspect import inspect_checkpoint
+
+    from ..layouts import write_layout
+
+    p = write_layout(layout, toy.drafter_config(), toy.drafter_state_dict("oracle"), tmp_path / layout)
+    r = inspect_checkpoint(p, target=str(toy_target), aux_ids_convention="vllm")
+    keys = [(f.code, f.message) for f in r.findings]
+    assert len(keys) == len(set(keys)), keys
+    codes = [f.code for f in r.findings]
+    assert codes.count("aux_ids_unsorted") <= 1 and codes.count("aux_id_last_layer") <= 1
+    if layout == "safeailab-eagle3":
+        assert codes.count("d2t_with_full_vocab") == 1
+
+
+@pytest.mark.parametrize("ids,t", [([1, 1, 5], 6), ([5, 3], 6), ([-1, 3, 5], 6), ([1, 3, 9], 6), ([1, 3, 6], 6),
+                                   (None, 6), (None, 3), ([5, 3, 1], 6)])
+def test_aux_id_checks_split_into_the_checkpoint_alone_and_the_target(ids, t):
+    """check_aux_ids = what the ids say alone (the readers) + what the target adds (inspect's pairing), no overlap."""
+    from eagle_migrate import aux_ids as A
+
+    alone, on_target = A.check_aux_ids_alone(ids, 3), A.check_aux_ids_on_target(ids, 3, t)
+    assert [f.code for f in A.check_aux_ids(ids, 3, t)] == [f.code for f in alone + on_target]
+    assert not {(f.code, f.message) for f in alone} & {(f.code, f.message) for f in on_target}
+    assert A.check_aux_ids(ids, 3) == alone
