@@ -6,7 +6,7 @@ NaN/Inf check). ``deep=True`` checks every tensor for NaN/Inf, one tensor at a t
 checked from the target's config.json alone; the target is run only when the stored aux ids can be read two ways
 and nothing in the checkpoint decides (the measurement of :mod:`eagle_migrate.aux_ids`).
 
-Findings have a stable ``code`` (docs/formats.md lists them all) and a severity: ``error`` (vLLM refuses it or runs
+Findings have a stable ``code`` (one table: formats/traps.py; docs/formats.md shows it) and a severity: ``error`` (vLLM refuses it or runs
 it wrongly: exit 1), ``warning`` (probably wrong, or wrong on some vLLM versions) and ``info``.
 """
 
