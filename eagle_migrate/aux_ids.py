@@ -18,16 +18,17 @@ with the target (:func:`measure`), or the user (``--aux-ids-convention``).
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from pydantic import BaseModel, Field
+
+from .choices import AuxIdsConvention as Convention
 
 if TYPE_CHECKING:  # pragma: no cover
     from .formats.base import Checkpoint, Finding
 
-Convention = Literal["vllm", "output-of-layer"]
 DecidedBy = Literal["fingerprint", "measurement", "override", "unambiguous", "undecided"]
-CONVENTIONS: tuple[Convention, ...] = ("vllm", "output-of-layer")
+CONVENTIONS: tuple[Convention, ...] = get_args(Convention)
 
 # Measurement: positions of the default calibration data, and what a clear winner is.
 MEASURE_POSITIONS = 384
@@ -79,15 +80,40 @@ def check_aux_ids(ids: list[int] | None, num_aux: int, num_target_layers: int | 
 
     Errors are exactly the cases where vLLM 0.32 captures other than K states (duplicates, ids outside 0..L, a
     count other than K, a default that collapses on a small target). ``aux_id_last_layer`` (a warning) and
-    ``aux_ids_unsorted`` / ``aux_ids_default`` (info) are remarks.
+    ``aux_ids_unsorted`` / ``aux_ids_default`` (info) are remarks. The two halves: :func:`check_aux_ids_alone`
+    (what the checkpoint says by itself: the readers report it) and :func:`check_aux_ids_on_target`.
     """
-    from .formats.common import finding
+    out = check_aux_ids_alone(ids, num_aux)
+    if num_target_layers is not None:
+        out += check_aux_ids_on_target(ids, num_aux, num_target_layers)
+    return out
+
+
+def check_aux_ids_alone(ids: list[int] | None, num_aux: int) -> list[Finding]:
+    """What is wrong with stored ids whatever the target: duplicates, a count other than K, negative ids, order."""
+    from .formats.traps import finding
+
+    out: list[Finding] = []
+    if ids is None:
+        return out
+    if len(set(ids)) != len(ids):
+        out.append(finding("error", "aux_ids_duplicate", f"aux layer ids {ids} repeat a layer: vLLM captures it once and fc gets {len(set(ids))} of its {num_aux} chunks"))
+    elif len(ids) != num_aux:
+        out.append(finding("error", "aux_ids_count_mismatch", f"{len(ids)} aux layer ids {ids} but fc takes K={num_aux} chunks"))
+    if any(i < 0 for i in ids):
+        out.append(finding("error", "aux_ids_out_of_range", f"aux layer ids {ids} include a negative id (vLLM never captures it)"))
+    if list(ids) != sorted(ids):
+        out.append(finding("info", "aux_ids_unsorted", f"aux layer ids {ids} are not ascending; vLLM concatenates in ascending order"))
+    return out
+
+
+def check_aux_ids_on_target(ids: list[int] | None, num_aux: int, num_target_layers: int) -> list[Finding]:
+    """What only an L-layer target decides: vLLM's default ids when none are written, ids beyond L, id L."""
+    from .formats.traps import finding
 
     out: list[Finding] = []
     t = num_target_layers
     if ids is None:
-        if t is None:
-            return out
         raw, got = list(vllm_default_raw(t)), vllm_default_aux_ids(t)
         if len(got) != num_aux:
             out.append(finding("error", "aux_ids_default_invalid",
@@ -96,21 +122,14 @@ def check_aux_ids(ids: list[int] | None, num_aux: int, num_target_layers: int | 
         else:
             out.append(finding("info", "aux_ids_default", f"without ids vLLM uses {got} for this target; eagle-migrate writes them explicitly on conversion"))
         return out
-    if len(set(ids)) != len(ids):
-        out.append(finding("error", "aux_ids_duplicate", f"aux layer ids {ids} repeat a layer: vLLM captures it once and fc gets {len(set(ids))} of its {num_aux} chunks"))
-    elif len(ids) != num_aux:
-        out.append(finding("error", "aux_ids_count_mismatch", f"{len(ids)} aux layer ids {ids} but fc takes K={num_aux} chunks"))
-    if any(i < 0 for i in ids):
-        out.append(finding("error", "aux_ids_out_of_range", f"aux layer ids {ids} include a negative id (vLLM never captures it)"))
-    elif t is not None:
-        bad = [i for i in ids if i > t]
-        if bad:
-            out.append(finding("error", "aux_ids_out_of_range",
-                               f"aux layer id {bad[0]} is beyond the target's {t} layers (vLLM captures ids 0..{t}); the ids are {ids}"))
-        elif t in ids:
-            out.append(finding("warning", "aux_id_last_layer", f"aux id {t} = the last layer's output: vLLM captures it before the final norm (transformers' hidden_states[{t}] is after it)"))
-    if list(ids) != sorted(ids):
-        out.append(finding("info", "aux_ids_unsorted", f"aux layer ids {ids} are not ascending; vLLM concatenates in ascending order"))
+    if any(i < 0 for i in ids):  # already out of range (check_aux_ids_alone)
+        return out
+    bad = [i for i in ids if i > t]
+    if bad:
+        out.append(finding("error", "aux_ids_out_of_range",
+                           f"aux layer id {bad[0]} is beyond the target's {t} layers (vLLM captures ids 0..{t}); the ids are {ids}"))
+    elif t in ids:
+        out.append(finding("warning", "aux_id_last_layer", f"aux id {t} = the last layer's output: vLLM captures it before the final norm (transformers' hidden_states[{t}] is after it)"))
     return out
 
 
@@ -189,7 +208,7 @@ def from_stored(stored: list[int] | None, where: str, *, fingerprint: tuple[Conv
 
 def findings(a: AuxIds, producer: str) -> list[Finding]:
     """What inspect reports about the convention (without a target, or after resolving with one)."""
-    from .formats.common import finding
+    from .formats.traps import finding
 
     if a.stored is None or (a.decided_by == "fingerprint" and a.convention == "vllm"):
         return []  # nothing to say: the ids are what vLLM reads (aux_ids_evidence still says why)

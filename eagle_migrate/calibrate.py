@@ -21,11 +21,12 @@ import time
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, get_args
 
 import torch
 from pydantic import BaseModel, Field
 
+from .choices import TrainMode
 from .drafter.model import EagleDrafter
 from .progress import StageProgress
 from .errors import CheckFailed, InputError, UnsupportedError
@@ -46,7 +47,6 @@ from .train import (
     simulated_acceptance,
 )
 
-TrainMode = Literal["norms", "norms+fc", "all"]
 TRAIN_MODES: tuple[str, ...] = get_args(TrainMode)
 # learning rates per mode (docs/calibration.md has the sweep they come from)
 # all: 1e-3 from a sweep of the EAGLE-2 -> 3.1 fine-tune on the SmolLM2 pair (3e-4 / 1e-3 / 3e-3 at 120 steps: held-out
@@ -650,7 +650,7 @@ def calibrate_checkpoint(
     ``data`` None: :func:`resolve_data` picks ShareGPT for a real target when it is here, else the built-in set
     with a loud warning."""
     from .formats.io import atomic_output_dir
-    from .formats.vllm import write_vllm
+    from .formats.write import write_vllm
     from .devices import resolve_dtype
     from .target import Target, load_target
 

@@ -137,6 +137,18 @@ def _iter_json_list(path: Path) -> Iterator[Any]:
         yield obj
 
 
+def iter_sharegpt(path: str | os.PathLike, limit: int | None = None) -> Iterator[dict[str, Any]]:
+    """Complete records of a ShareGPT JSON list (``assets.sharegpt_path()``), decoded one by one; stops at the first
+    incomplete record."""
+    n = 0
+    for obj in _iter_json_list(Path(path)):
+        if isinstance(obj, dict):
+            yield obj
+            n += 1
+            if limit is not None and n >= limit:
+                return
+
+
 def _iter_jsonl(path: Path) -> Iterator[Any]:
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt", encoding="utf-8") as f:  # type: ignore[operator]

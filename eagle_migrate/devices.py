@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, get_args
 
-DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
-DTYPES: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16")
+from .choices import Device, Dtype
+
+DEVICES: tuple[str, ...] = get_args(Device)
+DTYPES: tuple[str, ...] = get_args(Dtype)
 
 
 def _name(v: Any) -> Any:
-    return getattr(v, "value", v)  # a CLI Enum choice carries its string in .value
+    return getattr(v, "value", v)  # an Enum carries its string in .value
 
 
 def resolve_device(device: Any = "auto") -> str:

@@ -6,7 +6,7 @@ NaN/Inf check). ``deep=True`` checks every tensor for NaN/Inf, one tensor at a t
 checked from the target's config.json alone; the target is run only when the stored aux ids can be read two ways
 and nothing in the checkpoint decides (the measurement of :mod:`eagle_migrate.aux_ids`).
 
-Findings have a stable ``code`` (docs/formats.md lists them all) and a severity: ``error`` (vLLM refuses it or runs
+Findings have a stable ``code`` (one table: formats/traps.py; docs/formats.md shows it) and a severity: ``error`` (vLLM refuses it or runs
 it wrongly: exit 1), ``warning`` (probably wrong, or wrong on some vLLM versions) and ``info``.
 """
 
@@ -15,14 +15,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import torch
 from pydantic import BaseModel, Field
 
 from . import aux_ids as _aux
 from .aux_ids import AuxIds, Convention
 from .drafter.config import MLA_FIELDS
 from .formats.base import Checkpoint, Finding
-from .formats.common import QUANT_SUFFIXES, finding
+from .formats.common import QUANT_SUFFIXES
+from .formats.traps import finding
 
 SMALL_NUMEL = 1 << 16
 
@@ -118,6 +118,8 @@ def _is_norm(name: str) -> bool:
 
 
 def _check_finite(ck: Checkpoint, deep: bool) -> list[Finding]:
+    import numpy as np
+
     bad: list[str] = []
     checked = 0
     for c, stored in ck.name_map.items():
@@ -126,13 +128,13 @@ def _check_finite(ck: Checkpoint, deep: bool) -> list[Finding]:
             continue
         if info.dtype in ("bool", "int8", "uint8", "int16", "int32", "int64"):
             continue
-        t = ck.store.get(stored)
+        a = ck.store.array(stored)  # numpy (bfloat16/float8 widened exactly): inspect never imports torch
         checked += 1
-        if not t.is_floating_point():
+        if a.dtype.kind != "f":
             continue
-        if not bool(torch.isfinite(t.float() if t.dtype.itemsize == 1 else t).all()):
+        if not bool(np.isfinite(a).all()):
             bad.append(c)
-        del t
+        del a
     out = []
     if bad:
         out.append(finding("error", "nonfinite_weights", f"NaN/Inf in {len(bad)} tensor(s): {', '.join(bad[:6])}{' ...' if len(bad) > 6 else ''}"))
@@ -142,31 +144,35 @@ def _check_finite(ck: Checkpoint, deep: bool) -> list[Finding]:
 
 
 def _check_vocab_maps(ck: Checkpoint, v_target: int | None) -> list[Finding]:
+    import numpy as np
+
     out: list[Finding] = []
     cfg = ck.config
     v = v_target or ck.meta.get("vocab_size_declared") or cfg.vocab_size
     d2t = t2d = None
+    d2t_int = False
     if ck.has("d2t"):
-        d2t = ck.tensor("d2t")
-        if d2t.dtype.is_floating_point or d2t.dtype == torch.bool:
-            out.append(finding("error", "d2t_dtype", f"d2t has dtype {str(d2t.dtype).removeprefix('torch.')}; it must hold int64 offsets"))
+        d2t = ck.array("d2t")
+        dtype = ck.info("d2t").dtype
+        if d2t.dtype.kind in "fb":
+            out.append(finding("error", "d2t_dtype", f"d2t has dtype {dtype}; it must hold int64 offsets"))
         else:
-            tgt = torch.arange(d2t.numel()) + d2t.long()
-            if d2t.numel() and (int(tgt.min()) < 0 or int(tgt.max()) >= v):
+            d2t_int = True
+            tgt = np.arange(d2t.size, dtype=np.int64) + d2t.reshape(-1).astype(np.int64)
+            if d2t.size and (int(tgt.min()) < 0 or int(tgt.max()) >= v):
                 out.append(finding("error", "d2t_out_of_range", f"draft id + d2t reaches [{int(tgt.min())}, {int(tgt.max())}], outside the target vocab [0, {v})"))
-            if d2t.numel() > 1 and not bool((tgt[1:] > tgt[:-1]).all()):
+            if d2t.size > 1 and not bool((tgt[1:] > tgt[:-1]).all()):
                 out.append(finding("error", "d2t_not_monotonic", "draft id + d2t is not strictly increasing: not an offset table (ids stored instead of offsets, or duplicated tokens)"))
-            if cfg.draft_vocab_size == v and bool((d2t == 0).all()):
-                pass  # identity table, already reported as d2t_with_full_vocab by the reader
+            # (an identity table with Vd == V is reported as d2t_with_full_vocab by the reader)
     if ck.has("t2d"):
-        t2d = ck.tensor("t2d")
-        if t2d.numel() != v:
-            out.append(finding("warning", "t2d_shape", f"t2d has {t2d.numel()} entries, the target vocab is {v} (vLLM ignores t2d)"))
-        elif int(t2d.bool().sum()) != cfg.draft_vocab_size:
-            out.append(finding("warning", "t2d_inconsistent", f"t2d marks {int(t2d.bool().sum())} tokens but Vd = {cfg.draft_vocab_size} (vLLM ignores t2d; d2t decides)"))
-        elif d2t is not None and not d2t.dtype.is_floating_point and d2t.dtype != torch.bool:
-            tgt = torch.arange(d2t.numel()) + d2t.long()
-            if int(tgt.min()) >= 0 and int(tgt.max()) < v and not bool(t2d.bool()[tgt].all()):
+        t2d = ck.array("t2d").reshape(-1) != 0
+        if t2d.size != v:
+            out.append(finding("warning", "t2d_shape", f"t2d has {t2d.size} entries, the target vocab is {v} (vLLM ignores t2d)"))
+        elif int(t2d.sum()) != cfg.draft_vocab_size:
+            out.append(finding("warning", "t2d_inconsistent", f"t2d marks {int(t2d.sum())} tokens but Vd = {cfg.draft_vocab_size} (vLLM ignores t2d; d2t decides)"))
+        elif d2t is not None and d2t_int:
+            tgt = np.arange(d2t.size, dtype=np.int64) + d2t.reshape(-1).astype(np.int64)
+            if int(tgt.min()) >= 0 and int(tgt.max()) < v and not bool(t2d[tgt].all()):
                 out.append(finding("warning", "t2d_inconsistent", "t2d and d2t disagree about which target tokens are in the draft vocab (vLLM ignores t2d)"))
     return out
 
@@ -179,8 +185,8 @@ def _check_norm_weights(ck: Checkpoint) -> list[Finding]:
         for k in range(ck.config.num_aux):
             n = f"fc_norm.{k}.weight"
             if ck.has(n):
-                t = ck.tensor(n)
-                if t.is_floating_point() and bool((t == 1).all()):
+                t = ck.array(n)
+                if t.dtype.kind == "f" and bool((t == 1).all()):
                     ones.append(n)
         if ones and len(ones) == ck.config.num_aux:
             out.append(finding("info", "fc_norm_all_ones", "every fc_norm weight is exactly 1.0: an uncalibrated EAGLE-3.1 conversion?"))
@@ -201,16 +207,16 @@ def _pairing(ck: Checkpoint, ti: Any) -> list[Finding]:
     if cfg.draft_vocab_size > ti.vocab_size:
         out.append(finding("error", "draft_vocab_exceeds_vocab", f"draft vocab Vd={cfg.draft_vocab_size} > target vocab {ti.vocab_size}"))
     if cfg.generation == "eagle3":
-        if cfg.draft_vocab_size == ti.vocab_size and ck.has("d2t") and not any(f.code == "d2t_with_full_vocab" for f in ck.findings):
+        # the reader judged d2t against the drafter's own V; only a target whose V differs can change the verdict
+        if cfg.draft_vocab_size == ti.vocab_size != v_declared and ck.has("d2t"):
             out.append(finding("error", "d2t_with_full_vocab", "d2t present although Vd equals the target vocab: vLLM >= 0.30 refuses to load it"))
-        if cfg.draft_vocab_size != ti.vocab_size and not ck.has("d2t") and not any(f.code == "d2t_missing" for f in ck.findings):
+        if cfg.draft_vocab_size == v_declared != ti.vocab_size and not ck.has("d2t"):
             out.append(finding("error", "d2t_missing", f"Vd={cfg.draft_vocab_size} differs from the target vocab {ti.vocab_size} but there is no d2t"))
         ids = cfg.aux_layer_ids
         a = ck.aux
         if ids is None and a is not None and a.stored is not None:  # ids that failed the reader's check: report them
             ids = a.ids if a.decided else list(a.stored)
-        out += [f for f in _aux.check_aux_ids(ids, cfg.num_aux, t_layers)
-                if f.severity == "error" or f.code in ("aux_id_last_layer", "aux_ids_default")]
+        out += _aux.check_aux_ids_on_target(ids, cfg.num_aux, t_layers)  # the rest: the reader's check_aux_ids_alone
     if ti.max_position_embeddings and cfg.max_position_embeddings < int(ti.max_position_embeddings):
         out.append(finding("warning", "max_position_embeddings_low", f"drafter max_position_embeddings={cfg.max_position_embeddings} < the target's {ti.max_position_embeddings}: vLLM < 0.27 crashes past it (vllm#48894), later versions raise it silently"))
     if abs(cfg.rope_theta - ti.rope_theta) > 1e-6 * max(1.0, ti.rope_theta):
@@ -323,15 +329,8 @@ def report_from_checkpoint(ck: Checkpoint, target: str | None = None, deep: bool
     findings += _check_norm_weights(ck)
     if ti is not None:
         findings += _pairing(ck, ti)
-    # one finding per code+message, errors first
-    seen = set()
-    uniq = []
-    for f in findings:
-        key = (f.code, f.message)
-        if key not in seen:
-            seen.add(key)
-            uniq.append(f)
-    uniq.sort(key=lambda f: _SEVERITY_ORDER[f.severity])
+    # each trap is emitted once, by the one check that owns it; errors first
+    uniq = sorted(findings, key=lambda f: _SEVERITY_ORDER[f.severity])
     cfg = ck.config
     root = Path(ck.path).resolve()
     files = []

@@ -249,7 +249,6 @@ def build_stages(source: Path, target: str, opts: MigrateOptions) -> list[Stage]
     return stages
 
 
-ENGINES = ("auto", "vllm", "reference")
 
 
 def check_options(source: Path, target: str, out: Path, opts: MigrateOptions) -> None:
@@ -257,7 +256,7 @@ def check_options(source: Path, target: str, out: Path, opts: MigrateOptions) ->
     conversion): exit 2 with the option's name."""
     from .data import SUITE_NAMES
     from .devices import DEVICES, DTYPES, resolve_device
-    from .options import OutputFormat, SchemeChoice, TrainChoice
+    from .choices import Engine, OutputFormat, SchemeName, TrainMode, values
 
     def choice(flag: str, value: Any, allowed: list[str] | tuple[str, ...]) -> None:
         if value is not None and value not in allowed:
@@ -267,10 +266,10 @@ def check_options(source: Path, target: str, out: Path, opts: MigrateOptions) ->
         raise InputError(f"{source}: no such checkpoint")
     if not isinstance(target, str) or not target.strip():
         raise InputError("--target is empty", "pass the target model: a local folder or a hub id")
-    choice("--quantize", opts.quantize, [c.value for c in SchemeChoice])
-    choice("--engine", opts.engine, ENGINES)
-    choice("--output-format", opts.output_format, [c.value for c in OutputFormat])
-    choice("--train", opts.train, [c.value for c in TrainChoice])
+    choice("--quantize", opts.quantize, values(SchemeName))
+    choice("--engine", opts.engine, values(Engine))
+    choice("--output-format", opts.output_format, values(OutputFormat))
+    choice("--train", opts.train, values(TrainMode))
     choice("--device", opts.device, DEVICES)
     choice("--dtype", opts.dtype, DTYPES)
     if opts.device == "cuda":

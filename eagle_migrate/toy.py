@@ -249,7 +249,7 @@ def drafter_state_dict(kind: ToyKind = "oracle", h: int = H, alpha: float = ALPH
 def write_drafter(out: Path, kind: ToyKind = "oracle", dtype: torch.dtype | None = torch.float32,
                   family: Family = "llama") -> Path:
     """Write a toy EAGLE-3 drafter in the vLLM layout."""
-    from .formats.vllm import write_vllm
+    from .formats.write import write_vllm
 
     out.mkdir(parents=True, exist_ok=True)
     write_vllm(drafter_config(family=family), drafter_state_dict(kind, family=family), out, dtype=dtype)

@@ -240,7 +240,7 @@ def write_layout(name: str, cfg: DrafterConfig, canonical_sd: dict[str, torch.Te
 
 
 def _vllm(cfg, sd, out, dtype=torch.float32, **_):
-    from eagle_migrate.formats.vllm import write_vllm
+    from eagle_migrate.formats.write import write_vllm
 
     write_vllm(cfg, sd, out, dtype=dtype)
 

@@ -7,25 +7,22 @@ from typing import Annotated, Optional
 
 import typer
 
-from ..options import (
+from ..choices import OutputFormat
+from . import app
+from .options import (
     AuxIdsConventionOpt,
     CheckpointArg,
-    DeviceChoice,
     DeviceOpt,
-    DtypeChoice,
     DtypeOpt,
     ForceOpt,
     JsonOpt,
     MaxMinutesOpt,
     NumSpecTokensOpt,
-    OutputFormat,
     OutputOpt,
     RequiredTargetOpt,
     SeedOpt,
-    TrainChoice,
     TrainOpt,
 )
-from . import app
 from .render import StageBar, print_json, stdout
 
 DataOpt = Annotated[Optional[str], typer.Option("--data", help="Calibration data: JSONL/JSON of prompts, chat messages or {\"token_ids\": [...]}, ShareGPT JSON, an HF dataset id; default: the built-in set.")]
@@ -50,15 +47,15 @@ def convert(
     steps: StepsOpt = None,
     max_minutes: MaxMinutesOpt = None,
     calibrate: CalibrateOpt = None,
-    train: TrainOpt = TrainChoice.norms,
+    train: TrainOpt = "norms",
     require_improvement: RequireImprovementOpt = False,
     cache_dir: CacheDirOpt = None,
     resume: ResumeOpt = None,
-    output_format: FormatOpt = OutputFormat.vllm,
+    output_format: FormatOpt = "vllm",
     aux_ids_convention: AuxIdsConventionOpt = None,
     num_speculative_tokens: NumSpecTokensOpt = 3,
-    device: DeviceOpt = DeviceChoice.auto,
-    dtype: DtypeOpt = DtypeChoice.auto,
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "auto",
     force: ForceOpt = False,
     seed: SeedOpt = 0,
     json: JsonOpt = False,
@@ -85,10 +82,10 @@ def convert(
     with StageBar("convert", json) as prog:
         res = run_convert(
             ckpt, target, output, data=data, hidden_states_dir=hidden_states, num_sequences=num_sequences,
-            output_format=output_format.value, device=device.value, dtype=dtype.value, calibrate=calibrate,
-            force=force, seed=seed, progress=prog, steps=steps, train=train.value, cache_dir=cache_dir,
+            output_format=output_format, device=device, dtype=dtype, calibrate=calibrate,
+            force=force, seed=seed, progress=prog, steps=steps, train=train, cache_dir=cache_dir,
             resume_dir=resume, num_speculative_tokens=num_speculative_tokens, command=cmd,
-            max_minutes=max_minutes, aux_ids_convention=aux_ids_convention.value if aux_ids_convention else None,
+            max_minutes=max_minutes, aux_ids_convention=aux_ids_convention,
         )
     if json:
         print_json(res)

@@ -5,9 +5,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from ..options import JsonOpt
 from . import app
 from .migrate import render_pipeline
+from .options import JsonOpt
 from .render import log_plain, print_json, stdout
 
 

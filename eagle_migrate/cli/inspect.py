@@ -5,8 +5,8 @@ from typing import Annotated
 import typer
 
 from ..errors import EXIT_CHECK_FAILED
-from ..options import AuxIdsConventionOpt, CheckpointArg, DeviceChoice, DeviceOpt, JsonOpt, TargetOpt
 from . import app
+from .options import AuxIdsConventionOpt, CheckpointArg, DeviceOpt, JsonOpt, TargetOpt
 from .render import print_json, stdout
 
 DeepOpt = Annotated[bool, typer.Option("--deep", help="Check every tensor for NaN/Inf (reads all weights; default: norms and small tensors).")]
@@ -14,7 +14,7 @@ DeepOpt = Annotated[bool, typer.Option("--deep", help="Check every tensor for Na
 
 @app.command()
 def inspect(ckpt: CheckpointArg, target: TargetOpt = None, deep: DeepOpt = False, aux_ids_convention: AuxIdsConventionOpt = None,
-            device: DeviceOpt = DeviceChoice.auto, json: JsonOpt = False) -> None:
+            device: DeviceOpt = "auto", json: JsonOpt = False) -> None:
     """What a drafter checkpoint is (format, producer, sizes, aux ids, flags) and every trap vLLM would hit.
 
     Reads any layout: SafeAILab EAGLE-1/2/3, SpecForge, speculators, ModelOpt, TorchSpec, vLLM, sharded or not.
@@ -28,8 +28,8 @@ def inspect(ckpt: CheckpointArg, target: TargetOpt = None, deep: DeepOpt = False
     """
     from ..inspect import inspect_checkpoint
 
-    report = inspect_checkpoint(ckpt, target=target, deep=deep, device=device.value,
-                                aux_ids_convention=aux_ids_convention.value if aux_ids_convention else None)
+    report = inspect_checkpoint(ckpt, target=target, deep=deep, device=device,
+                                aux_ids_convention=aux_ids_convention)
     if json:
         print_json(report)
     else:

@@ -5,24 +5,21 @@ from typing import Annotated, Optional
 
 import typer
 
-from ..options import (
+from ..choices import OutputFormat
+from . import app
+from .options import (
     AuxIdsConventionOpt,
     CheckpointArg,
-    DeviceChoice,
     DeviceOpt,
-    DtypeChoice,
     DtypeOpt,
     JsonOpt,
     MaxMinutesOpt,
     NumSpecTokensOpt,
-    OutputFormat,
     OutputOpt,
     RequiredTargetOpt,
     SeedOpt,
-    TrainChoice,
     TrainOpt,
 )
-from . import app
 from .render import log_plain, print_json, stdout
 
 
@@ -54,8 +51,8 @@ def migrate(
     steps: Annotated[Optional[int], typer.Option("--steps", min=0, help="Calibration steps.")] = None,
     max_minutes: MaxMinutesOpt = None,
     calibrate: Annotated[Optional[bool], typer.Option("--calibrate/--no-calibrate", help="Run the calibration fine-tune.")] = None,
-    train: TrainOpt = TrainChoice.norms,
-    output_format: Annotated[OutputFormat, typer.Option("--output-format", help="vllm or speculators layout.")] = OutputFormat.vllm,
+    train: TrainOpt = "norms",
+    output_format: Annotated[OutputFormat, typer.Option("--output-format", help="vllm or speculators layout.")] = "vllm",
     quantize: Annotated[Optional[str], typer.Option("--quantize", help="fp8-dynamic | fp8 | nvfp4a16 | nvfp4 (off by default).")] = None,
     quantize_fc: Annotated[bool, typer.Option("--quantize-fc", help="Quantize fc too.")] = False,
     validate: Annotated[bool, typer.Option("--validate", help="Measure acceptance length against the source drafter.")] = False,
@@ -71,8 +68,8 @@ def migrate(
     create_pr: Annotated[bool, typer.Option("--create-pr", help="Publish: open a pull request instead of pushing.")] = False,
     revision: Annotated[Optional[str], typer.Option("--revision", help="Publish: target branch.")] = None,
     k: NumSpecTokensOpt = 3,
-    device: DeviceOpt = DeviceChoice.auto,
-    dtype: DtypeOpt = DtypeChoice.auto,
+    device: DeviceOpt = "auto",
+    dtype: DtypeOpt = "auto",
     seed: SeedOpt = 0,
     aux_ids_convention: AuxIdsConventionOpt = None,
     vllm_python: Annotated[Optional[str], typer.Option("--vllm-python", help="Python that has vLLM (default: this one).")] = None,
@@ -96,14 +93,14 @@ def migrate(
     from ..migrate import migrate as run_migrate
 
     opts = MigrateOptions(
-        data=data, steps=steps, max_minutes=max_minutes, calibrate=calibrate, train=train.value, output_format=output_format.value, quantize=quantize,
+        data=data, steps=steps, max_minutes=max_minutes, calibrate=calibrate, train=train, output_format=output_format, quantize=quantize,
         quantize_fc=quantize_fc, validate=validate, engine=engine,
         suites=[s.strip() for s in suite.split(",") if s.strip()] if suite else None,
         prompts_file=str(prompts) if prompts else None, num_prompts=num_prompts, k=k,
         min_acceptance_length=min_acceptance_length, max_regression_pct=max_regression, publish=publish,
-        publish_dry_run=dry_run, private=private, create_pr=create_pr, revision=revision, device=device.value,
-        dtype=dtype.value, seed=seed, vllm_python=vllm_python, force_stage=force_stage, restart=restart, verify=verify,
-        aux_ids_convention=aux_ids_convention.value if aux_ids_convention else None,
+        publish_dry_run=dry_run, private=private, create_pr=create_pr, revision=revision, device=device,
+        dtype=dtype, seed=seed, vllm_python=vllm_python, force_stage=force_stage, restart=restart, verify=verify,
+        aux_ids_convention=aux_ids_convention,
     )
     res = run_migrate(ckpt, target, output, opts, log=None if json else log_plain)
     if json:

@@ -5,8 +5,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from ..options import CheckpointArg, JsonOpt
 from . import app
+from .options import CheckpointArg, JsonOpt
 from .render import log, print_json, stdout
 
 

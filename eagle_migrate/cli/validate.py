@@ -1,21 +1,15 @@
 from __future__ import annotations
 
-from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
+from ..choices import Engine
 from ..errors import CheckFailed
-from ..options import CheckpointArg, JsonOpt, RequiredTargetOpt, SeedOpt
 from . import app
+from .options import CheckpointArg, JsonOpt, RequiredTargetOpt, SeedOpt
 from .render import log, print_json, stdout
-
-
-class EngineChoice(str, Enum):
-    auto = "auto"
-    vllm = "vllm"
-    reference = "reference"
 
 
 def render(r) -> None:
@@ -71,8 +65,8 @@ def render(r) -> None:
 def validate(
     checkpoint: CheckpointArg,
     target: RequiredTargetOpt,
-    engine: Annotated[EngineChoice, typer.Option("--engine", help="vllm (real vLLM in a subprocess), reference (pure PyTorch), "
-                                                 "auto: vllm when importable.")] = EngineChoice.auto,
+    engine: Annotated[Engine, typer.Option("--engine", help="vllm (real vLLM in a subprocess), reference (pure PyTorch), "
+                                                 "auto: vllm when importable.")] = "auto",
     suite: Annotated[Optional[str], typer.Option("--suite", help="Comma-separated: chat, code, long, template-shift "
                                                  "(default: all four; only --prompts when that is given).")] = None,
     prompts: Annotated[Optional[Path], typer.Option("--prompts", help="Your own prompts: JSONL ({prompt} | {messages} | "
@@ -111,7 +105,7 @@ def validate(
     say = lambda m: log(f"[dim]{m}[/]")  # noqa: E731  (log lines go to stderr, with --json too: a CI log is never silent)
     names = [x.strip() for x in suite.split(",") if x.strip()] if suite else None
     r = run(
-        checkpoint, target, engine=engine.value, suites=names, prompts_file=prompts, k=k, baseline=baseline,
+        checkpoint, target, engine=engine, suites=names, prompts_file=prompts, k=k, baseline=baseline,
         min_acceptance_length=min_acceptance_length, max_regression_pct=max_regression, report_dir=report,
         num_prompts=num_prompts, max_tokens=max_tokens, temperature=temperature, seed=seed, dtype=dtype,
         max_model_len=max_model_len, tensor_parallel_size=tensor_parallel_size, vllm_python=vllm_python,

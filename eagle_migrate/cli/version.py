@@ -1,8 +1,8 @@
 from __future__ import annotations
 
 from .. import __version__
-from ..options import JsonOpt
 from . import app
+from .options import JsonOpt
 from .render import print_json, stdout
 
 

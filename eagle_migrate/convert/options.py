@@ -5,15 +5,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 import torch
 
 from ..aux_ids import Convention
+from ..choices import OutputFormat
 from ..errors import InputError
 from ..progress import StageProgress, no_progress
 
-OutputFormat = Literal["vllm", "speculators"]
 
 
 @dataclass(frozen=True)

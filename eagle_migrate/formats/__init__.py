@@ -8,11 +8,24 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .base import LAYOUTS, Checkpoint, Finding, Layout, Probe
 from .detect import detect_layout, probe_checkpoint, read_checkpoint
-from .write import ensure_convertible, write_checkpoint
+
+if TYPE_CHECKING:
+    from .write import ensure_convertible, write_checkpoint
 
 __all__ = [
     "LAYOUTS", "Checkpoint", "Finding", "Layout", "Probe",
     "detect_layout", "ensure_convertible", "probe_checkpoint", "read_checkpoint", "write_checkpoint",
 ]
+
+
+def __getattr__(name: str):
+    """The writer (and torch behind it) is imported on first use: reading headers (``inspect``) never needs it."""
+    if name in ("ensure_convertible", "write_checkpoint"):
+        from . import write
+
+        return getattr(write, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -8,13 +8,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import TYPE_CHECKING, Any, Callable, Literal
 
-import torch
 from pydantic import BaseModel, Field
 
 from ..drafter.config import DrafterConfig
 from .io import TensorInfo, TensorStore
+
+if TYPE_CHECKING:  # reading a checkpoint's headers (inspect) never imports torch
+    import numpy as np
+    import torch
 
 Severity = Literal["error", "warning", "info"]
 
@@ -68,6 +71,14 @@ class Checkpoint:
             return self.store.mapped(self.name_map[canonical])
         t = self.store.get(self.name_map[canonical])
         return fn(t) if fn else t
+
+    def array(self, canonical: str) -> np.ndarray:
+        """The tensor's values as a numpy array (:meth:`TensorStore.array`: no torch for safetensors), for checks."""
+        fn = self.transforms.get(canonical)
+        if fn is None:
+            return self.store.array(self.name_map[canonical])
+        t = fn(self.store.get(self.name_map[canonical]))
+        return (t.float() if t.is_floating_point() and t.dtype.itemsize <= 2 else t).numpy().copy()
 
     def state_dict(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
         """All canonical tensors materialised (floating ones cast to ``dtype`` when given)."""

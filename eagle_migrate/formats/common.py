@@ -25,6 +25,7 @@ from ..drafter.config import DrafterConfig, mla_rope_type_of, rope_parameters_of
 from ..errors import CheckpointError
 from .base import Checkpoint, Finding
 from .io import TensorInfo, TensorStore
+from .traps import finding
 from .vllm import rope_from_config
 
 # Tensors a compressed-tensors / ModelOpt quantized linear carries next to (or instead of) ``.weight``.
@@ -45,10 +46,6 @@ _QK_NORM_RE = re.compile(r"^layers\.(\d+)\.self_attn\.([qk])_norm\.weight$")
 QWEN3_ARCHS = ("Eagle3Qwen3ForCausalLM", "PeagleQwen3ForCausalLM", "Qwen3ForCausalLM")
 LLAMA_ARCHS = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM", "LlamaForCausalLM")
 QWEN3_DEFAULT_HEAD_DIM = 128  # transformers' Qwen3Config default, which vLLM uses when the config has no head_dim
-
-
-def finding(severity: str, code: str, message: str) -> Finding:
-    return Finding(severity=severity, code=code, message=message)
 
 
 # ----- names ------------------------------------------------------------------------------------------------------
@@ -647,7 +644,7 @@ def derive(
         else:
             # the decided reading, or while undecided the literal one (what vLLM does with this checkpoint)
             ids = aux.ids if aux.decided else list(view.aux_ids)
-            problems = _aux.check_aux_ids(ids, k_aux)
+            problems = _aux.check_aux_ids_alone(ids, k_aux)  # the target's part: inspect's pairing
             findings.extend(problems)
             if not any(f.severity == "error" for f in problems):
                 aux_ids = sorted(ids)

@@ -54,7 +54,7 @@ def probe_checkpoint(path: Path | str) -> Probe:
         from safetensors import safe_open
 
         try:
-            with safe_open(str(sts[0]), framework="pt") as sf:
+            with safe_open(str(sts[0]), framework="numpy") as sf:  # the header only ("pt" imports torch)
                 st_meta = dict(sf.metadata() or {})
         except Exception:
             st_meta = {}

@@ -25,17 +25,29 @@ import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from ..errors import CheckpointError, InputError, OutputExistsError, UnsafeInputError
 
-SAFETENSORS_DTYPES = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-    "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
+if TYPE_CHECKING:  # torch is imported where tensors are made: reading headers (inspect) never imports it
+    import numpy as np
+    import torch
+
+# safetensors dtype -> torch dtype name (``TensorInfo.dtype``; ``getattr(torch, name)`` is the dtype)
+ST_DTYPE_NAMES = {
+    "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
+    "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8",
+    "BOOL": "bool", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
 }
+
+
+def torch_dtype(st_dtype: str) -> torch.dtype:
+    """The torch dtype of a safetensors dtype code (KeyError for one we do not read)."""
+    import torch
+
+    return getattr(torch, ST_DTYPE_NAMES[st_dtype])
+
+
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 MAX_JSON_BYTES = 64 * 1024 * 1024
 
@@ -116,11 +128,11 @@ class TensorStore:
 
             try:
                 out = []
-                with safe_open(str(f), framework="pt") as sf:
+                with safe_open(str(f), framework="numpy") as sf:  # headers only ("pt" would import torch)
                     for k in sf.keys():
                         sl = sf.get_slice(k)
-                        dt = SAFETENSORS_DTYPES.get(sl.get_dtype())
-                        out.append(TensorInfo(k, tuple(sl.get_shape()), _dtype_name(dt) if dt else sl.get_dtype().lower(), rel))
+                        st = sl.get_dtype()
+                        out.append(TensorInfo(k, tuple(sl.get_shape()), ST_DTYPE_NAMES.get(st, st.lower()), rel))
                 return out
             except CheckpointError:
                 raise
@@ -166,9 +178,26 @@ class TensorStore:
             raise CheckpointError(f"{self.root}: no tensor named '{name}'")
         if f.suffix != ".safetensors":
             return self.get(name)
+        import warnings
+
+        import torch
+
+        mm, n, meta = self._raw(f, name)
+        try:
+            begin, end = meta["data_offsets"]
+            dtype = torch_dtype(meta["dtype"])
+            shape = tuple(meta["shape"])
+            count = (end - begin) // torch.empty((), dtype=dtype).element_size()
+            with warnings.catch_warnings():  # "the given buffer is not writable": it is read-only by design
+                warnings.simplefilter("ignore", UserWarning)
+                return torch.frombuffer(mm, dtype=dtype, count=count, offset=8 + n + begin).view(shape)
+        except Exception as e:
+            raise CheckpointError(f"{f}: cannot map tensor '{name}' ({_short(e)})") from None
+
+    def _raw(self, f: Path, name: str) -> tuple[Any, int, dict[str, Any]]:
+        """The memory map of safetensors file ``f``, its header length and the header entry of ``name``."""
         import mmap
         import struct
-        import warnings
 
         mm = self._mmaps.get(f)
         if mm is None:
@@ -177,16 +206,37 @@ class TensorStore:
             self._mmaps[f] = mm
         try:
             (n,) = struct.unpack("<Q", mm[:8])
-            meta = json.loads(bytes(mm[8 : 8 + n]))[name]
-            begin, end = meta["data_offsets"]
-            dtype = SAFETENSORS_DTYPES[meta["dtype"]]
-            shape = tuple(meta["shape"])
-            count = (end - begin) // torch.empty((), dtype=dtype).element_size()
-            with warnings.catch_warnings():  # "the given buffer is not writable": it is read-only by design
-                warnings.simplefilter("ignore", UserWarning)
-                return torch.frombuffer(mm, dtype=dtype, count=count, offset=8 + n + begin).view(shape)
+            return mm, n, json.loads(bytes(mm[8 : 8 + n]))[name]
         except Exception as e:
             raise CheckpointError(f"{f}: cannot map tensor '{name}' ({_short(e)})") from None
+
+    def array(self, name: str) -> np.ndarray:
+        """The tensor's values as a numpy array (a copy), without importing torch for safetensors: 16- and 8-bit
+        floats are widened exactly to float32 (for value checks: NaN/Inf, ranges, equality). ``.bin``: via torch."""
+        import numpy as np
+
+        f = self._where.get(name)
+        if f is None:
+            raise CheckpointError(f"{self.root}: no tensor named '{name}'")
+        if f.suffix != ".safetensors":
+            t = self.get(name)
+            return (t.float() if t.is_floating_point() and t.dtype.itemsize <= 2 else t).numpy().copy()
+        mm, n, meta = self._raw(f, name)
+        try:
+            begin, end = meta["data_offsets"]
+            st, shape = meta["dtype"], tuple(meta["shape"])
+            raw = np.frombuffer(mm, dtype=np.uint8, count=end - begin, offset=8 + n + begin)
+            if st == "BF16":
+                return (raw.view("<u2").astype(np.uint32) << 16).view(np.float32).reshape(shape)
+            if st in ("F8_E4M3", "F8_E5M2"):
+                return _float8_table(st)[raw].reshape(shape)
+            if st == "F16":
+                return raw.view("<f2").astype(np.float32).reshape(shape)
+            return raw.view(_NUMPY_DTYPES[st]).reshape(shape).copy()
+        except CheckpointError:
+            raise
+        except Exception as e:
+            raise CheckpointError(f"{f}: cannot read tensor '{name}' ({_short(e)})") from None
 
     def iter_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         """One tensor at a time (safetensors memory-mapped), for streaming conversions."""
@@ -196,6 +246,31 @@ class TensorStore:
     @property
     def total_bytes(self) -> int:
         return sum(f.stat().st_size for f in self.files)
+
+
+_NUMPY_DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8", "I32": "<i4", "I16": "<i2", "I8": "i1",
+                 "U8": "u1", "U16": "<u2", "U32": "<u4", "U64": "<u8", "BOOL": "?"}
+
+
+def _float8_table(st: str) -> np.ndarray:
+    """float32 value of each of the 256 float8 bit patterns: E4M3 (fn: no Inf, NaN = S.1111.111) or E5M2 (IEEE)."""
+    import numpy as np
+
+    ebits, mbits, bias = (4, 3, 7) if st == "F8_E4M3" else (5, 2, 15)
+    out = np.empty(256, dtype=np.float32)
+    for b in range(256):
+        sign = -1.0 if b & 0x80 else 1.0
+        e, m = (b >> mbits) & ((1 << ebits) - 1), b & ((1 << mbits) - 1)
+        if st == "F8_E4M3" and e == 15 and m == 7:
+            v = float("nan")
+        elif st == "F8_E5M2" and e == 31:
+            v = float("inf") if m == 0 else float("nan")
+        elif e == 0:
+            v = m / (1 << mbits) * 2.0 ** (1 - bias)
+        else:
+            v = (1 + m / (1 << mbits)) * 2.0 ** (e - bias)
+        out[b] = sign * v
+    return out
 
 
 def _short(e: Exception) -> str:
@@ -226,11 +301,15 @@ def torch_load_weights_only(f: Path | Any, **kw: Any) -> Any:
 
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Detected pickle protocol")
+        import torch
+
         return torch.load(f, map_location="cpu", weights_only=True, **kw)
 
 
 def load_bin_safely(f: Path) -> dict[str, torch.Tensor]:
     """``torch.load(weights_only=True)``; never plain unpickling. Returns a flat name -> tensor dict."""
+    import torch
+
     try:
         is_zip = zipfile.is_zipfile(f)
     except OSError as e:
@@ -513,7 +592,6 @@ def write_json(path: Path, data: Any) -> None:
         f.write("\n")
 
 
-_ST_NAMES = {v: k for k, v in SAFETENSORS_DTYPES.items()}
 
 
 @dataclass
@@ -533,6 +611,9 @@ def write_safetensors_streaming(path: Path, plan: list[PlannedTensor], metadata:
     import math
     import struct
 
+    import torch
+
+    _ST_NAMES = {torch_dtype(k): k for k in ST_DTYPE_NAMES}
     header: dict[str, Any] = {"__metadata__": {str(k): str(v) for k, v in sorted(metadata.items())}} if metadata else {}
     off = 0
     for p in plan:

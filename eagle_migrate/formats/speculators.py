@@ -1,4 +1,5 @@
-"""The speculators layout (vllm-project/speculators ``src/speculators/models/eagle3/``): read and write.
+"""The speculators layout (vllm-project/speculators ``src/speculators/models/eagle3/``): read, and its config.json
+(the files are written by ``formats/write.py``).
 
 config.json has no ``model_type``; ``speculators_model_type: "eagle3"``; the decoder layer's HF config lives in
 ``transformer_layer_config`` (its ``vocab_size`` = target V); EAGLE fields at the top level
@@ -16,18 +17,18 @@ unchanged, so those are measured with a target (docs/formats.md).
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from .. import __version__
 from ..drafter.config import DrafterConfig
 from ..errors import CheckpointError
 from .base import Checkpoint, Layout, Probe, register_layout
-from .common import ConfigView, derive, finding, quant_scheme
-from .io import save_safetensors, write_json
+from .common import ConfigView, derive, quant_scheme
+from .traps import finding
 from .vllm import FAMILY_HF_ARCH, llama_layer_config
+
+if TYPE_CHECKING:  # the reader runs on headers alone (inspect never imports torch)
+    import torch
 
 EAGLE_FIELDS = ("draft_vocab_size", "target_hidden_size", "norm_before_residual", "norm_before_fc", "fc_norm",
                 "norm_output", "eagle_aux_hidden_state_layer_ids")
@@ -125,14 +126,14 @@ def _sliding_window(tlc: Any) -> tuple[int, list[int]] | None:
 SPECULATORS = register_layout(Layout("speculators", "speculators", _sniff, _read, "vllm-project/speculators EAGLE-3 (speculators_model_type: eagle3)"))
 
 
-# ----- writer ---------------------------------------------------------------------------------------------------
+# ----- config.json of the layout (formats/write.py writes the files) -------------------------------------------
 def speculators_config_dict(
     cfg: DrafterConfig,
     *,
     verifier: str | None = None,
     verifier_architectures: list[str] | None = None,
     num_speculative_tokens: int = 3,
-    dtype: torch.dtype | None = torch.bfloat16,
+    dtype: torch.dtype | str | None = "bfloat16",
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     if cfg.generation != "eagle3":
@@ -176,25 +177,3 @@ def speculators_config_dict(
     if extra:
         d.update(extra)
     return d
-
-
-def write_speculators_files(
-    cfg: DrafterConfig,
-    sd: dict[str, torch.Tensor],
-    out: Path,
-    *,
-    verifier: str | None = None,
-    verifier_architectures: list[str] | None = None,
-    num_speculative_tokens: int = 3,
-    dtype: torch.dtype | None = torch.bfloat16,
-    metadata: dict[str, str] | None = None,
-    extra_config: dict[str, Any] | None = None,
-) -> list[str]:
-    """config.json + model.safetensors into the (existing, empty) folder ``out``; ``sd`` already checked/cast."""
-    meta = {"format": "pt", "producer": f"eagle-migrate {__version__}"}
-    meta.update(metadata or {})
-    save_safetensors(sd, out / "model.safetensors", meta)
-    write_json(out / "config.json", speculators_config_dict(
-        cfg, verifier=verifier, verifier_architectures=verifier_architectures,
-        num_speculative_tokens=num_speculative_tokens, dtype=dtype, extra=extra_config))
-    return list(sd)

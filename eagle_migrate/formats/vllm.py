@@ -1,4 +1,5 @@
-"""The vLLM layout (what ``vllm serve --speculative-config '{"method": "eagle3", ...}'`` loads): read and write.
+"""The vLLM layout (what ``vllm serve --speculative-config '{"method": "eagle3", ...}'`` loads): its config and tensor names
+(the writer is ``formats/write.py``: ``write_vllm``, ``write_checkpoint``).
 
 Written exactly per the emit checklist in docs/formats.md: ``LlamaForCausalLMEagle3`` + ``model_type: llama``
 (Qwen3 drafters: ``Eagle3Qwen3ForCausalLM`` + ``model_type: qwen3``, with ``head_dim`` and every q_norm/k_norm;
@@ -11,15 +12,11 @@ when K != 3); no ``model.`` prefix; ``d2t`` iff Vd != V; never ``t2d``; ``tie_wo
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
 
-import torch
 
 from .. import __version__
 from ..drafter.config import DrafterConfig
-from .io import save_safetensors, write_json
 
 VLLM_ARCH = "LlamaForCausalLMEagle3"
 # per drafter family (DrafterConfig.architecture): the architecture vLLM's registry maps to the family's drafter
@@ -154,35 +151,6 @@ def vllm_tensor_names(cfg: DrafterConfig) -> list[str]:
         if i == 0:
             names.append(p + "hidden_norm.weight")
     return names
-
-
-def write_vllm(
-    cfg: DrafterConfig,
-    tensors: dict[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
-    out: Path,
-    *,
-    dtype: torch.dtype | None = torch.bfloat16,
-    metadata: dict[str, str] | None = None,
-    extra_config: dict[str, Any] | None = None,
-) -> list[str]:
-    """Write config.json + model.safetensors into ``out`` (an existing, empty folder). Returns tensor names.
-
-    Floating tensors are cast to ``dtype`` (None keeps them); ``d2t`` is int64; ``t2d`` is dropped.
-    """
-    from .write import prepare_tensors  # the one place that decides what goes on disk
-
-    try:
-        sd = prepare_tensors(cfg, tensors, dtype=dtype, keep_t2d=False, quantized=False)
-    except Exception as e:  # InputError from an incomplete tensor set
-        raise ValueError(str(e)) from None
-    meta = {"format": "pt", "producer": f"eagle-migrate {__version__}"}
-    meta.update(metadata or {})
-    save_safetensors(sd, out / "model.safetensors", meta)
-    d = vllm_config_dict(cfg, extra_config)
-    if dtype is not None:
-        d["torch_dtype"] = str(dtype).removeprefix("torch.")
-    write_json(out / "config.json", d)
-    return list(sd)
 
 
 def speculative_config(model: str, num_speculative_tokens: int = 3) -> dict[str, Any]:

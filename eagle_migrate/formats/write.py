@@ -21,6 +21,7 @@ from ..errors import InputError, UnsupportedError
 from .base import Checkpoint
 from .common import QUANT_SUFFIXES
 from .io import atomic_output_dir, save_safetensors, write_json
+from .speculators import speculators_config_dict
 from .vllm import vllm_config_dict, vllm_tensor_names
 
 OutLayout = Literal["vllm", "speculators"]
@@ -84,6 +85,33 @@ def prepare_tensors(
     if missing:
         raise InputError(f"cannot write the drafter without {', '.join(missing)}", "the source checkpoint is incomplete")
     return sd
+
+
+def write_vllm(
+    cfg: DrafterConfig,
+    tensors: dict[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
+    out: Path,
+    *,
+    dtype: torch.dtype | None = torch.bfloat16,
+    metadata: dict[str, str] | None = None,
+    extra_config: dict[str, Any] | None = None,
+) -> list[str]:
+    """Write config.json + model.safetensors into ``out`` (an existing, empty folder). Returns tensor names.
+
+    Floating tensors are cast to ``dtype`` (None keeps them); ``d2t`` is int64; ``t2d`` is dropped.
+    """
+    try:
+        sd = prepare_tensors(cfg, tensors, dtype=dtype, keep_t2d=False, quantized=False)
+    except Exception as e:  # InputError from an incomplete tensor set
+        raise ValueError(str(e)) from None
+    meta = {"format": "pt", "producer": f"eagle-migrate {__version__}"}
+    meta.update(metadata or {})
+    save_safetensors(sd, out / "model.safetensors", meta)
+    d = vllm_config_dict(cfg, extra_config)
+    if dtype is not None:
+        d["torch_dtype"] = str(dtype).removeprefix("torch.")
+    write_json(out / "config.json", d)
+    return list(sd)
 
 
 def ensure_convertible(ck: Checkpoint | DrafterConfig) -> None:
@@ -175,8 +203,6 @@ def write_checkpoint(
             d["torch_dtype"] = _dtype_label(sd, dtype)
             write_json(tmp / "config.json", d)
         else:
-            from .speculators import write_speculators_files
-
             write_speculators_files(cfg, sd, tmp, verifier=verifier, verifier_architectures=verifier_architectures,
                                     num_speculative_tokens=num_speculative_tokens, dtype=_torch_dtype(sd, dtype),
                                     metadata=metadata, extra_config=extra)
@@ -194,3 +220,25 @@ def _torch_dtype(sd: dict[str, torch.Tensor], dtype: torch.dtype | None) -> torc
 
 def _dtype_label(sd: dict[str, torch.Tensor], dtype: torch.dtype | None) -> str:
     return str(_torch_dtype(sd, dtype)).removeprefix("torch.")
+
+
+def write_speculators_files(
+    cfg: DrafterConfig,
+    sd: dict[str, torch.Tensor],
+    out: Path,
+    *,
+    verifier: str | None = None,
+    verifier_architectures: list[str] | None = None,
+    num_speculative_tokens: int = 3,
+    dtype: torch.dtype | None,
+    metadata: dict[str, str] | None = None,
+    extra_config: dict[str, Any] | None = None,
+) -> list[str]:
+    """config.json + model.safetensors into the (existing, empty) folder ``out``; ``sd`` already checked/cast."""
+    meta = {"format": "pt", "producer": f"eagle-migrate {__version__}"}
+    meta.update(metadata or {})
+    save_safetensors(sd, out / "model.safetensors", meta)
+    write_json(out / "config.json", speculators_config_dict(
+        cfg, verifier=verifier, verifier_architectures=verifier_architectures,
+        num_speculative_tokens=num_speculative_tokens, dtype=dtype, extra=extra_config))
+    return list(sd)

@@ -13,11 +13,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from ..choices import QuantizeValidate
 from ..drafter.config import DrafterConfig
 from ..errors import InputError
 from .schemes import SchemeConfig
 
-ValidateMode = Literal["auto", "vllm", "reference", "none", "off"]  # "off" = "none"
+ValidateMode = Literal[QuantizeValidate, "off"]  # "off" = "none"
 
 
 class SuiteDrop(BaseModel):
@@ -135,7 +136,7 @@ def measure_acceptance(engine: str, spec: SchemeConfig, *, source: Path, quantiz
     sts = suites if suites is not None else default_suites(target, target_obj, max_model_len=mp)
     with tempfile.TemporaryDirectory(prefix=".eagle-migrate-quantize-", dir=str(work_parent)) as work:
         if engine == "vllm":  # the source in the layout vLLM loads, unquantized
-            from ..formats.vllm import write_vllm
+            from ..formats.write import write_vllm
 
             before = Path(work) / "before"
             before.mkdir(parents=True, exist_ok=True)

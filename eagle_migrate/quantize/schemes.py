@@ -14,11 +14,11 @@ Imports: ``errors`` only (compressed-tensors lazily).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, ClassVar, Literal, TypeVar, get_args
+from typing import Any, ClassVar, TypeVar, get_args
 
+from ..choices import SchemeName
 from ..errors import InputError
 
-SchemeName = Literal["fp8-dynamic", "fp8", "nvfp4a16", "nvfp4"]
 
 # The portable QuantizationArgs keys (validate under compressed-tensors 0.11 ... 0.20; quant-formats.md §5).
 _ARG_KEYS = ("num_bits", "type", "strategy", "symmetric", "dynamic", "group_size")

@@ -11,11 +11,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .. import __version__
+from ..choices import Engine, values
 from ..errors import CheckFailed, DataError, EngineError, InputError
 from .metrics import AcceptanceStats
 from .report import Diagnostics, Gate, GroupResult, Metrics, SuiteResult, ValidationReport, write_report
 
-ENGINES = ("auto", "vllm", "reference")
+ENGINES: tuple[str, ...] = values(Engine)
 GROUPED_SUITES = ("long", "template-shift")  # measured per group (own counters) for the breakdown tables/plots
 
 

@@ -35,7 +35,7 @@ from eagle_migrate import toy
 from eagle_migrate.convert import convert
 from eagle_migrate.formats import read_checkpoint
 from eagle_migrate.formats.io import write_json
-from eagle_migrate.formats.vllm import write_vllm
+from eagle_migrate.formats.write import write_vllm
 from eagle_migrate.quantize import quantize
 from eagle_migrate.validate import validate
 from eagle_migrate.validate.vllm_engine import measure_many

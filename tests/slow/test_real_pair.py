@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from eagle_migrate import assets
+from eagle_migrate.data import iter_sharegpt
 
 from ..conftest import requires_vllm
 
@@ -64,14 +65,14 @@ def test_smollm2_asset_is_a_plain_hf_folder(smollm2, target):
 
 @pytest.mark.ci
 def test_sharegpt_and_humaneval_from_wheels():
-    recs = list(assets.iter_sharegpt(assets.sharegpt_path(), limit=50))
+    recs = list(iter_sharegpt(assets.sharegpt_path(), limit=50))
     assert len(recs) == 50 and all("conversations" in r for r in recs)
     lines = assets.humaneval_path().read_text().splitlines()
     assert len(lines) == 164 and json.loads(lines[0])["task_id"] == "HumanEval/0"
 
 
 def test_sharegpt_truncated_file_decodes_every_complete_record():
-    assert sum(1 for _ in assets.iter_sharegpt(assets.sharegpt_path())) == 17671
+    assert sum(1 for _ in iter_sharegpt(assets.sharegpt_path())) == 17671
 
 
 @pytest.mark.ci

@@ -242,13 +242,13 @@ def test_device_resolution_is_one_function_and_refuses_missing_cuda(monkeypatch)
     `--device cuda` on a CPU box crashed inside torch instead of exit 2)."""
     import torch
 
-    from eagle_migrate import calibrate, convert, devices, options
+    from eagle_migrate import calibrate, convert, devices
     from eagle_migrate.errors import InputError
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert calibrate.resolve_device("auto") == torch.device("cpu") and devices.resolve_device(None) == "cpu"
-    for fn in (calibrate.resolve_device, devices.resolve_device, options.resolve_device):
+    for fn in (calibrate.resolve_device, devices.resolve_device):
         with pytest.raises(InputError):
             fn("cuda")
-    assert options.resolve_device is devices.resolve_device and convert.read.resolve_device is devices.resolve_device
+    assert convert.read.resolve_device is devices.resolve_device
     assert devices.resolve_dtype("auto", "cuda") == torch.bfloat16 and devices.resolve_dtype(torch.float16, "cpu") == torch.float16

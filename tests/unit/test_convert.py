@@ -54,7 +54,7 @@ def target(world) -> str:
 
 
 def write_src(path: Path, kind: str = "oracle", cfg=None, sd=None) -> Path:
-    from eagle_migrate.formats.vllm import write_vllm
+    from eagle_migrate.formats.write import write_vllm
 
     path.mkdir(parents=True, exist_ok=True)
     write_vllm(cfg or toy_cfg(), sd or toy_sd(kind), path, dtype=torch.float32)

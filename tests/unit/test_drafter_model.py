@@ -82,7 +82,7 @@ def test_attention_bias_means_zero_o_proj_bias_as_in_vllm(tmp_path):
     so our module starts it at zero and the writer stores zeros when the source has only q/k/v biases."""
     from safetensors.torch import load_file
 
-    from eagle_migrate.formats.vllm import write_vllm
+    from eagle_migrate.formats.write import write_vllm
 
     cfg = toy.drafter_config(attention_bias=True)
     m = EagleDrafter(cfg)

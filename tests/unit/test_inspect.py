@@ -299,13 +299,15 @@ def test_inspect_reads_headers_and_small_tensors_only(tmp_path, monkeypatch):
     sd["lm_head.weight"] = torch.zeros(32, 64)
     p = write_layout("specforge", cfg, sd, tmp_path / "a")
     read: list[str] = []
-    orig = TensorStore.get
 
-    def spy(self, name):
-        read.append(name)
-        return orig(self, name)
+    def spying(orig):
+        def spy(self, name):
+            read.append(name)
+            return orig(self, name)
+        return spy
 
-    monkeypatch.setattr(TensorStore, "get", spy)
+    for method in ("get", "mapped", "array"):  # every way to read tensor values (array: numpy, no torch)
+        monkeypatch.setattr(TensorStore, method, spying(getattr(TensorStore, method)))
     monkeypatch.setattr("eagle_migrate.inspect.SMALL_NUMEL", 1000)
     inspect_checkpoint(p)
     big = {"midlayer.self_attn.q_proj.weight", "fc.weight", "midlayer.mlp.gate_proj.weight", "lm_head.weight"}

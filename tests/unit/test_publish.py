@@ -42,7 +42,7 @@ def write_report(folder: Path, **over) -> Path:
 
 def write_eagle31(out: Path, provenance: dict | None = None) -> Path:
     """A toy EAGLE-3.1 drafter (fc_norm + norm_output with its fc_norm weights) in the vLLM layout."""
-    from eagle_migrate.formats.vllm import write_vllm
+    from eagle_migrate.formats.write import write_vllm
 
     out.mkdir(parents=True, exist_ok=True)
     cfg = toy.drafter_config(fc_norm=True, norm_output=True)

@@ -23,22 +23,38 @@ def test_help_has_schemes_and_example():
         assert s in r.stdout
 
 
-def test_scheme_choices_are_the_library_schemes():
-    """--scheme's enum lives in the options module; it must list exactly quantize.SchemeName."""
+def _choices(command, param: str) -> tuple[str, ...]:
+    """The values typer offers for ``param`` of a CLI command function (its Literal annotation)."""
+    from typing import get_args, get_type_hints
+
+    hint = get_args(get_type_hints(command, include_extras=True)[param])[0]  # Annotated[Literal[...], Option]
+    return get_args(hint)
+
+
+def test_scheme_choices_are_the_library_schemes(tmp_path, toy_random):
+    """--scheme offers exactly quantize.SchemeName (the library's Literal, not a copy of it) and refuses others."""
     from typing import get_args
 
-    from eagle_migrate.options import SchemeChoice
+    from eagle_migrate.cli import quantize as cli_quantize
     from eagle_migrate.quantize import SchemeName
 
-    assert [c.value for c in SchemeChoice] == list(get_args(SchemeName))
+    assert _choices(cli_quantize.quantize, "scheme") == get_args(SchemeName) == ("fp8-dynamic", "fp8", "nvfp4a16", "nvfp4")
+    r = run("quantize", str(toy_random), "-o", str(tmp_path / "q"), "--scheme", "fp9")
+    assert r.returncode == 2 and "fp9" in r.stderr and not (tmp_path / "q").exists()
 
 
 def test_train_choices_are_the_library_modes():
-    """--train's enum (convert, migrate) lists exactly calibrate.TRAIN_MODES."""
-    from eagle_migrate.calibrate import TRAIN_MODES
-    from eagle_migrate.options import TrainChoice
+    """--train (convert, migrate) offers exactly calibrate.TRAIN_MODES; --output-format exactly convert's formats."""
+    from typing import get_args
 
-    assert tuple(c.value for c in TrainChoice) == TRAIN_MODES
+    from eagle_migrate.calibrate import TRAIN_MODES
+    from eagle_migrate.cli import convert as cli_convert
+    from eagle_migrate.cli import migrate as cli_migrate
+    from eagle_migrate.convert import OutputFormat
+
+    for cmd in (cli_convert.convert, cli_migrate.migrate):
+        assert _choices(cmd, "train") == TRAIN_MODES == ("norms", "norms+fc", "all")
+        assert _choices(cmd, "output_format") == get_args(OutputFormat) == ("vllm", "speculators")
 
 
 def test_json_is_one_document(tmp_path, toy_random):
