@@ -685,6 +685,10 @@ def derive(
         findings.append(finding(sev, "sliding_window", f"layer_types / sliding_window not applied: {problem}"))
     elif window is not None:
         layers = [i for i, t in enumerate(layer_types) if t == "sliding_attention"]
+        if len(layers) < num_layers:  # llm_base_proposer.validate_same_kv_cache_group
+            findings.append(finding("error", "sliding_window", f"draft layer(s) {layers} are sliding-window and the "
+                                    "others full attention: vLLM 0.32 refuses to load such a drafter ('All drafting "
+                                    "layers should belong to the same kv cache group')"))
         findings.append(finding("info", "sliding_window", f"draft layer(s) {layers} use sliding-window attention of "
                                 f"{window} tokens (a query sees the last {window} positions; speculators' trainer "
                                 "default is 2048), as vLLM serves them: carried by eagle-migrate's drafter and "

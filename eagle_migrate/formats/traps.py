@@ -61,7 +61,7 @@ TRAPS: dict[str, Trap] = {t.code: t for t in (
     Trap('specforge_norm_output_semantics', 'warning', 'SpecForge before PR #879 trained `norm_output` drafters pre-norm'),
     Trap('norm_before_residual_implicit', 'warning', 'speculators config without `norm_before_residual`: vLLM assumes true'),
     Trap('speculators_31_flags_version', 'info', '3.1 flags in the speculators format need vLLM >= 0.25'),
-    Trap('sliding_window', 'info', "`layer_types` makes draft layers sliding-window (speculators' trainer default, 2048): read as vLLM reads it per family, carried by our drafter and written by every writer (warning: an MLA drafter's window, which vLLM's DeepSeek drafter ignores; error: a window vLLM cannot apply as given, e.g. `layer_types` shorter than the layers)", also=('warning', 'error')),
+    Trap('sliding_window', 'info', "`layer_types` makes draft layers sliding-window (speculators' trainer default, 2048): read as vLLM reads it per family, carried by our drafter and written by every writer (warning: an MLA drafter's window, which vLLM's DeepSeek drafter ignores; error: a window vLLM cannot apply as given, e.g. `layer_types` shorter than the layers, or full and sliding layers mixed, which vLLM refuses to load)", also=('warning', 'error')),
     Trap('specforge_norm_output_false', 'warning', '`norm_output: false` in a SpecForge export: SpecForge 0.2.0 then trains `lm_head` without the final norm, vLLM always applies it'),
     Trap('speculators_config_invalid', 'error', "what vLLM's speculators parser requires is missing"),
     Trap('aux_ids_missing', 'warning', 'no aux ids: vLLM falls back to (2, T//2, T-3)'),
