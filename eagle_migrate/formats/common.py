@@ -21,7 +21,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ..drafter.config import DrafterConfig, attention_windows_of, mla_rope_type_of, rope_parameters_of
+from ..drafter.config import (
+    DrafterConfig,
+    attention_windows_of,
+    mla_rope_type_of,
+    rope_parameters_of,
+)
 from ..errors import CheckpointError
 from .base import Checkpoint, Finding
 from .io import TensorInfo, TensorStore

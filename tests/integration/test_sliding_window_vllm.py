@@ -45,7 +45,7 @@ def pair(request, tmp_path_factory):
 
 
 def test_torch_drafter_drafts_what_vllm_drafts_with_a_sliding_window(pair):
-    target_dir, drafters, family = pair
+    target_dir, drafters, _ = pair
     g = torch.Generator().manual_seed(3)
     prompts = [torch.randint(1, V - 1, (n,), generator=g).tolist() for n in (36, 44)]
     names = list(drafters)
