@@ -7,8 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from eagle_migrate import toy
 from eagle_migrate.drafter import DrafterConfig
+from eagle_migrate.drafter.config import attention_windows_of
 from eagle_migrate.drafter.model import EagleDrafter, KVCache
+from eagle_migrate.formats import read_checkpoint
+from eagle_migrate.formats.write import write_vllm
 
 H, V = 32, 48
 
@@ -125,3 +129,42 @@ def test_draft_steps_see_only_the_last_w_cached_keys():
         ids, aux = _inputs(n, seed)
         differs += not torch.equal(win.draft(ids, aux, 3), full.draft(ids, aux, 3))
     assert differs
+
+
+def test_attention_windows_as_vllm_reads_them():
+    """attention_windows_of: vLLM 0.32's reading per family (llama.py / qwen3_eagle3.py + Qwen3Config; DeepSeek: none)."""
+    sw = {"layer_types": ["sliding_attention"], "sliding_window": 8}
+    assert attention_windows_of(sw, "llama", 1) == (["sliding_attention"], 8, None)
+    assert attention_windows_of({**sw, "use_sliding_window": False}, "llama", 1)[:2] == (["sliding_attention"], 8)
+    assert attention_windows_of(sw, "qwen3", 1)[:2] == (None, None)  # Qwen3Config: no use_sliding_window, no window
+    assert attention_windows_of({**sw, "use_sliding_window": True}, "qwen3", 1)[:2] == (["sliding_attention"], 8)
+    # Qwen3 without layer_types: layers from max_window_layers on slide
+    q = {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 1}
+    assert attention_windows_of(q, "qwen3", 2)[:2] == (["full_attention", "sliding_attention"], 8)
+    assert attention_windows_of({**q, "max_window_layers": 28}, "qwen3", 2)[:2] == (None, None)
+    assert attention_windows_of({**sw, "sliding_window": 0}, "llama", 1)[:2] == (None, None)  # 0: vLLM disables it
+    types, window, problem = attention_windows_of(sw, "llama", 2)  # vLLM's assert on a short list
+    assert (types, window) == (None, None) and "fails to load" in problem
+    assert "ignores" in attention_windows_of(sw, "mla", 1)[2]
+
+
+def test_vllm_layout_round_trip_and_mixed_layers(tmp_path):
+    """The vLLM writer writes the window and the reader reads it back; a drafter mixing full and sliding layers is
+    carried but reported as an error (vLLM 0.32 refuses to load it)."""
+    cfg = toy.drafter_config(layer_types=["sliding_attention"], sliding_window=8)
+    sd = toy.drafter_state_dict()
+    (tmp_path / "one").mkdir()
+    write_vllm(cfg, sd, tmp_path / "one", dtype=torch.float32)
+    ck = read_checkpoint(tmp_path / "one")
+    assert (ck.config.layer_types, ck.config.sliding_window) == (["sliding_attention"], 8)
+    assert [f.severity for f in ck.findings if f.code == "sliding_window"] == ["info"]
+    two = dict(sd)
+    for k, v in sd.items():
+        if k.startswith("layers.0.") and "hidden_norm" not in k:
+            two[k.replace("layers.0.", "layers.1.")] = v[:, : v.shape[1] // 2] if k.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight")) else v
+    cfg2 = cfg.model_copy(update={"num_layers": 2, "layer_types": ["full_attention", "sliding_attention"]})
+    (tmp_path / "mixed").mkdir()
+    write_vllm(cfg2, two, tmp_path / "mixed", dtype=torch.float32)
+    ck = read_checkpoint(tmp_path / "mixed")
+    assert ck.config.layer_types == ["full_attention", "sliding_attention"]
+    assert any(f.severity == "error" and "kv cache group" in f.message for f in ck.findings if f.code == "sliding_window")
