@@ -14,6 +14,7 @@ Generation = Literal["eagle2", "eagle3"]
 # Kimi K2: multi-head latent attention with q_lora/kv_lora projections, split nope/rope heads, interleaved rope).
 SUPPORTED_ARCHITECTURES = ("llama", "qwen3", "mla")
 MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
 class DrafterConfig(BaseModel):
@@ -60,6 +61,11 @@ class DrafterConfig(BaseModel):
     qk_nope_head_dim: int | None = Field(None, gt=0, description="MLA: per-head query/key width without rope")
     qk_rope_head_dim: int | None = Field(None, gt=0, description="MLA: per-head query/key rope width (the shared k_pe)")
     v_head_dim: int | None = Field(None, gt=0, description="MLA: per-head value width")
+    # Sliding-window draft layers (speculators >= 0.9's trainer default): vLLM's Llama / Qwen3 attention gives layer i
+    # ``per_layer_sliding_window = sliding_window`` when ``layer_types[i] == "sliding_attention"``; a query at
+    # position p then sees keys p-W+1..p. Both None = every layer attends to the whole context.
+    layer_types: list[str] | None = Field(None, description="per draft layer: full_attention or sliding_attention")
+    sliding_window: int | None = Field(None, gt=0, description="W, the window of the sliding_attention layers")
 
     @model_validator(mode="after")
     def _check(self) -> DrafterConfig:
@@ -85,6 +91,16 @@ class DrafterConfig(BaseModel):
                 raise ValueError("MLA: num_key_value_heads must equal num_attention_heads (every head has its own keys)")
             if self.norm_before_fc or self.attention_bias:
                 raise ValueError("vLLM's DeepSeek EAGLE-3 drafter has no norm_before_fc (input_norm) and no attention biases")
+        if (self.layer_types is None) != (self.sliding_window is None):
+            raise ValueError("layer_types and sliding_window are set together (both None: no sliding-window layer)")
+        if self.layer_types is not None:
+            if len(self.layer_types) != self.num_layers:
+                raise ValueError(f"layer_types has {len(self.layer_types)} entries but num_layers={self.num_layers}")
+            bad = sorted({t for t in self.layer_types if t not in LAYER_TYPES})
+            if bad:
+                raise ValueError(f"layer_types {bad}: only {', '.join(LAYER_TYPES)}")
+            if self.mla:
+                raise ValueError("vLLM's DeepSeek EAGLE-3 drafter has no sliding-window attention")
         if self.fc_norm and self.norm_before_fc:
             # vLLM accepts both (input_norm first); speculators forbids it. We accept and apply in vLLM's order.
             pass
@@ -94,6 +110,12 @@ class DrafterConfig(BaseModel):
     def supported_architecture(self) -> bool:
         """The family has a layer in drafter/model.py and a vLLM writer (SUPPORTED_ARCHITECTURES)."""
         return self.architecture in SUPPORTED_ARCHITECTURES
+
+    def layer_window(self, i: int) -> int | None:
+        """The sliding window of draft layer ``i`` (None: full attention), as vLLM's attention applies it."""
+        if self.layer_types is None or self.layer_types[i] != "sliding_attention":
+            return None
+        return self.sliding_window
 
     @property
     def qk_norm(self) -> bool:
@@ -135,6 +157,39 @@ class DrafterConfig(BaseModel):
         from ..aux_ids import vllm_default_aux_ids
 
         return vllm_default_aux_ids(num_target_layers)
+
+
+def attention_windows_of(flat: dict[str, Any], architecture: str, num_layers: int) -> tuple[list[str] | None, int | None, str | None]:
+    """``(layer_types, sliding_window, problem)`` of a drafter's decoder-layer config dict as vLLM 0.32 runs it.
+
+    Llama (``models/llama.py`` LlamaAttention; LlamaConfig keeps the keys as given, ``use_sliding_window`` unread):
+    draft layer i is sliding when ``layer_types[i] == "sliding_attention"``, with ``sliding_window``; a list shorter
+    than the layers fails vLLM's assert. Qwen3 (``qwen3_eagle3.py``; Qwen3Config sets ``sliding_window = None`` unless
+    ``use_sliding_window`` and, without ``layer_types``, makes layers i >= ``max_window_layers`` (28) sliding; entries
+    past the list are full). MLA: vLLM's DeepSeek attention has no window. ``sliding_window`` 0 disables it (vLLM).
+    Both None when no layer is sliding; ``problem`` says why a window in the config does not act (or cannot be read).
+    """
+    types, window = flat.get("layer_types"), flat.get("sliding_window")
+    if architecture == "qwen3":
+        if flat.get("use_sliding_window") is not True:
+            window = None
+        if types is None and window is not None:
+            mwl = flat.get("max_window_layers", 28)
+            types = ["sliding_attention" if isinstance(mwl, int) and i >= mwl else "full_attention" for i in range(num_layers)]
+    if not isinstance(types, list) or "sliding_attention" not in types[:num_layers]:
+        return None, None, None
+    if window is None or window == 0:
+        return None, None, None
+    if not isinstance(window, int) or isinstance(window, bool) or window < 0:
+        return None, None, f"sliding_window={window!r} is not a positive integer"
+    if architecture == "mla":
+        return None, None, "vLLM's DeepSeek EAGLE-3 drafter ignores layer_types / sliding_window (full attention)"
+    if len(types) < num_layers:
+        if architecture == "llama":
+            return None, None, f"layer_types has {len(types)} entries for {num_layers} layers: vLLM's Llama drafter fails to load"
+        types = list(types) + ["full_attention"] * (num_layers - len(types))
+    types = [t if t == "sliding_attention" else "full_attention" for t in types[:num_layers]]
+    return types, window, None
 
 
 def rope_parameters_of(rope_scaling: dict[str, Any] | None, rope_theta: float, max_position_embeddings: int) -> dict:

@@ -427,6 +427,27 @@ class EagleDrafter(nn.Module):
         return self.lm_head(h_post)
 
     # ----- one forward ---------------------------------------------------------------------------------------
+    def _masks(self, t: int, past: int, extra: int, always: bool, device: torch.device) -> list[torch.Tensor | None]:
+        """Per layer, the [1, 1, T, S] attend-mask of T new queries over S = extra + past + T keys (None: attend to
+        every key, the one-query step). Causal; on a sliding-window layer (``cfg.layer_window``) a query at key index
+        q sees keys q-W+1..q, as vLLM's attention backends run ``sliding_window`` W (window (W-1, 0)); key indices are
+        positions less the first one, the cache holding one entry per position from there."""
+        s = extra + past + t
+        q_idx = torch.arange(t, device=device).unsqueeze(1) + past + extra
+        k_idx = torch.arange(s, device=device).unsqueeze(0)
+        causal = (k_idx <= q_idx)[None, None] if t > 1 or always else None
+        out: list[torch.Tensor | None] = []
+        windowed: dict[int, torch.Tensor] = {}
+        for i in range(len(self.layers)):
+            w = self.cfg.layer_window(i)
+            if w is None or s <= w:  # the last query (index s-1) sees all s keys: the window hides nothing
+                out.append(causal)
+                continue
+            if w not in windowed:
+                windowed[w] = ((k_idx <= q_idx) & (k_idx > q_idx - w))[None, None]
+            out.append(windowed[w])
+        return out
+
     def forward_step(
         self,
         input_ids: torch.Tensor,
@@ -440,20 +461,17 @@ class EagleDrafter(nn.Module):
         """Run the decoder over T positions.
 
         ``hidden`` is g (= ``combine(aux)``) at step 0 or the fed-back state at later steps. With ``cache`` the
-        keys/values are appended and every query sees the whole cache (causal inside the new block); ``mask``
-        ([B or 1, 1, T, S] bool, True = attend) overrides that. ``extra_kv`` are keys/values placed before the
+        keys/values are appended and every query sees the whole cache (causal inside the new block), or on a
+        sliding-window layer only its last W keys (:meth:`_masks`); ``mask`` ([B or 1, 1, T, S] bool, True = attend)
+        overrides that for every layer (no window is added to it). ``extra_kv`` are keys/values placed before the
         cache/new ones (used by the unrolled training forward).
         """
         embeds = self.embed_tokens(input_ids).to(hidden.dtype)
         cos, sin = self.rope(positions, hidden.dtype)
+        masks = [mask] * len(self.layers)
         if mask is None:
-            past = cache.length if cache is not None else 0
-            t = input_ids.shape[1]
-            if t > 1 or extra_kv is not None:
-                extra = extra_kv[0][0].shape[2] if extra_kv else 0
-                s = extra + past + t
-                q_idx = torch.arange(t, device=hidden.device).unsqueeze(1) + past + extra
-                mask = (torch.arange(s, device=hidden.device).unsqueeze(0) <= q_idx)[None, None]
+            masks = self._masks(input_ids.shape[1], cache.length if cache is not None else 0,
+                                extra_kv[0][0].shape[2] if extra_kv else 0, extra_kv is not None, hidden.device)
         probs_all: list[torch.Tensor] = []
         new_kv: list[tuple[torch.Tensor, torch.Tensor]] = []
         out = hidden
@@ -468,7 +486,7 @@ class EagleDrafter(nn.Module):
                 residual = out + residual
                 x = layer.input_layernorm(residual)
             a, p, kv = layer.self_attn(
-                x, cos, sin, mask, cache, i, want_probs, extra_kv[i] if extra_kv is not None else None
+                x, cos, sin, masks[i], cache, i, want_probs, extra_kv[i] if extra_kv is not None else None
             )
             new_kv.append(kv)
             if p is not None:

@@ -21,7 +21,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ..drafter.config import DrafterConfig, mla_rope_type_of, rope_parameters_of
+from ..drafter.config import (
+    DrafterConfig,
+    attention_windows_of,
+    mla_rope_type_of,
+    rope_parameters_of,
+)
 from ..errors import CheckpointError
 from .base import Checkpoint, Finding
 from .io import TensorInfo, TensorStore
@@ -678,6 +683,22 @@ def derive(
         norm_before_fc = _mla_traps(flat, mla_sizes, aux_ids, norm_before_fc, input_norm is not None, lm is not None,
                                     vd, scaling, findings)
 
+    # sliding-window draft layers, as vLLM reads them for this family (carried into DrafterConfig)
+    layer_types, window, problem = attention_windows_of(flat, family, num_layers)
+    if problem:
+        sev = "warning" if family == "mla" else "error"  # MLA: our drafter does as vLLM does (no window)
+        findings.append(finding(sev, "sliding_window", f"layer_types / sliding_window not applied: {problem}"))
+    elif window is not None:
+        layers = [i for i, t in enumerate(layer_types) if t == "sliding_attention"]
+        if len(layers) < num_layers:  # llm_base_proposer.validate_same_kv_cache_group
+            findings.append(finding("error", "sliding_window", f"draft layer(s) {layers} are sliding-window and the "
+                                    "others full attention: vLLM 0.32 refuses to load such a drafter ('All drafting "
+                                    "layers should belong to the same kv cache group')"))
+        findings.append(finding("info", "sliding_window", f"draft layer(s) {layers} use sliding-window attention of "
+                                f"{window} tokens (a query sees the last {window} positions; speculators' trainer "
+                                "default is 2048), as vLLM serves them: carried by eagle-migrate's drafter and "
+                                "written into every layout it converts to"))
+
     try:
         cfg = DrafterConfig(
             generation=generation,
@@ -705,6 +726,8 @@ def derive(
             has_lm_head=lm is not None,
             has_embed_tokens=emb is not None,
             architecture=family,
+            layer_types=layer_types,
+            sliding_window=window,
             **mla_sizes,
         )
     except ValidationError as e:

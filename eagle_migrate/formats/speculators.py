@@ -95,32 +95,7 @@ def _read(p: Probe) -> Checkpoint:
     if cfg.get("transformer_layer_config") is None:
         ck.findings.append(finding("error", "speculators_config_invalid", "no transformer_layer_config: vLLM rejects it"))
     ck.meta["verifier"] = (sc or {}).get("verifier") if isinstance(sc, dict) else None
-    sliding = _sliding_window(cfg.get("transformer_layer_config"))
-    if sliding is not None:
-        window, layers = sliding
-        ck.meta["sliding_window"] = {"window": window, "layers": layers}
-        limit = ck.config.max_position_embeddings
-        reach = "" if window < limit else f" (no effect while max_position_embeddings is {limit})"
-        ck.findings.append(finding(
-            "warning" if window < limit else "info", "sliding_window",
-            f"draft layer(s) {layers} use sliding-window attention of {window} tokens "
-            f"(transformer_layer_config.layer_types, speculators' train default){reach}: vLLM serves them that "
-            "way, but eagle-migrate's drafter and the layouts it writes attend to the whole context, so a "
-            f"converted drafter drafts differently once a context exceeds {window} tokens"))
     return ck
-
-
-def _sliding_window(tlc: Any) -> tuple[int, list[int]] | None:
-    """(window, draft layers) when ``transformer_layer_config`` makes draft layers sliding-window, as vLLM reads it
-    (``models/llama.py``: ``layer_types[i] == "sliding_attention"`` -> ``per_layer_sliding_window=sliding_window``);
-    speculators >= 0.9's trainer writes every draft layer that way by default (``--sliding-window 2048``)."""
-    if not isinstance(tlc, dict):
-        return None
-    types, window = tlc.get("layer_types"), tlc.get("sliding_window")
-    if not isinstance(types, list) or not isinstance(window, int) or isinstance(window, bool) or window <= 0:
-        return None
-    layers = [i for i, t in enumerate(types) if t == "sliding_attention"]
-    return (window, layers) if layers else None
 
 
 SPECULATORS = register_layout(Layout("speculators", "speculators", _sniff, _read, "vllm-project/speculators EAGLE-3 (speculators_model_type: eagle3)"))

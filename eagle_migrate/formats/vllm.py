@@ -74,7 +74,7 @@ def llama_layer_config(cfg: DrafterConfig) -> dict[str, Any]:
             "max_position_embeddings": cfg.max_position_embeddings,
             "vocab_size": cfg.vocab_size,
         }
-    return {
+    d = {
         "model_type": FAMILY_MODEL_TYPE[_family(cfg)],
         "hidden_size": cfg.hidden_size,
         "intermediate_size": cfg.intermediate_size,
@@ -89,6 +89,11 @@ def llama_layer_config(cfg: DrafterConfig) -> dict[str, Any]:
         "max_position_embeddings": cfg.max_position_embeddings,
         "vocab_size": cfg.vocab_size,
     }
+    if cfg.layer_types is not None:  # sliding-window layers, read back by drafter/config.py attention_windows_of
+        # vLLM's Llama layer reads layer_types + sliding_window as given; Qwen3Config keeps sliding_window only
+        # with use_sliding_window (and then takes layer_types over max_window_layers)
+        d.update(layer_types=list(cfg.layer_types), sliding_window=cfg.sliding_window, use_sliding_window=True)
+    return d
 
 
 def vllm_config_dict(cfg: DrafterConfig, extra: dict[str, Any] | None = None) -> dict[str, Any]:

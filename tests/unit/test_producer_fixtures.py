@@ -171,22 +171,49 @@ def test_vocab_maps_as_the_producer_stored_them(name):
         assert not d2t.any()
 
 
-def test_speculators_sliding_window_is_reported_where_it_acts(tmp_path):
-    """speculators' trainer makes every draft layer sliding-window (2048); vLLM honours it, we do not carry it:
-    a warning once the window is shorter than the drafter's positions (the fixture's 1024 leaves it an info)."""
-    r = inspect_checkpoint(FIXTURES / "speculators-llama")
-    f = next(f for f in r.findings if f.code == "sliding_window")
-    assert f.severity == "info" and "2048" in f.message
-    src = tmp_path / "long"
+def test_speculators_sliding_window_is_read_and_carried(tmp_path):
+    """speculators' trainer makes every draft layer sliding-window (2048) and vLLM honours it: the reader carries the
+    window into DrafterConfig (an info finding says so); all-full layer_types mean no window; a layer_types list
+    shorter than the layers (vLLM's Llama drafter asserts) is an error."""
+    for name in ("speculators-llama", "speculators-qwen3"):
+        r = inspect_checkpoint(FIXTURES / name)
+        f = next(f for f in r.findings if f.code == "sliding_window")
+        assert f.severity == "info" and "2048" in f.message and "carried" in f.message
+        ck = read_checkpoint(FIXTURES / name)
+        assert (ck.config.layer_types, ck.config.sliding_window) == (["sliding_attention"], 2048)
+        assert ck.config.layer_window(0) == 2048
+    src = tmp_path / "cfg"
     shutil.copytree(FIXTURES / "speculators-llama", src)
     cfg = json.loads((src / "config.json").read_text())
-    cfg["transformer_layer_config"]["max_position_embeddings"] = 8192
-    (src / "config.json").write_text(json.dumps(cfg))
-    f = next(f for f in inspect_checkpoint(src).findings if f.code == "sliding_window")
-    assert f.severity == "warning"
     cfg["transformer_layer_config"]["layer_types"] = ["full_attention"]
     (src / "config.json").write_text(json.dumps(cfg))
     assert "sliding_window" not in {f.code for f in inspect_checkpoint(src).findings}
+    assert read_checkpoint(src).config.sliding_window is None
+    cfg["transformer_layer_config"]["layer_types"] = []
+    cfg["transformer_layer_config"]["sliding_window"] = 16
+    (src / "config.json").write_text(json.dumps(cfg))
+    assert read_checkpoint(src).config.sliding_window is None  # an empty list: no layer is sliding
+    # Qwen3Config drops the window unless use_sliding_window is true
+    src = tmp_path / "qwen"
+    shutil.copytree(FIXTURES / "speculators-qwen3", src)
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["transformer_layer_config"]["use_sliding_window"] = False
+    (src / "config.json").write_text(json.dumps(cfg))
+    assert read_checkpoint(src).config.sliding_window is None
+
+
+@pytest.mark.parametrize("name", ["speculators-llama", "speculators-qwen3"])
+def test_convert_keeps_the_sliding_window(name, targets, tmp_path):
+    """The converted drafter's config.json keeps layer_types / sliding_window (vLLM then serves the window the
+    source was trained and served with), and reading it back gives the same DrafterConfig window."""
+    e = EXPECTED[name]
+    convert(FIXTURES / name, str(targets[e["target"]]), tmp_path / "out", num_sequences=4, calibrate=False,
+            command="test", aux_ids_convention=e["convention"])
+    out = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert out["layer_types"] == ["sliding_attention"] and out["sliding_window"] == 2048
+    assert out["use_sliding_window"] is True  # Qwen3Config keeps the window only with it
+    b = read_checkpoint(tmp_path / "out")
+    assert (b.config.layer_types, b.config.sliding_window) == (["sliding_attention"], 2048)
 
 
 def test_speculators_convert_output_without_fc_norm_weights_is_refused(targets, tmp_path):
