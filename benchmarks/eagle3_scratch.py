@@ -26,7 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from eagle_migrate import assets
-from eagle_migrate.data import iter_sharegpt
+from eagle_migrate.corpora import iter_sharegpt
 from eagle_migrate.drafter import DrafterConfig, EagleDrafter
 
 ROLE = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt": "assistant", "bard": "assistant",

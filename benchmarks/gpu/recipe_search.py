@@ -19,9 +19,9 @@ recipe that closes the gap (what trains, calibration sequence length, data mix, 
 
 Data mixes (token-id JSONL files written to ``--work``; seeds apart from the drift curve's seed 0):
 ``sharegpt`` whole conversations (native template); ``long``: long documents cut to the sequence length (Python
-language reference, standard-library sources, packed multi-turn ShareGPT conversations: data.LONG_KINDS);
+language reference, standard-library sources, packed multi-turn ShareGPT conversations: corpora.LONG_KINDS);
 ``template``: ShareGPT conversations rendered whole under the other templates / system prompts of
-data.SHIFT_VARIANTS; ``mix``: a third of each.
+corpora.SHIFT_VARIANTS; ``mix``: a third of each.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch
 from common import log, missing_on_device, reshard
 
-from eagle_migrate import assets, data
+from eagle_migrate import assets, corpora
 
 # name: (train, seq_len, data mix, k, steps, sequences), in the order they run (a budget of ~5 minutes on one GPU
 # reaches the first two or three after `convert`'s defaults, which are close to norms on 512-token ShareGPT)
@@ -73,16 +73,16 @@ def write_mix(kind: str, tok, info, seq_len: int, n: int, work: Path) -> Path:
     per = -(-n // len(parts))
     for p in parts:
         if p == "sharegpt":
-            out += data.calibration_sequences("sharegpt", tok, info.vocab_size, per, seq_len, seed=DATA_SEED)
+            out += corpora.calibration_sequences("sharegpt", tok, info.vocab_size, per, seq_len, seed=DATA_SEED)
         elif p == "long":
-            s = data.suite("long", tok, info, num_prompts=per, max_tokens=1, seed=DATA_SEED, max_model_len=seq_len + 2,
-                           long_buckets=(seq_len,), long_kinds=data.LONG_KINDS)
+            s = corpora.suite("long", tok, info, num_prompts=per, max_tokens=1, seed=DATA_SEED, max_model_len=seq_len + 2,
+                           long_buckets=(seq_len,), long_kinds=corpora.LONG_KINDS)
             out += s.prompts
         elif p == "template":
-            convs = data.load_conversations("sharegpt", limit=per, seed=DATA_SEED + 1)
+            convs = corpora.load_conversations("sharegpt", limit=per, seed=DATA_SEED + 1)
             for i, c in enumerate(convs):
-                _, tmpl, sysp = data.SHIFT_VARIANTS[i % len(data.SHIFT_VARIANTS)]
-                ids = data.render(c, tok, template_variant=tmpl, system_prompt=sysp, whole=c.ends_with_reply)
+                _, tmpl, sysp = corpora.SHIFT_VARIANTS[i % len(corpora.SHIFT_VARIANTS)]
+                ids = corpora.render(c, tok, template_variant=tmpl, system_prompt=sysp, whole=c.ends_with_reply)
                 if len(ids) >= 64:
                     out.append(ids[:seq_len])
         else:

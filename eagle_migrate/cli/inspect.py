@@ -26,7 +26,7 @@ def inspect(ckpt: CheckpointArg, target: TargetOpt = None, deep: DeepOpt = False
 
     Example: eagle-migrate inspect ./EAGLE3-LLaMA3.1-Instruct-8B --target meta-llama/Llama-3.1-8B-Instruct
     """
-    from ..inspect import inspect_checkpoint
+    from ..inspection import inspect_checkpoint
 
     report = inspect_checkpoint(ckpt, target=target, deep=deep, device=device,
                                 aux_ids_convention=aux_ids_convention)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-from ..data import calibration_sequences, random_sequences
+from ..corpora import calibration_sequences, random_sequences
 from ..hidden_states import HiddenRecord, count_hidden_states, iter_hidden_states
 from ..target import LazyTarget
 
@@ -18,9 +18,9 @@ STATS_MAX_SEQUENCES = 256
 
 
 def sequences_for(data: str | None, target: LazyTarget, num_sequences: int, seed: int, max_length: int) -> list[list[int]]:
-    """Token-id sequences to estimate statistics on: :func:`eagle_migrate.data.calibration_sequences` with the
+    """Token-id sequences to estimate statistics on: :func:`eagle_migrate.corpora.calibration_sequences` with the
     target's tokenizer. No ``--data`` and a tokenizer-less (toy) target: random token sequences
-    (:func:`eagle_migrate.data.random_sequences`, at most 64 tokens) instead of byte-rendered text."""
+    (:func:`eagle_migrate.corpora.random_sequences`, at most 64 tokens) instead of byte-rendered text."""
     tok = target.tokenizer
     if data is None and tok is None:
         return random_sequences(target.info.vocab_size, num_sequences, min(max_length, 64), seed)

@@ -1,5 +1,5 @@
 """Activation ranges for the static schemes: max |input| of each quantized Linear while the drafter drafts as vLLM
-runs it, fed by the target's aux hidden states, on the calibration sequences of ``data.calibration_sequences``.
+runs it, fed by the target's aux hidden states, on the calibration sequences of ``corpora.calibration_sequences``.
 
 Imports: torch, pydantic, ``errors``, ``data``, ``drafter`` (model, load), ``target`` (lazily).
 """
@@ -92,8 +92,8 @@ def activation_ranges(cfg: DrafterConfig, sd: dict[str, torch.Tensor], target, d
                       num_sequences: int, max_len: int, progress: Callable[[str], None] | None = None
                       ) -> tuple[dict[str, float], CalibrationReport]:
     """The calibrated max |input| of each Linear in ``prefixes`` (``target``: a loaded ``target.Target``; ``data``:
-    any source ``data.calibration_sequences`` reads, None = the built-in chat set) and what it was measured on."""
-    from ..data import calibration_sequences
+    any source ``corpora.calibration_sequences`` reads, None = the built-in chat set) and what it was measured on."""
+    from ..corpora import calibration_sequences
     from ..drafter.load import build_drafter
 
     seqs = calibration_sequences(data, getattr(target, "tokenizer", None), target.info.vocab_size, num_sequences, max_len)

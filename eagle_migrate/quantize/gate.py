@@ -84,7 +84,7 @@ def max_model_len(target_spec: str, cap: int = 2048) -> int:
 
 def default_suites(target_spec: str, target=None, *, names: tuple[str, ...] = ("chat", "code"), num_prompts: int = 8,
                    max_tokens: int = 64, max_model_len: int | None = None) -> dict[str, dict[str, Any]]:
-    """Acceptance prompts when none are given: small versions of the validate suites (``eagle_migrate.data``), with
+    """Acceptance prompts when none are given: small versions of the validate suites (``eagle_migrate.corpora``), with
     the loaded target's tokenizer (else the target's own, as validate loads it)."""
     from .. import data as data_mod
     from ..target import target_info

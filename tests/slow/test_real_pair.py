@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from eagle_migrate import assets
-from eagle_migrate.data import iter_sharegpt
+from eagle_migrate.corpora import iter_sharegpt
 
 from ..conftest import requires_vllm
 

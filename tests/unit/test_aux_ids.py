@@ -16,7 +16,7 @@ from eagle_migrate import aux_ids as A
 from eagle_migrate.convert import convert, default_aux_ids
 from eagle_migrate.errors import PairingError
 from eagle_migrate.formats import read_checkpoint
-from eagle_migrate.inspect import inspect_checkpoint
+from eagle_migrate.inspection import inspect_checkpoint
 
 from .. import aux_world as W
 from ..layouts import AUX_DECIDED_BY, write_layout

@@ -141,7 +141,7 @@ def test_default_data_keeps_every_template_variant_when_capped():
     the cap drops requests, not variants."""
     from types import SimpleNamespace
 
-    from eagle_migrate import data as dm
+    from eagle_migrate import corpora as dm
     from eagle_migrate.calibrate import default_data
 
     tgt = SimpleNamespace(tokenizer=None, info=SimpleNamespace(vocab_size=64, max_position_embeddings=1024))
@@ -224,7 +224,7 @@ def test_default_held_out_prompts_are_distinct(monkeypatch):
     judge never scores the same positions twice (that would understate its standard errors)."""
     from types import SimpleNamespace
 
-    from eagle_migrate import data as dm
+    from eagle_migrate import corpora as dm
     from eagle_migrate.calibrate import default_data
 
     monkeypatch.setattr(dm, "sharegpt_file", lambda fetch=False: None)  # as on a machine without the wheel

@@ -27,10 +27,10 @@ def dc():
 @pytest.fixture(autouse=True)
 def offline_sets(monkeypatch):
     """Prompt sets must not depend on what happens to be cached on this machine (ShareGPT, HumanEval)."""
-    from eagle_migrate import data
+    from eagle_migrate import corpora
 
-    monkeypatch.setattr(data, "sharegpt_file", lambda fetch=False: None)
-    monkeypatch.setattr(data, "humaneval_file", lambda fetch=False: None)
+    monkeypatch.setattr(corpora, "sharegpt_file", lambda fetch=False: None)
+    monkeypatch.setattr(corpora, "humaneval_file", lambda fetch=False: None)
 
 
 def _request(rng: random.Random, p: float, k: int, steps: int, js: list[int] | None = None):

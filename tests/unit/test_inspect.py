@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from eagle_migrate import toy
 from eagle_migrate.formats.io import write_json
-from eagle_migrate.inspect import InspectReport, inspect_checkpoint
+from eagle_migrate.inspection import InspectReport, inspect_checkpoint
 
 from ..layouts import AUX_CONVENTION, AUX_DECIDED_BY, EXPECTED, LAYOUT_NAMES, canonical_state_dict, write_layout
 from .test_formats import BIG, NO_BIG
@@ -308,7 +308,7 @@ def test_inspect_reads_headers_and_small_tensors_only(tmp_path, monkeypatch):
 
     for method in ("get", "mapped", "array"):  # every way to read tensor values (array: numpy, no torch)
         monkeypatch.setattr(TensorStore, method, spying(getattr(TensorStore, method)))
-    monkeypatch.setattr("eagle_migrate.inspect.SMALL_NUMEL", 1000)
+    monkeypatch.setattr("eagle_migrate.inspection.SMALL_NUMEL", 1000)
     inspect_checkpoint(p)
     big = {"midlayer.self_attn.q_proj.weight", "fc.weight", "midlayer.mlp.gate_proj.weight", "lm_head.weight"}
     assert read and not (set(read) & big), read

@@ -15,9 +15,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 LIBRARY = ("eagle_migrate.convert", "eagle_migrate.migrate", "eagle_migrate.quantize", "eagle_migrate.validate.api",
-           "eagle_migrate.calibrate", "eagle_migrate.publish", "eagle_migrate.inspect", "eagle_migrate.formats",
+           "eagle_migrate.calibrate", "eagle_migrate.publish", "eagle_migrate.inspection", "eagle_migrate.formats",
            "eagle_migrate.aux_ids", "eagle_migrate.devices", "eagle_migrate.pipeline", "eagle_migrate.demo",
-           "eagle_migrate.data", "eagle_migrate.assets", "eagle_migrate.train", "eagle_migrate.stats")
+           "eagle_migrate.corpora", "eagle_migrate.assets", "eagle_migrate.train", "eagle_migrate.stats")
 
 
 def _python(code: str, *args: str) -> subprocess.CompletedProcess:
@@ -148,7 +148,7 @@ def test_no_module_level_import_cycle():
 
 @pytest.mark.parametrize("modules", [
     "eagle_migrate.formats.",  # was common -> vllm -> write -> speculators -> common (write_vllm lived in vllm.py)
-    ("eagle_migrate.data", "eagle_migrate.assets"),  # was data <-> assets through data._iter_json_list
+    ("eagle_migrate.corpora", "eagle_migrate.assets"),  # was data <-> assets through data._iter_json_list
 ])
 def test_no_import_cycle_even_through_function_level_imports(modules):
     graph = _import_graph(lazy=True)

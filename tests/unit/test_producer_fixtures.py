@@ -20,7 +20,7 @@ from eagle_migrate import toy
 from eagle_migrate.convert import convert
 from eagle_migrate.errors import CheckpointError
 from eagle_migrate.formats import read_checkpoint
-from eagle_migrate.inspect import inspect_checkpoint
+from eagle_migrate.inspection import inspect_checkpoint
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "producers"
 

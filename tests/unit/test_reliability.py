@@ -274,7 +274,7 @@ class _NS(dict):
 def fake_stages(monkeypatch):
     """The five library functions replaced by recorders (the pipeline wiring is what is under test)."""
     import eagle_migrate.convert as c
-    import eagle_migrate.inspect as i
+    import eagle_migrate.inspection as i
     import eagle_migrate.publish as p
     import eagle_migrate.quantize as q
     import eagle_migrate.validate.api as v

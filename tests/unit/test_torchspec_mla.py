@@ -28,7 +28,7 @@ import torch
 from eagle_migrate import toy
 from eagle_migrate.formats import read_checkpoint
 from eagle_migrate.formats.io import save_safetensors, write_json
-from eagle_migrate.inspect import inspect_checkpoint
+from eagle_migrate.inspection import inspect_checkpoint
 
 VERSION = "0.3.0"
 KIMI_YARN = {"type": "yarn", "factor": 32.0, "original_max_position_embeddings": 32, "beta_fast": 32, "beta_slow": 1,

@@ -62,7 +62,7 @@ def test_each_trap_is_reported_once_with_a_target(tmp_path, toy_target, layout):
     """Reader and pairing each own their traps: with a target nothing is reported twice (inspect no longer drops
     repeated findings afterwards). SafeAILab's all-zero d2t with Vd = V is d2t_with_full_vocab exactly once."""
     from eagle_migrate import toy
-    from eagle_migrate.inspect import inspect_checkpoint
+    from eagle_migrate.inspection import inspect_checkpoint
 
     from ..layouts import write_layout
 

