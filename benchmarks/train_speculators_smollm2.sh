@@ -10,7 +10,9 @@
 # draft vocabulary, default 400), HS_LIMIT (the first rows that get hidden states and are trained on, default 200),
 # EPOCHS (default 3), LR (default 1e-3, speculators' default), PLAIN (1: a plain EAGLE-3 drafter, --no-norm-before-fc
 # --no-norm-output; default 0: speculators 0.9.0's eagle3 defaults, norm_before_fc + norm_output, which
-# eagle-migrate reads as EAGLE-3.1 and converts as a passthrough), STAGE (start at:
+# eagle-migrate reads as EAGLE-3.1 and converts as a passthrough), MAX_STEPS (speculators' --max-steps: stop after
+# that many optimizer steps, with --scheduler-total-steps SCHED_STEPS, default 537 = 3 epochs x 179 steps, so the
+# learning rate follows the full run's schedule up to the stop; default: all steps), STAGE (start at:
 # venv | data | hidden | subset | train | convert | measure).
 #
 # Wall time on this 2-core box: data + prepare-data about 1 min idle (5.7 min under a load average of 10); hidden
@@ -43,6 +45,7 @@ N=${N:-400}
 START=${START:-5000}  # ShareGPT records from here: the validate chat suite samples from the first 3,000
 HS_LIMIT=${HS_LIMIT:-200}
 PLAIN=${PLAIN:-0}
+MAX_STEPS=${MAX_STEPS:-}
 EPOCHS=${EPOCHS:-3}
 LR=${LR:-1e-3}
 STAGE=${STAGE:-venv}
@@ -50,6 +53,7 @@ mkdir -p "$W"
 W=$(cd "$W" && pwd)
 export TOKENIZERS_PARALLELISM=false
 if [ "$PLAIN" = 1 ]; then FLAGS=(--no-norm-before-fc --no-norm-output); CK=checkpoints-plain; else FLAGS=(); CK=checkpoints; fi
+if [ -n "$MAX_STEPS" ]; then FLAGS+=(--max-steps "$MAX_STEPS" --scheduler-total-steps "${SCHED_STEPS:-537}"); fi
 TARGET=$("$EM_PY" -c "from eagle_migrate import assets; print(assets.smollm2_target())")
 at() { case "$STAGE" in venv) return 0;; data) [[ $1 != venv ]];; hidden) [[ $1 =~ ^(hidden|subset|train|convert|measure)$ ]];;
        subset) [[ $1 =~ ^(subset|train|convert|measure)$ ]];; train) [[ $1 =~ ^(train|convert|measure)$ ]];; convert) [[ $1 =~ ^(convert|measure)$ ]];; measure) [[ $1 == measure ]];; esac; }
@@ -83,8 +87,9 @@ if at train; then
     --draft-attn-impl sdpa --total-seq-len 256 --hidden-states-dtype float32 --num-workers 0 --ttt-steps 3 --loss-implementation eager \
     --lr "$LR" --epochs "$EPOCHS" --save-path "$CK" --no-resume-from-checkpoint)
 fi
-# the last epoch's checkpoint (CK/0, CK/1, CK/2, ...; not checkpoint_best or epochN_end) is the source drafter
-SRC=$(ls -d "$W/$CK"/[0-9]*/ 2>/dev/null | sort -V | tail -1 || true)
+# the last epoch's checkpoint (CK/0, CK/1, CK/2, ...; not checkpoint_best or epochN_end) is the source drafter;
+# a run stopped by SIGTERM saves CK/interrupted: the newest of those folders is the source
+SRC=$(ls -td "$W/$CK"/[0-9]*/ "$W/$CK"/interrupted/ 2>/dev/null | head -1 || true)
 OUTS="$W/out-$CK"
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 if at convert; then
