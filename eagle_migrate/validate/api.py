@@ -153,7 +153,7 @@ def validate(
     float32 on CPU (both engines agree bit for bit there), the model's own on GPU. With ``check`` a failed gate raises
     :class:`CheckFailed` (after the report is written); otherwise ``report.passed`` says it.
     """
-    from .. import data as data_mod
+    from .. import corpora as data_mod
     from ..target import target_info
 
     t_start = time.perf_counter()
