@@ -86,7 +86,7 @@ def default_suites(target_spec: str, target=None, *, names: tuple[str, ...] = ("
                    max_tokens: int = 64, max_model_len: int | None = None) -> dict[str, dict[str, Any]]:
     """Acceptance prompts when none are given: small versions of the validate suites (``eagle_migrate.corpora``), with
     the loaded target's tokenizer (else the target's own, as validate loads it)."""
-    from .. import data as data_mod
+    from .. import corpora as data_mod
     from ..target import target_info
     from ..validate.api import load_tokenizer
 

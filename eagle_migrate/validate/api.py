@@ -153,12 +153,72 @@ def validate(
     float32 on CPU (both engines agree bit for bit there), the model's own on GPU. With ``check`` a failed gate raises
     :class:`CheckFailed` (after the report is written); otherwise ``report.passed`` says it.
     """
-    from .. import data as data_mod
-    from ..target import target_info
-
     t_start = time.perf_counter()
     say = log or (lambda m: None)
     _quiet_transformers()
+    inp = _resolve_inputs(checkpoint, target, engine, baseline, max_regression_pct, k, report_dir, prompts_file,
+                          max_model_len, vllm_python)
+    built, jobs = _build_suites(inp, suites, prompts_file, num_prompts=num_prompts, max_tokens=max_tokens, seed=seed)
+    say("suites: " + ", ".join(f"{s.name} ({s.size} prompts)" for s in built))
+    drafters: list[str | None] = [inp.ckpt] + ([inp.baseline] if inp.baseline else []) + ([None] if speedup else [])
+    settings = {"num_speculative_tokens": k, "temperature": temperature, "seed": seed, "dtype": dtype,
+                "max_model_len": inp.mml, "tensor_parallel_size": tensor_parallel_size, "speedup": speedup}
+    say(f"engine: {inp.engine}; drafters: {len([d for d in drafters if d])}" + (" + target alone" if speedup else ""))
+    run = run_engine(inp.engine, target, drafters, jobs, k=k, temperature=temperature, seed=seed, dtype=dtype,
+                     max_model_len=inp.mml, tensor_parallel_size=tensor_parallel_size, vllm_python=vllm_python,
+                     skip_tokenizer_init=inp.tokenizer is None, device=device)
+    settings["dtype"] = run.dtype
+    new_r = run.results[0]
+    base_r = run.results[1] if inp.baseline else None
+    plain_r = run.results[-1] if speedup else None
+
+    suite_results = [_suite_result(s, jobs, new_r, base_r, plain_r) for s in built]
+    gates, failures = _apply_gates(suite_results, min_acceptance_length, max_regression_pct)
+    overall = {"new": round(_sum([new_r[x][0] for x in jobs]).acceptance_length, 4)}
+    if base_r is not None:
+        overall["baseline"] = round(_sum([base_r[x][0] for x in jobs]).acceptance_length, 4)
+    diag = None
+    if diagnostics:
+        diag = _diagnostics(target, run.target_obj, inp.ckpt, inp.baseline, built, jobs, new_r, k,
+                            diagnostic_sequences, say)
+
+    report = ValidationReport(
+        tool=f"eagle-migrate {__version__}", created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        checkpoint=inp.ckpt, weights_sha256=inp.weights_sha, baseline=inp.baseline, target=str(target),
+        engine=inp.engine, engine_version=run.engine_version, settings=settings, suites=suite_results,
+        overall=overall, gates=gates, passed=not failures, failures=failures, diagnostics=diag,
+    )
+    report.seconds = round(time.perf_counter() - t_start, 1)
+    if report_dir is not None:
+        write_report(report, Path(report_dir))
+    if check and not report.passed:
+        raise CheckFailed("; ".join(failures))
+    return report
+
+
+@dataclass
+class _Inputs:
+    """What :func:`validate` measures with, checked: the checkpoint (and its weights' hash), the baseline, the engine,
+    the target's config and tokenizer, and the context length the suites must fit."""
+
+    ckpt: str
+    baseline: str | None
+    engine: str
+    weights_sha: str
+    info: Any
+    tokenizer: Any
+    mml: int
+
+
+def _resolve_inputs(checkpoint: str | os.PathLike, target: str, engine: str, baseline: str | os.PathLike | None,
+                    max_regression_pct: float | None, k: int, report_dir: str | os.PathLike | None,
+                    prompts_file: str | os.PathLike | None, max_model_len: int | None,
+                    vllm_python: str | None) -> _Inputs:
+    """Step 1: check the inputs (InputError / EngineError before anything is loaded) and resolve engine, target
+    config, tokenizer and context length."""
+    from ..formats.io import check_no_overlap, open_checkpoint_path, sha256_files
+    from ..target import target_info
+
     ckpt = str(checkpoint)
     for p, what in ((ckpt, "checkpoint"), (str(baseline) if baseline else None, "baseline")):
         if p is not None and not Path(p).exists():
@@ -168,27 +228,29 @@ def validate(
     if k < 1:
         raise InputError("-k must be at least 1")
     eng = resolve_engine(engine, vllm_python)
-    from ..formats.io import open_checkpoint_path, sha256_files
-
     weights_sha = sha256_files(open_checkpoint_path(Path(ckpt))[1])  # what is measured; publish checks it
     if report_dir is not None:
-        from ..formats.io import check_no_overlap
-
         check_no_overlap(Path(report_dir), [ckpt, target, baseline, prompts_file], what="--report")
     info = target_info(target)
     tok = load_tokenizer(target)
+    mml = max_model_len or min(int(info.max_position_embeddings or 8192), 8192 if not _cuda_available() else 1 << 20)
+    return _Inputs(ckpt, str(baseline) if baseline else None, eng, weights_sha, info, tok, mml)
+
+
+def _build_suites(inp: _Inputs, suites: list[str] | tuple[str, ...] | None, prompts_file: str | os.PathLike | None,
+                  *, num_prompts: int | None, max_tokens: int | None, seed: int) -> tuple[list[Any], dict[str, dict[str, Any]]]:
+    """Step 2: the suites (corpora) and what the engines run: ``{job: {"prompts", "max_tokens"}}``, a grouped suite
+    as one job per group, so each group has its own counters."""
+    from .. import corpora
+
     names = list(suites) if suites else ([] if prompts_file else ["chat", "code", "long", "template-shift"])
     if prompts_file is not None:
         names.append("prompts")
     for n in names:
-        if n not in (*data_mod.SUITE_NAMES, "prompts"):
-            raise DataError(f"unknown suite '{n}'", f"choose from {', '.join(data_mod.SUITE_NAMES)} or pass --prompts FILE")
-    cuda = _cuda_available()
-    mml = max_model_len or min(int(info.max_position_embeddings or 8192), 8192 if not cuda else 1 << 20)
-    built = [data_mod.suite(n, tok, info, num_prompts=num_prompts, max_tokens=max_tokens, seed=seed, max_model_len=mml,
-                            prompts_file=prompts_file) for n in names]
-    say("suites: " + ", ".join(f"{s.name} ({s.size} prompts)" for s in built))
-    # what the engines run: grouped suites as one entry per group, so each group has its own counters
+        if n not in (*corpora.SUITE_NAMES, "prompts"):
+            raise DataError(f"unknown suite '{n}'", f"choose from {', '.join(corpora.SUITE_NAMES)} or pass --prompts FILE")
+    built = [corpora.suite(n, inp.tokenizer, inp.info, num_prompts=num_prompts, max_tokens=max_tokens, seed=seed,
+                           max_model_len=inp.mml, prompts_file=prompts_file) for n in names]
     jobs: dict[str, dict[str, Any]] = {}
     for s in built:
         if s.name in GROUPED_SUITES and s.groups:
@@ -196,49 +258,45 @@ def validate(
                 jobs[f"{s.name}/{g}"] = {"prompts": ps, "max_tokens": s.max_tokens}
         else:
             jobs[s.name] = {"prompts": s.prompts, "max_tokens": s.max_tokens}
-    drafters: list[str | None] = [ckpt] + ([str(baseline)] if baseline else []) + ([None] if speedup else [])
-    settings = {"num_speculative_tokens": k, "temperature": temperature, "seed": seed, "dtype": dtype,
-                "max_model_len": mml, "tensor_parallel_size": tensor_parallel_size, "speedup": speedup}
-    say(f"engine: {eng}; drafters: {len([d for d in drafters if d])}" + (" + target alone" if speedup else ""))
-    run = run_engine(eng, target, drafters, jobs, k=k, temperature=temperature, seed=seed, dtype=dtype,
-                     max_model_len=mml, tensor_parallel_size=tensor_parallel_size, vllm_python=vllm_python,
-                     skip_tokenizer_init=tok is None, device=device)
-    settings["dtype"] = run.dtype
-    results, engine_version, target_obj = run.results, run.engine_version, run.target_obj
-    new_r = results[0]
-    base_r = results[1] if baseline else None
-    plain_r = results[-1] if speedup else None
+    return built, jobs
 
-    suite_results: list[SuiteResult] = []
-    for s in built:
-        keys = [k_ for k_ in jobs if k_ == s.name or k_.startswith(s.name + "/")]
-        new_stats = _sum([new_r[x][0] for x in keys])
-        new_secs = sum(new_r[x][1]["seconds"] for x in keys)
-        res = SuiteResult(name=s.name, description=s.description, prompt_set=s.manifest(),
-                          new=Metrics.from_stats(new_stats, new_secs))
-        if base_r is not None:
-            bs = _sum([base_r[x][0] for x in keys])
-            res.baseline = Metrics.from_stats(bs, sum(base_r[x][1]["seconds"] for x in keys))
-            b_al = res.baseline.acceptance_length
-            res.regression_pct = round(100.0 * (b_al - res.new.acceptance_length) / b_al, 2) if b_al else None
-        if plain_r is not None:
-            ps = _sum([plain_r[x][0] for x in keys])
-            psecs = sum(plain_r[x][1]["seconds"] for x in keys)
-            if psecs > 0 and new_secs > 0 and ps.num_output_tokens:
-                res.speedup = round((new_stats.num_output_tokens / new_secs) / (ps.num_output_tokens / psecs), 3)
-        if len(keys) > 1 or (keys and keys[0] != s.name):
-            by_group = s.by_group()
-            for x in keys:
-                g = x.split("/", 1)[1]
-                ps_ = by_group[g]
-                gr = GroupResult(name=g, mean_prompt_tokens=sum(map(len, ps_)) / len(ps_),
-                                 new=Metrics.from_stats(new_r[x][0], new_r[x][1]["seconds"]))
-                if base_r is not None:
-                    gr.baseline = Metrics.from_stats(base_r[x][0], base_r[x][1]["seconds"])
-                res.groups.append(gr)
-        suite_results.append(res)
 
-    # gates
+def _suite_result(s: Any, jobs: dict[str, dict[str, Any]], new_r: dict, base_r: dict | None,
+                  plain_r: dict | None) -> SuiteResult:
+    """Step 3: one suite's metrics from the engines' counters: the new drafter, the baseline (and the regression),
+    the speed-up over the target alone, and per group for a grouped suite."""
+    keys = [k_ for k_ in jobs if k_ == s.name or k_.startswith(s.name + "/")]
+    new_stats = _sum([new_r[x][0] for x in keys])
+    new_secs = sum(new_r[x][1]["seconds"] for x in keys)
+    res = SuiteResult(name=s.name, description=s.description, prompt_set=s.manifest(),
+                      new=Metrics.from_stats(new_stats, new_secs))
+    if base_r is not None:
+        bs = _sum([base_r[x][0] for x in keys])
+        res.baseline = Metrics.from_stats(bs, sum(base_r[x][1]["seconds"] for x in keys))
+        b_al = res.baseline.acceptance_length
+        res.regression_pct = round(100.0 * (b_al - res.new.acceptance_length) / b_al, 2) if b_al else None
+    if plain_r is not None:
+        ps = _sum([plain_r[x][0] for x in keys])
+        psecs = sum(plain_r[x][1]["seconds"] for x in keys)
+        if psecs > 0 and new_secs > 0 and ps.num_output_tokens:
+            res.speedup = round((new_stats.num_output_tokens / new_secs) / (ps.num_output_tokens / psecs), 3)
+    if len(keys) > 1 or (keys and keys[0] != s.name):
+        by_group = s.by_group()
+        for x in keys:
+            g = x.split("/", 1)[1]
+            ps_ = by_group[g]
+            gr = GroupResult(name=g, mean_prompt_tokens=sum(map(len, ps_)) / len(ps_),
+                             new=Metrics.from_stats(new_r[x][0], new_r[x][1]["seconds"]))
+            if base_r is not None:
+                gr.baseline = Metrics.from_stats(base_r[x][0], base_r[x][1]["seconds"])
+            res.groups.append(gr)
+    return res
+
+
+def _apply_gates(suite_results: list[SuiteResult], min_acceptance_length: float | None,
+                 max_regression_pct: float | None) -> tuple[list[Gate], list[str]]:
+    """Step 4: the gates per suite (minimum AL, maximum regression against the baseline); marks each suite passed
+    or failed and returns (gates, failure lines)."""
     gates: list[Gate] = []
     for res in suite_results:
         if min_acceptance_length is not None:
@@ -256,28 +314,7 @@ def validate(
                                     f"(AL {res.new.acceptance_length:.3f} vs baseline "
                                     f"{res.baseline.acceptance_length if res.baseline else float('nan'):.3f})")
         res.passed = not res.failures
-    failures = [f"suite {r.name}: {'; '.join(r.failures)}" for r in suite_results if r.failures]
-    overall = {"new": round(_sum([new_r[x][0] for x in jobs]).acceptance_length, 4)}
-    if base_r is not None:
-        overall["baseline"] = round(_sum([base_r[x][0] for x in jobs]).acceptance_length, 4)
-
-    diag = None
-    if diagnostics:
-        diag = _diagnostics(target, target_obj, ckpt, str(baseline) if baseline else None, built, jobs, new_r, k,
-                            diagnostic_sequences, say)
-
-    report = ValidationReport(
-        tool=f"eagle-migrate {__version__}", created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        checkpoint=ckpt, weights_sha256=weights_sha, baseline=str(baseline) if baseline else None, target=str(target), engine=eng,
-        engine_version=engine_version, settings=settings, suites=suite_results, overall=overall, gates=gates,
-        passed=not failures, failures=failures, diagnostics=diag,
-    )
-    report.seconds = round(time.perf_counter() - t_start, 1)
-    if report_dir is not None:
-        write_report(report, Path(report_dir))
-    if check and not report.passed:
-        raise CheckFailed("; ".join(failures))
-    return report
+    return gates, [f"suite {r.name}: {'; '.join(r.failures)}" for r in suite_results if r.failures]
 
 
 def _quiet_transformers() -> None:

@@ -313,3 +313,20 @@ def test_long_kinds_are_real_text_round_robin_per_bucket(tok):
     assert set(corpora.suite("long", tok, INFO).sources) == {"pydoc"}
     with pytest.raises(DataError, match="long-context kind"):
         corpora.suite("long", tok, info, long_kinds=("filler",))
+
+
+def test_package_data_and_data_set_seams_after_the_split(tmp_path, monkeypatch, tok):
+    """corpora is a package now: its data folder is still eagle_migrate/data (the package data pyproject ships), and
+    a stub set on the package reaches the module that looks it up (the autouse fixture above relies on it)."""
+    from pathlib import Path
+
+    import eagle_migrate
+
+    assert corpora.DATA_DIR == Path(eagle_migrate.__file__).resolve().parent / "data"
+    assert (corpora.DATA_DIR / "chat.jsonl").is_file() and (corpora.DATA_DIR / "code.jsonl").is_file()
+    assert corpora.sources.sharegpt_file(False) is None and corpora.sources.humaneval_file(False) is None
+    he = tmp_path / "he.jsonl"
+    he.write_text(json.dumps({"task_id": "HumanEval/0", "prompt": "def f():\n"}) + "\n")
+    monkeypatch.setattr(corpora, "humaneval_file", lambda fetch=False: he)
+    s = corpora.suite("code", tok, INFO, num_prompts=1)
+    assert s.description == "coding requests (HumanEval)" and s.sources == ["humaneval"]

@@ -116,3 +116,18 @@ def test_help(capsys, monkeypatch):
     for opt in ("--engine", "--suite", "--prompts", "--baseline", "--min-acceptance-length", "--max-regression",
                 "--report", "--vllm-python", "--speedup", "--json", "Example"):
         assert opt in out
+
+
+def test_quantize_gate_default_suites_are_the_validate_suites(pair):
+    """quantize's acceptance gate builds its default prompts from corpora's suites (an import of the old
+    ``eagle_migrate.data`` module found the data folder instead and failed with AttributeError)."""
+    from eagle_migrate import corpora
+    from eagle_migrate.quantize.gate import default_suites
+    from eagle_migrate.target import target_info
+
+    target = str(pair["target"])
+    out = default_suites(target, names=("chat", "code"), num_prompts=3, max_tokens=8)
+    info = target_info(target)
+    expect = {n: corpora.suite(n, None, info, num_prompts=3, max_tokens=8) for n in ("chat", "code")}
+    assert out == {n: {"prompts": s.prompts, "max_tokens": 8} for n, s in expect.items()}
+    assert all(len(v["prompts"]) == 3 for v in out.values())

@@ -1,0 +1,81 @@
+"""Prompt sources -> conversations -> token ids, and the validation suites built from them. One module per job:
+
+* :mod:`.sources`: readers of prompt sources (built-in sets, JSONL / JSON list / ShareGPT / HumanEval / ``hf:``)
+  -> :class:`Conversation` (:func:`load_conversations`).
+* :mod:`.templates`: chat templates and rendering (:func:`render`, :data:`TEMPLATES`, :data:`SYSTEM_PROMPTS`,
+  :data:`SHIFT_VARIANTS`, :class:`ByteTokenizer` for tokenizer-less targets).
+* :mod:`.suites`: the validation suites (chat, code, template-shift, long, a prompts file) and
+  :func:`prompt_set_hash`; :mod:`.long` builds the long-context suite's prompts.
+* :mod:`.sequences`: calibration sequences for convert, quantize and calibrate.
+
+Every name callers use is re-exported here (``corpora.suite``, ``from eagle_migrate.corpora import ...``), except
+``suites(names, ...)``: ``corpora.suites`` is now the module (the function is ``corpora.suites.suites``).
+
+The data-set lookups :func:`sharegpt_file`, :func:`humaneval_file` and :func:`load_conversations` are seams: the
+suites and sequences look them up in :mod:`.sources` at call time, and setting one on this package (a test's
+``monkeypatch.setattr(corpora, "sharegpt_file", ...)``) sets it in :mod:`.sources` too, so the stub reaches them.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from typing import Any
+
+from . import long, sequences, sources, suites, templates
+from .long import (  # noqa: F401  (used by tests and benchmarks/drift_curve.py)
+    CODE_QUESTIONS,
+    LONG_BUCKETS,
+    LONG_KINDS,
+    LONG_QUESTIONS,
+    STDLIB_MODULES,
+    _bucket_key,
+    _bucket_label,
+    long_document,
+    stdlib_sources,
+)
+from .sequences import calibration_sequences, random_sequences
+from .sources import (
+    DATA_DIR,
+    Conversation,
+    _fetch_default,  # noqa: F401  (used by calibrate.resolve_data)
+    humaneval_file,
+    iter_sharegpt,
+    load_conversations,
+    sharegpt_file,
+)
+from .suites import (
+    DEFAULT_MAX_TOKENS,
+    DEFAULT_SIZES,
+    SUITE_NAMES,
+    Suite,
+    prompt_set_hash,
+    suite,
+)
+from .templates import (
+    SHIFT_VARIANTS,
+    SYSTEM_PROMPTS,
+    TEMPLATES,
+    ByteTokenizer,
+    render,
+    render_text,
+)
+
+__all__ = ["CODE_QUESTIONS", "DATA_DIR", "DEFAULT_MAX_TOKENS", "DEFAULT_SIZES", "LONG_BUCKETS", "LONG_KINDS",
+           "LONG_QUESTIONS", "SHIFT_VARIANTS", "STDLIB_MODULES", "SUITE_NAMES", "SYSTEM_PROMPTS", "TEMPLATES",
+           "ByteTokenizer", "Conversation", "Suite", "calibration_sequences", "humaneval_file", "iter_sharegpt",
+           "load_conversations", "long", "long_document", "prompt_set_hash", "random_sequences", "render",
+           "render_text", "sequences", "sharegpt_file", "sources", "stdlib_sources", "suite", "suites", "templates"]
+
+_SEAMS = {"sharegpt_file": sources, "humaneval_file": sources, "load_conversations": sources}
+
+
+class _Corpora(types.ModuleType):
+    def __setattr__(self, name: str, value: Any) -> None:
+        home = _SEAMS.get(name)
+        if home is not None:
+            setattr(home, name, value)
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Corpora
