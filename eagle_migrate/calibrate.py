@@ -605,7 +605,7 @@ def resolve_data(data: Any, tokenizer: Any) -> tuple[Any, str | None]:
         return data, None
     if data is None and tokenizer is not None:
         try:
-            if dm.sharegpt_file(dm._fetch_default()) is not None:
+            if dm.sources.sharegpt_file(dm.sources._fetch_default()) is not None:  # looked up where tests stub it
                 return "sharegpt", None
         except Exception as e:  # a failed download is reported, not fatal
             warnings.warn(f"ShareGPT could not be fetched ({str(e)[:120]})", stacklevel=2)

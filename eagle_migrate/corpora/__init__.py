@@ -11,16 +11,13 @@
 Every name callers use is re-exported here (``corpora.suite``, ``from eagle_migrate.corpora import ...``), except
 ``suites(names, ...)``: ``corpora.suites`` is now the module (the function is ``corpora.suites.suites``).
 
-The data-set lookups :func:`sharegpt_file`, :func:`humaneval_file` and :func:`load_conversations` are seams: the
-suites and sequences look them up in :mod:`.sources` at call time, and setting one on this package (a test's
-``monkeypatch.setattr(corpora, "sharegpt_file", ...)``) sets it in :mod:`.sources` too, so the stub reaches them.
+The data-set lookups :func:`sharegpt_file`, :func:`humaneval_file` and :func:`load_conversations` live in
+:mod:`.sources`, where the suites and sequences look them up at call time: a test stubs them there
+(``monkeypatch.setattr(corpora.sources, "sharegpt_file", ...)``).
 """
 
 from __future__ import annotations
 
-import sys
-import types
-from typing import Any
 
 from . import long, sequences, sources, suites, templates
 from .long import (  # noqa: F401  (used by tests and benchmarks/drift_curve.py)
@@ -66,16 +63,3 @@ __all__ = ["CODE_QUESTIONS", "DATA_DIR", "DEFAULT_MAX_TOKENS", "DEFAULT_SIZES", 
            "ByteTokenizer", "Conversation", "Suite", "calibration_sequences", "humaneval_file", "iter_sharegpt",
            "load_conversations", "long", "long_document", "prompt_set_hash", "random_sequences", "render",
            "render_text", "sequences", "sharegpt_file", "sources", "stdlib_sources", "suite", "suites", "templates"]
-
-_SEAMS = {"sharegpt_file": sources, "humaneval_file": sources, "load_conversations": sources}
-
-
-class _Corpora(types.ModuleType):
-    def __setattr__(self, name: str, value: Any) -> None:
-        home = _SEAMS.get(name)
-        if home is not None:
-            setattr(home, name, value)
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Corpora

@@ -86,7 +86,7 @@ def default_suites(target_spec: str, target=None, *, names: tuple[str, ...] = ("
                    max_tokens: int = 64, max_model_len: int | None = None) -> dict[str, dict[str, Any]]:
     """Acceptance prompts when none are given: small versions of the validate suites (``eagle_migrate.corpora``), with
     the loaded target's tokenizer (else the target's own, as validate loads it)."""
-    from .. import corpora as data_mod
+    from .. import corpora
     from ..target import target_info
     from ..validate.api import load_tokenizer
 
@@ -94,7 +94,7 @@ def default_suites(target_spec: str, target=None, *, names: tuple[str, ...] = ("
     tok = getattr(target, "tokenizer", None) if target is not None else load_tokenizer(str(target_spec))
     out = {}
     for name in names:
-        s = data_mod.suite(name, tok, info, num_prompts=num_prompts, max_tokens=max_tokens, max_model_len=max_model_len)
+        s = corpora.suite(name, tok, info, num_prompts=num_prompts, max_tokens=max_tokens, max_model_len=max_model_len)
         out[name] = {"prompts": s.prompts, "max_tokens": s.max_tokens}
     return out
 

@@ -19,8 +19,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_drift_curve_vllm_per_request_counters(toy_target, toy_oracle, toy_aux_only, tmp_path, monkeypatch):
     from eagle_migrate import corpora
 
-    monkeypatch.setattr(corpora, "sharegpt_file", lambda fetch=False: None)
-    monkeypatch.setattr(corpora, "humaneval_file", lambda fetch=False: None)
+    monkeypatch.setattr(corpora.sources, "sharegpt_file", lambda fetch=False: None)
+    monkeypatch.setattr(corpora.sources, "humaneval_file", lambda fetch=False: None)
     spec = importlib.util.spec_from_file_location("drift_curve", ROOT / "benchmarks" / "drift_curve.py")
     dc = importlib.util.module_from_spec(spec)
     sys.modules["drift_curve"] = dc

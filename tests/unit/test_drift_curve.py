@@ -29,8 +29,8 @@ def offline_sets(monkeypatch):
     """Prompt sets must not depend on what happens to be cached on this machine (ShareGPT, HumanEval)."""
     from eagle_migrate import corpora
 
-    monkeypatch.setattr(corpora, "sharegpt_file", lambda fetch=False: None)
-    monkeypatch.setattr(corpora, "humaneval_file", lambda fetch=False: None)
+    monkeypatch.setattr(corpora.sources, "sharegpt_file", lambda fetch=False: None)
+    monkeypatch.setattr(corpora.sources, "humaneval_file", lambda fetch=False: None)
 
 
 def _request(rng: random.Random, p: float, k: int, steps: int, js: list[int] | None = None):
