@@ -1,6 +1,7 @@
 """Calibration: a short fine-tune of a converted EAGLE-3.1 drafter, trained the way vLLM runs it.
 
-The objective, the unrolled k-step attention pattern and the loop live in :mod:`eagle_migrate.train`; this module
+The objective, the unrolled k-step attention pattern and the loop live in :mod:`eagle_migrate.train`, the held-out
+statistics (simulated acceptance, paired differences with standard errors) in :mod:`eagle_migrate.judge`; this module
 picks what trains (``norms`` | ``norms+fc`` | ``all``), evaluates simulated greedy acceptance per held-out suite
 (chat, long context, template shift: sequences that are the target's own greedy continuations) for the source and
 the candidate, keeps the best checkpoint, stops early, and refuses to hand back a drafter worse than the one it got
@@ -30,21 +31,24 @@ from .choices import TrainMode
 from .drafter.model import EagleDrafter
 from .progress import StageProgress
 from .errors import CheckFailed, InputError, UnsupportedError
+from .judge import (
+    JUDGE_Z,
+    Comparison,
+    HeldoutSequence,
+    SimulatedAcceptance,
+    greedy_continuations,
+    judge_block,
+    simulated_acceptance,
+)
 from .train import (
     Evaluation,
     FeatureStore,
     FitConfig,
-    HeldoutSequence,
-    PairedDifference,
     PrecomputedFeatures,
     Progress,
-    SimulatedAcceptance,
     TargetHead,
     draft_to_target_ids,
     fit,
-    greedy_continuations,
-    paired_difference,
-    simulated_acceptance,
 )
 
 TRAIN_MODES: tuple[str, ...] = get_args(TrainMode)
@@ -111,44 +115,6 @@ class SuiteAcceptance(BaseModel):
     @property
     def delta(self) -> float:
         return self.after.acceptance_length - self.before.acceptance_length
-
-
-# the judge: a candidate replaces the best only when better by more than JUDGE_Z standard errors of the paired
-# difference; a drafter is "worse than the source" on a suite when below it by more than JUDGE_Z standard errors
-JUDGE_Z = 2.0
-
-
-def judge_block(k: int) -> int:
-    """Consecutive positions per independent unit of the paired standard error: chains started up to k positions
-    apart share tokens; 4 (k + 1) positions leave the blocks' sums nearly uncorrelated (docs/calibration.md)."""
-    return 4 * (k + 1)
-
-
-class Comparison(BaseModel):
-    """Drafter a minus drafter b on the same held-out positions: per suite and pooled (mean over the suites, as
-    the score is; se = sqrt(sum se_s^2) / S, the suites being independent)."""
-
-    suites: dict[str, PairedDifference]
-    diff: float
-    se: float
-    relative: float = Field(description="mean over the suites of diff_s / AL_s(b)")
-
-    def better(self, z: float = JUDGE_Z) -> bool:
-        return self.diff > 0 and self.diff > z * self.se
-
-    def worst(self) -> tuple[str, PairedDifference]:
-        return min(self.suites.items(), key=lambda kv: kv[1].relative)
-
-    def below(self, z: float = JUDGE_Z) -> dict[str, PairedDifference]:
-        """The suites where a is below b beyond noise."""
-        return {n: d for n, d in self.suites.items() if d.diff < 0 and -d.diff > z * d.se}
-
-    @classmethod
-    def of(cls, a: Mapping[str, SimulatedAcceptance], b: Mapping[str, SimulatedAcceptance], block: int) -> Comparison:
-        per = {n: paired_difference(a[n], b[n], block) for n in a if n in b}
-        s = max(len(per), 1)
-        return cls(suites=per, diff=sum(d.diff for d in per.values()) / s,
-                   se=sum(d.se**2 for d in per.values()) ** 0.5 / s, relative=sum(d.relative for d in per.values()) / s)
 
 
 class Judge(BaseModel):
@@ -746,5 +712,5 @@ def calibrate_checkpoint(
 
 
 __all__ = ["CalibrationResult", "SuiteAcceptance", "TRAIN_MODES", "DEFAULT_LR", "DEFAULTS", "CPU_DEFAULTS", "defaults_for", "calibrate",
-           "calibrate_checkpoint", "trainable_names", "heldout_sequences", "Comparison", "Judge", "JUDGE_Z",
+           "calibrate_checkpoint", "trainable_names", "heldout_sequences", "Judge",
            "check_improvement", "resolve_data", "source_verdict"]
