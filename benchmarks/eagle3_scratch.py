@@ -144,12 +144,9 @@ def init_from_target(model: EagleDrafter, target: Any, t_ids: torch.Tensor, seed
 def heldout_simulated_al(model: EagleDrafter, target: Any, prompts: Sequence[Sequence[int]], new_tokens: int, k: int = 3,
                          device: torch.device | str = "cpu"):
     """Simulated AL at depth ``k`` on the target's greedy continuations (``new_tokens``) of ``prompts``
-    (``eagle_migrate.train.SimulatedAcceptance``)."""
-    from eagle_migrate.train import (
-        FeatureStore,
-        greedy_continuations,
-        simulated_acceptance,
-    )
+    (``eagle_migrate.judge.SimulatedAcceptance``)."""
+    from eagle_migrate.judge import greedy_continuations, simulated_acceptance
+    from eagle_migrate.train import FeatureStore
 
     held = greedy_continuations(target, prompts, new_tokens)
     hs = FeatureStore(target, [h.ids for h in held], AUX_IDS, batch=8, seq_len=10**6)

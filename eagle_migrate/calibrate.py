@@ -1,6 +1,7 @@
 """Calibration: a short fine-tune of a converted EAGLE-3.1 drafter, trained the way vLLM runs it.
 
-The objective, the unrolled k-step attention pattern and the loop live in :mod:`eagle_migrate.train`; this module
+The objective, the unrolled k-step attention pattern and the loop live in :mod:`eagle_migrate.train`, the held-out
+statistics (simulated acceptance, paired differences with standard errors) in :mod:`eagle_migrate.judge`; this module
 picks what trains (``norms`` | ``norms+fc`` | ``all``), evaluates simulated greedy acceptance per held-out suite
 (chat, long context, template shift: sequences that are the target's own greedy continuations) for the source and
 the candidate, keeps the best checkpoint, stops early, and refuses to hand back a drafter worse than the one it got
@@ -30,21 +31,24 @@ from .choices import TrainMode
 from .drafter.model import EagleDrafter
 from .progress import StageProgress
 from .errors import CheckFailed, InputError, UnsupportedError
+from .judge import (
+    JUDGE_Z,
+    Comparison,
+    HeldoutSequence,
+    SimulatedAcceptance,
+    greedy_continuations,
+    judge_block,
+    simulated_acceptance,
+)
 from .train import (
     Evaluation,
     FeatureStore,
     FitConfig,
-    HeldoutSequence,
-    PairedDifference,
     PrecomputedFeatures,
     Progress,
-    SimulatedAcceptance,
     TargetHead,
     draft_to_target_ids,
     fit,
-    greedy_continuations,
-    paired_difference,
-    simulated_acceptance,
 )
 
 TRAIN_MODES: tuple[str, ...] = get_args(TrainMode)
@@ -111,44 +115,6 @@ class SuiteAcceptance(BaseModel):
     @property
     def delta(self) -> float:
         return self.after.acceptance_length - self.before.acceptance_length
-
-
-# the judge: a candidate replaces the best only when better by more than JUDGE_Z standard errors of the paired
-# difference; a drafter is "worse than the source" on a suite when below it by more than JUDGE_Z standard errors
-JUDGE_Z = 2.0
-
-
-def judge_block(k: int) -> int:
-    """Consecutive positions per independent unit of the paired standard error: chains started up to k positions
-    apart share tokens; 4 (k + 1) positions leave the blocks' sums nearly uncorrelated (docs/calibration.md)."""
-    return 4 * (k + 1)
-
-
-class Comparison(BaseModel):
-    """Drafter a minus drafter b on the same held-out positions: per suite and pooled (mean over the suites, as
-    the score is; se = sqrt(sum se_s^2) / S, the suites being independent)."""
-
-    suites: dict[str, PairedDifference]
-    diff: float
-    se: float
-    relative: float = Field(description="mean over the suites of diff_s / AL_s(b)")
-
-    def better(self, z: float = JUDGE_Z) -> bool:
-        return self.diff > 0 and self.diff > z * self.se
-
-    def worst(self) -> tuple[str, PairedDifference]:
-        return min(self.suites.items(), key=lambda kv: kv[1].relative)
-
-    def below(self, z: float = JUDGE_Z) -> dict[str, PairedDifference]:
-        """The suites where a is below b beyond noise."""
-        return {n: d for n, d in self.suites.items() if d.diff < 0 and -d.diff > z * d.se}
-
-    @classmethod
-    def of(cls, a: Mapping[str, SimulatedAcceptance], b: Mapping[str, SimulatedAcceptance], block: int) -> Comparison:
-        per = {n: paired_difference(a[n], b[n], block) for n in a if n in b}
-        s = max(len(per), 1)
-        return cls(suites=per, diff=sum(d.diff for d in per.values()) / s,
-                   se=sum(d.se**2 for d in per.values()) ** 0.5 / s, relative=sum(d.relative for d in per.values()) / s)
 
 
 class Judge(BaseModel):
@@ -394,13 +360,8 @@ def calibrate(
     t0 = time.perf_counter()
     dev = resolve_device(device)
     dflt = defaults_for(dev)
-    cfg = FitConfig(
-        steps=dflt["steps"] if steps is None else steps, lr=lr or DEFAULT_LR.get(train, 5e-4),
-        warmup=dflt["warmup"] if warmup is None else warmup, schedule=schedule or dflt["schedule"],
-        clip=clip or dflt["clip"], k=k or dflt["k"], seed=seed,
-        eval_every=eval_every or dflt["eval_every"], patience=_default_patience(train, dflt) if patience is None else patience,
-        max_seconds=None if max_minutes is None else max_minutes * 60.0,
-    )
+    cfg = _fit_config(train, dflt, steps=steps, lr=lr, warmup=warmup, schedule=schedule, clip=clip, k=k, seed=seed,
+                      eval_every=eval_every, patience=patience, max_minutes=max_minutes)
     seq_len = seq_len or dflt["seq_len"]
     batch = batch or dflt["batch"]
     new_tokens = heldout_new_tokens or dflt["heldout_new_tokens"]
@@ -414,23 +375,83 @@ def calibrate(
     if source is not None:
         source.to(dev, torch.float32).eval()
     head = TargetHead.from_target(target, draft_to_target_ids(model).cpu(), dev)
+    feats, n_train = _training_features(target, train_sequences, precomputed, layer_ids, batch=batch, seq_len=seq_len,
+                                        loss_masks=loss_masks, cdir=cdir, report=report)
+    suites = _heldout_suites(target, heldout, layer_ids, new_tokens, cdir, report)
 
-    # training features
+    block = judge_block(cfg.k)
+    before = _evaluate_suites(model, suites, cfg.k, dev)
+    src_res = _evaluate_suites(source, suites, cfg.k, dev) if source is not None and suites else None
+    s_before = _score(before)
+    report({"phase": "before", "score": s_before, **{n: r.acceptance_length for n, r in before.items()}})
+    fr, after, vs_initial = _fit_judged(model, names, feats, head, cfg, dev, suites, before, block,
+                                        resume_dir=resume_dir, report=report)
+    s_after = _score(after)
+    improved = bool(suites) and fr.best_step > 0
+    warning = _improvement_warning(suites, fr.best_step, improved, before, after, vs_initial)
+    judge = None
+    if suites:
+        judge = _judge(before, after, src_res, vs_initial, block, statistics_tokens, _num_tokens(feats))
+        if judge.worse_than_source:
+            warnings.warn(judge.verdict, stacklevel=2)
+            report({"phase": "warning", "message": judge.verdict})
+    if warning:
+        warnings.warn(warning, stacklevel=2)
+        report({"phase": "warning", "message": warning})
+    result = CalibrationResult(
+        train=train, trainable=names, device=str(dev),
+        settings={**cfg.model_dump(), "seq_len": seq_len, "batch": batch, "heldout_new_tokens": new_tokens,
+                  "aux_layer_ids": list(layer_ids)},
+        steps_run=fr.steps_run, best_step=fr.best_step, stopped_early=fr.stopped_early, stop_reason=fr.stop_reason,
+        resumed_from=fr.resumed_from,
+        improved=improved, score_before=s_before, score_after=s_after,
+        score_source=_score(src_res) if src_res else None,
+        suites={n: SuiteAcceptance(suite=n, num_sequences=before[n].num_sequences, before=before[n], after=after[n],
+                                   source=src_res[n] if src_res else None) for n in before},
+        seconds=time.perf_counter() - t0, tokens_seen=fr.tokens_seen, train_sequences=n_train, history=fr.history,
+        warning=warning, judge=judge, data=data_name, data_warning=data_warning,
+    )
+    if require_improvement:
+        check_improvement(result)
+    return result
+
+
+# ----- calibrate's steps --------------------------------------------------------------------------------------------
+def _fit_config(train: str, dflt: dict[str, Any], *, steps: int | None, lr: float | None, warmup: int | None,
+                schedule: str | None, clip: float | None, k: int | None, seed: int, eval_every: int | None,
+                patience: int | None, max_minutes: float | None) -> FitConfig:
+    """The trainer's settings: the caller's where given, else the device's defaults (:func:`defaults_for`)."""
+    return FitConfig(
+        steps=dflt["steps"] if steps is None else steps, lr=lr or DEFAULT_LR.get(train, 5e-4),
+        warmup=dflt["warmup"] if warmup is None else warmup, schedule=schedule or dflt["schedule"],
+        clip=clip or dflt["clip"], k=k or dflt["k"], seed=seed,
+        eval_every=eval_every or dflt["eval_every"], patience=_default_patience(train, dflt) if patience is None else patience,
+        max_seconds=None if max_minutes is None else max_minutes * 60.0,
+    )
+
+
+def _training_features(target: Any, train_sequences: Sequence[Sequence[int]] | None, precomputed: str | Path | None,
+                       layer_ids: Sequence[int], *, batch: int, seq_len: int,
+                       loss_masks: Sequence[Sequence[bool]] | None, cdir: Path | None, report: Progress) -> tuple[Any, int]:
+    """(the training features, the number of training sequences): a precomputed folder, or the target run on
+    ``train_sequences`` (captured up front when cached)."""
     if precomputed is not None:
         fnw = target.final_norm_weight
         feats: Any = PrecomputedFeatures(precomputed, layer_ids, target.info.hidden_size,
                                          final_norm=None if fnw is None else (fnw.detach(), target.info.rms_norm_eps))
-        n_train = len(feats)
-    else:
-        if not train_sequences:
-            raise InputError("calibration needs training sequences (or precomputed features)")
-        feats = FeatureStore(target, train_sequences, layer_ids, batch=batch, seq_len=seq_len, loss_masks=loss_masks,
-                             cache_dir=cdir, name="calib-train", store_dtype=_feature_dtype(target))
-        n_train = len(train_sequences)
-        if cdir is not None:
-            feats.prefetch(lambda e: report({"phase": "capture", **e}))
+        return feats, len(feats)
+    if not train_sequences:
+        raise InputError("calibration needs training sequences (or precomputed features)")
+    feats = FeatureStore(target, train_sequences, layer_ids, batch=batch, seq_len=seq_len, loss_masks=loss_masks,
+                         cache_dir=cdir, name="calib-train", store_dtype=_feature_dtype(target))
+    if cdir is not None:
+        feats.prefetch(lambda e: report({"phase": "capture", **e}))
+    return feats, len(train_sequences)
 
-    # held-out suites: greedy continuations + their features (long ones are not truncated)
+
+def _heldout_suites(target: Any, heldout: Mapping[str, Sequence[Any]] | None, layer_ids: Sequence[int],
+                    new_tokens: int, cdir: Path | None, report: Progress) -> dict[str, tuple[FeatureStore, list[int]]]:
+    """{suite: (features, prompt lengths)} of the held-out greedy continuations (long ones are not truncated)."""
     suites: dict[str, tuple[FeatureStore, list[int]]] = {}
     for name, seqs in (heldout or {}).items():
         if not seqs:
@@ -441,23 +462,30 @@ def calibrate(
                              seq_len=max(len(h.ids) for h in held), cache_dir=cdir, name=f"heldout-{name}",
                              keep_in_memory=True)  # small, and evaluated again and again
         suites[name] = (store, [h.prompt_len for h in held])
+    return suites
 
-    def evaluate_model(m: EagleDrafter) -> dict[str, SimulatedAcceptance]:
-        return {n: simulated_acceptance(m, st, pl, cfg.k, dev, autocast=dev.type == "cuda") for n, (st, pl) in suites.items()}
 
-    def score(res: dict[str, SimulatedAcceptance]) -> float:
-        return sum(r.acceptance_length for r in res.values()) / len(res) if res else float("nan")
+def _evaluate_suites(m: EagleDrafter, suites: Mapping[str, tuple[FeatureStore, list[int]]], k: int,
+                     dev: torch.device) -> dict[str, SimulatedAcceptance]:
+    return {n: simulated_acceptance(m, st, pl, k, dev, autocast=dev.type == "cuda") for n, (st, pl) in suites.items()}
 
-    block = judge_block(cfg.k)
-    before = evaluate_model(model)
-    src_res = evaluate_model(source) if source is not None and suites else None
-    s_before = score(before)
-    report({"phase": "before", "score": s_before, **{n: r.acceptance_length for n, r in before.items()}})
 
+def _score(res: Mapping[str, SimulatedAcceptance]) -> float:
+    """The mean simulated AL over the suites."""
+    return sum(r.acceptance_length for r in res.values()) / len(res) if res else float("nan")
+
+
+def _fit_judged(model: EagleDrafter, names: list[str], feats: Any, head: TargetHead, cfg: FitConfig, dev: torch.device,
+                suites: Mapping[str, tuple[FeatureStore, list[int]]], before: dict[str, SimulatedAcceptance],
+                block: int, *, resume_dir: str | Path | None,
+                report: Progress) -> tuple[Any, dict[str, SimulatedAcceptance], Comparison | None]:
+    """Run :func:`eagle_migrate.train.fit` with the judge keeping the best (a candidate replaces it only when better
+    beyond noise), then hand back the initial weights unless the result beats them beyond noise.
+    Returns (the fit's result, the returned drafter's evaluation, returned minus initial)."""
     def evaluate() -> Evaluation:
-        res = evaluate_model(model)
+        res = _evaluate_suites(model, suites, cfg.k, dev)
         report({"phase": "heldout-eval", **{n: r.acceptance_length for n, r in res.items()}})
-        return Evaluation(score(res), res)
+        return Evaluation(_score(res), res)
 
     def better(new: Evaluation, best: Evaluation) -> tuple[bool, dict[str, Any]]:
         c = Comparison.of(new.detail, best.detail, block)
@@ -470,9 +498,9 @@ def calibrate(
     lr_scale = {n: max(float(params[n].detach().abs().mean()), 1e-3) for n in names if n in norms}
     initial = {n: params[n].detach().clone() for n in names}
     fr = fit(model, names, feats, head, cfg, device=dev, evaluate=evaluate if suites else None,
-             initial_score=Evaluation(s_before, before) if suites else None, resume_dir=resume_dir, progress=report,
-             lr_scale=lr_scale, better=better)
-    after = evaluate_model(model)
+             initial_score=Evaluation(_score(before), before) if suites else None, resume_dir=resume_dir,
+             progress=report, lr_scale=lr_scale, better=better)
+    after = _evaluate_suites(model, suites, cfg.k, dev)
     vs_initial = Comparison.of(after, before, block) if suites else None
     if vs_initial is not None and fr.best_step > 0 and not vs_initial.better():
         # accepted step by step, yet not beyond noise against the initial drafter itself: hand back the initial one
@@ -480,61 +508,47 @@ def calibrate(
             for n in names:
                 params[n].copy_(initial[n])
         fr.best_step = 0
-        after = evaluate_model(model)
+        after = _evaluate_suites(model, suites, cfg.k, dev)
         vs_initial = Comparison.of(after, before, block)
-    s_after = score(after)
-    improved = bool(suites) and fr.best_step > 0
-    warning = None
+    return fr, after, vs_initial
+
+
+def _improvement_warning(suites: Mapping[str, Any], best_step: int, improved: bool,
+                         before: Mapping[str, SimulatedAcceptance], after: Mapping[str, SimulatedAcceptance],
+                         vs_initial: Comparison | None) -> str | None:
+    """The report's warning: no held-out suites, no improvement, or a suite that went down beyond noise."""
+    s_before, s_after = _score(before), _score(after)
     if not suites:
-        warning = "no held-out suites: the final weights are returned unchecked"
-    elif not improved:
-        warning = (f"calibration did not improve the held-out simulated AL ({s_before:.3f} -> best {s_after:.3f}); "
-                   "the initial weights are returned unchanged" if fr.best_step == 0 else
-                   f"calibration did not improve the held-out simulated AL ({s_before:.3f} -> {s_after:.3f})")
-    else:
-        worse = vs_initial.below() if vs_initial is not None else {}
-        if worse:
-            warning = "simulated AL went down beyond noise on " + ", ".join(
-                f"{n} ({before[n].acceptance_length:.3f} -> {after[n].acceptance_length:.3f}, paired {d.diff:+.3f} "
-                f"+/- {d.se:.3f})" for n, d in worse.items())
-    judge = None
+        return "no held-out suites: the final weights are returned unchecked"
+    if not improved:
+        return (f"calibration did not improve the held-out simulated AL ({s_before:.3f} -> best {s_after:.3f}); "
+                "the initial weights are returned unchanged" if best_step == 0 else
+                f"calibration did not improve the held-out simulated AL ({s_before:.3f} -> {s_after:.3f})")
+    worse = vs_initial.below() if vs_initial is not None else {}
+    if worse:
+        return "simulated AL went down beyond noise on " + ", ".join(
+            f"{n} ({before[n].acceptance_length:.3f} -> {after[n].acceptance_length:.3f}, paired {d.diff:+.3f} "
+            f"+/- {d.se:.3f})" for n, d in worse.items())
+    return None
+
+
+def _judge(before: dict[str, SimulatedAcceptance], after: dict[str, SimulatedAcceptance],
+           src_res: dict[str, SimulatedAcceptance] | None, vs_initial: Comparison | None, block: int,
+           statistics_tokens: int | None, training_tokens: int | None) -> Judge:
+    """The judge's findings: the returned drafter against the initial one and the source, and the verdict."""
+    vs_source = Comparison.of(after, src_res, block) if src_res else None
     worse_than_source = False
-    if suites:
-        vs_source = Comparison.of(after, src_res, block) if src_res else None
-        verdict = ""
-        if vs_source is not None:
-            worse_than_source, verdict = source_verdict(vs_source, after, src_res)
-        else:
-            verdict = "no source drafter given: the judge compared the calibrated drafter with the initial one only"
-        judge = Judge(
-            block=block, heldout_sequences=sum(r.num_sequences for r in after.values()),
-            heldout_drafts=sum(r.num_drafts for r in after.values()),
-            heldout_positions=sum(r.num_positions for r in after.values()), statistics_tokens=statistics_tokens,
-            training_tokens=_num_tokens(feats), vs_initial=vs_initial, vs_source=vs_source,
-            initial_vs_source=Comparison.of(before, src_res, block) if src_res else None,
-            worse_than_source=worse_than_source if src_res else None, verdict=verdict)
-        if worse_than_source:
-            warnings.warn(verdict, stacklevel=2)
-            report({"phase": "warning", "message": verdict})
-    if warning:
-        warnings.warn(warning, stacklevel=2)
-        report({"phase": "warning", "message": warning})
-    result = CalibrationResult(
-        train=train, trainable=names, device=str(dev),
-        settings={**cfg.model_dump(), "seq_len": seq_len, "batch": batch, "heldout_new_tokens": new_tokens,
-                  "aux_layer_ids": list(layer_ids)},
-        steps_run=fr.steps_run, best_step=fr.best_step, stopped_early=fr.stopped_early, stop_reason=fr.stop_reason,
-        resumed_from=fr.resumed_from,
-        improved=improved, score_before=s_before, score_after=s_after,
-        score_source=score(src_res) if src_res else None,
-        suites={n: SuiteAcceptance(suite=n, num_sequences=before[n].num_sequences, before=before[n], after=after[n],
-                                   source=src_res[n] if src_res else None) for n in before},
-        seconds=time.perf_counter() - t0, tokens_seen=fr.tokens_seen, train_sequences=n_train, history=fr.history,
-        warning=warning, judge=judge, data=data_name, data_warning=data_warning,
-    )
-    if require_improvement:
-        check_improvement(result)
-    return result
+    if vs_source is not None:
+        worse_than_source, verdict = source_verdict(vs_source, after, src_res)
+    else:
+        verdict = "no source drafter given: the judge compared the calibrated drafter with the initial one only"
+    return Judge(
+        block=block, heldout_sequences=sum(r.num_sequences for r in after.values()),
+        heldout_drafts=sum(r.num_drafts for r in after.values()),
+        heldout_positions=sum(r.num_positions for r in after.values()), statistics_tokens=statistics_tokens,
+        training_tokens=training_tokens, vs_initial=vs_initial, vs_source=vs_source,
+        initial_vs_source=Comparison.of(before, src_res, block) if src_res else None,
+        worse_than_source=worse_than_source if src_res else None, verdict=verdict)
 
 
 def _num_tokens(feats: Any) -> int | None:
@@ -746,5 +760,5 @@ def calibrate_checkpoint(
 
 
 __all__ = ["CalibrationResult", "SuiteAcceptance", "TRAIN_MODES", "DEFAULT_LR", "DEFAULTS", "CPU_DEFAULTS", "defaults_for", "calibrate",
-           "calibrate_checkpoint", "trainable_names", "heldout_sequences", "Comparison", "Judge", "JUDGE_Z",
+           "calibrate_checkpoint", "trainable_names", "heldout_sequences", "Judge",
            "check_improvement", "resolve_data", "source_verdict"]

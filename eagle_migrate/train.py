@@ -33,13 +33,13 @@ import json
 import math
 import os
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from pydantic import BaseModel, Field, PrivateAttr
+from pydantic import BaseModel, Field
 
 from .drafter.model import EagleDrafter, StepOutput
 
@@ -416,164 +416,6 @@ def unrolled_loss(
     return LossOutput(total / max(wsum, 1e-9), sl, sa, tokens)
 
 
-# ----- simulated acceptance ------------------------------------------------------------------------------------------
-class SimulatedAcceptance(BaseModel):
-    """Greedy acceptance of k-token chains, walked as vLLM walks a greedy generation (AL = 1 + accepted / drafts).
-
-    Besides the walk, the accepted-chain length at *every* draftable position is kept (``chains``, not dumped):
-    two drafters evaluated on the same held-out sequences are compared position by position with
-    :func:`paired_difference` (docs/calibration.md "The judge")."""
-
-    acceptance_length: float
-    acceptance_length_se: float | None = Field(None, description="standard error of the AL: sd of the per-draft "
-                                               "accepted counts / sqrt(drafts)")
-    per_position_rate: list[float] = Field(description="accepted at draft position j / drafts")
-    num_drafts: int
-    num_accepted: int
-    num_sequences: int
-    num_positions: int = Field(0, description="draftable held-out positions (every one is scored for the paired "
-                               "comparison)")
-    _chains: list[list[int]] = PrivateAttr(default_factory=list)
-
-    @property
-    def chains(self) -> list[list[int]]:
-        """Per sequence: the number of drafts accepted by a chain started at each draftable position."""
-        return self._chains
-
-
-class PairedDifference(BaseModel):
-    """``a - b`` in acceptance per draft (AL units), over the same held-out positions (docs/calibration.md)."""
-
-    diff: float = Field(description="mean over the positions of (accepted by a) - (accepted by b)")
-    se: float = Field(description="standard error of diff (blocks of consecutive positions as independent units)")
-    relative: float = Field(description="diff / (1 + mean accepted by b): the relative change of AL")
-    base_al: float = Field(description="1 + mean accepted by b over every position")
-    num_positions: int
-    num_blocks: int
-
-    def z(self) -> float:
-        return self.diff / self.se if self.se > 0 else (math.inf if self.diff > 0 else -math.inf if self.diff < 0 else 0.0)
-
-
-def chain_lengths(preds: torch.Tensor, ids: torch.Tensor, prompt_len: int, length: int, k: int) -> list[int]:
-    """For every draftable position i (prompt_len-1 .. length-3): how many of the k drafts made there match the
-    sequence (the chain stops at the first miss, and at the end of the sequence). ``preds`` [k, T] target ids."""
-    start, stop = prompt_len - 1, length - 2  # a chain at i drafts t_{i+2}..; needs i + 2 <= length - 1
-    if stop <= start:
-        return []
-    n = stop - start
-    ids = ids[:length]
-    ok = torch.zeros(k, n, dtype=torch.bool)
-    for j in range(k):
-        m = max(0, min(n, length - 2 - j - start))  # positions whose target t_{i+2+j} exists
-        if m:
-            ok[j, :m] = preds[j, start : start + m] == ids[start + 2 + j : start + 2 + j + m]
-    return ok.int().cumprod(0).sum(0).tolist()
-
-
-def walk_chains(chains: Sequence[int]) -> list[int]:
-    """The accepted count of every draft of vLLM's greedy walk, from the chain lengths at each position (the first
-    draft at the first draftable position; a draft with a accepted moves a + 1 positions)."""
-    out, i = [], 0
-    while i < len(chains):
-        out.append(chains[i])
-        i += chains[i] + 1
-    return out
-
-
-def _mean_se(xs: Sequence[float]) -> float:
-    n = len(xs)
-    if n < 2:
-        return 0.0
-    m = sum(xs) / n
-    return math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1) / n)
-
-
-def paired_difference(a: SimulatedAcceptance, b: SimulatedAcceptance, block: int = 16) -> PairedDifference:
-    """``a`` minus ``b``, position by position over the same held-out sequences.
-
-    d_i = c_i(a) - c_i(b) at every draftable position i (c = accepted-chain length). Neighbouring positions share
-    tokens, so they are not independent: positions are grouped into blocks of ``block`` consecutive positions
-    within a sequence and the blocks are the independent units (a cluster-robust standard error of the mean):
-    se^2 = G / (G - 1) * sum_g (S_g - mean * n_g)^2 / N^2 (S_g, n_g: the block's sum of d and its size)."""
-    if len(a.chains) != len(b.chains) or any(len(x) != len(y) for x, y in zip(a.chains, b.chains)):
-        raise ValueError("paired_difference needs two evaluations of the same held-out sequences")
-    sums, sizes, base = [], [], 0
-    for ca, cb in zip(a.chains, b.chains):
-        for s in range(0, len(ca), block):
-            da = ca[s : s + block]
-            db = cb[s : s + block]
-            sums.append(sum(da) - sum(db))
-            sizes.append(len(da))
-            base += sum(db)
-    n, g = sum(sizes), len(sizes)
-    if n == 0:
-        return PairedDifference(diff=0.0, se=0.0, relative=0.0, base_al=1.0, num_positions=0, num_blocks=0)
-    mean = sum(sums) / n
-    var = g / (g - 1) * sum((sg - mean * ng) ** 2 for sg, ng in zip(sums, sizes)) / n**2 if g > 1 else 0.0
-    base_al = 1.0 + base / n
-    return PairedDifference(diff=mean, se=math.sqrt(var), relative=mean / base_al, base_al=base_al, num_positions=n,
-                            num_blocks=g)
-
-
-@dataclass
-class HeldoutSequence:
-    """A prompt followed by the target's own greedy continuation (the draft at step j is accepted iff it equals
-    the sequence's next tokens). ``prompt_len`` = number of prompt tokens."""
-
-    ids: list[int]
-    prompt_len: int
-
-
-def walk_acceptance(preds: torch.Tensor, ids: torch.Tensor, prompt_len: int, length: int, k: int) -> tuple[int, list[int]]:
-    """(drafts, accepted per position) for one sequence. ``preds`` [k, T]: step-j draft (target id) at position i."""
-    w = walk_chains(chain_lengths(preds, ids, prompt_len, length, k))
-    return len(w), [sum(1 for a in w if a > j) for j in range(k)]
-
-
-@torch.no_grad()
-def simulated_acceptance(
-    model: EagleDrafter,
-    store: Any,
-    prompt_lens: Sequence[int],
-    k: int,
-    device: torch.device | str = "cpu",
-    autocast: bool = False,
-    chunk: int | None = 512,
-) -> SimulatedAcceptance:
-    """Simulated AL over a :class:`FeatureStore` of held-out sequences (target greedy continuations)."""
-    was = model.training
-    model.eval()
-    drafts, acc, nseq, row = 0, [0] * k, 0, 0
-    chains: list[list[int]] = []
-    per_draft: list[int] = []
-    for bi in range(len(store)):
-        fb = store[bi].to(device, None)
-        with _autocast(device, autocast):  # the head too: under autocast h_post is bf16 and lm_head fp32
-            outs = unrolled_forward(model, fb.input_ids, fb.aux.to(model.fc.weight.dtype), k, chunk=chunk)
-            preds = torch.stack([model.to_target_ids(model.logits(o.h_post).argmax(-1)) for o in outs], 1).cpu()  # [B,k,T]
-        b, t = fb.input_ids.shape
-        lengths = fb.lengths.tolist() if fb.lengths is not None else [t] * b
-        for r in range(b):
-            c = chain_lengths(preds[r], fb.input_ids[r].cpu(), prompt_lens[row], int(lengths[r]), k)
-            w = walk_chains(c)
-            chains.append(c)
-            per_draft += w
-            drafts += len(w)
-            acc = [x + sum(1 for a in w if a > j) for j, x in enumerate(acc)]
-            nseq += 1
-            row += 1
-    model.train(was)
-    n = sum(acc)
-    out = SimulatedAcceptance(
-        acceptance_length=1.0 + n / drafts if drafts else 1.0, acceptance_length_se=_mean_se(per_draft),
-        per_position_rate=[a / drafts if drafts else 0.0 for a in acc],
-        num_drafts=drafts, num_accepted=n, num_sequences=nseq, num_positions=sum(len(c) for c in chains),
-    )
-    out._chains = chains
-    return out
-
-
 def _autocast(device: torch.device | str, enabled: bool):
     dev = torch.device(device)
     if enabled and dev.type == "cuda":
@@ -581,39 +423,6 @@ def _autocast(device: torch.device | str, enabled: bool):
     import contextlib
 
     return contextlib.nullcontext()
-
-
-# ----- greedy continuations ------------------------------------------------------------------------------------------
-@torch.no_grad()
-def greedy_continuations(target: Any, prompts: Sequence[Sequence[int]], max_new_tokens: int, batch: int = 8,
-                         eos_ids: Iterable[int] | None = None) -> list[HeldoutSequence]:
-    """The target's own greedy continuations of ``prompts`` (transformers ``generate``, left-padded batches)."""
-    model = target.model
-    gc = getattr(model, "generation_config", None)
-    eos = set(eos_ids) if eos_ids is not None else set()
-    if not eos and gc is not None and gc.eos_token_id is not None:
-        eos = set(gc.eos_token_id if isinstance(gc.eos_token_id, list) else [gc.eos_token_id])
-    pad = 0
-    out: list[HeldoutSequence] = []
-    for s in range(0, len(prompts), batch):
-        chunk = [list(p) for p in prompts[s : s + batch]]
-        t = max(len(p) for p in chunk)
-        ids = torch.full((len(chunk), t), pad, dtype=torch.long)
-        attn = torch.zeros((len(chunk), t), dtype=torch.long)
-        for r, p in enumerate(chunk):
-            ids[r, t - len(p):] = torch.tensor(p)
-            attn[r, t - len(p):] = 1
-        gen = model.generate(input_ids=ids.to(target.device), attention_mask=attn.to(target.device), do_sample=False,
-                             max_new_tokens=max_new_tokens, pad_token_id=pad,
-                             eos_token_id=sorted(eos) if eos else None, temperature=None, top_p=None, top_k=None)
-        for r, p in enumerate(chunk):
-            cont = gen[r, t:].tolist()
-            for c, tok in enumerate(cont):
-                if tok in eos:
-                    cont = cont[: c + 1]
-                    break
-            out.append(HeldoutSequence(p + cont, len(p)))
-    return out
 
 
 # ----- the optimisation loop -----------------------------------------------------------------------------------------
@@ -687,6 +496,179 @@ def _state_path(resume_dir: Path) -> Path:
     return resume_dir / "state.pt"
 
 
+class _FitLoop:
+    """:func:`fit`'s state and its steps: setup (here), :meth:`resume`, :meth:`train_step`, :meth:`run_eval` (best
+    tracking), :meth:`stop_reason` (patience, time limit), :meth:`save` and :meth:`finish`."""
+
+    def __init__(self, model: EagleDrafter, trainable: Sequence[str], data: Any, head: TargetHead | None,
+                 cfg: FitConfig, *, device: torch.device, evaluate: Callable[[], float | Evaluation] | None,
+                 initial_score: float | Evaluation | None, resume_dir: str | os.PathLike | None,
+                 progress: Progress | None, lr_scale: dict[str, float] | None, better: Better | None,
+                 t0: float) -> None:
+        self.model, self.trainable, self.data, self.head, self.cfg = model, list(trainable), data, head, cfg
+        self.device, self.evaluate, self.better, self.progress, self.t0 = device, evaluate, better, progress, t0
+        self.initial_score = initial_score
+        self.named = dict(model.named_parameters())
+        unknown = [n for n in trainable if n not in self.named]
+        if unknown:
+            raise ValueError(f"no parameters named {unknown}")
+        for n, p in self.named.items():
+            p.requires_grad_(n in trainable)
+        self.params = [self.named[n] for n in trainable]
+        self.cuda = device.type == "cuda"
+        self.opt = self._optimizer(lr_scale)
+        torch.manual_seed(cfg.seed)
+        self.n_batches = len(data)
+        self.save_every = cfg.save_every or cfg.eval_every
+        # the loop's state (what state.pt keeps)
+        self.step = 0
+        self.history: list[dict[str, Any]] = []
+        self.tokens = 0
+        self.best_eval = initial_score if isinstance(initial_score, Evaluation) else None
+        self.best_score = initial_score.score if isinstance(initial_score, Evaluation) else initial_score
+        self.best_step = 0
+        self.best_state = self._snapshot()
+        self.bad = 0
+        self.resumed_from: int | None = None
+        self.rdir = Path(resume_dir) if resume_dir is not None else None
+
+    def _optimizer(self, lr_scale: dict[str, float] | None) -> torch.optim.Optimizer:
+        """AdamW (fused on CUDA), one parameter group per learning-rate scale."""
+        opt_kw: dict[str, Any] = {"lr": self.cfg.lr, "betas": (0.9, 0.95), "weight_decay": self.cfg.weight_decay}
+        if self.cuda:
+            opt_kw["fused"] = True
+        scales = [float((lr_scale or {}).get(n, 1.0)) for n in self.trainable]
+        groups: dict[float, list[torch.nn.Parameter]] = {}
+        for n, sc in zip(self.trainable, scales):
+            groups.setdefault(sc, []).append(self.named[n])
+        return torch.optim.AdamW([{"params": ps, "scale": sc} for sc, ps in groups.items()], **opt_kw)
+
+    def _snapshot(self) -> dict[str, torch.Tensor]:
+        return {n: self.named[n].detach().clone() for n in self.trainable}
+
+    def _load(self, state: dict[str, torch.Tensor]) -> None:
+        with torch.no_grad():
+            for n in self.trainable:
+                self.named[n].copy_(state[n])
+
+    def resume(self) -> None:
+        """Continue from ``resume_dir/state.pt`` when it is there (same trainable parameters only)."""
+        rdir = self.rdir
+        if rdir is None or not _state_path(rdir).exists():
+            return
+        st = torch.load(_state_path(rdir), map_location="cpu", weights_only=True)
+        if list(st["trainable"]) != self.trainable:
+            raise ValueError(f"{rdir}: the saved run trained other parameters; use a fresh --resume folder")
+        self._load(st["params"])
+        self.opt.load_state_dict(st["optim"])
+        self.step = int(st["step"])
+        self.history = list(st["history"])
+        self.tokens = int(st["tokens"])
+        self.best_score = st["best_score"]
+        self.best_step = int(st["best_step"])
+        self.best_state = {n: v.to(self.device) for n, v in st["best"].items()}
+        self.bad = int(st["bad"])
+        torch.set_rng_state(st["rng"])
+        self.resumed_from = self.step
+        if self.better is not None and self.evaluate is not None and self.best_step > 0:
+            # the judge compares against the best's own evaluation: re-evaluate the saved best weights
+            with torch.no_grad():
+                now = self._snapshot()
+                self._load(self.best_state)
+                ev = self.evaluate()
+                self.best_eval = ev if isinstance(ev, Evaluation) else Evaluation(float(ev))
+                self._load(now)
+        if self.progress:
+            self.progress({"phase": "resume", "step": self.step})
+
+    def save(self) -> None:
+        """Write the resume state atomically (nothing without ``resume_dir``)."""
+        if self.rdir is None:
+            return
+        self.rdir.mkdir(parents=True, exist_ok=True)
+        st = {
+            "step": self.step, "trainable": list(self.trainable),
+            "params": {n: self.named[n].detach().cpu().clone() for n in self.trainable},
+            "optim": self.opt.state_dict(), "history": self.history, "tokens": self.tokens,
+            "best_score": self.best_score, "best_step": self.best_step,
+            "best": {n: v.detach().cpu().clone() for n, v in self.best_state.items()}, "bad": self.bad,
+            "rng": torch.get_rng_state(),
+        }
+        tmp = _state_path(self.rdir).with_suffix(".part")
+        torch.save(st, tmp)
+        os.replace(tmp, _state_path(self.rdir))
+
+    def train_step(self) -> None:
+        """One optimiser step on the batch the seeded order picks for this step."""
+        cfg, step = self.cfg, self.step
+        lr = lr_at(step, cfg)
+        for g_ in self.opt.param_groups:
+            g_["lr"] = lr * g_.get("scale", 1.0)
+        fb = self.data[batch_order(self.n_batches, step, cfg.seed)].to(self.device, self.model.fc.weight.dtype)
+        with _autocast(self.device, self.cuda):
+            out = unrolled_loss(self.model, fb, self.head, cfg.k, cfg.decay)
+        self.opt.zero_grad(set_to_none=True)
+        out.loss.backward()
+        gnorm = torch.nn.utils.clip_grad_norm_(self.params, cfg.clip)
+        self.opt.step()
+        self.tokens += out.tokens
+        self.step += 1
+        rec = {"phase": "train", "step": self.step, "steps": cfg.steps, "loss": float(out.loss.detach()), "lr": lr,
+               "grad_norm": float(gnorm), "step_acc": out.step_acc, "tokens": self.tokens}
+        if self.progress:
+            self.progress(rec)
+
+    def run_eval(self) -> bool:
+        """Evaluate; keep the best (``better`` decides when given, else a gain over ``min_delta``); True when
+        patience is exhausted."""
+        if self.evaluate is None:
+            return False
+        ev = self.evaluate()
+        ev = ev if isinstance(ev, Evaluation) else Evaluation(float(ev))
+        score = ev.score
+        info: dict[str, Any] = {}
+        if self.better is not None and self.best_eval is not None:
+            improved, info = self.better(ev, self.best_eval)
+        else:
+            improved = self.best_score is None or score > self.best_score + self.cfg.min_delta
+        if improved:
+            self.best_score, self.best_step, self.bad, self.best_eval = score, self.step, 0, ev
+            self.best_state = self._snapshot()
+        else:
+            self.bad += 1
+        rec = {"step": self.step, "score": score, "best_step": self.best_step, "best_score": self.best_score, **info}
+        self.history.append(rec)
+        if self.progress:
+            self.progress({"phase": "eval", **rec})
+        return self.cfg.patience is not None and self.bad >= self.cfg.patience
+
+    def stop_reason(self, clock: Callable[[], float]) -> str | None:
+        """After a step: evaluate when due; "patience" or "time limit" when the loop stops here (a step that ends
+        past ``max_seconds`` is evaluated first), else None."""
+        cfg, step = self.cfg, self.step
+        evaluated = step % cfg.eval_every == 0 or step == cfg.steps
+        if evaluated and self.run_eval():
+            return "patience"
+        if step < cfg.steps and cfg.max_seconds is not None and clock() - self.t0 >= cfg.max_seconds:
+            if not evaluated:
+                self.run_eval()
+            return "time limit"
+        return None
+
+    def finish(self, stopped: bool, stop_reason: str | None, seconds: float) -> FitResult:
+        """Load the best weights back (with an evaluator), freeze the model, report."""
+        if self.evaluate is not None:
+            self._load(self.best_state)
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+        return FitResult(
+            steps_run=self.step, best_step=self.best_step if self.evaluate is not None else self.step,
+            best_score=self.best_score, initial_score=self.initial_score, history=self.history,
+            tokens_seen=self.tokens, seconds=seconds, stopped_early=stopped, resumed_from=self.resumed_from,
+            stop_reason=stop_reason,
+        )
+
+
 def fit(
     model: EagleDrafter,
     trainable: Sequence[str],
@@ -719,148 +701,18 @@ def fit(
     candidate replaces the best only when ``better`` says so (calibrate: better than the best by more than two
     standard errors of the paired difference); its dict goes into the evaluation's history record.
     """
-    device = torch.device(device)
-    t0 = clock()
-    named = dict(model.named_parameters())
-    unknown = [n for n in trainable if n not in named]
-    if unknown:
-        raise ValueError(f"no parameters named {unknown}")
-    for n, p in named.items():
-        p.requires_grad_(n in trainable)
-    params = [named[n] for n in trainable]
-    cuda = device.type == "cuda"
-    opt_kw: dict[str, Any] = {"lr": cfg.lr, "betas": (0.9, 0.95), "weight_decay": cfg.weight_decay}
-    if cuda:
-        opt_kw["fused"] = True
-    scales = [float((lr_scale or {}).get(n, 1.0)) for n in trainable]
-    groups: dict[float, list[torch.nn.Parameter]] = {}
-    for n, sc in zip(trainable, scales):
-        groups.setdefault(sc, []).append(named[n])
-    opt = torch.optim.AdamW([{"params": ps, "scale": sc} for sc, ps in groups.items()], **opt_kw)
-    torch.manual_seed(cfg.seed)
-    n_batches = len(data)
-    save_every = cfg.save_every or cfg.eval_every
-
-    start = 0
-    history: list[dict[str, Any]] = []
-    tokens = 0
-    best_eval = initial_score if isinstance(initial_score, Evaluation) else None
-    best_score = initial_score.score if isinstance(initial_score, Evaluation) else initial_score
-    best_step = 0
-    best_state = {n: named[n].detach().clone() for n in trainable}
-    bad = 0
-    resumed_from = None
-    rdir = Path(resume_dir) if resume_dir is not None else None
-    if rdir is not None and _state_path(rdir).exists():
-        st = torch.load(_state_path(rdir), map_location="cpu", weights_only=True)
-        if list(st["trainable"]) != list(trainable):
-            raise ValueError(f"{rdir}: the saved run trained other parameters; use a fresh --resume folder")
-        with torch.no_grad():
-            for n in trainable:
-                named[n].copy_(st["params"][n])
-        opt.load_state_dict(st["optim"])
-        start = int(st["step"])
-        history = list(st["history"])
-        tokens = int(st["tokens"])
-        best_score = st["best_score"]
-        best_step = int(st["best_step"])
-        best_state = {n: v.to(device) for n, v in st["best"].items()}
-        bad = int(st["bad"])
-        torch.set_rng_state(st["rng"])
-        resumed_from = start
-        if better is not None and evaluate is not None and best_step > 0:
-            # the judge compares against the best's own evaluation: re-evaluate the saved best weights
-            with torch.no_grad():
-                now = {n: named[n].detach().clone() for n in trainable}
-                for n in trainable:
-                    named[n].copy_(best_state[n])
-                ev = evaluate()
-                best_eval = ev if isinstance(ev, Evaluation) else Evaluation(float(ev))
-                for n in trainable:
-                    named[n].copy_(now[n])
-        if progress:
-            progress({"phase": "resume", "step": start})
-
-    def save(step: int) -> None:
-        if rdir is None:
-            return
-        rdir.mkdir(parents=True, exist_ok=True)
-        st = {
-            "step": step, "trainable": list(trainable),
-            "params": {n: named[n].detach().cpu().clone() for n in trainable},
-            "optim": opt.state_dict(), "history": history, "tokens": tokens,
-            "best_score": best_score, "best_step": best_step,
-            "best": {n: v.detach().cpu().clone() for n, v in best_state.items()}, "bad": bad,
-            "rng": torch.get_rng_state(),
-        }
-        tmp = _state_path(rdir).with_suffix(".part")
-        torch.save(st, tmp)
-        os.replace(tmp, _state_path(rdir))
-
-    def run_eval(step: int) -> bool:
-        """Evaluate; keep the best; True when patience is exhausted."""
-        nonlocal best_score, best_step, best_state, bad, best_eval
-        if evaluate is None:
-            return False
-        ev = evaluate()
-        ev = ev if isinstance(ev, Evaluation) else Evaluation(float(ev))
-        score = ev.score
-        info: dict[str, Any] = {}
-        if better is not None and best_eval is not None:
-            improved, info = better(ev, best_eval)
-        else:
-            improved = best_score is None or score > best_score + cfg.min_delta
-        if improved:
-            best_score, best_step, bad, best_eval = score, step, 0, ev
-            best_state = {n: named[n].detach().clone() for n in trainable}
-        else:
-            bad += 1
-        rec = {"step": step, "score": score, "best_step": best_step, "best_score": best_score, **info}
-        history.append(rec)
-        if progress:
-            progress({"phase": "eval", **rec})
-        return cfg.patience is not None and bad >= cfg.patience
-
+    loop = _FitLoop(model, trainable, data, head, cfg, device=torch.device(device), evaluate=evaluate,
+                    initial_score=initial_score, resume_dir=resume_dir, progress=progress, lr_scale=lr_scale,
+                    better=better, t0=clock())
+    loop.resume()
     model.train()
-    stopped = False
-    stop_reason = None
-    step = start
-    while step < cfg.steps:
-        lr = lr_at(step, cfg)
-        for g_ in opt.param_groups:
-            g_["lr"] = lr * g_.get("scale", 1.0)
-        fb = data[batch_order(n_batches, step, cfg.seed)].to(device, model.fc.weight.dtype)
-        with _autocast(device, cuda):
-            out = unrolled_loss(model, fb, head, cfg.k, cfg.decay)
-        opt.zero_grad(set_to_none=True)
-        out.loss.backward()
-        gnorm = torch.nn.utils.clip_grad_norm_(params, cfg.clip)
-        opt.step()
-        tokens += out.tokens
-        step += 1
-        rec = {"phase": "train", "step": step, "steps": cfg.steps, "loss": float(out.loss.detach()), "lr": lr,
-               "grad_norm": float(gnorm), "step_acc": out.step_acc, "tokens": tokens}
-        if progress:
-            progress(rec)
-        evaluated = step % cfg.eval_every == 0 or step == cfg.steps
-        if evaluated and run_eval(step):
-            stopped, stop_reason = True, "patience"
-        if not stopped and step < cfg.steps and cfg.max_seconds is not None and clock() - t0 >= cfg.max_seconds:
-            if not evaluated:
-                run_eval(step)
-            stopped, stop_reason = True, "time limit"
-        if step % save_every == 0 or stopped or step == cfg.steps:
-            save(step)
+    stopped, stop_reason = False, None
+    while loop.step < cfg.steps:
+        loop.train_step()
+        stop_reason = loop.stop_reason(clock)
+        stopped = stop_reason is not None
+        if loop.step % loop.save_every == 0 or stopped or loop.step == cfg.steps:
+            loop.save()
         if stopped:
             break
-    if evaluate is not None:
-        with torch.no_grad():
-            for n in trainable:
-                named[n].copy_(best_state[n])
-    for p in model.parameters():
-        p.requires_grad_(False)
-    return FitResult(
-        steps_run=step, best_step=best_step if evaluate is not None else step, best_score=best_score,
-        initial_score=initial_score, history=history, tokens_seen=tokens, seconds=clock() - t0,
-        stopped_early=stopped, resumed_from=resumed_from, stop_reason=stop_reason,
-    )
+    return loop.finish(stopped, stop_reason, clock() - loop.t0)

@@ -10,8 +10,8 @@ from eagle_migrate import toy
 from eagle_migrate.calibrate import CalibrationResult, calibrate, trainable_names
 from eagle_migrate.drafter import EagleDrafter
 from eagle_migrate.errors import CheckFailed
+from eagle_migrate.judge import HeldoutSequence
 from eagle_migrate.target import load_target
-from eagle_migrate.train import HeldoutSequence
 
 
 @pytest.fixture(scope="module")

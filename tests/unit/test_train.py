@@ -7,16 +7,15 @@ import pytest
 import torch
 
 from eagle_migrate.drafter import DrafterConfig, EagleDrafter, KVCache
+from eagle_migrate.judge import HeldoutSequence, walk_acceptance
 from eagle_migrate.train import (
     FeatureBatch,
     FitConfig,
-    HeldoutSequence,
     chain_mask,
     fit,
     lr_at,
     unrolled_forward,
     unrolled_loss,
-    walk_acceptance,
 )
 
 
@@ -307,7 +306,7 @@ def test_precomputed_layouts_read_back(tmp_path):
 
 # ----- the judge's statistics --------------------------------------------------------------------------------------
 def test_chain_lengths_score_every_position_and_the_walk_visits_some():
-    from eagle_migrate.train import chain_lengths, walk_chains
+    from eagle_migrate.judge import chain_lengths, walk_chains
 
     ids = torch.arange(12)
     preds = torch.full((3, 12), -1)
@@ -322,7 +321,7 @@ def test_chain_lengths_score_every_position_and_the_walk_visits_some():
 
 
 def _sim(chains: list[list[int]]):
-    from eagle_migrate.train import SimulatedAcceptance
+    from eagle_migrate.judge import SimulatedAcceptance
 
     s = SimulatedAcceptance(acceptance_length=1.0, per_position_rate=[], num_drafts=0, num_accepted=0,
                             num_sequences=len(chains))
@@ -331,7 +330,7 @@ def _sim(chains: list[list[int]]):
 
 
 def test_paired_difference_is_the_blocked_mean_and_its_standard_error():
-    from eagle_migrate.train import paired_difference
+    from eagle_migrate.judge import paired_difference
 
     a = _sim([[1, 1, 0, 2], [0, 1, 1, 1]])
     same = paired_difference(a, a, block=2)

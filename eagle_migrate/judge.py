@@ -1,0 +1,258 @@
+"""The held-out judge's statistics: how well a drafter drafts on held-out sequences, with standard errors.
+
+* :class:`HeldoutSequence` -- a prompt followed by the target's own greedy continuation
+  (:func:`greedy_continuations` makes them with transformers' ``generate``).
+* :func:`simulated_acceptance` -- the drafter unrolled over k steps on those sequences (the forward of
+  :mod:`eagle_migrate.train`), scored at every draftable position (:func:`chain_lengths`) and walked as vLLM's
+  greedy generation walks (:func:`walk_chains`): :class:`SimulatedAcceptance`, the AL with its standard error.
+* :func:`paired_difference` -- two drafters on the same positions, ``a - b`` with a block-clustered standard error
+  (:class:`PairedDifference`); :class:`Comparison` pools it over the held-out suites, and :data:`JUDGE_Z` /
+  :func:`judge_block` are the judge's settings (docs/calibration.md "The judge").
+
+Calibration (:mod:`eagle_migrate.calibrate`) uses these to keep the best checkpoint and to compare the result with
+the source drafter; the trainer (:mod:`eagle_migrate.train`) knows nothing of them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from pydantic import BaseModel, Field, PrivateAttr
+
+from .drafter.model import EagleDrafter
+from .train import _autocast, unrolled_forward
+
+
+# ----- simulated acceptance ------------------------------------------------------------------------------------------
+class SimulatedAcceptance(BaseModel):
+    """Greedy acceptance of k-token chains, walked as vLLM walks a greedy generation (AL = 1 + accepted / drafts).
+
+    Besides the walk, the accepted-chain length at *every* draftable position is kept (``chains``, not dumped):
+    two drafters evaluated on the same held-out sequences are compared position by position with
+    :func:`paired_difference` (docs/calibration.md "The judge")."""
+
+    acceptance_length: float
+    acceptance_length_se: float | None = Field(None, description="standard error of the AL: sd of the per-draft "
+                                               "accepted counts / sqrt(drafts)")
+    per_position_rate: list[float] = Field(description="accepted at draft position j / drafts")
+    num_drafts: int
+    num_accepted: int
+    num_sequences: int
+    num_positions: int = Field(0, description="draftable held-out positions (every one is scored for the paired "
+                               "comparison)")
+    _chains: list[list[int]] = PrivateAttr(default_factory=list)
+
+    @property
+    def chains(self) -> list[list[int]]:
+        """Per sequence: the number of drafts accepted by a chain started at each draftable position."""
+        return self._chains
+
+
+class PairedDifference(BaseModel):
+    """``a - b`` in acceptance per draft (AL units), over the same held-out positions (docs/calibration.md)."""
+
+    diff: float = Field(description="mean over the positions of (accepted by a) - (accepted by b)")
+    se: float = Field(description="standard error of diff (blocks of consecutive positions as independent units)")
+    relative: float = Field(description="diff / (1 + mean accepted by b): the relative change of AL")
+    base_al: float = Field(description="1 + mean accepted by b over every position")
+    num_positions: int
+    num_blocks: int
+
+    def z(self) -> float:
+        return self.diff / self.se if self.se > 0 else (math.inf if self.diff > 0 else -math.inf if self.diff < 0 else 0.0)
+
+
+def chain_lengths(preds: torch.Tensor, ids: torch.Tensor, prompt_len: int, length: int, k: int) -> list[int]:
+    """For every draftable position i (prompt_len-1 .. length-3): how many of the k drafts made there match the
+    sequence (the chain stops at the first miss, and at the end of the sequence). ``preds`` [k, T] target ids."""
+    start, stop = prompt_len - 1, length - 2  # a chain at i drafts t_{i+2}..; needs i + 2 <= length - 1
+    if stop <= start:
+        return []
+    n = stop - start
+    ids = ids[:length]
+    ok = torch.zeros(k, n, dtype=torch.bool)
+    for j in range(k):
+        m = max(0, min(n, length - 2 - j - start))  # positions whose target t_{i+2+j} exists
+        if m:
+            ok[j, :m] = preds[j, start : start + m] == ids[start + 2 + j : start + 2 + j + m]
+    return ok.int().cumprod(0).sum(0).tolist()
+
+
+def walk_chains(chains: Sequence[int]) -> list[int]:
+    """The accepted count of every draft of vLLM's greedy walk, from the chain lengths at each position (the first
+    draft at the first draftable position; a draft with a accepted moves a + 1 positions)."""
+    out, i = [], 0
+    while i < len(chains):
+        out.append(chains[i])
+        i += chains[i] + 1
+    return out
+
+
+def _mean_se(xs: Sequence[float]) -> float:
+    n = len(xs)
+    if n < 2:
+        return 0.0
+    m = sum(xs) / n
+    return math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1) / n)
+
+
+def paired_difference(a: SimulatedAcceptance, b: SimulatedAcceptance, block: int = 16) -> PairedDifference:
+    """``a`` minus ``b``, position by position over the same held-out sequences.
+
+    d_i = c_i(a) - c_i(b) at every draftable position i (c = accepted-chain length). Neighbouring positions share
+    tokens, so they are not independent: positions are grouped into blocks of ``block`` consecutive positions
+    within a sequence and the blocks are the independent units (a cluster-robust standard error of the mean):
+    se^2 = G / (G - 1) * sum_g (S_g - mean * n_g)^2 / N^2 (S_g, n_g: the block's sum of d and its size)."""
+    if len(a.chains) != len(b.chains) or any(len(x) != len(y) for x, y in zip(a.chains, b.chains)):
+        raise ValueError("paired_difference needs two evaluations of the same held-out sequences")
+    sums, sizes, base = [], [], 0
+    for ca, cb in zip(a.chains, b.chains):
+        for s in range(0, len(ca), block):
+            da = ca[s : s + block]
+            db = cb[s : s + block]
+            sums.append(sum(da) - sum(db))
+            sizes.append(len(da))
+            base += sum(db)
+    n, g = sum(sizes), len(sizes)
+    if n == 0:
+        return PairedDifference(diff=0.0, se=0.0, relative=0.0, base_al=1.0, num_positions=0, num_blocks=0)
+    mean = sum(sums) / n
+    var = g / (g - 1) * sum((sg - mean * ng) ** 2 for sg, ng in zip(sums, sizes)) / n**2 if g > 1 else 0.0
+    base_al = 1.0 + base / n
+    return PairedDifference(diff=mean, se=math.sqrt(var), relative=mean / base_al, base_al=base_al, num_positions=n,
+                            num_blocks=g)
+
+
+@dataclass
+class HeldoutSequence:
+    """A prompt followed by the target's own greedy continuation (the draft at step j is accepted iff it equals
+    the sequence's next tokens). ``prompt_len`` = number of prompt tokens."""
+
+    ids: list[int]
+    prompt_len: int
+
+
+def walk_acceptance(preds: torch.Tensor, ids: torch.Tensor, prompt_len: int, length: int, k: int) -> tuple[int, list[int]]:
+    """(drafts, accepted per position) for one sequence. ``preds`` [k, T]: step-j draft (target id) at position i."""
+    w = walk_chains(chain_lengths(preds, ids, prompt_len, length, k))
+    return len(w), [sum(1 for a in w if a > j) for j in range(k)]
+
+
+@torch.no_grad()
+def simulated_acceptance(
+    model: EagleDrafter,
+    store: Any,
+    prompt_lens: Sequence[int],
+    k: int,
+    device: torch.device | str = "cpu",
+    autocast: bool = False,
+    chunk: int | None = 512,
+) -> SimulatedAcceptance:
+    """Simulated AL over a :class:`FeatureStore` of held-out sequences (target greedy continuations)."""
+    was = model.training
+    model.eval()
+    drafts, acc, nseq, row = 0, [0] * k, 0, 0
+    chains: list[list[int]] = []
+    per_draft: list[int] = []
+    for bi in range(len(store)):
+        fb = store[bi].to(device, None)
+        with _autocast(device, autocast):  # the head too: under autocast h_post is bf16 and lm_head fp32
+            outs = unrolled_forward(model, fb.input_ids, fb.aux.to(model.fc.weight.dtype), k, chunk=chunk)
+            preds = torch.stack([model.to_target_ids(model.logits(o.h_post).argmax(-1)) for o in outs], 1).cpu()  # [B,k,T]
+        b, t = fb.input_ids.shape
+        lengths = fb.lengths.tolist() if fb.lengths is not None else [t] * b
+        for r in range(b):
+            c = chain_lengths(preds[r], fb.input_ids[r].cpu(), prompt_lens[row], int(lengths[r]), k)
+            w = walk_chains(c)
+            chains.append(c)
+            per_draft += w
+            drafts += len(w)
+            acc = [x + sum(1 for a in w if a > j) for j, x in enumerate(acc)]
+            nseq += 1
+            row += 1
+    model.train(was)
+    n = sum(acc)
+    out = SimulatedAcceptance(
+        acceptance_length=1.0 + n / drafts if drafts else 1.0, acceptance_length_se=_mean_se(per_draft),
+        per_position_rate=[a / drafts if drafts else 0.0 for a in acc],
+        num_drafts=drafts, num_accepted=n, num_sequences=nseq, num_positions=sum(len(c) for c in chains),
+    )
+    out._chains = chains
+    return out
+
+
+# ----- greedy continuations ------------------------------------------------------------------------------------------
+@torch.no_grad()
+def greedy_continuations(target: Any, prompts: Sequence[Sequence[int]], max_new_tokens: int, batch: int = 8,
+                         eos_ids: Iterable[int] | None = None) -> list[HeldoutSequence]:
+    """The target's own greedy continuations of ``prompts`` (transformers ``generate``, left-padded batches)."""
+    model = target.model
+    gc = getattr(model, "generation_config", None)
+    eos = set(eos_ids) if eos_ids is not None else set()
+    if not eos and gc is not None and gc.eos_token_id is not None:
+        eos = set(gc.eos_token_id if isinstance(gc.eos_token_id, list) else [gc.eos_token_id])
+    pad = 0
+    out: list[HeldoutSequence] = []
+    for s in range(0, len(prompts), batch):
+        chunk = [list(p) for p in prompts[s : s + batch]]
+        t = max(len(p) for p in chunk)
+        ids = torch.full((len(chunk), t), pad, dtype=torch.long)
+        attn = torch.zeros((len(chunk), t), dtype=torch.long)
+        for r, p in enumerate(chunk):
+            ids[r, t - len(p):] = torch.tensor(p)
+            attn[r, t - len(p):] = 1
+        gen = model.generate(input_ids=ids.to(target.device), attention_mask=attn.to(target.device), do_sample=False,
+                             max_new_tokens=max_new_tokens, pad_token_id=pad,
+                             eos_token_id=sorted(eos) if eos else None, temperature=None, top_p=None, top_k=None)
+        for r, p in enumerate(chunk):
+            cont = gen[r, t:].tolist()
+            for c, tok in enumerate(cont):
+                if tok in eos:
+                    cont = cont[: c + 1]
+                    break
+            out.append(HeldoutSequence(p + cont, len(p)))
+    return out
+
+
+
+# ----- comparisons over suites ----------------------------------------------------------------------------------------
+# the judge: a candidate replaces the best only when better by more than JUDGE_Z standard errors of the paired
+# difference; a drafter is "worse than the source" on a suite when below it by more than JUDGE_Z standard errors
+JUDGE_Z = 2.0
+
+
+def judge_block(k: int) -> int:
+    """Consecutive positions per independent unit of the paired standard error: chains started up to k positions
+    apart share tokens; 4 (k + 1) positions leave the blocks' sums nearly uncorrelated (docs/calibration.md)."""
+    return 4 * (k + 1)
+
+
+class Comparison(BaseModel):
+    """Drafter a minus drafter b on the same held-out positions: per suite and pooled (mean over the suites, as
+    the score is; se = sqrt(sum se_s^2) / S, the suites being independent)."""
+
+    suites: dict[str, PairedDifference]
+    diff: float
+    se: float
+    relative: float = Field(description="mean over the suites of diff_s / AL_s(b)")
+
+    def better(self, z: float = JUDGE_Z) -> bool:
+        return self.diff > 0 and self.diff > z * self.se
+
+    def worst(self) -> tuple[str, PairedDifference]:
+        return min(self.suites.items(), key=lambda kv: kv[1].relative)
+
+    def below(self, z: float = JUDGE_Z) -> dict[str, PairedDifference]:
+        """The suites where a is below b beyond noise."""
+        return {n: d for n, d in self.suites.items() if d.diff < 0 and -d.diff > z * d.se}
+
+    @classmethod
+    def of(cls, a: Mapping[str, SimulatedAcceptance], b: Mapping[str, SimulatedAcceptance], block: int) -> Comparison:
+        per = {n: paired_difference(a[n], b[n], block) for n in a if n in b}
+        s = max(len(per), 1)
+        return cls(suites=per, diff=sum(d.diff for d in per.values()) / s,
+                   se=sum(d.se**2 for d in per.values()) ** 0.5 / s, relative=sum(d.relative for d in per.values()) / s)
