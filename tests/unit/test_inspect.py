@@ -372,7 +372,7 @@ def test_every_finding_code_is_documented():
 
     root = Path(__file__).resolve().parents[2]
     src = "".join((root / "eagle_migrate" / p).read_text() for p in
-                  ["inspect.py", *[f"formats/{f.name}" for f in (root / "eagle_migrate" / "formats").glob("*.py")]])
+                  ["inspection.py", *[f"formats/{f.name}" for f in (root / "eagle_migrate" / "formats").glob("*.py")]])
     codes = set(re.findall(r'finding\(\s*"(?:error|warning|info)",\s*"([a-z0-9_]+)"', src))
     doc = (root / "docs" / "formats.md").read_text()
     assert len(codes) > 40

@@ -1,0 +1,366 @@
+"""The drafter's sizes and config values, derived from the WEIGHTS first (names, shapes) and the config second.
+
+Pure functions of (logical shapes, config dict): no findings here (the traps a checkpoint sets are
+``formats.checks``'); a contradiction between tensors that no reading can resolve is a CheckpointError, raised in
+the order ``derive`` has always raised them.
+
+* layers: the distinct ``layers.N.`` indices (``midlayer.`` = ``layers.0.``), never ``num_hidden_layers``;
+* H: ``layers.0.post_attention_layernorm.weight``; generation: layer-0 q_proj input 2H -> EAGLE-3, H -> EAGLE-1/2;
+* Ht: ``fc_norm.0.weight`` -> config ``target_hidden_size`` -> H; K = fc_in / Ht;
+* Vd: ``lm_head`` rows; V: ``t2d`` length -> ``embed_tokens`` rows -> config ``vocab_size`` -> Vd;
+* heads: q/k/v rows divided by ``head_dim`` (config, else ``q_norm`` width, else rows / config heads); MLA: from the
+  layer-0 MLA projections.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..drafter.config import attention_windows_of
+from ..errors import CheckpointError
+from .vllm import rope_from_config
+
+Shape = tuple[int, ...]
+ShapeOf = Callable[[str], Shape | None]
+
+LAYER_RE = re.compile(r"^layers\.(\d+)\.")
+QK_NORM_RE = re.compile(r"^layers\.(\d+)\.self_attn\.([qk])_norm\.weight$")
+FC_NORM_RE = re.compile(r"^fc_norm\.(\d+)\.weight$")
+# architectures vLLM's registry maps to the Qwen3 / Llama EAGLE-3 drafter classes (plus the plain model names that
+# speculators' transformer_layer_config and trainers write)
+QWEN3_ARCHS = ("Eagle3Qwen3ForCausalLM", "PeagleQwen3ForCausalLM", "Qwen3ForCausalLM")
+LLAMA_ARCHS = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM", "LlamaForCausalLM")
+EAGLE3_FLAGS = ("fc_norm", "norm_output", "norm_before_fc", "use_aux_norm")
+
+
+def cfg_int(flat: dict[str, Any], key: str) -> int | None:
+    """A positive integer config value, else None."""
+    v = flat.get(key)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != int(v) or v <= 0:
+        return None
+    return int(v)
+
+
+def cfg_flag(flat: dict[str, Any], key: str) -> bool | None:
+    v = flat.get(key)
+    return bool(v) if isinstance(v, (bool, int)) else None
+
+
+@dataclass
+class Sizes:
+    """What the tensors (and, where they are silent, the config) say the drafter is; the evidence the checks need."""
+
+    num_layers: int
+    mla: bool
+    h: int
+    fc_in: int
+    generation: str
+    ht: int = 0
+    k_aux: int = 3
+    ht_cfg: int | None = None
+    fcn0: Shape | None = None
+    ht_from_ids: bool = False  # Ht = fc_in / number of aux ids (no target_hidden_size, K odd with Ht = H)
+    qrows: int = 0
+    kvrows: int = 0
+    hd: int = 0
+    hd_guessed: bool = False
+    nh: int = 0
+    nkv: int = 0
+    mla_sizes: dict[str, Any] = field(default_factory=dict)
+    family: str = "llama"
+    qk: set[tuple[int, str]] = field(default_factory=set)
+    inter: int = 0
+    v: int = 0
+    vd: int = 0
+    lm: Shape | None = None
+    emb: Shape | None = None
+    d2t: Shape | None = None
+    fc_norm_w: list[int] = field(default_factory=list)
+    input_norm: Shape | None = None
+
+
+def layer_count(names: list[str], where: str) -> int:
+    layer_ids = sorted({int(m.group(1)) for c in names if (m := LAYER_RE.match(c))})
+    if not layer_ids:
+        raise CheckpointError(f"{where}: no decoder-layer tensors (layers.N.* or midlayer.*): not an EAGLE drafter")
+    if layer_ids != list(range(len(layer_ids))):
+        raise CheckpointError(f"{where}: decoder layers {layer_ids} are not numbered 0..{len(layer_ids) - 1}")
+    return len(layer_ids)
+
+
+def hidden_and_fc(shp: ShapeOf, need: Callable[[str], Shape], where: str) -> tuple[int, int]:
+    """H (post-attention norm, final norm, hidden_norm, o_proj rows, in that order) and fc's input width."""
+    pal = shp("layers.0.post_attention_layernorm.weight")
+    norm = shp("norm.weight")
+    hn = shp("layers.0.hidden_norm.weight")
+    h = pal[0] if pal is not None else norm[0] if norm is not None else hn[0] if hn is not None else need("layers.0.self_attn.o_proj.weight")[0]
+    for c, s in (("norm.weight", norm), ("layers.0.hidden_norm.weight", hn), ("layers.0.post_attention_layernorm.weight", pal)):
+        if s is not None and s != (h,):
+            raise CheckpointError(f"{where}: contradicting shapes: '{c}' is {list(s)} but the hidden size is {h}")
+    fc = need("fc.weight")
+    if len(fc) != 2 or fc[0] != h:
+        raise CheckpointError(f"{where}: contradicting shapes: fc.weight is {list(fc)}, expected [{h}, K*Ht]")
+    return h, fc[1]
+
+
+def generation_of(s: Sizes, shp: ShapeOf, need: Callable[[str], Shape], where: str) -> None:
+    """eagle3 (layer-0 attention input 2H) or eagle2 (H); q/k rows for the llama-style heads."""
+    h = s.h
+    if s.mla:
+        qin_shape = shp("layers.0.self_attn.q_a_proj.weight") or shp("layers.0.self_attn.q_proj.weight") or shp("layers.0.self_attn.kv_a_proj_with_mqa.weight")
+        qin = qin_shape[1] if qin_shape else 2 * h
+    else:
+        q = need("layers.0.self_attn.q_proj.weight")
+        k = need("layers.0.self_attn.k_proj.weight")
+        v = need("layers.0.self_attn.v_proj.weight")
+        qin = q[1]
+        if k[1] != qin or v[1] != qin or k[0] != v[0]:
+            raise CheckpointError(f"{where}: contradicting shapes: q/k/v projections {list(q)}, {list(k)}, {list(v)}")
+        s.qrows, s.kvrows = q[0], k[0]
+    if qin == 2 * h:
+        s.generation = "eagle3"
+    elif qin == h:
+        s.generation = "eagle2"
+    else:
+        raise CheckpointError(f"{where}: contradicting shapes: layer-0 attention input is {qin}, expected 2*H = {2 * h} (EAGLE-3) or H = {h} (EAGLE-1/2)")
+    if s.generation == "eagle2" and s.fc_in != 2 * h:
+        raise CheckpointError(f"{where}: contradicting shapes: an EAGLE-1/2 fc must be [H, 2H] = [{h}, {2 * h}], found {[h, s.fc_in]}")
+
+
+def target_sizes(s: Sizes, shp: ShapeOf, flat: dict[str, Any], aux_ids: list[int] | None, where: str) -> None:
+    """Ht and K: fc_norm width, else config target_hidden_size, else H; K = fc_in / Ht (EAGLE-1/2: Ht = H, K = 2)."""
+    s.ht_cfg = cfg_int(flat, "target_hidden_size")
+    s.fcn0 = shp("fc_norm.0.weight")
+    if s.generation == "eagle2":
+        s.ht, s.k_aux = s.h, 2
+        return
+    ht = s.fcn0[0] if s.fcn0 is not None else (s.ht_cfg or s.h)
+    n_ids = len(aux_ids) if aux_ids else None
+    k_hint = cfg_int(flat, "num_aux_hidden_states") or n_ids or flat.get("_eagle_config_num_aux") or 3
+    if s.fc_in % ht:
+        if s.fc_in % k_hint:
+            raise CheckpointError(f"{where}: contradicting shapes: fc input width {s.fc_in} is neither a multiple of Ht={ht} nor of K={k_hint}")
+        ht = s.fc_in // k_hint
+    k_aux = s.fc_in // ht
+    if s.ht_cfg is None and ht == s.h and k_aux not in (2, 3, 4, 5) and n_ids and s.fc_in % n_ids == 0:
+        # no target_hidden_size and a K that makes no sense with Ht = H: trust the id count
+        ht, k_aux, s.ht_from_ids = s.fc_in // n_ids, n_ids, True
+    s.ht, s.k_aux = ht, k_aux
+
+
+def guess_head_dim(qrows: int, kvrows: int) -> int:
+    for hd in (128, 64, 96, 80, 256, 160, 112, 192, 32, 48, 16):
+        if qrows % hd == 0 and kvrows % hd == 0 and hd <= qrows:
+            return hd
+    return kvrows
+
+
+def attention_heads(s: Sizes, shp: ShapeOf, flat: dict[str, Any], where: str) -> None:
+    """head_dim, heads and kv heads of a llama-style layer: config head_dim if it fits the q/k rows, else the
+    q_norm width, else rows / config heads, else a guess (EAGLE-1: H / heads, as SafeAILab computes it)."""
+    qrows, kvrows = s.qrows, s.kvrows
+    hd_cfg = cfg_int(flat, "head_dim")
+    qn = shp("layers.0.self_attn.q_norm.weight")
+    nh_cfg = cfg_int(flat, "num_attention_heads")
+    if s.generation == "eagle2" and nh_cfg and qrows % nh_cfg == 0:
+        hd = qrows // nh_cfg  # SafeAILab EAGLE-1 ignores head_dim: hd = H / nh
+    elif hd_cfg and qrows % hd_cfg == 0 and kvrows % hd_cfg == 0:
+        hd = hd_cfg
+    elif qn is not None:
+        hd = qn[0]
+    elif nh_cfg and qrows % nh_cfg == 0 and kvrows % (qrows // nh_cfg) == 0:
+        hd = qrows // nh_cfg
+    else:
+        hd, s.hd_guessed = guess_head_dim(qrows, kvrows), True
+    if qrows % hd or kvrows % hd:
+        raise CheckpointError(f"{where}: contradicting shapes: q/k widths {qrows}/{kvrows} are not multiples of head_dim {hd}")
+    nh, nkv = qrows // hd, kvrows // hd
+    if nh % nkv:
+        raise CheckpointError(f"{where}: contradicting shapes: {nh} query heads are not a multiple of {nkv} kv heads")
+    o = shp("layers.0.self_attn.o_proj.weight")
+    if o is not None and o != (s.h, qrows):
+        raise CheckpointError(f"{where}: contradicting shapes: o_proj is {list(o)}, expected [{s.h}, {qrows}]")
+    s.hd, s.nh, s.nkv = hd, nh, nkv
+
+
+def mla_sizes(s: Sizes, shp: ShapeOf, flat: dict[str, Any], where: str) -> None:
+    """MLA sizes from the layer-0 weights (DeepseekV2MLAAttention's shapes), the config only where the weights are
+    silent (a config that disagrees: checks.mla_size_checks).
+
+    q_b_proj [nh*(nope+rope), q_lora] (or q_proj [nh*(nope+rope), in]), kv_a_proj_with_mqa [kv_lora+rope, in],
+    kv_a_layernorm [kv_lora], kv_b_proj [nh*(nope+v), kv_lora], o_proj [H, nh*v]: rope = kv_a rows - kv_lora,
+    nh = (q_b rows - kv_b rows + o cols) / rope, nope = (kv_b rows - o cols) / nh, v = o cols / nh."""
+    p = "layers.0.self_attn."
+    qa, qb, qp = shp(p + "q_a_proj.weight"), shp(p + "q_b_proj.weight"), shp(p + "q_proj.weight")
+    kva, kvn, kvb, o = shp(p + "kv_a_proj_with_mqa.weight"), shp(p + "kv_a_layernorm.weight"), shp(p + "kv_b_proj.weight"), shp(p + "o_proj.weight")
+    q_rows = (qb or qp or (None,))[0]
+    if kva is None or kvb is None or o is None or q_rows is None:
+        raise CheckpointError(f"{where}: an MLA drafter without q_b_proj/q_proj, kv_a_proj_with_mqa, kv_b_proj and o_proj weights in layer 0")
+    kv_lora = kvn[0] if kvn is not None else (kvb[1] if len(kvb) == 2 else cfg_int(flat, "kv_lora_rank"))
+    rope = kva[0] - kv_lora
+    if rope <= 0 or (len(kvb) == 2 and kvb[1] != kv_lora):
+        raise CheckpointError(f"{where}: contradicting shapes: kv_a_proj_with_mqa {list(kva)}, kv_b_proj {list(kvb)}, kv_lora_rank {kv_lora}")
+    nh_x_nope = kvb[0] - o[1]
+    if (q_rows - nh_x_nope) % rope or nh_x_nope <= 0:
+        raise CheckpointError(f"{where}: contradicting shapes: q {q_rows} rows, kv_b_proj {list(kvb)}, o_proj {list(o)} do not fit qk_rope_head_dim {rope}")
+    nh = (q_rows - nh_x_nope) // rope
+    if nh <= 0 or nh_x_nope % nh or o[1] % nh or o[0] != s.h:
+        raise CheckpointError(f"{where}: contradicting shapes: q {q_rows} rows, kv_b_proj {list(kvb)}, o_proj {list(o)} for {nh} heads")
+    s.mla_sizes = {"q_lora_rank": qa[0] if qa is not None else None, "kv_lora_rank": kv_lora,
+                   "qk_nope_head_dim": nh_x_nope // nh, "qk_rope_head_dim": rope, "v_head_dim": o[1] // nh}
+    if qa is not None and qb is not None and qb[1] != qa[0]:
+        raise CheckpointError(f"{where}: contradicting shapes: q_a_proj {list(qa)} but q_b_proj {list(qb)}")
+    s.nh = s.nkv = nh
+    s.hd = s.mla_sizes["qk_nope_head_dim"] + rope
+
+
+def config_family(flat: dict[str, Any], layout: str) -> tuple[str | None, str]:
+    """The drafter family (llama / qwen3) vLLM would build from the config alone, and the key that decides it.
+
+    The speculators layout: ``transformer_layer_config.model_type`` (vLLM maps qwen3 -> Eagle3Qwen3ForCausalLM,
+    llama or none -> Eagle3LlamaForCausalLM); every other layout: the first known architecture, else model_type.
+    None when the config says nothing we know."""
+    mt = flat.get("model_type")
+    archs = flat.get("architectures") if isinstance(flat.get("architectures"), list) else []
+    if layout == "speculators":
+        if mt == "qwen3":
+            return "qwen3", "transformer_layer_config.model_type qwen3"
+        return ("llama", f"transformer_layer_config.model_type {mt or '(none: llama)'}") if mt in (None, "llama") else (None, "")
+    for a in archs:
+        if a in QWEN3_ARCHS:
+            return "qwen3", f"architectures {a}"
+        if a in LLAMA_ARCHS:
+            return "llama", f"architectures {a}"
+    if mt in ("qwen3", "llama"):
+        return mt, f"model_type {mt}"
+    return None, ""
+
+
+def family_of(s: Sizes, names: list[str], shp: ShapeOf, flat: dict[str, Any], layout: str, where: str) -> None:
+    """mla, or llama / qwen3 by evidence: q_norm/k_norm weights first, the config second."""
+    if s.mla:
+        s.family = "mla"
+        return
+    s.qk = {(int(m.group(1)), m.group(2)) for c in names if (m := QK_NORM_RE.match(c))}
+    s.family = "qwen3" if s.qk or config_family(flat, layout)[0] == "qwen3" else "llama"
+    for i, x in sorted(s.qk):
+        w = shp(f"layers.{i}.self_attn.{x}_norm.weight")
+        if w != (s.hd,):
+            raise CheckpointError(f"{where}: contradicting shapes: layers.{i}.self_attn.{x}_norm.weight is {list(w or ())}, expected [head_dim={s.hd}]")
+
+
+def mlp_size(s: Sizes, shp: ShapeOf, where: str) -> None:
+    h = s.h
+    gp = shp("layers.0.mlp.gate_proj.weight")
+    if gp is None:
+        raise CheckpointError(f"{where}: no 'layers.0.mlp.gate_proj.weight' tensor: not a Llama-style drafter layer")
+    up, dp = shp("layers.0.mlp.up_proj.weight"), shp("layers.0.mlp.down_proj.weight")
+    if gp[1] != h or (up is not None and up != gp) or (dp is not None and dp != (h, gp[0])):
+        raise CheckpointError(f"{where}: contradicting shapes: MLP gate/up/down are {list(gp)}, {list(up or ())}, {list(dp or ())} for H={h}")
+    for i in range(1, s.num_layers):
+        qi = shp(f"layers.{i}.self_attn.q_proj.weight")
+        if qi is not None and qi[1] != h:
+            raise CheckpointError(f"{where}: contradicting shapes: layers.{i}.self_attn.q_proj takes {qi[1]} inputs, expected H={h}")
+    s.inter = gp[0]
+
+
+def vocab_sizes(s: Sizes, shp: ShapeOf, flat: dict[str, Any], where: str) -> None:
+    """V (t2d, embed_tokens, config, Vd) and Vd (lm_head, d2t, config, V)."""
+    h = s.h
+    lm, emb, t2d, d2t = shp("lm_head.weight"), shp("embed_tokens.weight"), shp("t2d"), shp("d2t")
+    if lm is not None and (len(lm) != 2 or lm[1] != h):
+        raise CheckpointError(f"{where}: contradicting shapes: lm_head.weight is {list(lm)}, expected [Vd, {h}]")
+    if emb is not None and (len(emb) != 2 or emb[1] != h):
+        raise CheckpointError(f"{where}: contradicting shapes: embed_tokens.weight is {list(emb)}, expected [V, {h}]")
+    v_cfg, vd_cfg = cfg_int(flat, "vocab_size"), cfg_int(flat, "draft_vocab_size")
+    v = t2d[0] if t2d is not None else emb[0] if emb is not None else v_cfg
+    vd = lm[0] if lm is not None else d2t[0] if d2t is not None else (vd_cfg or v)
+    if v is None:
+        v = vd
+    if v is None:
+        raise CheckpointError(f"{where}: cannot tell the vocabulary size (no lm_head, embed_tokens, t2d or config vocab_size)")
+    if d2t is not None and d2t != (vd,):
+        raise CheckpointError(f"{where}: contradicting shapes: d2t is {list(d2t)} but lm_head has {vd} rows")
+    s.v, s.vd, s.lm, s.emb, s.d2t = v, vd, lm, emb, d2t
+
+
+def norm_weights(s: Sizes, names: list[str], shp: ShapeOf, where: str) -> None:
+    """fc_norm.i (EAGLE-3 only, [Ht] each) and input_norm ([K*Ht])."""
+    s.fc_norm_w = sorted(int(m.group(1)) for c in names if (m := FC_NORM_RE.match(c)))
+    if s.fc_norm_w and s.generation != "eagle3":
+        raise CheckpointError(f"{where}: contradicting tensors: fc_norm.* weights in an EAGLE-1/2 drafter")
+    for i in s.fc_norm_w:
+        w = shp(f"fc_norm.{i}.weight")
+        if w != (s.ht,):
+            raise CheckpointError(f"{where}: contradicting shapes: fc_norm.{i}.weight is {list(w or ())}, expected [Ht={s.ht}]")
+    s.input_norm = shp("input_norm.weight")
+    if s.input_norm is not None and s.input_norm != (s.fc_in,):
+        raise CheckpointError(f"{where}: contradicting shapes: input_norm.weight is {list(s.input_norm)}, expected [K*Ht={s.fc_in}]")
+
+
+def derive_sizes(names: list[str], shp: ShapeOf, flat: dict[str, Any], *, layout: str, mla: bool,
+                 aux_ids: list[int] | None, where: str, missing: Callable[[str], str]) -> Sizes:
+    """Every size of the drafter, in the order their contradictions are raised."""
+    def need(c: str) -> Shape:
+        w = shp(c)
+        if w is None:
+            raise CheckpointError(missing(c))
+        return w
+
+    num_layers = layer_count(names, where)
+    h, fc_in = hidden_and_fc(shp, need, where)
+    s = Sizes(num_layers=num_layers, mla=mla, h=h, fc_in=fc_in, generation="")
+    generation_of(s, shp, need, where)
+    target_sizes(s, shp, flat, aux_ids, where)
+    (mla_sizes if mla else attention_heads)(s, shp, flat, where)
+    family_of(s, names, shp, flat, layout, where)
+    mlp_size(s, shp, where)
+    vocab_sizes(s, shp, flat, where)
+    norm_weights(s, names, shp, where)
+    return s
+
+
+@dataclass
+class ConfigValues:
+    """The DrafterConfig fields no tensor carries: flags, rope, eps, positions, attention windows."""
+
+    fc_norm: bool
+    norm_before_fc: bool
+    norm_output: bool
+    norm_before_residual: bool
+    rope_theta: float
+    rope_scaling: Any
+    max_position_embeddings: int
+    rms_norm_eps: float
+    layer_types: Any
+    sliding_window: int | None
+    window_problem: str | None
+
+
+def eagle3_flags_only(flat: dict[str, Any], generation: str) -> dict[str, Any]:
+    """EAGLE-1/2 configs carry no EAGLE-3 flags that mean anything: drop them."""
+    return flat if generation == "eagle3" else {k: v for k, v in flat.items() if k not in EAGLE3_FLAGS}
+
+
+def config_values(s: Sizes, flat: dict[str, Any], norm_before_residual_default: bool) -> ConfigValues:
+    """``flat`` already through eagle3_flags_only. MLA: norm_before_fc as vLLM runs it (always off)."""
+    fc_norm_cfg = cfg_flag(flat, "fc_norm")
+    if fc_norm_cfg is None:
+        fc_norm_cfg = cfg_flag(flat, "use_aux_norm")
+    nbr = cfg_flag(flat, "norm_before_residual")
+    theta, scaling = rope_from_config(flat)
+    eps = flat.get("rms_norm_eps")
+    eps = float(eps) if isinstance(eps, (int, float)) and not isinstance(eps, bool) and eps > 0 else 1e-5
+    layer_types, window, problem = attention_windows_of(flat, s.family, s.num_layers)
+    return ConfigValues(
+        fc_norm=bool(fc_norm_cfg) or bool(s.fc_norm_w),
+        norm_before_fc=False if s.mla else bool(cfg_flag(flat, "norm_before_fc")) or s.input_norm is not None,
+        norm_output=bool(cfg_flag(flat, "norm_output")),
+        norm_before_residual=norm_before_residual_default if nbr is None else nbr,
+        rope_theta=theta, rope_scaling=scaling,
+        max_position_embeddings=cfg_int(flat, "max_position_embeddings") or 2048, rms_norm_eps=eps,
+        layer_types=layer_types, sliding_window=window, window_problem=problem,
+    )
