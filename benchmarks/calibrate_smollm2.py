@@ -26,7 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from eagle_migrate import assets  # noqa: E402
 from eagle_migrate.corpora import iter_sharegpt  # noqa: E402
-from eagle_migrate.calibrate import calibrate, vllm_continuations  # noqa: E402
+from eagle_migrate.calibrate import calibrate  # noqa: E402
+from eagle_migrate.calibration_data import vllm_continuations  # noqa: E402
 from eagle_migrate.drafter.load import load_drafter  # noqa: E402
 from eagle_migrate.drafter import EagleDrafter  # noqa: E402
 from eagle_migrate.formats.io import atomic_output_dir  # noqa: E402

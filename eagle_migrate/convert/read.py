@@ -119,7 +119,7 @@ def resolve_data(job: Job) -> None:
     """The calibration data: ``--data`` as given, else ShareGPT on a real target when it is here (a warning else)."""
     if job.opts.hidden_states_dir is not None:
         return
-    from ..calibrate import resolve_data as pick
+    from ..calibration_data import resolve_data as pick
 
     tok = job.target.tokenizer
     job.data, warning = pick(job.data, tok)

@@ -35,7 +35,6 @@ from .sequences import calibration_sequences, random_sequences
 from .sources import (
     DATA_DIR,
     Conversation,
-    _fetch_default,  # noqa: F401  (used by calibrate.resolve_data)
     humaneval_file,
     iter_sharegpt,
     load_conversations,

