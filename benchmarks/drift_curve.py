@@ -352,7 +352,7 @@ def run(drafters: list[tuple[str, str]], target: str, out: Path, *, engine: str 
         log: Any = print) -> dict[str, Any]:
     """Build the cells, measure every drafter, write drift.json / drift.md / drift.png into ``out``."""
     from eagle_migrate.errors import InputError
-    from eagle_migrate.formats.io import atomic_output_dir, check_output_dir
+    from eagle_migrate.formats.output import atomic_output_dir, check_output_dir
     from eagle_migrate.target import target_info
     from eagle_migrate.validate.api import load_tokenizer
 

@@ -36,7 +36,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from eagle_migrate import assets  # noqa: E402
-from eagle_migrate.formats.io import atomic_output_dir, save_safetensors, write_json  # noqa: E402
+from eagle_migrate.formats.output import atomic_output_dir, save_safetensors, write_json  # noqa: E402
 
 
 def log(msg: str) -> None:

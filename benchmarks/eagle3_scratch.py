@@ -159,7 +159,7 @@ def write_drafter(model: EagleDrafter, out: Path, *, dtype: torch.dtype, trained
     """``model`` in the vLLM layout at ``out`` (atomic, replaces it), the embeddings left out (vLLM shares the
     target's when H = Ht), ``training`` under ``eagle_migrate_training`` in config.json; ``finish(folder)`` runs on
     the temporary folder before it is renamed (resharding, extra files)."""
-    from eagle_migrate.formats.io import atomic_output_dir
+    from eagle_migrate.formats.output import atomic_output_dir
     from eagle_migrate.formats.write import write_vllm
 
     sd = {n: p.detach().float().cpu() for n, p in model.state_dict().items() if n != "embed_tokens.weight"}

@@ -561,7 +561,7 @@ def calibrate_checkpoint(
     drafter the checkpoint was converted from, scored on the same held-out positions (the source comparison).
     ``data`` None: :func:`resolve_data` picks ShareGPT for a real target when it is here, else the built-in set
     with a loud warning."""
-    from .formats.io import atomic_output_dir
+    from .formats.output import atomic_output_dir
     from .formats.write import write_vllm
     from .devices import resolve_dtype
     from .target import Target, load_target

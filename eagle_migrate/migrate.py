@@ -235,7 +235,7 @@ def check_options(source: Path, target: str, out: Path, opts: MigrateOptions) ->
         if opts.revision is not None and (not opts.revision.strip() or opts.revision.startswith("refs/pr/")):
             raise InputError(f"--revision {opts.revision!r} is not a branch name", "pass a branch, or --create-pr")
     if not Path(out).exists():
-        from .formats.io import check_writable_parent
+        from .formats.output import check_writable_parent
 
         check_writable_parent(Path(out))
     _check_room(source, out)

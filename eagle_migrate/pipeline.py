@@ -45,7 +45,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from . import __version__
 from .errors import EXIT_CHECK_FAILED, EXIT_OK, EagleMigrateError, InputError, OutputExistsError, redact
-from .formats.io import atomic_output_dir, check_no_overlap, check_writable_parent
+from .formats.output import atomic_output_dir, check_no_overlap, check_writable_parent
 
 MANIFEST_NAME = "migrate-manifest.json"
 LOCK_NAME = ".migrate.lock"

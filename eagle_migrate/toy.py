@@ -157,7 +157,7 @@ def target_config(h: int = H, layers: int = NUM_LAYERS, family: Family = "llama"
 
 def write_target(out: Path, h: int = H, layers: int = NUM_LAYERS, alpha: float = ALPHA, family: Family = "llama") -> Path:
     """Write the successor target as an HF folder (config.json + model.safetensors, no tokenizer)."""
-    from .formats.io import save_safetensors, write_json
+    from .formats.output import save_safetensors, write_json
 
     out.mkdir(parents=True, exist_ok=True)
     save_safetensors(target_state_dict(h, layers, alpha, family=family), out / "model.safetensors", {"format": "pt"})

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from eagle_migrate.drafter.config import DrafterConfig
-from eagle_migrate.formats.io import save_safetensors, write_json
+from eagle_migrate.formats.output import save_safetensors, write_json
 
 V = 16  # vocabulary = block size
 L = 4  # target layers (the case: ids [1, 2, 3] on a 4-layer target)

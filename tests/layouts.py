@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from eagle_migrate.drafter.config import DrafterConfig
-from eagle_migrate.formats.io import save_safetensors, write_json
+from eagle_migrate.formats.output import save_safetensors, write_json
 
 # name -> what read_checkpoint must report (format None = cfg.format_name)
 EXPECTED: dict[str, dict[str, Any]] = {

@@ -14,7 +14,7 @@ from typing import ClassVar
 from ..aux_ids import AuxIds
 from ..drafter.config import DrafterConfig
 from ..errors import InputError
-from ..formats.io import atomic_output_dir, write_json
+from ..formats.output import atomic_output_dir, write_json
 from ..stats import TargetStatistics
 from .calibration import CalibrationOptions, run_calibration
 from .options import ConvertOptions

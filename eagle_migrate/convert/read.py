@@ -20,7 +20,8 @@ from ..aux_ids import AuxIds
 from ..devices import resolve_device, resolve_dtype
 from ..drafter.config import DrafterConfig
 from ..errors import InputError, PairingError, UnsupportedError
-from ..formats.io import check_output_dir, sha256_files
+from ..formats.io import sha256_files
+from ..formats.output import check_output_dir
 from ..target import LazyTarget, TargetInfo
 from .options import ConvertOptions
 from .result import Provenance

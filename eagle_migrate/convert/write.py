@@ -1,5 +1,5 @@
 """The output plan of a conversion (config + one producer per tensor, streamed from the memory-mapped source) and
-its writing: the vLLM layout through :func:`eagle_migrate.formats.io.write_safetensors_streaming` (one tensor made at
+its writing: the vLLM layout through :func:`eagle_migrate.formats.output.write_safetensors_streaming` (one tensor made at
 a time) or the speculators layout through :func:`eagle_migrate.formats.write_checkpoint`, then the read-back check.
 Imports: torch, drafter.config, formats, errors."""
 
@@ -17,7 +17,7 @@ import torch
 from .. import __version__
 from ..drafter.config import DrafterConfig
 from ..errors import CheckpointError
-from ..formats.io import PlannedTensor, write_json, write_safetensors_streaming
+from ..formats.output import PlannedTensor, write_json, write_safetensors_streaming
 from ..progress import StageProgress
 
 

@@ -20,7 +20,7 @@ from ..drafter.config import DrafterConfig, mla_rope_type_of, rope_parameters_of
 from ..errors import InputError, UnsupportedError
 from .base import Checkpoint
 from .common import QUANT_SUFFIXES
-from .io import atomic_output_dir, save_safetensors, write_json
+from .output import atomic_output_dir, save_safetensors, write_json
 from .speculators import speculators_config_dict
 from .vllm import vllm_config_dict, vllm_tensor_names
 

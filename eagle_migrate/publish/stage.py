@@ -16,7 +16,8 @@ from .. import __version__
 from ..errors import CheckFailed, CheckpointError, InputError, OutputExistsError
 from ..formats import Checkpoint, read_checkpoint
 from ..formats.base import Finding
-from ..formats.io import atomic_output_dir, open_checkpoint_path, sha256_files
+from ..formats.io import open_checkpoint_path, sha256_files
+from ..formats.output import atomic_output_dir
 from .folder import RepoPlan, build_folder, is_previous_publish
 from .models import REPO_ID, PlannedFile, PublishResult, ValidationStatus
 from .provenance import describe_checkpoint, resolve_origin

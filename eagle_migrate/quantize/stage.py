@@ -98,7 +98,7 @@ def source_float_dtype(ckpt) -> torch.dtype:
 def write_quantized(out: Path, cfg: DrafterConfig, tensors: dict[str, torch.Tensor], qc: dict[str, Any],
                     source_dtype: torch.dtype, metadata: dict[str, str] | None = None) -> list[str]:
     """config.json (vLLM layout + top-level quantization_config) and model.safetensors into an empty folder."""
-    from ..formats.io import save_safetensors, write_json
+    from ..formats.output import save_safetensors, write_json
     from ..formats.vllm import vllm_config_dict
     from ..formats.write import prepare_tensors
 
@@ -187,7 +187,7 @@ def quantize(
     ``max_al_drop_pct`` gates: when acceptance drops by more, ``CheckFailed`` is raised (its ``result`` attribute
     holds the report) and no output is written.
     """
-    from ..formats.io import atomic_output_dir, check_output_dir, write_json
+    from ..formats.output import atomic_output_dir, check_output_dir, write_json
 
     t0 = time.perf_counter()
     spec = get_scheme(scheme)

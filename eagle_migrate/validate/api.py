@@ -216,7 +216,8 @@ def _resolve_inputs(checkpoint: str | os.PathLike, target: str, engine: str, bas
                     vllm_python: str | None) -> _Inputs:
     """Step 1: check the inputs (InputError / EngineError before anything is loaded) and resolve engine, target
     config, tokenizer and context length."""
-    from ..formats.io import check_no_overlap, open_checkpoint_path, sha256_files
+    from ..formats.io import open_checkpoint_path, sha256_files
+    from ..formats.output import check_no_overlap
     from ..target import target_info
 
     ckpt = str(checkpoint)

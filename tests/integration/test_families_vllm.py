@@ -34,7 +34,7 @@ import torch
 from eagle_migrate import toy
 from eagle_migrate.convert import convert
 from eagle_migrate.formats import read_checkpoint
-from eagle_migrate.formats.io import write_json
+from eagle_migrate.formats.output import write_json
 from eagle_migrate.formats.write import write_vllm
 from eagle_migrate.quantize import quantize
 from eagle_migrate.validate import validate

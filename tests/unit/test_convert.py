@@ -18,7 +18,7 @@ from eagle_migrate.convert import convert
 from eagle_migrate.drafter import EagleDrafter
 from eagle_migrate.errors import InputError, OutputExistsError, PairingError
 from eagle_migrate.formats import read_checkpoint
-from eagle_migrate.formats.io import save_safetensors, write_json
+from eagle_migrate.formats.output import save_safetensors, write_json
 
 from ..layouts import AUX_CONVENTION, AUX_DECIDED_BY, LAYOUT_NAMES, write_layout
 

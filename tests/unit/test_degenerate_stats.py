@@ -10,7 +10,7 @@ import torch
 
 from eagle_migrate import toy
 from eagle_migrate.convert import convert
-from eagle_migrate.formats.io import save_safetensors, write_json
+from eagle_migrate.formats.output import save_safetensors, write_json
 from eagle_migrate.formats.write import write_vllm
 from eagle_migrate.stats import StatsAccumulator, solve_psd
 

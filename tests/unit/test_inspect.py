@@ -13,7 +13,7 @@ import torch
 from typer.testing import CliRunner
 
 from eagle_migrate import toy
-from eagle_migrate.formats.io import write_json
+from eagle_migrate.formats.output import write_json
 from eagle_migrate.inspection import InspectReport, inspect_checkpoint
 
 from ..layouts import AUX_CONVENTION, AUX_DECIDED_BY, EXPECTED, LAYOUT_NAMES, canonical_state_dict, write_layout
@@ -165,7 +165,7 @@ def test_d2t_checks(tmp_path, target):
     r = inspect_checkpoint(write_layout("vllm-plain", cfg, dict(sd, d2t=nm), tmp_path / "nm"))
     assert "d2t_not_monotonic" in _codes(r, "error")
     nod2t = {k: v for k, v in sd.items() if k != "d2t"}
-    from eagle_migrate.formats.io import save_safetensors
+    from eagle_migrate.formats.output import save_safetensors
 
     p = write_layout("vllm-plain", cfg, sd, tmp_path / "nod2t")
     save_safetensors(nod2t, p / "model.safetensors")
@@ -255,7 +255,7 @@ def test_nan_in_norm_always_found_nan_in_big_tensor_only_with_deep(tmp_path):
     big[0, 5] = float("inf")
     cfg = toy.drafter_config()
     p = write_layout("vllm-plain", cfg, sd, tmp_path / "b")
-    from eagle_migrate.formats.io import save_safetensors
+    from eagle_migrate.formats.output import save_safetensors
 
     cfg2 = cfg.model_copy(update={"target_hidden_size": 64 * 400})
     save_safetensors(dict(sd, **{"fc.weight": big}), p / "model.safetensors")

@@ -184,7 +184,8 @@ def test_store_array_is_exactly_the_tensor(tmp_path, dtype):
     import numpy as np
     import torch
 
-    from eagle_migrate.formats.io import TensorStore, save_safetensors
+    from eagle_migrate.formats.io import TensorStore
+    from eagle_migrate.formats.output import save_safetensors
 
     dt = getattr(torch, dtype)
     if dtype == "bool":

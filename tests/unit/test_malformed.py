@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from eagle_migrate import toy
-from eagle_migrate.formats.io import save_safetensors, write_json
+from eagle_migrate.formats.output import save_safetensors, write_json
 
 from ..layouts import write_layout
 

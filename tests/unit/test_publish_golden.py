@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from eagle_migrate import __version__, toy
-from eagle_migrate.formats.io import save_safetensors, write_json
+from eagle_migrate.formats.output import save_safetensors, write_json
 from eagle_migrate.formats.vllm import vllm_config_dict
 from eagle_migrate.publish import publish
 

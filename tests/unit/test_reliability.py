@@ -130,7 +130,7 @@ def test_two_converts_into_one_new_output_the_loser_exits_2(pair, tmp_path):
 
 
 def test_atomic_output_dir_checks_at_rename_time(tmp_path):
-    from eagle_migrate.formats.io import atomic_output_dir
+    from eagle_migrate.formats.output import atomic_output_dir
 
     out = tmp_path / "o"
     with pytest.raises(OutputExistsError):

@@ -27,7 +27,7 @@ import torch
 
 from eagle_migrate import toy
 from eagle_migrate.formats import read_checkpoint
-from eagle_migrate.formats.io import save_safetensors, write_json
+from eagle_migrate.formats.output import save_safetensors, write_json
 from eagle_migrate.inspection import inspect_checkpoint
 
 VERSION = "0.3.0"
