@@ -33,7 +33,7 @@ from eagle_migrate.drafter import EagleDrafter  # noqa: E402
 from eagle_migrate.formats.output import atomic_output_dir  # noqa: E402
 from eagle_migrate.formats.write import write_vllm  # noqa: E402
 from eagle_migrate.target import load_target  # noqa: E402
-from eagle_migrate.train import FeatureStore  # noqa: E402
+from eagle_migrate.features import FeatureStore  # noqa: E402
 
 
 def log(msg: str) -> None:

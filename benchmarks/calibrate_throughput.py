@@ -37,7 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from eagle_migrate.calibrate import trainable_names  # noqa: E402
 from eagle_migrate.drafter import DrafterConfig, EagleDrafter  # noqa: E402
-from eagle_migrate.train import FeatureBatch, FitConfig, TargetHead, fit  # noqa: E402
+from eagle_migrate.train import FitConfig, fit  # noqa: E402
+from eagle_migrate.features import FeatureBatch, TargetHead  # noqa: E402
 
 SHAPES = {
     "llama8b": dict(hidden_size=4096, target_hidden_size=4096, intermediate_size=14336, num_attention_heads=32,

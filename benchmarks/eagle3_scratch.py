@@ -146,7 +146,7 @@ def heldout_simulated_al(model: EagleDrafter, target: Any, prompts: Sequence[Seq
     """Simulated AL at depth ``k`` on the target's greedy continuations (``new_tokens``) of ``prompts``
     (``eagle_migrate.judge.SimulatedAcceptance``)."""
     from eagle_migrate.judge import greedy_continuations, simulated_acceptance
-    from eagle_migrate.train import FeatureStore
+    from eagle_migrate.features import FeatureStore
 
     held = greedy_continuations(target, prompts, new_tokens)
     hs = FeatureStore(target, [h.ids for h in held], AUX_IDS, batch=8, seq_len=10**6)

@@ -30,7 +30,7 @@ from eagle_migrate.calibration_data import vllm_continuations  # noqa: E402
 from eagle_migrate.drafter.load import load_drafter  # noqa: E402
 from eagle_migrate.judge import judge_block, paired_difference, simulated_acceptance, walk_chains  # noqa: E402
 from eagle_migrate.target import load_target  # noqa: E402
-from eagle_migrate.train import FeatureStore  # noqa: E402
+from eagle_migrate.features import FeatureStore  # noqa: E402
 
 
 def log(msg: str) -> None:

@@ -47,7 +47,8 @@ from eagle3_scratch import (
 from eagle_migrate import assets
 from eagle_migrate.drafter import EagleDrafter
 from eagle_migrate.target import load_target
-from eagle_migrate.train import FeatureStore, FitConfig, TargetHead, fit
+from eagle_migrate.train import FitConfig, fit
+from eagle_migrate.features import FeatureStore, TargetHead
 
 
 def render_full(tok, msgs, max_len: int) -> list[int]:

@@ -43,16 +43,8 @@ from .judge import (
     judge_block,
     simulated_acceptance,
 )
-from .train import (
-    Evaluation,
-    FeatureStore,
-    FitConfig,
-    PrecomputedFeatures,
-    Progress,
-    TargetHead,
-    draft_to_target_ids,
-    fit,
-)
+from .train import Evaluation, FitConfig, Progress, draft_to_target_ids, fit
+from .features import FeatureStore, PrecomputedFeatures, TargetHead
 
 TRAIN_MODES: tuple[str, ...] = get_args(TrainMode)
 # learning rates per mode (docs/calibration.md has the sweep they come from)
@@ -270,7 +262,7 @@ def calibrate(
     ``heldout``: {suite: sequences}; a sequence is a :class:`HeldoutSequence` (prompt + the target's greedy
     continuation) or a token list (a prompt: the target continues it greedily for ``heldout_new_tokens``).
     ``source``: the original drafter, evaluated on the same suites for the report. ``precomputed``: a folder of
-    feature files (:class:`eagle_migrate.train.PrecomputedFeatures`) used instead of running the target on
+    feature files (:class:`eagle_migrate.features.PrecomputedFeatures`) used instead of running the target on
     ``train_sequences``. ``max_minutes``: a wall-clock budget for the training loop, checked after every step; the
     step where it runs out is evaluated and the best evaluation kept (the schedule stays step-based: with a budget
     shorter than ``steps`` need, the learning rate has not decayed when it stops). Returns the report; the model

@@ -1,10 +1,10 @@
 """Precomputed target hidden states (``--hidden-states DIR``): the one reader of such a folder, for the norm
 statistics (:mod:`eagle_migrate.stats`, through ``convert``) and for the calibration fine-tune
-(:class:`eagle_migrate.train.PrecomputedFeatures`), and the writer of our own layout.
+(:class:`eagle_migrate.features.PrecomputedFeatures`), and the writer of our own layout.
 
 Accepted layouts (aux states must be those of the drafter's ``layer_ids``, vLLM convention, ascending):
 
-* **eagle-migrate** (ours; what ``eagle_migrate.train.FeatureStore`` caches and :func:`write_hidden_states`
+* **eagle-migrate** (ours; what ``eagle_migrate.features.FeatureStore`` caches and :func:`write_hidden_states`
   writes): ``*.safetensors`` files, each a right-padded batch with ``input_ids`` [B,T] int64, ``lengths`` [B],
   ``aux`` [B,T,K*Ht] (aux layers ascending, concatenated), optionally ``final`` [B,T,Ht] (post-final-norm last
   hidden state) or ``target_logits`` [B,T,Vd], and ``loss_mask``; header metadata ``layer_ids`` (JSON list), when
@@ -72,7 +72,7 @@ class HiddenStatesFolder:
 
 
 def write_hidden_states(out: Path, records: list[HiddenRecord] | Iterator[HiddenRecord], layer_ids: list[int], batch: int = 1) -> Path:
-    """Write records in our own feature layout (the one ``eagle_migrate.train.FeatureStore`` caches): one
+    """Write records in our own feature layout (the one ``eagle_migrate.features.FeatureStore`` caches): one
     ``batch-NNNNN.safetensors`` per ``batch`` sequences, right-padded, with ``input_ids`` [B,T] int64, ``lengths``
     [B], ``loss_mask`` [B,T] uint8, ``aux`` [B,T,K*Ht], ``final`` [B,T,Ht] when known, metadata ``layer_ids``."""
     from safetensors.torch import save_file

@@ -56,7 +56,8 @@ from eagle3_scratch import (
 from eagle_migrate import assets
 from eagle_migrate.drafter import EagleDrafter
 from eagle_migrate.target import load_target
-from eagle_migrate.train import FeatureStore, FitConfig, TargetHead, fit
+from eagle_migrate.train import FitConfig, fit
+from eagle_migrate.features import FeatureStore, TargetHead
 
 SMOKE = {"num_seqs": 8, "seq_len": 64, "batch": 2, "steps": 2, "warmup": 0, "draft_vocab": 1024, "vocab_sample": 8,
          "heldout": 4, "eval_prompts": 2, "eval_tokens": 8}

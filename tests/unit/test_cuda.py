@@ -12,7 +12,8 @@ from eagle_migrate.calibrate import calibrate, trainable_names
 from eagle_migrate.convert import convert
 from eagle_migrate.drafter import EagleDrafter
 from eagle_migrate.target import load_target
-from eagle_migrate.train import FeatureBatch, FitConfig, _autocast, fit, unrolled_forward, unrolled_loss
+from eagle_migrate.train import FitConfig, _autocast, fit, unrolled_forward, unrolled_loss
+from eagle_migrate.features import FeatureBatch
 
 from .test_calibrate import _drafter, _heldout, _train
 from .test_convert import KW, load_drafter, write_src

@@ -15,7 +15,7 @@ import torch
 from eagle_migrate import toy
 from eagle_migrate.convert import convert
 from eagle_migrate.hidden_states import iter_hidden_states
-from eagle_migrate.train import PrecomputedFeatures
+from eagle_migrate.features import PrecomputedFeatures
 
 
 def _states(seq: list[int]) -> tuple[list[torch.Tensor], torch.Tensor]:

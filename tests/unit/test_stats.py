@@ -169,7 +169,7 @@ def test_own_layout_roundtrip_batched_and_padded(tmp_path):
 
 
 def test_train_feature_cache_is_read(tmp_path):
-    """The files eagle_migrate.train.FeatureStore caches are our layout too."""
+    """The files eagle_migrate.features.FeatureStore caches are our layout too."""
     from safetensors.torch import save_file
 
     ids = torch.randint(0, 50, (2, 9))

@@ -8,15 +8,8 @@ import torch
 
 from eagle_migrate.drafter import DrafterConfig, EagleDrafter, KVCache
 from eagle_migrate.judge import HeldoutSequence, walk_acceptance
-from eagle_migrate.train import (
-    FeatureBatch,
-    FitConfig,
-    chain_mask,
-    fit,
-    lr_at,
-    unrolled_forward,
-    unrolled_loss,
-)
+from eagle_migrate.train import FitConfig, chain_mask, fit, lr_at, unrolled_forward, unrolled_loss
+from eagle_migrate.features import FeatureBatch
 
 
 def _model(norm_output: bool, layers: int = 1, seed: int = 0, **kw) -> EagleDrafter:
@@ -283,7 +276,7 @@ def test_chunked_unrolled_forward_equals_full(chunk):
 
 
 def test_precomputed_layouts_read_back(tmp_path):
-    from eagle_migrate.train import PrecomputedFeatures
+    from eagle_migrate.features import PrecomputedFeatures
 
     t, ht = 7, 24
     aux, last = torch.randn(1, t, 3 * ht), torch.randn(1, t, ht)

@@ -1,0 +1,256 @@
+"""The target's features for training and judging: its aux states and post-norm last hidden state per position
+(labels through :class:`TargetHead`, the target's output layer restricted to the draft vocabulary), in batches
+(:class:`FeatureBatch`), computed from the target batch by batch (:class:`FeatureStore`: streamed, cached on disk
+as one safetensors file per batch in ``cache_dir``) or read from precomputed files (:class:`PrecomputedFeatures`,
+through the one --hidden-states reader). Imports target capture, hidden_states, formats; never train."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+Progress = Callable[[dict[str, Any]], None]  # an event dict per step of long work (fit's and prefetch's)
+
+@dataclass
+class TargetHead:
+    """The target's output layer restricted to the draft vocabulary: logits over Vd from its post-norm state."""
+
+    weight: torch.Tensor  # [Vd, Ht]
+    bias: torch.Tensor | None = None
+
+    @classmethod
+    def from_target(cls, target: Any, t_ids: torch.Tensor, device: torch.device | str = "cpu") -> TargetHead:
+        head = target.model.get_output_embeddings()
+        w = head.weight.detach()[t_ids.to(head.weight.device)].to(device=device, dtype=torch.float32)
+        b = getattr(head, "bias", None)
+        return cls(w, None if b is None else b.detach()[t_ids.to(b.device)].to(device=device, dtype=torch.float32))
+
+    def logits(self, final: torch.Tensor) -> torch.Tensor:
+        out = final.float() @ self.weight.T
+        return out if self.bias is None else out + self.bias
+
+
+@dataclass
+class FeatureBatch:
+    """One batch of target features. Positions past ``lengths`` are padding (right-padded)."""
+
+    input_ids: torch.Tensor  # [B, T] int64
+    aux: torch.Tensor  # [B, T, K*Ht]
+    loss_mask: torch.Tensor  # [B, T] bool: the target's prediction at position p (of token p+1) is trained on
+    final: torch.Tensor | None = None  # [B, T, Ht] the target's post-norm last hidden state
+    target_logits: torch.Tensor | None = None  # [B, T, Vd] already restricted to the draft vocabulary
+    lengths: torch.Tensor | None = None  # [B] real lengths (None: every row is T long)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.loss_mask.sum())
+
+    def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> FeatureBatch:
+        """Move to ``device``, then cast the float states there: casting first (``x.to(device, dtype)``) makes
+        the CPU convert and copies the wider dtype from pageable memory, which on an H100 took a third of a
+        calibration step (docs/benchmarks.md)."""
+
+        def cast(x: torch.Tensor) -> torch.Tensor:
+            x = x.to(device, non_blocking=x.is_pinned())
+            return x if dtype is None else x.to(dtype)
+
+        return FeatureBatch(
+            self.input_ids.to(device), cast(self.aux), self.loss_mask.to(device),
+            None if self.final is None else cast(self.final),
+            None if self.target_logits is None else self.target_logits.to(device), self.lengths,
+        )
+
+    def labels(self, head: TargetHead | None) -> torch.Tensor:
+        if self.target_logits is not None:
+            return self.target_logits.float()
+        if self.final is None or head is None:
+            raise ValueError("a batch needs target_logits, or final states plus a TargetHead")
+        return head.logits(self.final)
+
+
+def pad_batch(seqs: Sequence[Sequence[int]], masks: Sequence[Sequence[bool]] | None, seq_len: int, pad_id: int = 0):
+    seqs = [list(s)[:seq_len] for s in seqs]
+    t = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), t), pad_id, dtype=torch.long)
+    lm = torch.zeros((len(seqs), t), dtype=torch.bool)
+    lengths = torch.tensor([len(s) for s in seqs], dtype=torch.long)
+    for r, s in enumerate(seqs):
+        ids[r, : len(s)] = torch.tensor(s, dtype=torch.long)
+        if masks is None:
+            lm[r, : len(s)] = True
+        else:
+            m = list(masks[r])[: len(s)]
+            lm[r, : len(m)] = torch.tensor(m, dtype=torch.bool)
+    return ids, lengths, lm
+
+
+class FeatureStore:
+    """Target features for a list of token sequences, one :class:`FeatureBatch` per ``batch`` sequences.
+
+    Without ``cache_dir`` every access runs the target (streaming: never more than one batch in memory). With it,
+    each batch is written once to ``cache_dir/features-<name>-<key>/batch-00000.safetensors`` (``input_ids``,
+    ``lengths``, ``loss_mask``, ``aux``, ``final``) and read back afterwards; the key hashes the target, layer ids,
+    sequences, masks and shapes, so a changed input never reuses stale features.
+    """
+
+    def __init__(
+        self,
+        target: Any,
+        sequences: Sequence[Sequence[int]],
+        layer_ids: Sequence[int],
+        *,
+        batch: int = 4,
+        seq_len: int = 512,
+        loss_masks: Sequence[Sequence[bool]] | None = None,
+        cache_dir: str | os.PathLike | None = None,
+        name: str = "train",
+        store_dtype: torch.dtype = torch.float32,
+        keep_in_memory: bool = False,
+    ):
+        if not sequences:
+            raise ValueError("no sequences to capture target features from")
+        self.target = target
+        self.sequences = [list(s)[:seq_len] for s in sequences]
+        self.masks = None if loss_masks is None else [list(m)[:seq_len] for m in loss_masks]
+        self.layer_ids = sorted(layer_ids)
+        self.batch = batch
+        self.seq_len = seq_len
+        self.store_dtype = store_dtype
+        self._memory: dict[int, FeatureBatch] | None = {} if keep_in_memory else None
+        self.dir: Path | None = None
+        if cache_dir is not None:
+            h = hashlib.sha256()
+            h.update(json.dumps([str(getattr(getattr(target, "info", None), "path", "")), self.layer_ids, seq_len, batch, str(store_dtype)]).encode())
+            for s in self.sequences:
+                h.update(json.dumps(s).encode())
+            if self.masks is not None:
+                for m in self.masks:
+                    h.update(bytes(bytearray(int(x) for x in m)))
+            self.dir = Path(cache_dir) / f"features-{name}-{h.hexdigest()[:16]}"
+            self.dir.mkdir(parents=True, exist_ok=True)
+
+    def __len__(self) -> int:
+        return math.ceil(len(self.sequences) / self.batch)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(s) for s in self.sequences)
+
+    def _file(self, i: int) -> Path | None:
+        return None if self.dir is None else self.dir / f"batch-{i:05d}.safetensors"
+
+    def _compute(self, i: int) -> FeatureBatch:
+        seqs = self.sequences[i * self.batch : (i + 1) * self.batch]
+        masks = None if self.masks is None else self.masks[i * self.batch : (i + 1) * self.batch]
+        ids, lengths, lm = pad_batch(seqs, masks, self.seq_len)
+        aux, final = self.target.capture(ids, self.layer_ids, lengths)
+        # streamed (neither cached nor kept): stay on the target's device, the next use is there
+        dev = aux.device if self.dir is None and self._memory is None else "cpu"
+        return FeatureBatch(ids, aux.to(dev, self.store_dtype), lm, final.to(dev, self.store_dtype), lengths=lengths)
+
+    def __getitem__(self, i: int) -> FeatureBatch:
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        if self._memory is not None and i in self._memory:
+            return self._memory[i]
+        f = self._file(i)
+        if f is not None and f.exists():
+            fb = read_feature_file(f)
+            if self._memory is not None:
+                self._memory[i] = fb
+            return fb
+        fb = self._compute(i)
+        if self._memory is not None:
+            self._memory[i] = fb
+        if f is not None:
+            from safetensors.torch import save_file
+
+            tmp = f.with_name(f.name + ".part")
+            save_file({"input_ids": fb.input_ids, "lengths": fb.lengths, "loss_mask": fb.loss_mask.to(torch.uint8),
+                       "aux": fb.aux.contiguous(), "final": fb.final.contiguous()}, str(tmp), metadata={"layer_ids": json.dumps(self.layer_ids)})
+            os.replace(tmp, f)
+        return fb
+
+    def prefetch(self, progress: Progress | None = None) -> None:
+        """Compute and cache every missing batch (no-op without ``cache_dir``)."""
+        if self.dir is None:
+            return
+        for i in range(len(self)):
+            f = self._file(i)
+            if not f.exists():
+                self[i]
+            if progress:
+                progress({"phase": "capture", "batch": i + 1, "batches": len(self)})
+
+
+def read_feature_file(f: Path) -> FeatureBatch:
+    from safetensors.torch import load_file
+
+    d = load_file(str(f))
+    lengths = d.get("lengths")
+    return FeatureBatch(d["input_ids"].long(), d["aux"], d["loss_mask"].bool(), d.get("final"), d.get("target_logits"),
+                        None if lengths is None else lengths.long())
+
+
+class PrecomputedFeatures:
+    """Target features another pipeline wrote, read by :mod:`eagle_migrate.hidden_states` (the one reader of a
+    ``--hidden-states`` folder: the same layouts, layer-id checks and widths as the norm statistics); one
+    :class:`FeatureBatch` per file (a padded batch for our own layout, one sequence for speculators / SpecForge).
+
+    ``layer_ids`` / ``hidden_size``: the drafter's aux layers and the target's width (checked against what the
+    folder records). ``final_norm=(weight, eps)``: the target's final norm, needed for speculators files, whose last
+    layer is stored before it (the training target is the post-norm state).
+    """
+
+    def __init__(self, folder: str | os.PathLike, layer_ids: list[int], hidden_size: int,
+                 final_norm: tuple[torch.Tensor, float] | None = None):
+        from .hidden_states import describe_hidden_states
+
+        self.info = describe_hidden_states(Path(folder))
+        self.layout = self.info.layout
+        self.files = self.info.files
+        self.k, self.hidden_size = len(layer_ids), hidden_size
+        self.pick = self.info.pick(layer_ids)
+        self.final_norm = final_norm
+        if self.layout == "speculators" and final_norm is None:
+            raise ValueError("speculators features hold the pre-norm last layer: pass final_norm=(weight, eps)")
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, i: int) -> FeatureBatch:
+        from .errors import DataError
+        from .hidden_states import checked, read_file
+
+        f = self.files[i]
+        if self.layout == "eagle-migrate":
+            fb = read_feature_file(f)
+            if fb.aux.shape[-1] != self.k * self.hidden_size:
+                raise DataError(f"{f}: aux hidden states are {fb.aux.shape[-1]} wide, expected K*Ht = "
+                                f"{self.k}*{self.hidden_size} = {self.k * self.hidden_size}")
+            return fb
+        recs = [checked(r, f, self.k, self.hidden_size) for r in read_file(f, self.layout, self.k, self.pick, self.final_norm)]
+        r = recs[0]
+        if r.last is None:
+            raise DataError(f"{f}: no last-layer hidden state of width {self.hidden_size} to train against")
+        t = r.input_ids.shape[0]
+        lm = torch.ones(1, t, dtype=torch.bool) if r.loss_mask is None else r.loss_mask.reshape(1, -1).bool()
+        return FeatureBatch(r.input_ids[None], r.aux.float()[None], lm, r.last.float()[None], lengths=torch.tensor([t]))
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self[i].num_tokens for i in range(len(self)))
+
+    def prefetch(self, progress: Progress | None = None) -> None:
+        return None
+
+
+# ----- loss ----------------------------------------------------------------------------------------------------------
