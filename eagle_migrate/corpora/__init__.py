@@ -27,7 +27,6 @@ from .long import (  # noqa: F401  (used by tests and benchmarks/drift_curve.py)
     LONG_QUESTIONS,
     STDLIB_MODULES,
     _bucket_key,
-    _bucket_label,
     long_document,
     stdlib_sources,
 )
