@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 from pydantic import BaseModel, Field
 
 from .choices import AuxIdsConvention as Convention
+from .errors import a_an
 
 if TYPE_CHECKING:  # pragma: no cover
     from .formats.base import Checkpoint, Finding
@@ -245,7 +246,7 @@ def resolve(a: AuxIds, num_aux: int, num_target_layers: int, *, override: Conven
     if len(valid) == 1:
         bad = next(c for c in a.candidates if c is not valid[0])
         return a.decide(valid[0].convention, "unambiguous",
-                        f"the {bad.convention} reading {bad.ids} is impossible on a {num_target_layers}-layer target "
+                        f"the {bad.convention} reading {bad.ids} is impossible on {a_an(num_target_layers)}-layer target "
                         f"({pairing_error(bad.ids, num_aux, num_target_layers)})")
     if not valid or measure_fn is None:
         return a

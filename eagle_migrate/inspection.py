@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field
 
 from . import aux_ids as _aux
 from .aux_ids import AuxIds, Convention
-from .drafter.config import MLA_FIELDS
+from .drafter.config import MLA_FIELDS, family_mismatch
 from .formats.base import Checkpoint, Finding
 from .formats.common import QUANT_SUFFIXES
 from .formats.traps import finding
@@ -223,6 +223,8 @@ def _pairing(ck: Checkpoint, ti: Any) -> list[Finding]:
         out.append(finding("warning", "rope_theta_mismatch", f"drafter rope_theta={cfg.rope_theta:g}, target {ti.rope_theta:g}: fine only if the drafter was trained that way (a missing rope_theta defaults to 10000, SpecForge#265)"))
     if _norm_scaling(cfg.rope_scaling) != _norm_scaling(ti.rope_scaling):
         out.append(finding("warning", "rope_scaling_mismatch", f"drafter rope_scaling={cfg.rope_scaling}, target {ti.rope_scaling} (dropped rope_scaling: speculators#574)"))
+    if cfg.generation == "eagle3" and (note := family_mismatch(cfg.architecture, ti.model_type)):
+        out.append(finding("warning", "drafter_family_differs", note))
     if abs(cfg.rms_norm_eps - ti.rms_norm_eps) > 1e-12 and ck.raw_config:
         out.append(finding("info", "rms_norm_eps_differs", f"drafter rms_norm_eps={cfg.rms_norm_eps:g}, target {ti.rms_norm_eps:g}"))
     return out

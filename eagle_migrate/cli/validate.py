@@ -15,6 +15,8 @@ from .render import log, print_json, stdout
 def render(r) -> None:
     from rich.table import Table
 
+    from ..validate.report import fmt_value, verdict_line
+
     has_base = any(s.baseline for s in r.suites)
     has_speed = any(s.speedup is not None for s in r.suites)
     stdout.print(f"[bold]{r.checkpoint}[/] on {r.target} ({r.engine} {r.engine_version or ''}, k={r.settings['num_speculative_tokens']}, "
@@ -29,11 +31,11 @@ def render(r) -> None:
         row = [s.name, str(s.prompt_set["size"]), f"{s.new.acceptance_length:.3f}"]
         if has_base:
             row += [f"{s.baseline.acceptance_length:.3f}" if s.baseline else "–",
-                    f"{-s.regression_pct:+.1f}" if s.regression_pct is not None else "–"]
+                    fmt_value(-s.regression_pct, 1, sign=True) if s.regression_pct is not None else "–"]
         row += [f"{s.new.draft_acceptance_rate:.2f}", " ".join(f"{x:.2f}" for x in s.new.per_position_rate)]
         if has_speed:
             row += [f"{s.speedup:.2f}x" if s.speedup is not None else "–"]
-        row += ["[green]pass[/]" if s.passed else "[red]FAIL[/] " + "; ".join(s.failures)]
+        row += [("[green]pass[/]" if r.gates else "–") if s.passed else "[red]FAIL[/] " + "; ".join(s.failures)]
         t.add_row(*row)
     stdout.print(t)
     for s in r.suites:
@@ -58,7 +60,8 @@ def render(r) -> None:
             stdout.print(f"  {suite}: " + "  ".join(cells), highlight=False)
     if r.report_dir:
         stdout.print(f"report: {r.report_dir}/report.md ({', '.join(r.files)})", highlight=False)
-    stdout.print("[green]PASSED[/]" if r.passed else "[red]FAILED[/]: " + "; ".join(r.failures))
+    line = verdict_line(r)
+    stdout.print(f"[green]{line}[/]" if r.passed and r.gates else line if r.passed else f"[red]{line}[/]", highlight=False)
 
 
 @app.command()

@@ -13,7 +13,7 @@ from typing import ClassVar
 
 from ..aux_ids import AuxIds
 from ..drafter.config import DrafterConfig
-from ..errors import InputError
+from ..errors import InputError, a_an
 from ..formats.output import atomic_output_dir, write_json
 from ..stats import TargetStatistics
 from .calibration import CalibrationOptions, run_calibration
@@ -86,7 +86,7 @@ def converter_for(cfg: DrafterConfig) -> Converter:
     for cls in CONVERTERS:
         if cls.accepts(cfg):
             return cls()
-    raise InputError(f"no converter for a {cfg.generation} drafter")
+    raise InputError(f"no converter for {a_an(cfg.generation)} drafter")
 
 
 def run(opts: ConvertOptions) -> ConvertResult:
@@ -110,6 +110,7 @@ def run(opts: ConvertOptions) -> ConvertResult:
     prov.norm_init = ini.norm_init.method if ini.norm_init else None
     prov.norm_output_scale = ini.norm_output.scale if ini.norm_output else None
     prov.calibration_required = required
+    prov.step0_agreement = ini.agreement.step0
     labels = OutputLabels(source_format=job.ck.format, source_producer=job.ck.producer, source_sha256=job.source_sha256,
                           norm_init=prov.norm_init, norm_output_scale=prov.norm_output_scale, calibration_required=required)
     calibration = CalibrationStatus(required=required, reason="EAGLE-2 warm start: fine-tune required" if required else "")

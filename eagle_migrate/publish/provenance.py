@@ -19,13 +19,19 @@ from pydantic import BaseModel, ConfigDict
 from ..errors import CheckpointError, InputError, redact
 from ..formats import Checkpoint
 from ..formats.base import Finding
+from ..fingerprints import target_name
 from ..formats.io import read_json
-from .card import scalar_str
+from .card import LineageStep, fixed, scalar_str
 from .models import PROVENANCE_FILE, REPO_ID
 
-_TARGET_KEYS = ("target", "base_model", "verifier")
-_ABS_PATH = re.compile(r"(?<![\w:/.~-])(?:~|[A-Za-z]:)?/(?:[^\s/\"'`|]+/)*[^\s/\"'`|]*")
+_TARGET_KEYS = ("target_hub_id", "target", "base_model", "verifier")
+# an absolute path: at the start or after a space, quote, backtick, bracket, `=` or `,` (not "+/-" or "a/b")
+_ABS_PATH = re.compile(r"(?<![^\s\"'`(\[=,])(?:~|[A-Za-z]:)?/(?:[^\s/\"'`|]+/)*[^\s/\"'`|]*")
+_CODE_SPAN = re.compile(r"`([^`\s]+)`")
 _HF_CACHE_SNAPSHOT = re.compile(r"models--(?P<org>[^/]+?)--(?P<name>[^/]+)/snapshots/")
+# a relative path through a stage's temporary folder (``OUT/.quantize.tmp-PID-HEX/model``): gone once the stage ended
+_TMP_PATH = re.compile(r"(?<![\w/.-])(?:[\w.-]+/)*\.[\w-]+\.(?:tmp|old)-[\w-]+(?:/[\w.-]+)*")
+_PARENT_KEY = "parent"  # quantize's provenance.json keeps its source's whole record here
 
 
 class ProvenanceView(BaseModel):
@@ -38,13 +44,41 @@ class ProvenanceView(BaseModel):
     license_link: str | None = None
 
 
+def chain(prov: dict[str, Any]) -> list[dict[str, Any]]:
+    """The provenance records of every stage, newest first: the checkpoint's own, then its ``parent`` (quantize
+    keeps convert's record there), and so on."""
+    out: list[dict[str, Any]] = []
+    node: Any = prov
+    while isinstance(node, dict) and node and len(out) < 16:
+        out.append(node)
+        node = node.get(_PARENT_KEY)
+    return out
+
+
 def _prov_targets(prov: dict[str, Any]) -> list[Any]:
-    """Values naming the target in provenance.json: top-level keys first (convert writes ``target``), then one
-    level down (quantize writes ``options.target``)."""
-    out = [prov[k] for k in _TARGET_KEYS if k in prov]
-    for v in prov.values():
-        if isinstance(v, dict):
-            out += [v[k] for k in _TARGET_KEYS if k in v]
+    """Values naming the target in provenance.json, stage by stage (newest first): top-level keys first (convert
+    writes ``target_hub_id`` / ``target``), then one level down (quantize writes ``options.target``)."""
+    def keys(d: dict[str, Any]) -> list[Any]:
+        if "target_name" in d or "target_hub_id" in d:  # a record that names its target: its raw spec may be a path
+            return [d.get("target_hub_id")]
+        return [d[k] for k in _TARGET_KEYS if k in d]
+
+    out: list[Any] = []
+    for node in chain(prov):
+        out += keys(node)
+        for k, v in node.items():
+            if isinstance(v, dict) and k != _PARENT_KEY:
+                out += keys(v)
+    return out
+
+
+def _prov_target_names(prov: dict[str, Any]) -> list[str]:
+    """The target's name without a path (``target_name``, written by convert and quantize), newest stage first."""
+    out: list[str] = []
+    for node in chain(prov):
+        for d in [node, *(v for k, v in node.items() if isinstance(v, dict) and k != _PARENT_KEY)]:
+            if isinstance(d.get("target_name"), str) and d["target_name"]:
+                out.append(d["target_name"])
     return out
 
 
@@ -88,12 +122,13 @@ def scrub(text: str, token: str | None) -> str:
 
 
 def _public_path(p: str) -> str:
-    """A local path as it may leave the machine: the hub id of an HF cache snapshot, else ``<local>/NAME``."""
+    """A local path as it may leave the machine: the hub id of an HF cache snapshot, else ``<local>/NAME`` (NAME:
+    the last part that is not a stage's temporary folder)."""
     m = _HF_CACHE_SNAPSHOT.search(p)
     if m:
         return f"{m.group('org')}/{m.group('name')}"
-    name = Path(p.rstrip("/")).name
-    return f"<local>/{name}" if name else "<local>"
+    parts = [x for x in Path(p.rstrip("/")).parts if x not in ("/", "~") and not _TMP_PATH.fullmatch(x)]
+    return f"<local>/{parts[-1]}" if parts else "<local>"
 
 
 def public(v: Any, key: str = "") -> Any:
@@ -113,30 +148,16 @@ def public(v: Any, key: str = "") -> Any:
     with contextlib.suppress(OSError, ValueError):
         if not v.startswith(("/", "~")) and ("/" in v or "\\" in v) and Path(v).exists():
             return _public_path(v)
+    v = _TMP_PATH.sub(lambda m: _public_path(m.group(0)), v)
+    v = _CODE_SPAN.sub(lambda m: f"`{_public_path(m.group(1))}`" if _is_local_relative(m.group(1)) else m.group(0), v)
     return _ABS_PATH.sub(lambda m: _public_path(m.group(0)) if len(m.group(0)) > 1 else m.group(0), v)
 
 
-def provenance_rows(prov: dict[str, Any], limit: int = 24) -> list[tuple[str, str]]:
-    """The card's provenance table: scalar values (one level of nesting flattened), the publish record left out."""
-    rows: list[tuple[str, str]] = []
-
-    def add(key: str, v: Any) -> None:
-        if len(rows) >= limit:
-            return
-        if isinstance(v, dict):
-            for k2, v2 in v.items():
-                if not isinstance(v2, (dict, list)):
-                    add(f"{key}.{k2}", v2)
-        elif isinstance(v, list):
-            if v and all(isinstance(x, (str, int, float)) for x in v) and len(v) <= 8:
-                rows.append((key, ", ".join(str(x) for x in v)))
-        elif v is not None and (s := scalar_str(v)):
-            rows.append((key, s if len(s) <= 120 else s[:117] + "..."))
-
-    for k, v in prov.items():
-        if k != "publish":
-            add(k, v)
-    return rows
+def _is_local_relative(v: str) -> bool:
+    """A relative path (with a folder part) that exists here, e.g. ``out/quantize/model`` in a report's Markdown."""
+    with contextlib.suppress(OSError, ValueError):
+        return not v.startswith(("/", "~")) and "/" in v.strip("/") and Path(v).exists()
+    return False
 
 
 # ----- the drafter, its target and license ---------------------------------------------------------------------------
@@ -187,6 +208,7 @@ class Origin:
     license: str | None
     license_name: str | None
     license_link: str | None
+    target_name: str | None = None  # a local target's own name when its hub id is unknown (never its path)
 
 
 def resolve_origin(folder: Path, cfg: dict[str, Any], report_target: Any, target: str | None, license: str | None,
@@ -204,22 +226,180 @@ def resolve_origin(folder: Path, cfg: dict[str, Any], report_target: Any, target
             findings.append(Finding(severity="warning", code="provenance_unreadable", message=e.message))
     prov = ProvenanceView.model_validate(prov_raw)
     spec_cfg = cfg.get("speculators_config") if isinstance(cfg.get("speculators_config"), dict) else {}
-    if target is not None and hub_id(target) is None:
-        raise InputError(f"--target {target!r} is not a hub model id (ORG/NAME)", "base_model must name a model on the Hub")
-    candidates = [target, *_prov_targets(prov_raw), (spec_cfg.get("verifier") or {}),
+    given = None
+    if target is not None:
+        given = target_name(target) if hub_id(target) is None and _local_dir(target) else None
+        if hub_id(target) is None and given is None:
+            raise InputError(f"--target {target!r} is neither a hub model id (ORG/NAME) nor a local model folder",
+                             "base_model must name a model on the Hub")
+    candidates = [given.hub_id if given else target, *_prov_targets(prov_raw), (spec_cfg.get("verifier") or {}),
                   (cfg.get("eagle_migrate") or {}).get("target") if isinstance(cfg.get("eagle_migrate"), dict) else None,
                   report_target]
     base_model = next((h for h in (hub_id(c) for c in candidates) if h), None)
+    name = None
+    if base_model is None:  # a local target: its own name (the folder's config), never its path
+        local_names = [given.name] if given else []
+        local_names += _prov_target_names(prov_raw)
+        for c in candidates[1:]:
+            d = _local_dir(c)
+            tn = target_name(str(d)) if d is not None else None
+            if tn is not None:
+                if tn.hub_id:
+                    base_model = tn.hub_id
+                    break
+                local_names.append(tn.name)
+        name = None if base_model else next(iter(local_names), None)
     if base_model is None:
         findings.append(Finding(severity="warning", code="base_model_unknown",
-                                message="the target's hub id is unknown (not in provenance.json or config.json): the card has no base_model; pass --target ORG/NAME"))
+                                message="the target's hub id is unknown (not in provenance.json or config.json): the card has "
+                                        "no base_model" + (f" and names the local model `{name}`" if name else "")
+                                        + "; pass --target ORG/NAME"))
     lic, lic_name, lic_link = (license, None, None)
     if lic is None and isinstance(prov.license, str):
         lic, lic_name, lic_link = prov.license, prov.license_name, prov.license_link
     if lic is None:
-        local = next((d for d in (_local_dir(c) for c in candidates[1:]) if d), None)
+        local = _local_dir(target) if given else next((d for d in (_local_dir(c) for c in candidates[1:]) if d), None)
         lic, lic_name, lic_link = _license_from_target_dir(local)
     if lic is None:
         findings.append(Finding(severity="info", code="license_unknown",
                                 message="no license in provenance.json or the target's card: pass --license (the target's license usually applies)"))
-    return Origin(prov_raw, base_model, lic, lic_name, lic_link)
+    return Origin(prov_raw, base_model, lic, lic_name, lic_link, name)
+
+
+# ----- the lineage: every stage, source first -------------------------------------------------------------------------
+_GENERATIONS = {"eagle1": "EAGLE-1", "eagle2": "EAGLE-2", "eagle3": "EAGLE-3", "eagle3.1": "EAGLE-3.1"}
+
+
+def _gen(fmt: Any) -> str:
+    return _GENERATIONS.get(fmt, str(fmt)) if fmt else "a drafter of unknown format"
+
+
+def _kind(node: dict[str, Any]) -> str | None:
+    """Which stage wrote a provenance record: convert (``convert.result.Provenance``) or quantize (``quantize.stage``)."""
+    if node.get("command") == "quantize" or (isinstance(node.get("options"), dict) and "scheme" in node["options"]):
+        return "quantize"
+    if "source_format" in node or "norm_init" in node:
+        return "convert"
+    return None
+
+
+def _source_of(node: dict[str, Any]) -> tuple[Any, Any, Any, str | None]:
+    """(format, producer, weights sha256, Hub id when the source was one) of the oldest record's source."""
+    if "source_format" in node:
+        return node.get("source_format"), node.get("source_producer"), node.get("source_sha256"), hub_id(node.get("source"))
+    src = node.get("source")
+    if isinstance(src, dict):
+        return src.get("format"), src.get("producer"), src.get("sha256"), hub_id(src.get("path") or src.get("repo_id"))
+    return None, None, None, None
+
+
+def _num(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def _convert_step(node: dict[str, Any]) -> LineageStep:
+    fmt = node.get("source_format")
+    parts = ["already EAGLE-3.1: re-written as it is" if fmt == "eagle3.1"
+             else f"{_gen(fmt)} -> EAGLE-3.1 (`fc_norm` before `fc`, post-norm feedback `norm_output`)"]
+    if node.get("norm_init"):
+        parts.append(f"`fc_norm` initialised by {node['norm_init']}")
+    if (a := _num(node.get("step0_agreement"))) is not None:
+        parts.append(f"step-0 agreement with the source {fixed(a)}")
+    cal = node.get("calibration")
+    if isinstance(cal, str) and cal:
+        verdict = node.get("calibration_verdict")
+        parts.append(f"calibration: {cal}" + (f"; verdict: {verdict}" if isinstance(verdict, str) and verdict else ""))
+    return LineageStep(stage="convert", summary="; ".join(parts))
+
+
+def _quantize_step(node: dict[str, Any]) -> LineageStep:
+    o = node.get("options") if isinstance(node.get("options"), dict) else {}
+    r = node.get("result") if isinstance(node.get("result"), dict) else {}
+    scheme = o.get("scheme") or r.get("scheme") or "quantized"
+    parts = [f"{scheme}" + (f" ({r['scheme_description']})" if isinstance(r.get("scheme_description"), str) else "")]
+    if (ratio := _num(r.get("checkpoint_ratio"))) is not None:
+        parts.append(f"checkpoint {ratio:.2f}x smaller")
+    if (sq := _num(r.get("min_sqnr_db"))) is not None:
+        parts.append(f"lowest SQNR {sq:.1f} dB")
+    acc = r.get("acceptance")
+    if isinstance(acc, dict) and _num(acc.get("before")) is not None and _num(acc.get("after")) is not None:
+        parts.append(f"AL {fixed(acc['before'])} -> {fixed(acc['after'])} ({acc.get('engine', '?')})")
+    return LineageStep(stage="quantize", summary="; ".join(parts))
+
+
+def _other_steps(node: dict[str, Any]) -> list[LineageStep]:
+    """A hand-made record: its ``convert`` / ``quantize`` / ``calibrate`` sections' scalar values."""
+    out = []
+    for key in ("convert", "calibrate", "quantize"):
+        sec = node.get(key)
+        if isinstance(sec, dict):
+            vals = [f"{k} {scalar_str(v)}" for k, v in sec.items() if isinstance(v, (str, int, float, bool))]
+            if vals:
+                out.append(LineageStep(stage=key, summary=", ".join(vals[:8])))
+    return out
+
+
+def suite_acceptance(raw: Any) -> list[tuple[str, float | None, float | None]]:
+    """(suite, AL, baseline AL) from a report's suites (validate's layout, or flat ``acceptance_length`` keys)."""
+    suites = raw.get("suites") if isinstance(raw, dict) else None
+    if isinstance(suites, dict):
+        entries = [(str(k), v) for k, v in suites.items() if isinstance(v, dict)]
+    elif isinstance(suites, list):
+        entries = [(str(v.get("name") or v.get("suite") or i + 1), v) for i, v in enumerate(suites) if isinstance(v, dict)]
+    else:
+        return []
+    out = []
+    for name, d in entries:
+        new = d.get("new") if isinstance(d.get("new"), dict) else {}
+        base = d.get("baseline") if isinstance(d.get("baseline"), dict) else {}
+        out.append((name, _num(new.get("acceptance_length", d.get("acceptance_length"))),
+                    _num(base.get("acceptance_length", d.get("baseline_acceptance_length")))))
+    return out
+
+
+def _validate_step(report: Any, forced_by: str | None, reason: str | None) -> LineageStep:
+    """``report``: a ``publish.report.LoadedReport`` (None: none was given)."""
+    if report is None:
+        if forced_by == "--no-validate":
+            return LineageStep(stage="validate", summary="not run (`--no-validate`): the acceptance length was never measured")
+        return LineageStep(stage="validate", summary="no validation report" + (f"; published with `{forced_by}`" if forced_by else ""))
+    m = report.model
+    version = m.vllm_version or m.engine_version
+    head = f"engine {m.engine or 'unknown'}" + (f" {version}" if version else "")
+    if m.num_speculative_tokens:
+        head += f", k={m.num_speculative_tokens}"
+    als = [f"{n} AL {fixed(a)}" + (f" (baseline {fixed(b)})" if b is not None else "")
+           for n, a, b in suite_acceptance(report.raw)[:6] if a is not None]
+    if report.passed is True and report.gated:
+        n = len(report.info.gates)
+        verdict = "the gate passed" if n == 1 else f"all {n} gates passed"
+    elif report.passed is True:
+        verdict = "measured only: no acceptance gate was set"
+    else:
+        verdict = ("did not pass" if report.passed is False else "no verdict") + (f" ({reason})" if reason else "") \
+            + (f"; published with `{forced_by}`" if forced_by else "")
+    return LineageStep(stage="validate", summary="; ".join([head, *als, verdict]))
+
+
+def lineage(prov: dict[str, Any], report: Any, forced_by: str | None = None, reason: str | None = None) -> list[LineageStep]:
+    """Every stage the drafter went through, source first: the source's format and producer, the conversion and its
+    verdict, the quantization, the validation (``report``, a ``LoadedReport``, or why there is none). Local paths
+    are left out (the summaries name no path); pass the result through :func:`public` all the same."""
+    nodes = list(reversed(chain(prov)))
+    steps: list[LineageStep] = []
+    if nodes:
+        fmt, producer, sha, hub = _source_of(nodes[0])
+        if fmt or producer:
+            steps.append(LineageStep(stage="source", summary=f"{_gen(fmt)} drafter" + (f" `{hub}`" if hub else "")
+                                     + (f" from {producer}" if producer else "")
+                                     + (f", weights sha256 {sha[:12]}..." if isinstance(sha, str) and sha else "")))
+    for node in nodes:
+        kind = _kind(node)
+        if kind == "convert":
+            steps.append(_convert_step(node))
+        elif kind == "quantize":
+            steps.append(_quantize_step(node))
+        else:
+            steps += _other_steps(node)
+    steps.append(_validate_step(report, forced_by, reason))
+    return steps

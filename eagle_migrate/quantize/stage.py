@@ -7,6 +7,7 @@ Imports: torch, pydantic, ``errors``, ``formats`` (reader, io, vllm, write), ``d
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -124,6 +125,17 @@ def _library_versions() -> dict[str, str]:
     return out
 
 
+def _parent_provenance(source: Path) -> dict[str, Any] | None:
+    """The source checkpoint's own provenance.json (convert's record), kept whole so the lineage of every stage
+    survives quantization; None when there is none or it is unreadable."""
+    f = (source if source.is_dir() else source.parent) / "provenance.json"
+    try:
+        got = json.loads(f.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return got if isinstance(got, dict) else None
+
+
 def _provenance(result: QuantizeResult, source: Path, ckpt, src_files: list[Path], options: dict[str, Any]) -> dict:
     from ..formats.io import sha256_files
 
@@ -135,6 +147,7 @@ def _provenance(result: QuantizeResult, source: Path, ckpt, src_files: list[Path
         "options": options,
         "libraries": _library_versions(),
         "result": {k: v for k, v in result.model_dump(mode="json").items() if k not in ("layers", "quantization_config", "kept")},
+        "parent": _parent_provenance(source),
     }
 
 

@@ -122,13 +122,26 @@ def write_report(report: ValidationReport, out: Path) -> list[str]:
     return files
 
 
-def _fmt(x: float | None, nd: int = 3) -> str:
-    return "–" if x is None else f"{x:.{nd}f}"
+def fmt_value(x: float | None, nd: int = 3, sign: bool = False) -> str:
+    """``x`` to ``nd`` decimals ("–" for None); a value that rounds to zero is "0.0", never "-0.0"."""
+    if x is None:
+        return "–"
+    s = f"{x:+.{nd}f}" if sign else f"{x:.{nd}f}"
+    return f"{0.0:.{nd}f}" if float(s) == 0 else s
+
+
+def verdict_line(r: ValidationReport) -> str:
+    """The report's verdict: "PASSED" only when a gate was set, "MEASURED" when none was, "FAILED" with reasons."""
+    if not r.passed:
+        return "FAILED: " + "; ".join(r.failures)
+    if r.gates:
+        return "PASSED (" + ("the gate" if len(r.gates) == 1 else f"all {len(r.gates)} gates") + ")"
+    return "MEASURED: no gate was set (--min-acceptance-length / --max-regression)"
 
 
 def render_markdown(r: ValidationReport) -> str:
     lines = [f"# Validation report: `{Path(r.checkpoint).name}`", ""]
-    verdict = "PASSED" if r.passed else "FAILED: " + "; ".join(r.failures)
+    verdict = verdict_line(r)
     lines += [f"**{verdict}**", "",
               f"- target: `{r.target}`", f"- drafter: `{r.checkpoint}`"
               + (f"\n- baseline: `{r.baseline}`" if r.baseline else ""),
@@ -141,18 +154,18 @@ def render_markdown(r: ValidationReport) -> str:
           ["draft acc. rate", "per-position rate"] + (["speedup"] if has_speed else []) + ["gate"]
     lines += ["## Acceptance length per suite", "", "| " + " | ".join(hdr) + " |", "|" + "---|" * len(hdr)]
     for s in r.suites:
-        row = [s.name, str(s.prompt_set.get("size")), _fmt(s.new.acceptance_length)]
+        row = [s.name, str(s.prompt_set.get("size")), fmt_value(s.new.acceptance_length)]
         if has_base:
-            row += [_fmt(s.baseline.acceptance_length if s.baseline else None), _fmt(s.regression_pct, 1)]
-        row += [_fmt(s.new.draft_acceptance_rate), " / ".join(f"{x:.2f}" for x in s.new.per_position_rate)]
+            row += [fmt_value(s.baseline.acceptance_length if s.baseline else None), fmt_value(s.regression_pct, 1)]
+        row += [fmt_value(s.new.draft_acceptance_rate), " / ".join(f"{x:.2f}" for x in s.new.per_position_rate)]
         if has_speed:
-            row += [_fmt(s.speedup, 2) + ("x" if s.speedup is not None else "")]
-        row += ["pass" if s.passed else "**fail**: " + "; ".join(s.failures)]
+            row += [fmt_value(s.speedup, 2) + ("x" if s.speedup is not None else "")]
+        row += [("pass" if r.gates else "–") if s.passed else "**fail**: " + "; ".join(s.failures)]
         lines.append("| " + " | ".join(row) + " |")
     if r.overall:
         o = r.overall
-        lines += ["", f"Overall (all suites' counters): AL {_fmt(o.get('new'))}"
-                  + (f", baseline {_fmt(o.get('baseline'))}" if o.get("baseline") is not None else "")]
+        lines += ["", f"Overall (all suites' counters): AL {fmt_value(o.get('new'))}"
+                  + (f", baseline {fmt_value(o.get('baseline'))}" if o.get("baseline") is not None else "")]
     for s in r.suites:
         if not s.groups:
             continue
@@ -160,8 +173,8 @@ def render_markdown(r: ValidationReport) -> str:
                   "| group | prompts | mean prompt tokens | AL new" + (" | AL baseline" if has_base else "") + " |",
                   "|---|---|---|---|" + ("---|" if has_base else "")]
         for g in s.groups:
-            lines.append(f"| {g.name} | {g.new.num_prompts} | {g.mean_prompt_tokens:.0f} | {_fmt(g.new.acceptance_length)}"
-                         + (f" | {_fmt(g.baseline.acceptance_length if g.baseline else None)}" if has_base else "") + " |")
+            lines.append(f"| {g.name} | {g.new.num_prompts} | {g.mean_prompt_tokens:.0f} | {fmt_value(g.new.acceptance_length)}"
+                         + (f" | {fmt_value(g.baseline.acceptance_length if g.baseline else None)}" if has_base else "") + " |")
     if r.diagnostics and (r.diagnostics.new or r.diagnostics.error):
         d = r.diagnostics
         lines += ["", "## Drift diagnostics", "",
@@ -190,7 +203,7 @@ def render_markdown(r: ValidationReport) -> str:
     if r.gates:
         lines += ["", "## Gates", "", "| gate | threshold | suite | value | result |", "|---|---|---|---|---|"]
         for g in r.gates:
-            lines.append(f"| {g.name} | {g.threshold} | {g.suite} | {_fmt(g.value)} | {'pass' if g.passed else 'FAIL'} |")
+            lines.append(f"| {g.name} | {g.threshold} | {g.suite} | {fmt_value(g.value)} | {'pass' if g.passed else 'FAIL'} |")
     pngs = [f for f in r.files if f.endswith(".png")]
     if pngs:
         lines += ["", "## Plots", ""] + [f"![{f}]({f})" for f in pngs]

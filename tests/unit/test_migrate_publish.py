@@ -1,0 +1,86 @@
+"""Issue 28 (item 6): `migrate` measures before it publishes, and its card says what happened.
+
+With --publish the validate stage runs by default (the reference engine here, and the stage says why); skipping it is
+an explicit --no-validate that the card states (never a --force that was not passed); the target is named without
+its machine path; no record names a stage's temporary folder; the stage table rounds its numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from eagle_migrate.errors import InputError
+from eagle_migrate.migrate import MigrateOptions, build_stages, check_options, migrate
+
+
+@pytest.fixture
+def pair(tmp_path, toy_target, toy_oracle) -> tuple[Path, Path]:
+    t, d = tmp_path / "models" / "toy-target", tmp_path / "models" / "drafter"
+    shutil.copytree(toy_target, t)
+    shutil.copytree(toy_oracle, d)
+    return t, d
+
+
+def _names(stages) -> list[str]:
+    return [s.name for s in stages]
+
+
+def test_validate_runs_by_default_when_publishing(pair):
+    target, drafter = pair
+    assert _names(build_stages(drafter, str(target), MigrateOptions(publish="o/n", publish_dry_run=True))) == \
+        ["inspect", "convert", "validate", "publish"]
+    assert _names(build_stages(drafter, str(target), MigrateOptions())) == ["inspect", "convert"]  # nothing to publish
+    st = build_stages(drafter, str(target), MigrateOptions(publish="o/n", validate=False))  # an upload too: explicit
+    assert _names(st) == ["inspect", "convert", "publish"]
+    assert st[-1].inputs["force"] is True and st[-1].inputs["forced_by"] == "--no-validate"
+
+
+def test_no_validate_with_a_gate_is_refused(pair, tmp_path):
+    target, drafter = pair
+    with pytest.raises(InputError, match="--no-validate"):
+        check_options(drafter, str(target), tmp_path / "o", MigrateOptions(validate=False, max_regression_pct=5.0))
+
+
+def _opts(**kw) -> MigrateOptions:
+    base = dict(calibrate=False, num_sequences=4, quantize="fp8-dynamic", engine="reference", suites=["chat"],
+                num_prompts=2, max_tokens=8, publish="o/toy", publish_dry_run=True)
+    return MigrateOptions(**{**base, **kw})
+
+
+def test_migrate_publish_dry_run_card(pair, tmp_path):
+    target, drafter = pair
+    res = migrate(drafter, str(target), tmp_path / "run", _opts())
+    assert res.ok, res
+    stages = {s.name: s for s in res.stages}
+    assert list(stages) == ["inspect", "convert", "quantize", "validate", "publish"]
+    assert stages["convert"].message == "step-0 agreement 1.000"
+    msg = stages["validate"].message
+    assert msg.startswith("reference") and "chat AL" in msg and "no gate set" in msg and "passed" not in msg
+    repo = tmp_path / "run" / "publish" / "repo"
+    card = (repo / "README.md").read_text()
+    assert "--force" not in card and "Warning" not in card and "TARGET_MODEL" not in card
+    assert "`toy-target` (a local model; Hub id not recorded)" in card and "vllm serve toy-target " in card
+    assert "measured only: no acceptance gate was set" in card
+    lineage = card.split("## Lineage", 1)[1].split("##", 1)[0]
+    for stage in ("| source | EAGLE-3 drafter from eagle-migrate", "| convert | EAGLE-3 -> EAGLE-3.1", "| quantize | fp8-dynamic",
+                  "| validate | engine reference"):
+        assert stage in lineage, lineage
+    # no temporary folder and no machine path in anything published, nor in the run's own records
+    published = "\n".join(p.read_text() for p in repo.rglob("*") if p.suffix in (".md", ".json"))
+    assert ".tmp-" not in published and str(tmp_path) not in published
+    records = [p for p in (tmp_path / "run").rglob("*") if p.suffix in (".md", ".json")]
+    assert records and not [p for p in records if ".tmp-" in p.read_text()]
+
+
+def test_migrate_no_validate_card_says_so(pair, tmp_path):
+    target, drafter = pair
+    res = migrate(drafter, str(target), tmp_path / "run", _opts(validate=False, quantize=None))
+    assert res.ok and [s.name for s in res.stages] == ["inspect", "convert", "publish"]
+    card = (tmp_path / "run" / "publish" / "repo" / "README.md").read_text()
+    assert "published with `--no-validate`" in card and "--force" not in card
+    prov = json.loads((tmp_path / "run" / "publish" / "repo" / "provenance.json").read_text())
+    assert prov["publish"]["validation"]["forced_by"] == "--no-validate"
