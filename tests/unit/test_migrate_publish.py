@@ -84,3 +84,24 @@ def test_migrate_no_validate_card_says_so(pair, tmp_path):
     assert "published with `--no-validate`" in card and "--force" not in card
     prov = json.loads((tmp_path / "run" / "publish" / "repo" / "provenance.json").read_text())
     assert prov["publish"]["validation"]["forced_by"] == "--no-validate"
+
+
+def test_no_default_output_lands_in_the_current_directory(tmp_path, monkeypatch, capsys):
+    """`demo` without --out works under the eagle-migrate cache (a clear place), not in the current directory;
+    `publish --dry-run` without --out writes nothing at all (tests/unit/test_publish.py)."""
+    import eagle_migrate.demo as demo_mod
+    from eagle_migrate import cli
+
+    seen = {}
+
+    def fake(out, **kw):
+        seen["out"] = out
+        raise InputError("stop here")
+
+    monkeypatch.setattr(demo_mod, "run_demo", fake)
+    monkeypatch.setenv("EAGLE_MIGRATE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit):
+        cli.main(["demo"])
+    assert Path(seen["out"]) == tmp_path / "cache" / "demo"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache"]

@@ -296,7 +296,7 @@ def fake_stages(monkeypatch):
 
     def validate(ckpt, **kw):
         rec("validate", kw)
-        return _NS(suites=[], passed=True, engine="reference", failures=[])
+        return _NS(suites=[], passed=True, engine="reference", engine_version=None, gates=[], failures=[])
 
     def publish(ckpt, **kw):
         rec("publish", kw)
