@@ -109,7 +109,7 @@ def validate_message(rep: Any, note: str | None = None) -> str:
         verdict = "the gate passed" if len(rep.gates) == 1 else f"all {len(rep.gates)} gates passed"
     else:
         verdict = "no gate set (--min-acceptance-length / --max-regression): measured only"
-    return "; ".join([head, *als, verdict])
+    return "; ".join([head, verdict, *als])  # the verdict before the numbers: the stage table cuts long lines
 
 
 def _settle_paths(ctx: StageContext) -> None:

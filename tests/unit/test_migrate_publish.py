@@ -65,6 +65,8 @@ def test_migrate_publish_dry_run_card(pair, tmp_path):
     assert "--force" not in card and "Warning" not in card and "TARGET_MODEL" not in card
     assert "`toy-target` (a local model; Hub id not recorded)" in card and "vllm serve toy-target " in card
     assert "measured only: no acceptance gate was set" in card
+    md = (tmp_path / "run" / "validate" / "report" / "report.md").read_text()
+    assert "**MEASURED: no gate was set" in md and "PASSED" not in md and "| pass |" not in md
     lineage = card.split("## Lineage", 1)[1].split("##", 1)[0]
     for stage in ("| source | EAGLE-3 drafter from eagle-migrate", "| convert | EAGLE-3 -> EAGLE-3.1", "| quantize | fp8-dynamic",
                   "| validate | engine reference"):
