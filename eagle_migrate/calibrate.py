@@ -32,6 +32,7 @@ from .calibration_data import (
     resolve_data,
     vllm_continuations,
 )
+from .aux_ids import vllm_default_aux_ids
 from .choices import TrainMode
 from .drafter.model import EagleDrafter
 from .progress import StageProgress
@@ -286,7 +287,7 @@ def calibrate(
     names = trainable_names(model, train)
     if not names:
         raise InputError(f"--train {train}: the drafter has no such parameters")
-    layer_ids = model.cfg.aux_layer_ids or model.cfg.default_aux_layer_ids(target.info.num_layers)
+    layer_ids = model.cfg.aux_layer_ids or vllm_default_aux_ids(target.info.num_layers)
     cdir = Path(cache_dir) if cache_dir is not None else None
 
     model.to(dev, torch.float32)

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from ..aux_ids import vllm_default_aux_ids
 from ..drafter import EagleDrafter, KVCache
 from ..drafter.load import load_drafter
 from ..errors import PairingError
@@ -94,7 +95,7 @@ class ReferenceEngine:
         self.device = target.device
         if drafter is not None:
             cfg = drafter.cfg
-            ids = cfg.aux_layer_ids or cfg.default_aux_layer_ids(target.info.num_layers)
+            ids = cfg.aux_layer_ids or vllm_default_aux_ids(target.info.num_layers)
             if cfg.target_hidden_size != target.info.hidden_size or cfg.vocab_size != target.info.vocab_size:
                 raise PairingError(
                     f"drafter (Ht={cfg.target_hidden_size}, V={cfg.vocab_size}) does not fit the target "
