@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..devices import cuda_available
 from ..errors import EngineError
 from .metrics import AcceptanceStats
 from .vllm_worker import PARENT_ENV, RESULT_MARK
@@ -73,9 +74,7 @@ def _request(target: str, *, num_speculative_tokens: int, dtype: str, max_model_
         "tensor_parallel_size": tensor_parallel_size, **extra,
     }
     if "gpu_memory_utilization" not in req:
-        import torch
-
-        req["gpu_memory_utilization"] = None if torch.cuda.is_available() else 0.25
+        req["gpu_memory_utilization"] = None if cuda_available() else 0.25
     return req
 
 
