@@ -249,6 +249,45 @@ def test_the_layer_check_finds_an_upward_import_and_a_cycle():
     assert cycles == [["formats.base", "formats.io"]]
 
 
+# ----- size limits: modules <= 500 lines, functions <= 100, except those docs/architecture.md names --------------
+MAX_MODULE_LINES, MAX_FUNCTION_LINES = 500, 100
+
+
+def _long_exceptions() -> set[str]:
+    import re
+
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    body = text.split("<!-- long: begin -->", 1)[1].split("<!-- long: end -->", 1)[0]
+    return {m.group(1) for line in body.splitlines() if (m := re.match(r"\|\s*`([^`]+)`\s*\|", line.strip()))}
+
+
+def _too_long() -> set[str]:
+    """``pkg/mod.py`` for a module over the limit, ``pkg/mod.func`` (``Class.method``) for a function over it."""
+    import ast
+
+    out: set[str] = set()
+    for p in sorted((ROOT / "eagle_migrate").rglob("*.py")):
+        rel = p.relative_to(ROOT / "eagle_migrate").as_posix()
+        src = p.read_text(encoding="utf-8")
+        if src.count("\n") > MAX_MODULE_LINES:
+            out.add(rel)
+        stack: list[tuple[ast.AST, str]] = [(n, "") for n in ast.parse(src).body]
+        while stack:
+            node, prefix = stack.pop()
+            if isinstance(node, ast.ClassDef):
+                stack += [(n, f"{prefix}{node.name}.") for n in node.body]
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                if node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES:
+                    out.add(f"{rel.removesuffix('.py')}.{prefix}{node.name}")
+    return out
+
+
+def test_modules_and_functions_stay_short_or_are_named_with_a_reason():
+    named, found = _long_exceptions(), _too_long()
+    assert sorted(found - named) == [], "over the size limits and not named in docs/architecture.md (Size limits)"
+    assert sorted(named - found) == [], "named in docs/architecture.md (Size limits) but no longer over the limit"
+
+
 def test_the_cycle_finder_finds_a_cycle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
