@@ -47,13 +47,16 @@ def validate(
     device: str = "auto",
     check: bool = False,
     log: Callable[[str], None] | None = None,
+    attention_backend: str | None = None,
 ) -> ValidationReport:
     """Measure acceptance length per suite and apply the gates.
 
     ``suites``: names among chat, code, long, template-shift (default: chat, code, long, template-shift; with
     ``prompts_file`` and no ``suites`` only the user's prompts). ``engine``: ``vllm`` (subprocess worker, its own
     Python via ``vllm_python``), ``reference`` (pure torch), or ``auto`` (vLLM when importable). ``dtype``: ``auto`` =
-    float32 on CPU (both engines agree bit for bit there), the model's own on GPU. With ``check`` a failed gate raises
+    float32 on CPU (both engines agree bit for bit there), the model's own on GPU. ``attention_backend``: vLLM's
+    attention backend for MLA models (e.g. CPU_MLA, AMX_MLA; default chosen for the host and recorded in
+    ``settings["attention"]``, validate/attention_backend.py). With ``check`` a failed gate raises
     :class:`CheckFailed` (after the report is written); otherwise ``report.passed`` says it.
     """
     t_start = time.perf_counter()
@@ -69,8 +72,12 @@ def validate(
     say(f"engine: {inp.engine}; drafters: {len([d for d in drafters if d])}" + (" + target alone" if speedup else ""))
     run = run_engine(inp.engine, target, drafters, jobs, k=k, temperature=temperature, seed=seed, dtype=dtype,
                      max_model_len=inp.mml, tensor_parallel_size=tensor_parallel_size, vllm_python=vllm_python,
-                     skip_tokenizer_init=inp.tokenizer is None, device=device)
+                     skip_tokenizer_init=inp.tokenizer is None, device=device, attention_backend=attention_backend)
     settings["dtype"] = run.dtype
+    if run.attention is not None:
+        settings["attention"] = run.attention
+        if run.attention["target"] or run.attention["drafter"]:
+            say(f"attention backend: {run.attention['target'] or run.attention['drafter']} ({run.attention['reason']})")
     new_r = run.results[0]
     base_r = run.results[1] if inp.baseline else None
     plain_r = run.results[-1] if speedup else None
