@@ -234,6 +234,22 @@ def test_imports_follow_the_layer_table():
     assert cycles == [], f"import cycles: {cycles}"
 
 
+STAGES_LAYER = 4
+# (importing stage, imported stage): convert's last step is the calibration
+STAGE_IMPORTS = {("convert", "calibrate"), ("convert", "calibration_data"), ("calibrate", "calibration_data")}
+
+
+def test_stages_do_not_import_each_other():
+    """quantize measures through validate's engines (layer 3), not validate's stage; only convert calls calibrate."""
+    graph = _import_graph(lazy=True)
+    layers = _layers(graph)
+    top = {m: _short(m).split(".")[0] for m in graph}
+    cross = sorted(f"{_short(a)} -> {_short(b)}" for a, deps in graph.items() for b in deps
+                   if layers[_short(a)] == layers[_short(b)] == STAGES_LAYER and top[a] != top[b]
+                   and (top[a], top[b]) not in STAGE_IMPORTS)
+    assert cross == []
+
+
 def test_allow_list_is_not_stale():
     graph = _import_graph(lazy=True)
     edges = {(_short(a), _short(b)) for a, deps in graph.items() for b in deps}
