@@ -1,7 +1,7 @@
 """The first two steps of every conversion: *read* (the source checkpoint, the target's config, the data to use) and
 *map* (the aux layer ids decided and checked, rope and positions taken from the target, the provenance record).
 Both are the same for every source generation; what differs is in the converters (eagle3.py, eagle2.py,
-passthrough.py). Imports: aux_ids, devices, formats, target, stats, errors, convert.options/result."""
+passthrough.py). Imports: aux_ids, devices, formats, target, pairing, errors, convert.options/result."""
 
 from __future__ import annotations
 
@@ -18,12 +18,13 @@ from .. import aux_ids as _aux
 from ..allocator import fixed_mmap_threshold
 from ..aux_ids import AuxIds
 from ..devices import resolve_device, resolve_dtype
-from ..drafter.config import DrafterConfig, family_mismatch
+from ..drafter.config import DrafterConfig
 from ..errors import InputError, PairingError, UnsupportedError, a_an
 from ..fingerprints import target_name
 from ..formats.io import sha256_files
 from ..formats.output import check_output_dir
-from ..target import LazyTarget, TargetInfo
+from ..pairing import check_pairing, target_family_note
+from ..target import LazyTarget
 from .options import ConvertOptions
 from .result import Provenance
 
@@ -39,30 +40,6 @@ def default_aux_ids(num_target_layers: int, k: int = 3) -> list[int]:
     if err:
         raise PairingError(err, "pass a drafter that records its eagle_aux_hidden_state_layer_ids")
     return _aux.vllm_default_aux_ids(num_target_layers)
-
-
-def check_pairing(cfg: DrafterConfig, tinfo: TargetInfo, aux_ids: list[int] | None) -> None:
-    """Raise PairingError (exit 2) when drafter and target cannot work together; the message names both numbers.
-    ``aux_ids`` (vLLM convention; None = not yet known) go through :func:`eagle_migrate.aux_ids.check_aux_ids`."""
-    t = tinfo
-    if cfg.generation == "eagle2":
-        if cfg.hidden_size != t.hidden_size:
-            raise PairingError(f"hidden size mismatch: the EAGLE-2 drafter's fc reads the target's last hidden state of size "
-                               f"H={cfg.hidden_size}, but the target {t.path} has hidden_size={t.hidden_size}")
-    elif cfg.target_hidden_size != t.hidden_size:
-        raise PairingError(f"target hidden size mismatch: the drafter expects Ht={cfg.target_hidden_size} (fc takes K*Ht = "
-                           f"{cfg.num_aux}*{cfg.target_hidden_size} = {cfg.num_aux * cfg.target_hidden_size}) but the target "
-                           f"{t.path} has hidden_size={t.hidden_size}")
-    if cfg.vocab_size != t.vocab_size:
-        raise PairingError(f"vocabulary mismatch: the drafter has vocab_size={cfg.vocab_size} but the target {t.path} has "
-                           f"vocab_size={t.vocab_size}")
-    if cfg.draft_vocab_size > t.vocab_size:
-        raise PairingError(f"vocabulary mismatch: draft_vocab_size={cfg.draft_vocab_size} exceeds the target's "
-                           f"vocab_size={t.vocab_size}")
-    if cfg.generation == "eagle3" and aux_ids is not None:
-        err = _aux.pairing_error(aux_ids, cfg.num_aux, t.num_layers)
-        if err:
-            raise PairingError(err + " (vLLM convention)")
 
 
 @dataclass
@@ -157,7 +134,7 @@ def map_source(job: Job, aux: AuxIds | None, aux_ids: list[int]) -> None:
     the config changes every output gets (aux ids, rope and positions from the target)."""
     opts, ck, tinfo = job.opts, job.ck, job.target.info
     check_pairing(job.cfg, tinfo, aux_ids)
-    if job.cfg.generation == "eagle3" and (note := family_mismatch(job.cfg.architecture, tinfo.model_type)):
+    if job.cfg.generation == "eagle3" and (note := target_family_note(job.cfg.architecture, tinfo.model_type)):
         job.warnings.append(note)
     job.aux, job.aux_ids = aux, sorted(aux_ids)
     opts.progress("hash source", 0, 1)

@@ -151,13 +151,6 @@ class DrafterConfig(BaseModel):
     def uses_d2t(self) -> bool:
         return self.draft_vocab_size != self.vocab_size
 
-    def default_aux_layer_ids(self, num_target_layers: int) -> list[int]:
-        """vLLM's fallback when no ids are written, as vLLM captures it (:func:`eagle_migrate.aux_ids.vllm_default_aux_ids`:
-        sorted(set((2, T//2, T-3))) within 0..T, fewer than 3 ids on tiny targets)."""
-        from ..aux_ids import vllm_default_aux_ids
-
-        return vllm_default_aux_ids(num_target_layers)
-
 
 def attention_windows_of(flat: dict[str, Any], architecture: str, num_layers: int) -> tuple[list[str] | None, int | None, str | None]:
     """``(layer_types, sliding_window, problem)`` of a drafter's decoder-layer config dict as vLLM 0.32 runs it.
@@ -224,24 +217,3 @@ def mla_rope_type_of(rope_params: dict) -> str:
     if missing:
         raise ValueError(f"an MLA drafter's {rope_type} rope scaling has no {', '.join(missing)} (vLLM needs them)")
     return "deepseek_llama_scaling" if rope_params.get("attention_factor") == 1.0 else "deepseek_yarn"
-
-
-# a drafter family that is built for one kind of target: (what is specific, target model_type prefixes of that family)
-_FAMILY_TARGETS = {
-    "qwen3": ("per-head `q_norm` / `k_norm`", ("qwen3",)),
-    "mla": ("MLA attention", ("deepseek", "kimi")),
-}
-
-
-def family_mismatch(architecture: str, target_model_type: str | None) -> str | None:
-    """A note when a drafter of a target-specific family (Qwen3, MLA) is paired with a target of another family
-    (``model_type``), None otherwise. Llama-layer drafters are the generic EAGLE-3 layer, trained for targets of
-    every family (speculators, SpecForge): no note for them."""
-    fam = _FAMILY_TARGETS.get(architecture)
-    mt = (target_model_type or "").lower()
-    if fam is None or not mt or mt.startswith(fam[1]):
-        return None
-    what, prefixes = fam
-    return (f"a {architecture} drafter ({what}, built for {' / '.join(p.capitalize() for p in prefixes)} targets) on "
-            f"a target of model_type {mt!r}: the sizes fit, but a drafter trained on another model's hidden states "
-            "rarely has a draft accepted; check that it was made for this target (validate measures it)")

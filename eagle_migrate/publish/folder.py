@@ -23,7 +23,8 @@ from .models import (
     VALIDATION_DIR,
     PlannedFile,
 )
-from .provenance import Origin, lineage, public
+from .lineage import lineage
+from .provenance import Origin, public
 from .report import LoadedReport, gated_verdict
 from .serving import speculative_config_text
 

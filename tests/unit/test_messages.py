@@ -28,7 +28,7 @@ def test_aux_id_reason_on_an_8_layer_target():
 
 def test_a_qwen3_drafter_on_a_llama_target_is_noted(tmp_path, toy_target):
     from eagle_migrate import toy
-    from eagle_migrate.drafter.config import family_mismatch
+    from eagle_migrate.pairing import target_family_note
     from eagle_migrate.inspection import inspect_checkpoint
 
     qwen3 = toy.write_drafter(tmp_path / "qwen3", "oracle", family="qwen3")
@@ -38,5 +38,5 @@ def test_a_qwen3_drafter_on_a_llama_target_is_noted(tmp_path, toy_target):
     llama = inspect_checkpoint(toy.write_drafter(tmp_path / "llama", "oracle"), target=str(toy_target), aux_ids_convention="vllm")
     assert "drafter_family_differs" not in {f.code for f in llama.findings}
     # the generic Llama layer is trained for every family (no note); same family, no note
-    assert family_mismatch("llama", "qwen3") is None and family_mismatch("qwen3", "qwen3_moe") is None
-    assert family_mismatch("mla", "deepseek_v3") is None and family_mismatch("mla", "llama") is not None
+    assert target_family_note("llama", "qwen3") is None and target_family_note("qwen3", "qwen3_moe") is None
+    assert target_family_note("mla", "deepseek_v3") is None and target_family_note("mla", "llama") is not None
