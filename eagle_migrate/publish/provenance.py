@@ -101,6 +101,12 @@ def hub_id(v: Any) -> str | None:
     return v
 
 
+def _exists(v: str) -> bool:
+    with contextlib.suppress(OSError, ValueError):
+        return Path(v).expanduser().exists()
+    return False
+
+
 def _local_dir(v: Any) -> Path | None:
     if isinstance(v, dict):
         for k in ("path", "name_or_path", "local_path"):
@@ -228,9 +234,9 @@ def resolve_origin(folder: Path, cfg: dict[str, Any], report_target: Any, target
     spec_cfg = cfg.get("speculators_config") if isinstance(cfg.get("speculators_config"), dict) else {}
     given = None
     if target is not None:
-        given = target_name(target) if hub_id(target) is None and _local_dir(target) else None
+        given = target_name(target) if hub_id(target) is None and _exists(target) else None  # a folder or a .gguf
         if hub_id(target) is None and given is None:
-            raise InputError(f"--target {target!r} is neither a hub model id (ORG/NAME) nor a local model folder",
+            raise InputError(f"--target {target!r} is neither a hub model id (ORG/NAME) nor a local model",
                              "base_model must name a model on the Hub")
     candidates = [given.hub_id if given else target, *_prov_targets(prov_raw), (spec_cfg.get("verifier") or {}),
                   (cfg.get("eagle_migrate") or {}).get("target") if isinstance(cfg.get("eagle_migrate"), dict) else None,
@@ -258,7 +264,7 @@ def resolve_origin(folder: Path, cfg: dict[str, Any], report_target: Any, target
     if lic is None and isinstance(prov.license, str):
         lic, lic_name, lic_link = prov.license, prov.license_name, prov.license_link
     if lic is None:
-        local = _local_dir(target) if given else next((d for d in (_local_dir(c) for c in candidates[1:]) if d), None)
+        local = (_local_dir(target) or _local_dir(str(Path(target).expanduser().parent))) if given else next((d for d in (_local_dir(c) for c in candidates[1:]) if d), None)
         lic, lic_name, lic_link = _license_from_target_dir(local)
     if lic is None:
         findings.append(Finding(severity="info", code="license_unknown",

@@ -88,6 +88,10 @@ def test_a_local_target_is_named_by_its_config_never_its_path(toy_oracle, toy_ta
     assert "vllm serve my-target --speculative-config" in card and 'model="my-target"' in card
     assert "TARGET_MODEL" not in card and "TARGET_MODEL" not in res.vllm_serve
     assert str(tmp_path) not in published_text(tmp_path / "b")
+    gguf = tmp_path / "machine" / "SmolLM2-135M-Instruct-Q8_0.gguf"  # migrate's --target may be a GGUF file too
+    gguf.write_bytes(b"GGUF")
+    res = publish(toy_oracle, "o/n", report_dir=write_report(tmp_path / "rep"), dry_run=True, target=str(gguf))
+    assert res.target_name == "SmolLM2-135M-Instruct-Q8_0" and str(tmp_path) not in res.vllm_serve
 
 
 def test_the_target_convert_recorded_is_named_after_its_folder_is_gone(tmp_path):
