@@ -107,3 +107,19 @@ def test_no_default_output_lands_in_the_current_directory(tmp_path, monkeypatch,
         cli.main(["demo"])
     assert Path(seen["out"]) == tmp_path / "cache" / "demo"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cache"]
+
+
+def test_the_validate_line_says_when_vllm_was_missing():
+    """--engine auto without vLLM measures with the reference engine and the stage line says so (and why)."""
+    from types import SimpleNamespace as NS
+
+    from eagle_migrate.migrate import engine_note, validate_message
+
+    note = engine_note("auto", "reference")
+    assert note and "vLLM is not importable" in note
+    assert engine_note("reference", "reference") is None and engine_note("auto", "vllm") is None
+    suite = NS(name="chat", new=NS(acceptance_length=2.9558465286), baseline=NS(acceptance_length=3.0))
+    rep = NS(engine="reference", engine_version="torch 2.13.0", suites=[suite], failures=[], gates=[])
+    assert validate_message(rep, note) == ("reference torch 2.13.0 (vLLM not importable); no gate set "
+                                           "(--min-acceptance-length / --max-regression): measured only; "
+                                           "chat AL 2.956 (source 3.000)")
