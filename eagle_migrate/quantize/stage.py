@@ -19,6 +19,7 @@ from pydantic import BaseModel, Field
 from .. import __version__
 from ..drafter.config import DrafterConfig
 from ..errors import CheckFailed, InputError, UnsupportedError
+from ..fingerprints import target_name
 from .calibrate_acts import CalibrationReport, activation_ranges
 from .gate import AcceptanceReport, ValidateMode, gate_engine, measure_acceptance
 from ..quant.linears import linear_prefixes
@@ -257,7 +258,9 @@ def quantize(
             )
             err.result = result  # type: ignore[attr-defined]
             raise err
-        options = {"scheme": spec.name, "target": target,
+        tname = target_name(str(target)) if target is not None else None
+        options = {"scheme": spec.name, "target": target, "target_name": tname.name if tname else None,
+                   "target_hub_id": tname.hub_id if tname else None,
                    "data": None if data is None else str(data) if not isinstance(data, list) else "token ids",
                    "quantize_fc": quantize_fc, "quantize_lm_head": quantize_lm_head,
                    "num_calibration_sequences": num_calibration_sequences if spec.calibrated else None,

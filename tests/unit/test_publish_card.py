@@ -32,11 +32,11 @@ def convert_record(target: str, **over) -> dict:
     return rec
 
 
-def quantize_record(parent: dict | None, target: str) -> dict:
+def quantize_record(parent: dict | None, target: str, name: str | None = None, hub: str | None = None) -> dict:
     """provenance.json as quantize writes it inside migrate's temporary stage folder, with convert's record kept."""
     return {"tool": "eagle-migrate", "version": "0.1.0", "command": "quantize",
             "source": {"path": "/root/run/convert/model", "sha256": "cd" * 32, "format": "eagle3.1", "producer": "eagle-migrate"},
-            "options": {"scheme": "fp8-dynamic", "target": target},
+            "options": {"scheme": "fp8-dynamic", "target": target, "target_name": name, "target_hub_id": hub},
             "result": {"output": "run/.quantize.tmp-9847-827fc1fd/model", "scheme": "fp8-dynamic",
                        "scheme_description": "FP8 E4M3 weights, FP8 activations, dynamic per token",
                        "checkpoint_ratio": 1.927, "min_sqnr_db": 31.653,
@@ -106,6 +106,12 @@ def test_the_target_convert_recorded_is_named_after_its_folder_is_gone(tmp_path)
     assert "target (verifier) | `Qwen3-8B` (a local model" in card and "vllm serve Qwen3-8B " in card
     text = published_text(tmp_path / "out")
     assert "/root" not in text and "Qwen3-8B" in text
+
+    # a relative target path recorded where it existed, read elsewhere: shaped like ORG/NAME, yet not a Hub id
+    ck3 = write_eagle31(tmp_path / "ck3", quantize_record(convert_record("models/Qwen3-8B", target_name="Qwen3-8B"),
+                                                          "models/Qwen3-8B", name="Qwen3-8B"))
+    res = publish(ck3, "o/n", report_dir=write_report(tmp_path / "rep"), dry_run=True)
+    assert res.base_model is None and res.target_name == "Qwen3-8B"
 
     ck2 = write_eagle31(tmp_path / "ck2", quantize_record(convert_record(gone, target_hub_id="Qwen/Qwen3-8B",
                                                                          target_name="Qwen/Qwen3-8B"), gone))
