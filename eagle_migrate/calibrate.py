@@ -40,6 +40,7 @@ from .judge import (
     JUDGE_Z,
     Comparison,
     SimulatedAcceptance,
+    futility,
     judge_block,
     simulated_acceptance,
 )

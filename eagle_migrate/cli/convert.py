@@ -107,6 +107,13 @@ def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{100 * x:.1f}%"
 
 
+def _label(line: str) -> tuple[str, str]:
+    """A warning line as (label, text): its own ``error:`` / ``warning:`` / ``info:`` prefix is the label (never
+    ``warning | warning: ...``); a line without one is a warning."""
+    head, sep, rest = line.partition(": ")
+    return (head, rest) if sep and head in ("error", "warning", "info") else ("warning", line)
+
+
 def render_result(r) -> None:
     from rich.table import Table
 
@@ -149,8 +156,10 @@ def render_result(r) -> None:
         t.add_row("judge", f"{j['heldout_drafts']} held-out drafts ({j['heldout_positions']} positions, "
                   f"{j['heldout_sequences']} sequences); training set {j['training_tokens']} tokens"
                   + (f"; statistics {j['statistics_tokens']} tokens" if j.get("statistics_tokens") is not None else ""))
+    for w in r.fixed:
+        t.add_row("fixed", w)
     for w in r.warnings:
-        t.add_row("warning", w)
+        t.add_row(*_label(w))
     stdout.print(t)
     stdout.print(f"serve: vllm serve {r.provenance.target} --speculative-config "
                  f"'{{\"model\": \"{r.output}\", \"method\": \"eagle3\", \"num_speculative_tokens\": 3}}'", highlight=False)

@@ -20,7 +20,7 @@ from .options import (
     SeedOpt,
     TrainOpt,
 )
-from .render import log_plain, print_json, stdout
+from .render import StageBar, log_plain, print_json, stdout
 
 
 def render_pipeline(res, title: str = "migrate") -> None:
@@ -102,7 +102,8 @@ def migrate(
         dtype=dtype, seed=seed, vllm_python=vllm_python, force_stage=force_stage, restart=restart, verify=verify,
         aux_ids_convention=aux_ids_convention,
     )
-    res = run_migrate(ckpt, target, output, opts, log=None if json else log_plain)
+    with StageBar("migrate", json) as prog:
+        res = run_migrate(ckpt, target, output, opts, log=None if json else log_plain, progress=prog)
     if json:
         print_json(res)
     else:
