@@ -111,7 +111,7 @@ class ValidationReport(BaseModel):
 def write_report(report: ValidationReport, out: Path) -> list[str]:
     """report.json, report.md and the plots into ``out`` (created); returns the file names written."""
     out.mkdir(parents=True, exist_ok=True)
-    files = write_plots(report, out)
+    files = write_plots(report, out) if report.suites else []  # a run vLLM refused may have measured nothing
     files = ["report.json", "report.md", *files]
     report.report_dir = str(out)
     report.files = files
