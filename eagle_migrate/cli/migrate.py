@@ -42,7 +42,7 @@ def render_pipeline(res, title: str = "migrate") -> None:
         stdout.print(f"[dim]hint:[/] {escape(res.hint)}")
 
 
-@app.command()
+@app.command(short_help="Every stage, inspect to publish, in one resumable run.")
 def migrate(
     ckpt: CheckpointArg,
     target: RequiredTargetOpt,
@@ -106,7 +106,7 @@ def migrate(
         res = run_migrate(ckpt, target, output, opts, log=None if json else log_plain, progress=prog)
     if json:
         print_json(res)
-    else:
+    elif not res.interrupted:  # interrupted: main() prints the one line with the resume command
         render_pipeline(res)
     if res.exit_code:
         raise typer.Exit(res.exit_code)

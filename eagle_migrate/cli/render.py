@@ -43,6 +43,7 @@ def _redacted(obj: Any) -> Any:
 
 
 json_documents_printed = 0  # main() prints a failure document only when the command printed none
+interrupted_reported = False  # main() prints the "interrupted" line once
 
 
 def print_json(obj: Any) -> None:
