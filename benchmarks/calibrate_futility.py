@@ -4,7 +4,9 @@ Pair: the toy successor world (``eagle_migrate/toy.py``: 6-layer Llama target, o
 builds it); its source drafts at the ceiling (AL = k + 1), so no candidate can beat the structural conversion and
 the default calibration returns it. Each arm is the same ``convert`` call (``--num-sequences 16``, CPU defaults:
 60 steps, evaluation every 10, patience 3); the "off" arm replaces ``calibrate.futility`` by a rule that never
-stops, i.e. the calibration as it was before the stop existed. Prints one JSON line per arm and run.
+stops, i.e. the calibration as it was before the stop existed. Prints one JSON line per arm and run: convert's
+wall time, the fine-tune's own time (``fit``: training steps and held-out evaluations), steps and evaluations run,
+the stop reason and the held-out simulated AL before / after. Arms alternate in order between repeats.
 
     OMP_NUM_THREADS=1 python benchmarks/calibrate_futility.py --out /tmp/futility [--repeats 2]
 """
@@ -38,8 +40,17 @@ def main() -> None:
     if not (source / "config.json").exists():
         toy.write_drafter(source, "oracle")
     rule = calibrate_mod.futility
+    real_fit = calibrate_mod.fit
+    fits: list = []
+
+    def timed_fit(*args, **kwargs):  # the fine-tune's own time and evaluations (the rest of convert is the same)
+        fr = real_fit(*args, **kwargs)
+        fits.append(fr)
+        return fr
+
+    calibrate_mod.fit = timed_fit
     for rep in range(a.repeats):
-        for arm in ("off", "on"):
+        for arm in (("off", "on") if rep % 2 == 0 else ("on", "off")):  # alternate the order: load drifts
             calibrate_mod.futility = rule if arm == "on" else (lambda history, steps_left: None)
             out = a.out / f"conv-{arm}"
             shutil.rmtree(out, ignore_errors=True)
@@ -47,12 +58,15 @@ def main() -> None:
             res = convert(source, str(target), out, num_sequences=a.num_sequences, device="cpu", seed=0)
             wall = time.perf_counter() - t0
             d = res.calibration.details or {}
+            fr = fits[-1]
             print(json.dumps({"arm": arm, "repeat": rep, "convert_seconds": round(wall, 1),
+                              "fit_seconds": round(fr.seconds, 1), "evaluations": len(fr.history),
                               "calibration_seconds": round(d.get("seconds", 0.0), 1), "steps_run": d.get("steps_run"),
                               "steps": (d.get("settings") or {}).get("steps"), "best_step": d.get("best_step"),
                               "stop_reason": d.get("stop_reason"), "score_before": d.get("score_before"),
                               "score_after": d.get("score_after"), "improved": d.get("improved")}), flush=True)
     calibrate_mod.futility = rule
+    calibrate_mod.fit = real_fit
 
 
 if __name__ == "__main__":
