@@ -117,6 +117,7 @@ class StageBar:
         self._t0 = clock()
         self._started: dict[str, float] = {}
         self._current: tuple[str, int, int | None, str] | None = None
+        self._done: str | None = None  # the last stage that ended
         self._last_line = self._t0
         self._heartbeat = heartbeat
         self._stop = None
@@ -153,14 +154,17 @@ class StageBar:
 
     def tick(self) -> None:
         """The heartbeat: the current stage's line again when nothing was printed for ``LOG_EVERY`` seconds."""
-        if self._p is not None or self._current is None or self._lock is None:
+        if self._p is not None or self._lock is None or (self._current is None and self._done is None):
             return
         with self._lock:
             now = self._clock()
             if now - self._last_line < self.LOG_EVERY:
                 return
-            stage, done, total, info = self._current
             self._last_line = now
+            if self._current is None:  # between stages (loading the target, preparing the next one)
+                log_plain(f"{self.command}: still running ({now - self._t0:.0f} s; {self._done} done)")
+                return
+            stage, done, total, info = self._current
             log_plain(self._line(stage, done, total, info, now, still=True))
 
     def __call__(self, stage: str, done: int, total: int | None, info: str = "") -> None:
@@ -176,6 +180,8 @@ class StageBar:
                 if end:
                     self._ended.add(stage)
                 self._current = None if end else (stage, done, total, info)
+                if end:
+                    self._done = stage
                 if first or end or (stage not in self._ended and now - self._last_line >= self.LOG_EVERY):
                     self._last[stage] = self._last_line = now
                     log_plain(self._line(stage, done, total, info, now))
