@@ -8,6 +8,8 @@
 * :func:`paired_difference` -- two drafters on the same positions, ``a - b`` with a block-clustered standard error
   (:class:`PairedDifference`); :class:`Comparison` pools it over the held-out suites, and :data:`JUDGE_Z` /
   :func:`judge_block` are the judge's settings (docs/calibration.md "The judge").
+* :func:`futility` -- whether any candidate can still beat the initial drafter within the steps left; the fit stops
+  when none can (``train.fit(give_up=...)``; docs/calibration.md "When calibration stops").
 
 Calibration (:mod:`eagle_migrate.calibrate`) uses these to keep the best checkpoint and to compare the result with
 the source drafter; the trainer (:mod:`eagle_migrate.train`) knows nothing of them.
