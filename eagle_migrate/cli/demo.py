@@ -8,7 +8,7 @@ import typer
 from . import app
 from .migrate import render_pipeline
 from .options import JsonOpt
-from .render import log_plain, print_json, stdout
+from .render import StageBar, log_plain, print_json, stdout
 
 
 @app.command(short_help="The whole pipeline on a built-in toy pair (or --real).")
@@ -27,7 +27,9 @@ def demo(
     """
     from ..demo import run_demo
 
-    res = run_demo(out, real=real, drafter=drafter, fresh=fresh, engine=engine, log=None if json else log_plain)
+    with StageBar("demo", json) as prog:  # convert's stage lines (statistics, calibration steps), every 10 s at least
+        res = run_demo(out, real=real, drafter=drafter, fresh=fresh, engine=engine, log=None if json else log_plain,
+                       progress=prog)
     if json:
         print_json(res)
     else:

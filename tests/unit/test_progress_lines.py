@@ -39,3 +39,27 @@ def test_plain_progress_lines_carry_step_and_eta_and_a_heartbeat_fills_silences(
         clock.now += 12
         bar.tick()  # between stages (the library loads the next one's inputs): still a line, naming the last stage
         assert "convert: still running (56 s; statistics done)" in capsys.readouterr().err
+
+
+def test_migrate_hands_its_progress_to_convert(tmp_path, monkeypatch):
+    """migrate (and the demo through it) passes its StageProgress to convert: the statistics and calibration lines
+    reach the user instead of one '[convert] running' for minutes."""
+    import eagle_migrate.convert as conv
+    from eagle_migrate import toy
+    from eagle_migrate.errors import CheckFailed
+    from eagle_migrate.migrate import MigrateOptions, migrate
+
+    seen = {}
+
+    def fake_convert(**kw):
+        seen["progress"] = kw.get("progress")
+        raise CheckFailed("stop here")
+
+    monkeypatch.setattr(conv, "convert", fake_convert)
+    target, src = toy.write_target(tmp_path / "target"), toy.write_drafter(tmp_path / "src", "oracle")
+
+    def mine(stage, done, total, info=""):
+        return None
+
+    res = migrate(src, str(target), tmp_path / "run", MigrateOptions(calibrate=False), progress=mine)
+    assert res.failed_stage == "convert" and seen["progress"] is mine
