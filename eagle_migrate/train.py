@@ -239,9 +239,7 @@ class Evaluation:
 
 
 Better = Callable[[Evaluation, Evaluation], "tuple[bool, dict[str, Any]]"]
-# give_up(history of the evaluations so far, steps left in the budget) -> a reason to stop now, or None: asked after
-# every evaluation while the initial weights are still the best (calibrate passes judge.futility)
-GiveUp = Callable[[Sequence[dict[str, Any]], int], "str | None"]
+GiveUp = Callable[[Sequence[dict[str, Any]], int], "str | None"]  # (evaluation history, steps left) -> why stop, or None
 
 
 @dataclass
@@ -385,20 +383,15 @@ class _FitLoop:
             self.progress(rec)
 
     def steps_left(self) -> int:
-        """Steps the budget still allows: the configured steps, and under ``max_seconds`` the steps that fit in the
-        time left at this run's pace (the step that runs past the limit included, as :meth:`stop_reason` runs it)."""
-        left = self.cfg.steps - self.step
-        if self.cfg.max_seconds is not None:
-            done = self.step - (self.resumed_from or 0)
-            spent = self.clock() - self.t0
-            if done > 0 and spent > 0:
-                left = min(left, max(0, math.floor((self.cfg.max_seconds - spent) / (spent / done))) + 1)
+        """The configured steps left, under ``max_seconds`` at most those that fit at this run's pace (+ the one past it)."""
+        left, done, spent = self.cfg.steps - self.step, self.step - (self.resumed_from or 0), self.clock() - self.t0
+        if self.cfg.max_seconds is not None and done > 0 and spent > 0:
+            left = min(left, max(0, math.floor((self.cfg.max_seconds - spent) / (spent / done))) + 1)
         return left
 
     def run_eval(self) -> str | None:
-        """Evaluate; keep the best (``better`` decides when given, else a gain over ``min_delta``). Returns why the
-        loop stops here: "patience" (exhausted) or ``give_up``'s reason (asked only while the initial weights are
-        still the best and early stopping is on), else None."""
+        """Evaluate; keep the best (``better`` decides when given, else a gain over ``min_delta``); "patience", "no
+        reachable improvement" (``give_up``, asked while the initial weights are the best) or None."""
         if self.evaluate is None:
             return None
         ev = self.evaluate()
@@ -416,17 +409,13 @@ class _FitLoop:
             self.bad += 1
         rec = {"step": self.step, "score": score, "best_step": self.best_step, "best_score": self.best_score, **info}
         self.history.append(rec)
-        reason = None
-        if self.cfg.patience is not None and self.bad >= self.cfg.patience:
-            reason = "patience"
-        elif (self.give_up is not None and self.cfg.patience is not None and self.best_step == 0
-              and self.step < self.cfg.steps):
-            reason = self.give_up(self.history, self.steps_left())
-            if reason:
-                rec["give_up"] = reason
+        why = "patience" if self.cfg.patience is not None and self.bad >= self.cfg.patience else None
+        if why is None and self.give_up and self.cfg.patience and self.best_step == 0 and self.step < self.cfg.steps:
+            rec["give_up"] = self.give_up(self.history, self.steps_left())
+            why = "no reachable improvement" if rec["give_up"] else None
         if self.progress:
             self.progress({"phase": "eval", **rec})
-        return "patience" if reason == "patience" else ("no reachable improvement" if reason else None)
+        return why
 
     def stop_reason(self, clock: Callable[[], float]) -> str | None:
         """After a step: evaluate when due; "patience", "no reachable improvement" or "time limit" when the loop

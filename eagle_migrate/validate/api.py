@@ -71,16 +71,9 @@ def validate(
     settings = {"num_speculative_tokens": k, "temperature": temperature, "seed": seed, "dtype": dtype,
                 "max_model_len": inp.mml, "tensor_parallel_size": tensor_parallel_size, "speedup": speedup}
     say(f"engine: {inp.engine}; drafters: {len([d for d in drafters if d])}" + (" + target alone" if speedup else ""))
-    refused = None
-    try:
-        run = run_engine(inp.engine, target, drafters, jobs, k=k, temperature=temperature, seed=seed, dtype=dtype,
-                         max_model_len=inp.mml, tensor_parallel_size=tensor_parallel_size, vllm_python=vllm_python,
-                         skip_tokenizer_init=inp.tokenizer is None, device=device,
-                         attention_backend=attention_backend)
-    except DrafterRefused as e:  # what the other drafters measured still goes into the report
-        refused = e
-        dt = dtype if dtype != "auto" else ("auto" if cuda_available() else "float32")
-        run = EngineRun(e.results, e.vllm_version, dt)
+    run, refusal = _measure(inp, target, drafters, jobs, k=k, temperature=temperature, seed=seed, dtype=dtype,
+                            tensor_parallel_size=tensor_parallel_size, vllm_python=vllm_python, device=device,
+                            attention_backend=attention_backend)
     settings["dtype"] = run.dtype
     if run.attention is not None:
         settings["attention"] = run.attention
@@ -97,13 +90,9 @@ def validate(
                if new_r is not None else {})
     if base_r is not None:
         overall["baseline"] = round(AcceptanceStats.total([base_r[x][0] for x in jobs]).acceptance_length, 4)
-    refusal = None
-    if refused is not None:
-        role = "checkpoint" if refused.index == 0 else ("baseline" if inp.baseline and refused.index == 1 else "target alone")
-        refusal = refused_message(role, refused.drafter, refused.reason)
-        failures.append(refusal)
+    failures += [refusal] if refusal else []
     diag = None
-    if diagnostics and refused is None:
+    if diagnostics and refusal is None:
         diag = _diagnostics(target, run.target_obj, inp.ckpt, inp.baseline, built, jobs, new_r, k,
                             diagnostic_sequences, say)
 
@@ -123,6 +112,19 @@ def validate(
     if check and not report.passed:
         raise CheckFailed("; ".join(failures))
     return report
+
+
+def _measure(inp: _Inputs, target: str, drafters: list[str | None], jobs: dict[str, dict[str, Any]], *,
+             dtype: str, **kw: Any) -> tuple[EngineRun, str | None]:
+    """Step 2: the engine's counters for every drafter, and the refusal line when vLLM refused one of them (the
+    others' counters are kept: the report records what was measured)."""
+    try:
+        return run_engine(inp.engine, target, drafters, jobs, dtype=dtype, max_model_len=inp.mml,
+                          skip_tokenizer_init=inp.tokenizer is None, **kw), None
+    except DrafterRefused as e:
+        role = "checkpoint" if e.index == 0 else ("baseline" if inp.baseline and e.index == 1 else "target alone")
+        dt = dtype if dtype != "auto" else ("auto" if cuda_available() else "float32")
+        return EngineRun(e.results, e.vllm_version, dt), refused_message(role, e.drafter, e.reason)
 
 
 def refused_message(role: str, drafter: str | None, reason: str) -> str:
