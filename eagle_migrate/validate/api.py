@@ -144,6 +144,8 @@ def validate(
     device: str = "auto",
     check: bool = False,
     log: Callable[[str], None] | None = None,
+    server: str | None = None,
+    server_options: dict[str, Any] | None = None,
 ) -> ValidationReport:
     """Measure acceptance length per suite and apply the gates.
 
@@ -152,7 +154,23 @@ def validate(
     Python via ``vllm_python``), ``reference`` (pure torch), or ``auto`` (vLLM when importable). ``dtype``: ``auto`` =
     float32 on CPU (both engines agree bit for bit there), the model's own on GPU. With ``check`` a failed gate raises
     :class:`CheckFailed` (after the report is written); otherwise ``report.passed`` says it.
+
+    ``server``: the URL of a running OpenAI-compatible vLLM server to measure instead (engine ``server``,
+    validate/server.py; ``k`` is then the server's); ``server_options``: its keywords (``api_key``,
+    ``baseline_server``, ``concurrency``, ``block_size``, ``speed_rounds``, ``k`` to state k).
     """
+    # ---- engine "server" (validate/server.py): a running vLLM server, measured through its API ------------------
+    if server is not None:
+        if baseline is not None or max_regression_pct is not None or speedup:
+            raise InputError("--baseline / --max-regression / --speedup run drafters in-process; with --server "
+                             "they do not apply", "compare two servers' reports, or use --baseline-server for speed")
+        from .server import validate_server
+
+        return validate_server(checkpoint, target, server, suites=suites, prompts_file=prompts_file,
+                               min_acceptance_length=min_acceptance_length, report_dir=report_dir,
+                               num_prompts=num_prompts, max_tokens=max_tokens, temperature=temperature, seed=seed,
+                               check=check, log=log, **(server_options or {}))
+    # ---- end engine "server" -------------------------------------------------------------------------------------
     t_start = time.perf_counter()
     say = log or (lambda m: None)
     _quiet_transformers()
