@@ -637,8 +637,6 @@ def validate_server(
             gb = new_r[f"{s.name}/{g.name}"][1]["blocks"]
             g.new.acceptance_length_se, g.new.per_position_rate_se = block_errors(gb)
             g.new.num_blocks = len(gb)
-        if speed is not None and speed.levels:
-            res.speedup = speed.levels[0].speedup  # the single-user speed-up (per level: serving_speed)
     gates, failures = api._apply_gates(suite_results, min_acceptance_length, None)
     overall = {"new": round(api._sum([new_r[x][0] for x in jobs]).acceptance_length, 4)}
     settings = {"num_speculative_tokens": kk, "temperature": temperature, "seed": seed, "dtype": None,
