@@ -47,7 +47,9 @@ def render(r) -> None:
         stdout.print(f"server {r.server.url}: vLLM {r.server.vllm_version or '?'}, model {r.server.model}, "
                      + ", ".join(f"{k_}={v} ({r.server.sources.get(k_, '?')})" for k_, v in sc.items()), highlight=False)
     if r.serving_speed is not None:
-        ts = Table(show_header=True, header_style="bold", title="per-user output tokens/s, speculative vs baseline server")
+        ts = Table(show_header=True, header_style="bold",
+                   title="per-user output tokens/s (median of runs), speculative vs baseline server; "
+                         "speed-up = median of the per-round ratios")
         for c in ("C", "spec tok/s", "base tok/s", "speed-up (min-max)", "TTFT p50 ms", "ITL p50 ms", "TPOT p50 ms"):
             ts.add_column(c, justify="right")
         import statistics as st_
