@@ -1,7 +1,8 @@
 """`validate --server` on the real pair: SmolLM2-135M-Instruct served by a real vLLM server with an EAGLE-3 drafter,
 against the in-process vLLM engine on the same prompts, within 2 standard errors (the server's, across blocks).
 
-The drafter is the trained one in the asset cache (benchmarks/train_smollm2_eagle3.py) when present, else a fresh
+The drafter is $EAGLE_MIGRATE_TEST_SMOLLM2_DRAFTER when set, else the trained one in the asset cache
+(benchmarks/train_smollm2_eagle3.py) when present, else a fresh
 SmolLM2-shaped EAGLE-3 drafter initialised from the target (benchmarks/eagle3_scratch.py init_from_target: embeddings,
 lm_head rows and final norm from the target, the rest random), whose AL is near 1: the engines still have to agree.
 """
@@ -9,6 +10,7 @@ lm_head rows and final norm from the target, the rest random), whose AL is near 
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -26,6 +28,9 @@ N, MAX_TOKENS, MML = 8, 64, 2048
 
 
 def _drafter(tmp: Path, target_dir: Path) -> Path:
+    chosen = os.environ.get("EAGLE_MIGRATE_TEST_SMOLLM2_DRAFTER")  # a SmolLM2 EAGLE-3 drafter in the vLLM layout
+    if chosen:
+        return Path(chosen)
     trained = assets.cache_root() / "smollm2-eagle3"
     if (trained / "config.json").exists():
         return trained
