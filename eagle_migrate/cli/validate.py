@@ -150,26 +150,34 @@ def validate(
 
     say = lambda m: log(f"[dim]{m}[/]")  # noqa: E731  (log lines go to stderr, with --json too: a CI log is never silent)
     names = [x.strip() for x in suite.split(",") if x.strip()] if suite else None
-    server_options = None
-    if server is not None:
-        from ..validate.server import api_key_from_env
+    if server is not None:  # the server engine (validate/server.py): a running vLLM server, through its API
+        from ..validate.server import api_key_from_env, validate_server
 
+        if baseline is not None or max_regression is not None or speedup:
+            raise InputError("--baseline / --max-regression / --speedup run drafters in-process; with --server they "
+                             "do not apply", "compare two servers' reports, or use --baseline-server for the speed-up")
         try:
             levels = [int(x) for x in concurrency.split(",") if x.strip()]
         except ValueError:
-            raise InputError(f"--concurrency {concurrency}: not a comma-separated list of integers", "e.g. --concurrency 1,4,16") from None
-        server_options = {"api_key": api_key_from_env(api_key_env), "baseline_server": baseline_server,
-                          "concurrency": levels, "block_size": block_size, "k": k}
+            raise InputError(f"--concurrency {concurrency}: not a comma-separated list of integers",
+                             "e.g. --concurrency 1,4,16") from None
+        r = validate_server(
+            checkpoint, target, server, api_key=api_key_from_env(api_key_env), baseline_server=baseline_server,
+            concurrency=levels, suites=names, prompts_file=prompts, k=k, min_acceptance_length=min_acceptance_length,
+            report_dir=report, num_prompts=num_prompts, max_tokens=max_tokens, temperature=temperature, seed=seed,
+            block_size=block_size, log=say,
+        )
     elif baseline_server is not None or api_key_env is not None:
         raise InputError("--baseline-server and --api-key-env need --server URL")
-    r = run(
-        checkpoint, target, engine=engine, suites=names, prompts_file=prompts, k=k if k is not None else 3, baseline=baseline,
-        min_acceptance_length=min_acceptance_length, max_regression_pct=max_regression, report_dir=report,
-        num_prompts=num_prompts, max_tokens=max_tokens, temperature=temperature, seed=seed, dtype=dtype,
-        max_model_len=max_model_len, tensor_parallel_size=tensor_parallel_size, vllm_python=vllm_python,
-        speedup=speedup, diagnostics=diagnostics, log=say, attention_backend=attention_backend, server=server,
-        server_options=server_options,
-    )
+    else:
+        r = run(
+            checkpoint, target, engine=engine, suites=names, prompts_file=prompts, k=k if k is not None else 3,
+            baseline=baseline, min_acceptance_length=min_acceptance_length, max_regression_pct=max_regression,
+            report_dir=report, num_prompts=num_prompts, max_tokens=max_tokens, temperature=temperature, seed=seed,
+            dtype=dtype, max_model_len=max_model_len, tensor_parallel_size=tensor_parallel_size,
+            vllm_python=vllm_python, speedup=speedup, diagnostics=diagnostics, log=say,
+            attention_backend=attention_backend,
+        )
     if json:
         print_json(r)
     else:

@@ -11,6 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from ..formats.output import atomic_write_text
 from .diagnostics import DriftDiagnostics
 from .metrics import AcceptanceStats
 
@@ -186,9 +187,7 @@ def write_report(report: ValidationReport, out: Path) -> list[str]:
     report.report_dir = str(out)
     report.files = files
     (out / "report.md").write_text(render_markdown(report), encoding="utf-8")
-    tmp = out / "report.json.part"
-    tmp.write_text(json.dumps(report.model_dump(mode="json"), indent=2) + "\n", encoding="utf-8")
-    tmp.replace(out / "report.json")
+    atomic_write_text(out / "report.json", json.dumps(report.model_dump(mode="json"), indent=2) + "\n")
     return files
 
 
@@ -196,29 +195,9 @@ def _fmt(x: float | None, nd: int = 3) -> str:
     return "–" if x is None else f"{x:.{nd}f}"
 
 
-def render_markdown(r: ValidationReport) -> str:
-    lines = [f"# Validation report: `{Path(r.checkpoint).name}`", ""]
-    verdict = "PASSED" if r.passed else "FAILED: " + "; ".join(r.failures)
-    lines += [f"**{verdict}**", "",
-              f"- target: `{r.target}`", f"- drafter: `{r.checkpoint}`"
-              + (f"\n- baseline: `{r.baseline}`" if r.baseline else ""),
-              f"- engine: {r.engine} {r.engine_version or ''}".rstrip(),
-              "- settings: " + ", ".join(f"{k}={v}" for k, v in r.settings.items() if v is not None),
-              f"- created: {r.created} by {r.tool} in {r.seconds:.0f} s", ""]
-    has_base = any(s.baseline for s in r.suites)
-    has_speed = any(s.speedup is not None for s in r.suites)
-    hdr = ["suite", "prompts", "AL new"] + (["AL baseline", "regression % (> 0 = worse)"] if has_base else []) + \
-          ["draft acc. rate", "per-position rate"] + (["speedup"] if has_speed else []) + ["gate"]
-    lines += ["## Acceptance length per suite", "", "| " + " | ".join(hdr) + " |", "|" + "---|" * len(hdr)]
-    for s in r.suites:
-        row = [s.name, str(s.prompt_set.get("size")), _fmt(s.new.acceptance_length)]
-        if has_base:
-            row += [_fmt(s.baseline.acceptance_length if s.baseline else None), _fmt(s.regression_pct, 1)]
-        row += [_fmt(s.new.draft_acceptance_rate), " / ".join(f"{x:.2f}" for x in s.new.per_position_rate)]
-        if has_speed:
-            row += [_fmt(s.speedup, 2) + ("x" if s.speedup is not None else "")]
-        row += ["pass" if s.passed else "**fail**: " + "; ".join(s.failures)]
-        lines.append("| " + " | ".join(row) + " |")
+def _server_markdown(r: ValidationReport) -> list[str]:
+    """The server engine's lines: standard errors across blocks, what the server reported, the speed-up table."""
+    lines: list[str] = []
     if any(s.new.acceptance_length_se is not None for s in r.suites):
         lines += ["", "Standard errors across blocks of requests (server engine): "
                   + ", ".join(f"{s.name} AL {s.new.acceptance_length:.3f} ± {_fmt(s.new.acceptance_length_se)} "
@@ -251,6 +230,33 @@ def render_markdown(r: ValidationReport) -> str:
                          f"{med(lv.baseline, lambda x: x.per_user_tokens_per_second):.1f} | {lv.speedup:.3f}x | "
                          f"{lv.speedup_min:.3f}-{lv.speedup_max:.3f} | {_fmt(lv.speedup_se)} | "
                          f"{lat(lambda x: x.ttft_ms)} | {lat(lambda x: x.itl_ms)} | {lat(lambda x: x.tpot_ms)} |")
+    return lines
+
+
+def render_markdown(r: ValidationReport) -> str:
+    lines = [f"# Validation report: `{Path(r.checkpoint).name}`", ""]
+    verdict = "PASSED" if r.passed else "FAILED: " + "; ".join(r.failures)
+    lines += [f"**{verdict}**", "",
+              f"- target: `{r.target}`", f"- drafter: `{r.checkpoint}`"
+              + (f"\n- baseline: `{r.baseline}`" if r.baseline else ""),
+              f"- engine: {r.engine} {r.engine_version or ''}".rstrip(),
+              "- settings: " + ", ".join(f"{k}={v}" for k, v in r.settings.items() if v is not None),
+              f"- created: {r.created} by {r.tool} in {r.seconds:.0f} s", ""]
+    has_base = any(s.baseline for s in r.suites)
+    has_speed = any(s.speedup is not None for s in r.suites)
+    hdr = ["suite", "prompts", "AL new"] + (["AL baseline", "regression % (> 0 = worse)"] if has_base else []) + \
+          ["draft acc. rate", "per-position rate"] + (["speedup"] if has_speed else []) + ["gate"]
+    lines += ["## Acceptance length per suite", "", "| " + " | ".join(hdr) + " |", "|" + "---|" * len(hdr)]
+    for s in r.suites:
+        row = [s.name, str(s.prompt_set.get("size")), _fmt(s.new.acceptance_length)]
+        if has_base:
+            row += [_fmt(s.baseline.acceptance_length if s.baseline else None), _fmt(s.regression_pct, 1)]
+        row += [_fmt(s.new.draft_acceptance_rate), " / ".join(f"{x:.2f}" for x in s.new.per_position_rate)]
+        if has_speed:
+            row += [_fmt(s.speedup, 2) + ("x" if s.speedup is not None else "")]
+        row += ["pass" if s.passed else "**fail**: " + "; ".join(s.failures)]
+        lines.append("| " + " | ".join(row) + " |")
+    lines += _server_markdown(r)
     if r.overall:
         o = r.overall
         lines += ["", f"Overall (all suites' counters): AL {_fmt(o.get('new'))}"
@@ -297,6 +303,28 @@ def render_markdown(r: ValidationReport) -> str:
     if pngs:
         lines += ["", "## Plots", ""] + [f"![{f}]({f})" for f in pngs]
     return "\n".join(lines) + "\n"
+
+
+def _speed_plot(r: ValidationReport, out: Path, plt: Any) -> list[str]:
+    """speedup.png: the serving speed-up per concurrency with its min-max over rounds (--baseline-server)."""
+    if r.serving_speed is not None and r.serving_speed.levels:
+        lv = r.serving_speed.levels
+        fig, ax = plt.subplots(figsize=(5.6, 3.6))
+        xs_c = [x.concurrency for x in lv]
+        ax.errorbar(xs_c, [x.speedup for x in lv], yerr=[[x.speedup - x.speedup_min for x in lv],
+                                                         [x.speedup_max - x.speedup for x in lv]],
+                    fmt="-o", color="#2b7bba", capsize=3)
+        ax.axhline(1.0, color="#999999", lw=0.8, ls=":")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(xs_c, [str(c) for c in xs_c])
+        ax.set_xlabel("concurrent users")
+        ax.set_ylabel("per-user output tokens/s ratio")
+        ax.set_title("Speed-up over the baseline server (min-max over rounds)")
+        fig.tight_layout()
+        fig.savefig(out / "speedup.png", dpi=110)
+        plt.close(fig)
+        return ["speedup.png"]
+    return []
 
 
 def write_plots(r: ValidationReport, out: Path) -> list[str]:
@@ -368,25 +396,7 @@ def write_plots(r: ValidationReport, out: Path) -> list[str]:
         fig.savefig(out / "al_vs_context.png", dpi=110)
         plt.close(fig)
         files.append("al_vs_context.png")
-    # 4. serving speed-up vs concurrency (--baseline-server)
-    if r.serving_speed is not None and r.serving_speed.levels:
-        lv = r.serving_speed.levels
-        fig, ax = plt.subplots(figsize=(5.6, 3.6))
-        xs_c = [x.concurrency for x in lv]
-        ax.errorbar(xs_c, [x.speedup for x in lv], yerr=[[x.speedup - x.speedup_min for x in lv],
-                                                         [x.speedup_max - x.speedup for x in lv]],
-                    fmt="-o", color="#2b7bba", capsize=3)
-        ax.axhline(1.0, color="#999999", lw=0.8, ls=":")
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(xs_c, [str(c) for c in xs_c])
-        ax.set_xlabel("concurrent users")
-        ax.set_ylabel("per-user output tokens/s ratio")
-        ax.set_title("Speed-up over the baseline server (min-max over rounds)")
-        fig.tight_layout()
-        fig.savefig(out / "speedup.png", dpi=110)
-        plt.close(fig)
-        files.append("speedup.png")
-    # 5. drift diagnostics
+    # 4. drift diagnostics
     d = r.diagnostics
     if d is not None and d.new:
         fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
@@ -416,4 +426,4 @@ def write_plots(r: ValidationReport, out: Path) -> list[str]:
         fig.savefig(out / "drift.png", dpi=110)
         plt.close(fig)
         files.append("drift.png")
-    return files
+    return files + _speed_plot(r, out, plt)

@@ -58,14 +58,15 @@ def _drafter(tmp: Path, target_dir: Path) -> Path:
 
 def test_server_agrees_with_in_process_engine_on_smollm2(tmp_path, capsys):
     from eagle_migrate.validate import validate
+    from eagle_migrate.validate.server import validate_server
 
     target = assets.smollm2_target()
     drafter = _drafter(tmp_path, target)
     srv = vllm_server.start(target, tmp_path / "server.log", drafter=drafter, k=3, max_model_len=MML)
     try:
-        rep = validate(drafter, str(target), suites=SUITES, num_prompts=N, max_tokens=MAX_TOKENS, server=srv.url,
-                       server_options={"block_size": 2}, report_dir=tmp_path / "server-report",
-                       log=lambda m: print(m, file=sys.stderr))
+        rep = validate_server(drafter, str(target), srv.url, suites=SUITES, num_prompts=N, max_tokens=MAX_TOKENS,
+                              block_size=2, report_dir=tmp_path / "server-report",
+                              log=lambda m: print(m, file=sys.stderr))
     finally:
         vllm_server.stop(srv)
     assert rep.engine == "server" and rep.server.chat_template_matches is True
