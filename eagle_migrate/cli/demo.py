@@ -26,9 +26,10 @@ def demo(
     engine: Annotated[str, typer.Option("--engine", help="auto | vllm | reference.")] = "auto",
     json: JsonOpt = False,
 ) -> None:
-    """Run the whole pipeline (inspect, convert + calibrate, quantize FP8, validate, publish --dry-run) on an
-    embedded, constructed toy pair whose EAGLE-3 drafter drifts at long context, and print the before/after
-    acceptance table.
+    """Run the pipeline on a constructed toy pair whose EAGLE-3 drafter drifts at long context.
+
+    Inspect, convert, quantize FP8, validate (vLLM when importable, else the reference engine, said so) and publish
+    --dry-run, then the before/after acceptance table. --real: SmolLM2-135M-Instruct, with calibration.
 
     Example: eagle-migrate demo
     """
@@ -56,7 +57,9 @@ def demo(
                 t.add_row(r.suite, "-" if r.prompt_tokens is None else f"{r.prompt_tokens:.0f}",
                           _al(r.source_al, r.source_se), _al(r.new_al, r.new_se))
             stdout.print(t)
-            stdout.print("± = standard error over drafts. " + (f"{res.verdict[0].upper()}{res.verdict[1:]}." if res.verdict else ""),
+            stdout.print(f"± = standard error over drafts. Ceiling k+1 = {res.ceiling}: all {res.ceiling - 1} drafts "
+                         "right plus the target's own (bonus) token. "
+                         + (f"{res.verdict[0].upper()}{res.verdict[1:]}." if res.verdict else ""),
                          markup=False, highlight=False)
         if res.engine == "vllm":
             stdout.print(f"engine: vLLM {res.engine_version or ''} served every draft (the acceptance vLLM reports).".replace("  ", " "),

@@ -20,7 +20,10 @@ def world(tmp_path_factory):
     root = tmp_path_factory.mktemp("drift")
     target, source = toy.write_drift_target(root / "target"), toy.write_drift_drafter(root / "source")
     res = convert(source, str(target), root / "converted", calibrate=False, num_sequences=16)
-    return {"target": target, "source": source, "converted": root / "converted", "result": res}
+    # and through the calibration fine-tune (a few steps; its judge holds out long documents too)
+    convert(source, str(target), root / "calibrated", calibrate=True, steps=4, num_sequences=8)
+    return {"target": target, "source": source, "converted": root / "converted", "calibrated": root / "calibrated",
+            "result": res}
 
 
 def test_the_closed_form_is_what_the_target_computes(world):
@@ -68,14 +71,15 @@ def test_source_loses_long_acceptance_and_the_conversion_holds_it_only_with_the_
     drafters = [
         str(world["source"]),
         str(world["converted"]),
+        str(world["calibrated"]),
         _with_fc_norm(world["converted"], tg, lambda w: torch.ones_like(w)),  # ones: 1 / 0.25 = 4x too large
         _with_fc_norm(world["converted"], tg, lambda w: w * grow),  # the RMS at 2.5k tokens, not the short one
     ]
     out = reference.measure(tg, drafters, _jobs(), num_speculative_tokens=3)
     al = [{job: stats.acceptance_length for job, (stats, _) in r.items()} for r in out]
-    source, converted, ones, wrong = al
+    source, converted, calibrated, ones, wrong = al
     assert source["short"] == 4.0 and converted["short"] == 4.0  # both exact on short contexts: the ceiling k+1
-    assert converted["long"] == 4.0
+    assert converted["long"] == 4.0 and calibrated["long"] == 4.0 and calibrated["short"] == 4.0
     assert source["long"] <= 2.0  # the EAGLE-3 source drifts
     assert ones["long"] <= 2.0 and ones["short"] <= 2.0  # wrong initialisation: lost everywhere
     assert wrong["long"] <= 2.0  # a statistic from the wrong context length: lost
