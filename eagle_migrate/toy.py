@@ -195,7 +195,7 @@ def drafter_state_dict(kind: ToyKind = "oracle", h: int = H, alpha: float = ALPH
                        family: Family = "llama", fc_scales: list[float] | None = None) -> dict[str, torch.Tensor]:
     """Canonical (vLLM-layout) tensors of a toy EAGLE-3 drafter for the successor target. ``fc_scales``: the RMS fc
     expects of each aux state (default: the successor target's, :func:`aux_rms`); the drift world passes its
-    short-context RMS (:func:`drift_drafter_state_dict`)."""
+    short-context RMS (:func:`write_drift_drafter`)."""
     g = torch.Generator().manual_seed(seed)
     HEADS, KV_HEADS, HEAD_DIM = GEOMETRY[family]  # noqa: N806 (the module constants, per family)
     s = math.sqrt(h)
@@ -275,10 +275,10 @@ def prompts(n: int = 4, length: int = 12, seed: int = 0, h: int = H) -> list[lis
 # coefficient of the token's own embedding grows with n (its RMS with it), the rest is negative and never changes
 # the argmax. Layers 1.. pass the residual on unchanged (zero attention output, zero MLP), so every aux state is r_n.
 # The EAGLE-3 drafter is the oracle built for short contexts (fc divides by the RMS at positions < DRIFT_SHORT) and has
-# no input norm: at long context its fused input fc(h) is DRIFT_GAMMA-fold out of range and its MLP's +1 step is
-# drowned (h_pre = c E[t] + E[t+1] - E[t]: the draft is right only while c < 2). An EAGLE-3.1 fc_norm initialised
-# from the target's short-context RMS divides the growth out at every position; fc_norm weights of ones are 1 / DRIFT_E0
-# = 4x too large and break it everywhere.
+# no input norm: at long context its fused input fc(h) is out of range (x1.8 at 1k tokens, x3.5 at 4k: drift_growth)
+# and its MLP's +1 step is drowned (h_pre = c E[t] + E[t+1] - E[t]: the draft is right only while c < 2). An EAGLE-3.1
+# fc_norm initialised from the target's short-context RMS divides the growth out at every position; fc_norm weights of
+# ones are 1 / DRIFT_E0 = 4x too large and break it everywhere.
 DRIFT_E0 = 0.25  # residual RMS at position 0
 DRIFT_GAMMA = 9.0  # the drift head's weight: the RMS reaches about e0 (1 + gamma rho(n)), rho = share of the rest
 DRIFT_ROPE_THETA = 1.0 / 3.0  # rope base < 1: inverse frequencies 1 .. 2.9 (no slowly rotating pair keeps neighbours close)
