@@ -34,7 +34,7 @@ class DemoRow(BaseModel):
     prompt_tokens: float | None = Field(None, description="mean prompt length (tokens)")
     source_al: float | None = Field(None, description="EAGLE-3 source drafter")
     source_se: float | None = Field(None, description="standard error of source_al over drafts")
-    new_al: float | None = Field(None, description="EAGLE-3.1 (converted, calibrated, quantized) drafter")
+    new_al: float | None = Field(None, description="EAGLE-3.1 drafter (converted, quantized; calibrated with --real)")
     new_se: float | None = Field(None, description="standard error of new_al over drafts")
 
 
@@ -198,7 +198,7 @@ def run_demo(out: Path, *, real: bool = False, drafter: Path | None = None, fres
         target, source = _drift_pair(out / "pair")
         about = list(drift_about())
         # no calibration fine-tune: the structural conversion already serves the ceiling k + 1 on this pair, so the
-        # fine-tune can only return it unchanged, and it cost more than half of the demo's time (docs/benchmarks.md)
+        # fine-tune can only return it unchanged; on this pair it cost 34 of the demo's ~72 s of CPU (docs/benchmarks.md)
         opts = MigrateOptions(calibrate=False, num_sequences=16, quantize="fp8-dynamic", validate=True, engine=engine,
                               suites=["chat", "long"], num_prompts=2, max_tokens=32, k=K,
                               publish="demo/toy-eagle3.1", publish_dry_run=True)
