@@ -73,6 +73,13 @@ class OutputExistsError(InputError):
     default_hint = "pass --force to replace it, or choose another -o"
 
 
+class ServerError(InputError):
+    """A running inference server cannot be measured: unreachable, the API key refused, no speculative decoding,
+    metric names this version does not read, or other traffic moving its counters during a measurement."""
+
+    default_hint = "check --server URL (GET URL/health must answer) and --api-key-env; see docs/validate.md"
+
+
 class EngineError(EagleMigrateError):
     """An inference engine (vLLM worker) failed to start or run."""
 
@@ -106,6 +113,7 @@ ERROR_TABLE: dict[type[EagleMigrateError], tuple[int, str]] = {
         PairingError,
         DataError,
         OutputExistsError,
+        ServerError,
         EngineError,
         HubError,
         CheckFailed,

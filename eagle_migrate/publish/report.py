@@ -187,6 +187,9 @@ def load_report(report_dir: Path) -> LoadedReport:
         details.append(("k", str(model.num_speculative_tokens)))
     if model.temperature is not None:
         details.append(("temperature", f"{model.temperature:g}"))
+    speed = speedup_detail(raw.get("serving_speed"))
+    if speed:
+        details.append(speed)
     folder = path.parent
     plots = sorted(p for p in folder.glob("*.png") if p.is_file())[:MAX_PLOTS]
     md = folder / "report.md"
@@ -196,6 +199,24 @@ def load_report(report_dir: Path) -> LoadedReport:
         images=[f"{VALIDATION_DIR}/{p.name}" for p in plots], report_path=f"{VALIDATION_DIR}/{REPORT_FILE}",
     )
     return LoadedReport(path=path, raw=raw, model=model, passed=passed, reason=reason, info=info, files=files)
+
+
+def speedup_detail(speed: Any) -> tuple[str, str] | None:
+    """The card's speed-up row from ``serving_speed`` (``validate --server --baseline-server``): per concurrency the
+    ratio of per-user output tokens/s to the same target served without speculation, with its min-max over rounds."""
+    if not isinstance(speed, dict) or not isinstance(speed.get("levels"), list):
+        return None
+    cells = []
+    for lv in speed["levels"]:
+        if not isinstance(lv, dict) or not isinstance(lv.get("speedup"), (int, float)):
+            continue
+        spread = (f" ({lv['speedup_min']:.2f}-{lv['speedup_max']:.2f})"
+                  if isinstance(lv.get("speedup_min"), (int, float)) and isinstance(lv.get("speedup_max"), (int, float)) else "")
+        cells.append(f"C={lv.get('concurrency')} {lv['speedup']:.2f}x{spread}")
+    if not cells:
+        return None
+    return ("serving speed-up (per-user output tokens/s vs the target served without speculation, min-max over rounds)",
+            ", ".join(cells))
 
 
 def report_sha(raw: dict[str, Any]) -> str | None:

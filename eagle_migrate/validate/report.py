@@ -32,6 +32,10 @@ class Metrics(BaseModel):
     num_output_tokens: int
     seconds: float | None = Field(None, description="wall time of generation (engine-side)")
     output_tokens_per_second: float | None = None
+    acceptance_length_se: float | None = Field(None, description="standard error of the AL across blocks of "
+                                               "requests (server engine; ratio estimator, blocks as clusters)")
+    per_position_rate_se: list[float] | None = Field(None, description="standard error of each per-position rate")
+    num_blocks: int | None = Field(None, description="blocks of requests the counters were read around (server)")
 
     @classmethod
     def from_stats(cls, s: AcceptanceStats, seconds: float | None = None) -> Metrics:
@@ -83,6 +87,70 @@ class Diagnostics(BaseModel):
     error: str | None = None
 
 
+class ServerInfo(BaseModel):
+    """What a live server reported about itself (``validate --server``)."""
+
+    url: str = Field(..., description="the API's URL (credentials removed)")
+    vllm_version: str | None = Field(None, description="GET /version")
+    model: str | None = Field(None, description="the served model's id (GET /v1/models)")
+    model_root: str | None = Field(None, description="the model path the server loaded (``root`` in /v1/models)")
+    max_model_len: int | None = None
+    speculative_config: dict[str, Any] = Field(default_factory=dict, description="as reported: num_speculative_tokens "
+                                               "(positions of the per-position counter), and method / model when "
+                                               "the server exposes its config (/server_info)")
+    sources: dict[str, str] = Field(default_factory=dict, description="where each speculative_config value came "
+                                    "from: metrics, server_info or user")
+    chat_template_matches: bool | None = Field(None, description="the server's /tokenize renders built-in chat "
+                                               "requests to the suites' token ids (None: not checkable)")
+
+
+class LatencyStats(BaseModel):
+    """Percentiles of one latency over the requests of a load run, in milliseconds."""
+
+    p50: float
+    p90: float
+    p99: float
+    mean: float
+
+
+class LoadRun(BaseModel):
+    """One server at one concurrency: C streaming users sending the suites' prompts, greedy, fixed max tokens."""
+
+    requests: int
+    output_tokens: int
+    seconds: float
+    per_user_tokens_per_second: float = Field(..., description="median over requests of output tokens / request latency")
+    output_tokens_per_second: float = Field(..., description="all output tokens / wall time of the run")
+    ttft_ms: LatencyStats
+    itl_ms: LatencyStats = Field(..., description="gaps between streamed chunks (a speculative step streams several tokens)")
+    tpot_ms: LatencyStats = Field(..., description="(latency - TTFT) / (output tokens - 1) per request")
+
+
+class SpeedLevel(BaseModel):
+    """Speculative vs baseline server at one concurrency, measured in alternation over rounds."""
+
+    concurrency: int
+    rounds: int
+    speculative: list[LoadRun]
+    baseline: list[LoadRun]
+    ratios: list[float] = Field(..., description="per round: per-user tokens/s speculative / baseline")
+    speedup: float = Field(..., description="median of the per-round ratios")
+    speedup_min: float
+    speedup_max: float
+    speedup_se: float | None = Field(None, description="standard error of the mean ratio across rounds")
+
+
+class ServingSpeed(BaseModel):
+    """``--baseline-server``: per-user output throughput and latency of the speculative server against the same
+    target served without speculation."""
+
+    baseline_url: str
+    baseline_vllm_version: str | None = None
+    max_tokens: int
+    requests_per_run: dict[int, int] = Field(default_factory=dict)
+    levels: list[SpeedLevel]
+
+
 class ValidationReport(BaseModel):
     schema_version: int = SCHEMA_VERSION
     tool: str
@@ -91,7 +159,7 @@ class ValidationReport(BaseModel):
     weights_sha256: str | None = Field(None, description="sha256 of the weights measured (formats.io.sha256_files): publish checks it")
     baseline: str | None
     target: str
-    engine: str = Field(..., description="vllm | reference")
+    engine: str = Field(..., description="vllm | reference | server")
     engine_version: str | None
     settings: dict[str, Any]
     suites: list[SuiteResult]
@@ -100,6 +168,8 @@ class ValidationReport(BaseModel):
     passed: bool = True
     failures: list[str] = Field(default_factory=list)
     diagnostics: Diagnostics | None = None
+    server: ServerInfo | None = Field(None, description="engine server: what the server reported about itself")
+    serving_speed: ServingSpeed | None = Field(None, description="--baseline-server: speed-up at each concurrency")
     report_dir: str | None = None
     files: list[str] = Field(default_factory=list)
     seconds: float = 0.0
@@ -111,6 +181,8 @@ class ValidationReport(BaseModel):
 # ----- writing -------------------------------------------------------------------------------------------------------
 def write_report(report: ValidationReport, out: Path) -> list[str]:
     """report.json, report.md and the plots into ``out`` (created); returns the file names written."""
+    from .plots import write_plots
+
     out.mkdir(parents=True, exist_ok=True)
     files = write_plots(report, out)
     files = ["report.json", "report.md", *files]
@@ -123,6 +195,44 @@ def write_report(report: ValidationReport, out: Path) -> list[str]:
 
 def _fmt(x: float | None, nd: int = 3) -> str:
     return "–" if x is None else f"{x:.{nd}f}"
+
+
+def _server_markdown(r: ValidationReport) -> list[str]:
+    """The server engine's lines: standard errors across blocks, what the server reported, the speed-up table."""
+    lines: list[str] = []
+    if any(s.new.acceptance_length_se is not None for s in r.suites):
+        lines += ["", "Standard errors across blocks of requests (server engine): "
+                  + ", ".join(f"{s.name} AL {s.new.acceptance_length:.3f} ± {_fmt(s.new.acceptance_length_se)} "
+                              f"({s.new.num_blocks} blocks)" for s in r.suites)]
+    if r.server is not None:
+        sv = r.server
+        lines += ["", f"Server: {sv.url}, vLLM {sv.vllm_version or '?'}, model `{sv.model}`"
+                  + (f" ({sv.model_root})" if sv.model_root and sv.model_root != sv.model else "")
+                  + f", max_model_len {sv.max_model_len}; speculative config as reported: "
+                  + ", ".join(f"{k}={v} (from {sv.sources.get(k, '?')})" for k, v in sv.speculative_config.items())]
+    if r.serving_speed is not None:
+        sp = r.serving_speed
+        lines += ["", "## Serving speed-up", "",
+                  f"Per-user output tokens/s (median over requests of output tokens / request latency), speculative "
+                  f"server vs `{sp.baseline_url}` (vLLM {sp.baseline_vllm_version or '?'}), {sp.max_tokens} output "
+                  "tokens per request, both measured in alternation; speed-up = median of the per-round ratios "
+                  "(min-max, SE across rounds). Latencies: speculative / baseline, p50 (p99) in ms.", "",
+                  "| concurrency | spec tok/s/user | base tok/s/user | speed-up | min-max | SE | TTFT | ITL | TPOT |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for lv in sp.levels:
+            def med(runs, f):
+                xs = sorted(f(x) for x in runs)
+                return xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
+
+            def lat(f):
+                return (f"{med(lv.speculative, lambda x: f(x).p50):.1f} ({med(lv.speculative, lambda x: f(x).p99):.1f}) / "
+                        f"{med(lv.baseline, lambda x: f(x).p50):.1f} ({med(lv.baseline, lambda x: f(x).p99):.1f})")
+
+            lines.append(f"| {lv.concurrency} | {med(lv.speculative, lambda x: x.per_user_tokens_per_second):.1f} | "
+                         f"{med(lv.baseline, lambda x: x.per_user_tokens_per_second):.1f} | {lv.speedup:.3f}x | "
+                         f"{lv.speedup_min:.3f}-{lv.speedup_max:.3f} | {_fmt(lv.speedup_se)} | "
+                         f"{lat(lambda x: x.ttft_ms)} | {lat(lambda x: x.itl_ms)} | {lat(lambda x: x.tpot_ms)} |")
+    return lines
 
 
 def render_markdown(r: ValidationReport) -> str:
@@ -148,6 +258,7 @@ def render_markdown(r: ValidationReport) -> str:
             row += [_fmt(s.speedup, 2) + ("x" if s.speedup is not None else "")]
         row += ["pass" if s.passed else "**fail**: " + "; ".join(s.failures)]
         lines.append("| " + " | ".join(row) + " |")
+    lines += _server_markdown(r)
     if r.overall:
         o = r.overall
         lines += ["", f"Overall (all suites' counters): AL {_fmt(o.get('new'))}"
@@ -197,52 +308,6 @@ def render_markdown(r: ValidationReport) -> str:
     return "\n".join(lines) + "\n"
 
 
-# ----- plots ---------------------------------------------------------------------------------------------------------
-# Every plot is built by its own function (a matplotlib Figure, or None when there is nothing worth drawing) so tests
-# can read back what is drawn; write_plots saves them. Three rules (issue 28):
-# * no axis is zoomed onto float noise: a y-range is never narrower than its floor (:func:`_floor_ylim`);
-# * curves that coincide stay distinguishable: each suite has its own marker, new and baseline their own line style,
-#   and each series is shifted sideways by a small offset (:func:`_series_style`);
-# * a plot over one point is not drawn: the report says it in one line instead (:func:`single_bucket_line`).
-MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
-OFFSET = 0.06  # x shift between series, in units of the x axis (draft position / speculation step)
-RMS_FLOOR = 0.10  # an RMS axis spans at least 10 % of the largest RMS shown
-MASS_FLOOR = 0.02  # an attention-mass axis spans at least 0..0.02
-
-
-def _floor_ylim(ax: Any, vals: list[float], floor: float, lo: float | None = None) -> None:
-    """Y limits around ``vals`` at least ``floor`` wide (centred on the data); ``lo`` pins the bottom."""
-    vals = [v for v in vals if v == v]  # no NaN
-    if not vals:
-        return
-    a, b = min(vals), max(vals)
-    if lo is not None:  # pinned bottom (a rate, a mass, an AL): lo .. at least lo + floor
-        a = min(a, lo)
-        span = max(b - a, floor)
-        ax.set_ylim(a - span * 0.03, a + span * 1.08)  # a point on the floor is drawn above the frame
-    else:
-        span = max(b - a, floor)
-        mid = (a + b) / 2
-        ax.set_ylim(mid - span * 0.54, mid + span * 0.54)
-    ax.ticklabel_format(axis="y", useOffset=False, style="plain")
-
-
-def _series_style(i_suite: int, baseline: bool, n_series: int, j_series: int) -> dict[str, Any]:
-    """Colour and marker per suite, solid line for the new drafter and dashed for the baseline, and an x offset so
-    series with equal values do not hide each other."""
-    return {"color": f"C{i_suite % 10}", "marker": MARKERS[i_suite % len(MARKERS)], "ls": "--" if baseline else "-",
-            "alpha": 0.7 if baseline else 1.0, "mfc": "none" if baseline else None,
-            "offset": (j_series - (n_series - 1) / 2) * OFFSET}
-
-
-def _plot_series(ax: Any, xs: list[float], ys: list[float], style: dict[str, Any], label: str) -> None:
-    st = dict(style)
-    off = st.pop("offset")
-    if st.get("mfc") is None:
-        st.pop("mfc")
-    ax.plot([x + off for x in xs], ys, label=label, **st)
-
-
 def single_bucket_line(r: ValidationReport) -> str | None:
     """The one line that replaces al_vs_context.png when the long suite has a single context bucket."""
     long = next((s for s in r.suites if s.name == "long" and s.groups), None)
@@ -252,138 +317,3 @@ def single_bucket_line(r: ValidationReport) -> str | None:
     base = f", baseline {_fmt(g.baseline.acceptance_length)}" if g.baseline else ""
     return (f"AL vs context length: one bucket only ({g.name}, {g.mean_prompt_tokens:.0f} prompt tokens): "
             f"new {_fmt(g.new.acceptance_length)}{base}; no plot over a single point")
-
-
-def plot_acceptance(r: ValidationReport) -> Any:
-    import matplotlib.pyplot as plt
-
-    has_base = any(s.baseline for s in r.suites)
-    names = [s.name for s in r.suites]
-    fig, ax = plt.subplots(figsize=(1.6 + 1.3 * len(names), 3.6))
-    w = 0.38 if has_base else 0.6
-    xs = range(len(names))
-    ax.bar([x - (w / 2 if has_base else 0) for x in xs], [s.new.acceptance_length for s in r.suites], w, label="new", color="#2b7bba")
-    if has_base:
-        ax.bar([x + w / 2 for x in xs], [s.baseline.acceptance_length if s.baseline else 0 for s in r.suites], w,
-               label="baseline", color="#bbbbbb", hatch="//", edgecolor="#666666")
-    k = r.settings.get("num_speculative_tokens")
-    if k:
-        ax.axhline(k + 1, color="#999999", lw=0.8, ls=":")
-    ax.set_xticks(list(xs), names)
-    ax.set_ylabel("acceptance length")
-    top = max([k + 1 if k else 0] + [s.new.acceptance_length for s in r.suites]
-              + [s.baseline.acceptance_length for s in r.suites if s.baseline])
-    ax.set_ylim(1.0, max(top, 2.0) * 1.25)  # AL >= 1; room for the legend above the bars
-    ax.set_title(f"Acceptance length per suite (k={k}, {r.engine})")
-    ax.legend(loc="upper right", fontsize=8)
-    fig.tight_layout()
-    return fig
-
-
-def plot_per_position(r: ValidationReport) -> Any:
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5.6, 3.6))
-    n_series = sum(1 + bool(s.baseline) for s in r.suites)
-    j = 0
-    for i, s in enumerate(r.suites):
-        pos = list(range(1, len(s.new.per_position_rate) + 1))
-        _plot_series(ax, pos, s.new.per_position_rate, _series_style(i, False, n_series, j), f"{s.name} new")
-        j += 1
-        if s.baseline:
-            _plot_series(ax, pos, s.baseline.per_position_rate, _series_style(i, True, n_series, j), f"{s.name} baseline")
-            j += 1
-    ax.set_xticks(range(1, 1 + max(len(s.new.per_position_rate) for s in r.suites)))
-    ax.set_xlabel("draft position (series shifted apart)")
-    ax.set_ylabel("acceptance rate")
-    ax.set_ylim(-0.03, 1.05)  # a rate: the whole 0..1 range, never zoomed
-    ax.set_title("Per-position acceptance")
-    ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    return fig
-
-
-def plot_al_vs_context(r: ValidationReport) -> Any:
-    """AL per context bucket of the long suite; None with fewer than two buckets (see :func:`single_bucket_line`)."""
-    import matplotlib.pyplot as plt
-
-    long = next((s for s in r.suites if s.name == "long" and s.groups), None)
-    if long is None or len(long.groups) < 2:
-        return None
-    fig, ax = plt.subplots(figsize=(5.6, 3.6))
-    gs = sorted(long.groups, key=lambda g: g.mean_prompt_tokens)
-    x = [g.mean_prompt_tokens for g in gs]
-    ys = [g.new.acceptance_length for g in gs]
-    ax.plot(x, ys, "-o", label="new", color="#2b7bba")
-    if any(g.baseline for g in gs):
-        yb = [g.baseline.acceptance_length if g.baseline else float("nan") for g in gs]
-        ax.plot(x, yb, "--s", mfc="none", label="baseline", color="#888888")
-        ys = ys + yb
-    k = r.settings.get("num_speculative_tokens")
-    if k:
-        ax.axhline(k + 1, color="#999999", lw=0.8, ls=":")
-    _floor_ylim(ax, ys + ([k + 1] if k else []), floor=1.0, lo=1.0)  # AL >= 1, and at least one token of range
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(x, [g.name for g in gs])
-    ax.minorticks_off()
-    ax.set_xlabel("prompt length (bucket)")
-    ax.set_ylabel("acceptance length")
-    ax.set_title("Acceptance length vs context length")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    return fig
-
-
-def plot_drift(r: ValidationReport) -> Any:
-    import matplotlib.pyplot as plt
-
-    d = r.diagnostics
-    if d is None or not d.new:
-        return None
-    fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
-    panels = (("fed_rms", "fed-back hidden RMS"), ("sink_mass", f"attention on first {d.sink_tokens} tokens"),
-              ("draft_mass", "attention on own draft tokens"))
-    n_series = sum(1 + (suite in d.baseline) for suite in d.new)
-    for ax, (field, title) in zip(axes, panels):
-        j = 0
-        for i, (suite, dn) in enumerate(d.new.items()):
-            _plot_series(ax, [st.step for st in dn.steps], [getattr(st, field) for st in dn.steps],
-                         _series_style(i, False, n_series, j), f"{suite} new")
-            j += 1
-            db = d.baseline.get(suite)
-            if db:
-                _plot_series(ax, [st.step for st in db.steps], [getattr(st, field) for st in db.steps],
-                             _series_style(i, True, n_series, j), f"{suite} baseline")
-                j += 1
-        ax.set_title(title, fontsize=10)
-        ax.set_xlabel("speculation step")
-        ax.set_xticks([st.step for st in next(iter(d.new.values())).steps])
-        vals = [getattr(st, field) for dd in (*d.new.values(), *d.baseline.values()) for st in dd.steps]
-        if field == "fed_rms" and vals and min(vals) > 0 and max(vals) / min(vals) > 20:
-            ax.set_yscale("log")
-        elif field == "fed_rms":
-            _floor_ylim(ax, vals, floor=RMS_FLOOR * max([abs(v) for v in vals] + [1e-12]))
-        else:
-            _floor_ylim(ax, vals, floor=MASS_FLOOR, lo=0.0)
-    axes[0].legend(fontsize=7)
-    fig.suptitle("Drift diagnostics (new vs baseline; series shifted apart)", fontsize=11)
-    fig.tight_layout()
-    return fig
-
-
-def write_plots(r: ValidationReport, out: Path) -> list[str]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    files = []
-    for name, build in (("acceptance_length.png", plot_acceptance), ("per_position.png", plot_per_position),
-                        ("al_vs_context.png", plot_al_vs_context), ("drift.png", plot_drift)):
-        fig = build(r)
-        if fig is None:
-            continue
-        fig.savefig(out / name, dpi=110)
-        plt.close(fig)
-        files.append(name)
-    return files

@@ -12,16 +12,13 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
 from eagle_migrate.validate.diagnostics import DriftDiagnostics, StepDiagnostics  # noqa: E402
+from eagle_migrate.validate.plots import RMS_FLOOR, plot_al_vs_context, plot_drift, plot_per_position  # noqa: E402
 from eagle_migrate.validate.report import (  # noqa: E402
-    RMS_FLOOR,
     Diagnostics,
     GroupResult,
     Metrics,
     SuiteResult,
     ValidationReport,
-    plot_al_vs_context,
-    plot_drift,
-    plot_per_position,
     write_report,
 )
 
