@@ -114,3 +114,17 @@ def test_several_buckets_are_plotted_on_an_acceptance_axis(tmp_path):
     assert hi - lo >= 1.0  # 1e-7 of AL is not a drop
     files = write_report(r, tmp_path / "two")
     assert "al_vs_context.png" in files and "one bucket only" not in (tmp_path / "two" / "report.md").read_text()
+
+
+def test_speedup_axis_shows_no_speedup_and_is_never_zoomed_onto_noise():
+    from eagle_migrate.validate.plots import plot_speedup
+    from eagle_migrate.validate.report import ServingSpeed, SpeedLevel
+
+    r = report([("1k", 1024, 4.0, 4.0)], [1.0] * 3, [1.0] * 3)
+    lv = [SpeedLevel(concurrency=c, rounds=2, speculative=[], baseline=[], ratios=[1.3, 1.3000001], speedup=1.3000001,
+                     speedup_min=1.3, speedup_max=1.3000002) for c in (1, 4)]
+    r.serving_speed = ServingSpeed(baseline_url="http://b", max_tokens=8, levels=lv)
+    fig = plot_speedup(r)
+    lo, hi = fig.axes[0].get_ylim()
+    assert lo < 1.0 < 1.3 < hi and hi - lo >= 0.3  # 1.0 (no speed-up) in view, 2e-7 of noise is flat
+    plt.close(fig)
