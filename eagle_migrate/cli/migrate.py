@@ -20,7 +20,7 @@ from .options import (
     SeedOpt,
     TrainOpt,
 )
-from .render import log_plain, print_json, stdout
+from .render import StageBar, log_plain, print_json, stdout
 
 
 def render_pipeline(res, title: str = "migrate") -> None:
@@ -42,7 +42,7 @@ def render_pipeline(res, title: str = "migrate") -> None:
         stdout.print(f"[dim]hint:[/] {escape(res.hint)}")
 
 
-@app.command()
+@app.command(short_help="Every stage, inspect to publish, in one resumable run.")
 def migrate(
     ckpt: CheckpointArg,
     target: RequiredTargetOpt,
@@ -102,10 +102,11 @@ def migrate(
         dtype=dtype, seed=seed, vllm_python=vllm_python, force_stage=force_stage, restart=restart, verify=verify,
         aux_ids_convention=aux_ids_convention,
     )
-    res = run_migrate(ckpt, target, output, opts, log=None if json else log_plain)
+    with StageBar("migrate", json) as prog:
+        res = run_migrate(ckpt, target, output, opts, log=None if json else log_plain, progress=prog)
     if json:
         print_json(res)
-    else:
+    elif not res.interrupted:  # interrupted: main() prints the one line with the resume command
         render_pipeline(res)
     if res.exit_code:
         raise typer.Exit(res.exit_code)

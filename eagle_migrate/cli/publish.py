@@ -10,7 +10,7 @@ from .options import CheckpointArg, JsonOpt
 from .render import log, print_json, stdout
 
 
-@app.command()
+@app.command(short_help="Upload a validated drafter to the Hugging Face Hub.")
 def publish(
     checkpoint: CheckpointArg,
     repo_id: Annotated[str, typer.Option("--repo-id", help="Hub repository ORG/NAME (created if missing).", show_default=False)],

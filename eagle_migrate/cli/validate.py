@@ -83,7 +83,7 @@ def render(r) -> None:
     stdout.print("[green]PASSED[/]" if r.passed else "[red]FAILED[/]: " + "; ".join(r.failures))
 
 
-@app.command()
+@app.command(short_help="Measure acceptance length per suite (vLLM or reference).")
 def validate(
     checkpoint: CheckpointArg,
     target: RequiredTargetOpt,

@@ -53,6 +53,7 @@ class Job:
     started: str
     data: str | None = None  # the data actually used (a default picked for a real target)
     warnings: list[str] = field(default_factory=list)
+    source_findings: list[Any] = field(default_factory=list)  # the source's error / warning findings (formats Finding)
     aux: AuxIds | None = None
     aux_ids: list[int] = field(default_factory=list)  # vLLM convention, ascending
     update: dict[str, Any] = field(default_factory=dict)  # config changes every output gets (aux ids, rope, positions)
@@ -89,7 +90,8 @@ def read(opts: ConvertOptions) -> Job:
         raise UnsupportedError(f"{opts.source}: the drafter is quantized ({ck.quantization.get('scheme')}); convert the unquantized drafter, then quantize")
     job = Job(opts=opts, device=dev, dtype=cdtype, ck=ck, target=LazyTarget(opts.target, dev, cdtype), started=started,
               data=opts.data)
-    job.warnings = [f"{f.severity}: {f.message}" for f in ck.findings if f.severity in ("error", "warning")]
+    # the source's problems: listed as fixed or as still there once the output is written (base.sort_findings)
+    job.source_findings = [f for f in ck.findings if f.severity in ("error", "warning")]
     return job
 
 
@@ -119,7 +121,7 @@ def decide_aux_ids(job: Job) -> tuple[AuxIds | None, list[int]]:
             raise PairingError(_aux.undecided_message(aux, tinfo.num_layers, cfg.num_aux), hint)
         _aux.apply(ck, aux)
         if aux.decided_by in ("measurement", "unambiguous", "override"):
-            job.warnings += [f"{f.severity}: {f.message}" for f in _aux.findings(aux, ck.producer)]
+            job.source_findings += [f for f in _aux.findings(aux, ck.producer) if f.severity in ("error", "warning")]
         return aux, aux.ids
     if cfg.num_aux != 3:
         raise PairingError(f"the drafter fuses K={cfg.num_aux} aux states but records no aux layer ids (vLLM's default has 3)")

@@ -147,4 +147,7 @@ class ConvertResult(BaseModel):
     calibration_required: bool = False
     output_files: list[str] = Field(default_factory=list)
     provenance: Provenance
-    warnings: list[str] = Field(default_factory=list)
+    fixed: list[str] = Field(default_factory=list, description="the source's findings (inspect) that the output no "
+                             "longer has: the conversion fixed them")
+    warnings: list[str] = Field(default_factory=list, description="what still needs attention, each with one label "
+                                "(error: / warning: for the source's findings that the output still has)")

@@ -56,13 +56,13 @@ def _gate(folder: Path, ck: Checkpoint, report: LoadedReport | None, weights_sha
     """Why the drafter may not be published (None: it may): errors `inspect` finds, no report, a report that did not
     pass or was made for other weights. Refused (raises) unless ``force``; then the reason is recorded."""
     errors = [f.message for f in ck.findings if f.severity == "error"]
-    reason = None
+    reason, gate_failed = None, False  # a refused input (drafter, missing or mismatched report) is exit 2; a failed gate 1
     if errors:
         reason = f"`eagle-migrate inspect` finds errors: {'; '.join(errors[:3])}"
     elif report is None:
         reason = "no validation report (--report DIR)"
     elif report.passed is not True:
-        reason = report.reason
+        reason, gate_failed = report.reason, True
     else:
         rsha = report_sha(report.raw)
         if rsha is None:
@@ -72,11 +72,15 @@ def _gate(folder: Path, ck: Checkpoint, report: LoadedReport | None, weights_sha
         elif rsha != weights_sha:
             reason = f"{report.path} was made for other weights (sha256 {rsha[:12]}…, these are {weights_sha[:12]}…)"
     if reason is not None and not force:
-        if report is None and not errors:
-            raise InputError(f"refusing to publish {folder}: {reason}",
-                             "run `eagle-migrate validate CKPT --target T --report DIR` and pass --report DIR (or --force to publish unvalidated)")
-        raise CheckFailed(f"refusing to publish {folder}: {reason}",
-                          "fix the drafter or the thresholds and re-validate; --force publishes anyway (the card says so)")
+        if gate_failed:
+            raise CheckFailed(f"refusing to publish {folder}: {reason}",
+                              "fix the drafter or the thresholds and re-validate; --force publishes anyway (the card says so)")
+        if errors:
+            raise CheckpointError(f"refusing to publish {folder}: {reason}",
+                                  "fix the drafter (`eagle-migrate inspect` says how; `convert` fixes most); --force publishes anyway")
+        raise InputError(f"refusing to publish {folder}: {reason}",
+                         "run `eagle-migrate validate CKPT --target T --report DIR` on these weights and pass --report DIR "
+                         "(or --force to publish unvalidated)")
     if reason is not None:
         findings.append(Finding(severity="warning", code="published_with_force", message=f"published with --force: {reason}"))
     return reason

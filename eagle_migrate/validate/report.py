@@ -184,7 +184,7 @@ def write_report(report: ValidationReport, out: Path) -> list[str]:
     from .plots import write_plots
 
     out.mkdir(parents=True, exist_ok=True)
-    files = write_plots(report, out)
+    files = write_plots(report, out) if report.suites else []  # a run vLLM refused may have measured nothing
     files = ["report.json", "report.md", *files]
     report.report_dir = str(out)
     report.files = files

@@ -194,8 +194,9 @@ def test_gates_alone_can_pass(toy_oracle, tmp_path):
 
 def test_refuses_a_report_for_other_weights(toy_oracle, tmp_path):
     rep = write_report(tmp_path / "rep", drafter_sha256="0" * 64)
-    with pytest.raises(CheckFailed, match="other weights"):
+    with pytest.raises(InputError, match="other weights") as ei:  # a refused input: exit 2, as a missing report
         publish(toy_oracle, "o/n", report_dir=rep, dry_run=True, out_dir=tmp_path / "out")
+    assert ei.value.exit_code == 2
     rep = write_report(tmp_path / "rep2", drafter={"sha256": sha256_files(weight_files(toy_oracle))})
     assert publish(toy_oracle, "o/n", report_dir=rep, dry_run=True, out_dir=tmp_path / "out").validation.passed
 
@@ -348,3 +349,15 @@ def test_refuses_eagle2_drafters(tmp_path):
     ck = write_layout("vllm-v0-eagle", toy.drafter_config(), toy.drafter_state_dict("oracle"), tmp_path / "e2")
     with pytest.raises(CheckpointError, match="EAGLE-3"):
         publish(ck, "o/n", dry_run=True, force=True, out_dir=tmp_path / "out")
+
+
+def test_a_drafter_inspect_refuses_is_bad_input_and_a_failed_gate_is_exit_1(tmp_path):
+    """The same kind of refusal gets the same exit code: a refused input (the drafter has inspect errors, no report,
+    a report of other weights) is 2; only a report whose gates failed is 1."""
+    from tests.layouts import write_layout
+    from tests.unit.test_convert import toy_cfg, toy_layout_sd
+
+    bad = write_layout("specforge", toy_cfg(), toy_layout_sd(), tmp_path / "sf")  # d2t with Vd = V: an inspect error
+    with pytest.raises(CheckpointError, match="inspect` finds errors") as ei:
+        publish(bad, "o/n", dry_run=True, out_dir=tmp_path / "out")
+    assert ei.value.exit_code == 2 and not (tmp_path / "out").exists()

@@ -350,7 +350,7 @@ def test_report_records_the_weights_it_measured_and_publish_checks_them(pair, tm
     import json
     import struct
 
-    from eagle_migrate.errors import CheckFailed
+    from eagle_migrate.errors import InputError
     from eagle_migrate.formats.io import sha256_files, weight_files
     from eagle_migrate.publish import publish
     from eagle_migrate.validate.api import validate
@@ -366,8 +366,9 @@ def test_report_records_the_weights_it_measured_and_publish_checks_them(pair, tm
     (n,) = struct.unpack("<Q", b[:8])
     b[8 + n : 8 + n + 4] = struct.pack("<f", float("nan"))
     w.write_bytes(bytes(b))
-    with pytest.raises(CheckFailed, match="other weights"):
+    with pytest.raises(InputError, match="other weights") as ei:  # a refused input: exit 2
         publish(drafter, "o/n", report_dir=tmp_path / "rep", dry_run=True, out_dir=tmp_path / "pub2")
+    assert ei.value.exit_code == 2
 
 
 # ----- 5. children die with the parent -----------------------------------------------------------------------------
