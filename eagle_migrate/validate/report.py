@@ -181,6 +181,8 @@ class ValidationReport(BaseModel):
 # ----- writing -------------------------------------------------------------------------------------------------------
 def write_report(report: ValidationReport, out: Path) -> list[str]:
     """report.json, report.md and the plots into ``out`` (created); returns the file names written."""
+    from .plots import write_plots
+
     out.mkdir(parents=True, exist_ok=True)
     files = write_plots(report, out) if report.suites else []  # a run vLLM refused may have measured nothing
     files = ["report.json", "report.md", *files]
@@ -313,130 +315,18 @@ def render_markdown(r: ValidationReport) -> str:
         for g in r.gates:
             lines.append(f"| {g.name} | {g.threshold} | {g.suite} | {fmt_value(g.value)} | {'pass' if g.passed else 'FAIL'} |")
     pngs = [f for f in r.files if f.endswith(".png")]
-    if pngs:
-        lines += ["", "## Plots", ""] + [f"![{f}]({f})" for f in pngs]
+    one = single_bucket_line(r)
+    if pngs or one:
+        lines += ["", "## Plots", ""] + [f"![{f}]({f})" for f in pngs] + ([f"{one}."] if one else [])
     return "\n".join(lines) + "\n"
 
 
-def _speed_plot(r: ValidationReport, out: Path, plt: Any) -> list[str]:
-    """speedup.png: the serving speed-up per concurrency with its min-max over rounds (--baseline-server)."""
-    if r.serving_speed is not None and r.serving_speed.levels:
-        lv = r.serving_speed.levels
-        fig, ax = plt.subplots(figsize=(5.6, 3.6))
-        xs_c = [x.concurrency for x in lv]
-        ax.errorbar(xs_c, [x.speedup for x in lv], yerr=[[x.speedup - x.speedup_min for x in lv],
-                                                         [x.speedup_max - x.speedup for x in lv]],
-                    fmt="-o", color="#2b7bba", capsize=3)
-        ax.axhline(1.0, color="#999999", lw=0.8, ls=":")
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(xs_c, [str(c) for c in xs_c])
-        ax.set_xlabel("concurrent users")
-        ax.set_ylabel("per-user output tokens/s ratio")
-        ax.set_title("Speed-up over the baseline server (min-max over rounds)")
-        fig.tight_layout()
-        fig.savefig(out / "speedup.png", dpi=110)
-        plt.close(fig)
-        return ["speedup.png"]
-    return []
-
-
-def write_plots(r: ValidationReport, out: Path) -> list[str]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    files = []
-    has_base = any(s.baseline for s in r.suites)
-    names = [s.name for s in r.suites]
-    # 1. AL per suite, new vs baseline
-    fig, ax = plt.subplots(figsize=(1.6 + 1.3 * len(names), 3.6))
-    w = 0.38 if has_base else 0.6
-    xs = range(len(names))
-    ax.bar([x - (w / 2 if has_base else 0) for x in xs], [s.new.acceptance_length for s in r.suites], w, label="new", color="#2b7bba")
-    if has_base:
-        ax.bar([x + w / 2 for x in xs], [s.baseline.acceptance_length if s.baseline else 0 for s in r.suites], w,
-               label="baseline", color="#bbbbbb")
-    k = r.settings.get("num_speculative_tokens")
-    if k:
-        ax.axhline(k + 1, color="#999999", lw=0.8, ls=":")
-    ax.set_xticks(list(xs), names)
-    ax.set_ylabel("acceptance length")
-    top = max([k + 1 if k else 0] + [s.new.acceptance_length for s in r.suites]
-              + [s.baseline.acceptance_length for s in r.suites if s.baseline])
-    ax.set_ylim(1.0, top + 0.25 * top)  # room for the legend above the bars
-    ax.set_title(f"Acceptance length per suite (k={k}, {r.engine})")
-    ax.legend(loc="upper right", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "acceptance_length.png", dpi=110)
-    plt.close(fig)
-    files.append("acceptance_length.png")
-    # 2. per-position acceptance
-    fig, ax = plt.subplots(figsize=(5.6, 3.6))
-    for i, s in enumerate(r.suites):
-        c = f"C{i}"
-        pos = list(range(1, len(s.new.per_position_rate) + 1))
-        ax.plot(pos, s.new.per_position_rate, "-o", color=c, label=f"{s.name} new")
-        if s.baseline:
-            ax.plot(pos, s.baseline.per_position_rate, "--", marker="x", color=c, alpha=0.6, label=f"{s.name} baseline")
-    ax.set_xticks(range(1, 1 + max(len(s.new.per_position_rate) for s in r.suites)))
-    ax.set_xlabel("draft position")
-    ax.set_ylabel("acceptance rate")
-    ax.set_ylim(0, 1.02)
-    ax.set_title("Per-position acceptance")
-    ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    fig.savefig(out / "per_position.png", dpi=110)
-    plt.close(fig)
-    files.append("per_position.png")
-    # 3. AL vs context length (the long suite's buckets)
+def single_bucket_line(r: ValidationReport) -> str | None:
+    """The one line that replaces al_vs_context.png when the long suite has a single context bucket."""
     long = next((s for s in r.suites if s.name == "long" and s.groups), None)
-    if long is not None:
-        fig, ax = plt.subplots(figsize=(5.6, 3.6))
-        gs = sorted(long.groups, key=lambda g: g.mean_prompt_tokens)
-        x = [g.mean_prompt_tokens for g in gs]
-        ax.plot(x, [g.new.acceptance_length for g in gs], "-o", label="new", color="#2b7bba")
-        if any(g.baseline for g in gs):
-            ax.plot(x, [g.baseline.acceptance_length if g.baseline else float("nan") for g in gs], "--x",
-                    label="baseline", color="#888888")
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(x, [g.name for g in gs])
-        ax.set_xlabel("prompt length (bucket)")
-        ax.set_ylabel("acceptance length")
-        ax.set_title("Acceptance length vs context length")
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(out / "al_vs_context.png", dpi=110)
-        plt.close(fig)
-        files.append("al_vs_context.png")
-    # 4. drift diagnostics
-    d = r.diagnostics
-    if d is not None and d.new:
-        fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
-        panels = (("fed_rms", "fed-back hidden RMS"), ("sink_mass", f"attention on first {d.sink_tokens} tokens"),
-                  ("draft_mass", "attention on own draft tokens"))
-        for ax, (field, title) in zip(axes, panels):
-            for i, (suite, dn) in enumerate(d.new.items()):
-                steps = [st.step for st in dn.steps]
-                ax.plot(steps, [getattr(st, field) for st in dn.steps], "-o", color=f"C{i}", label=f"{suite} new")
-                db = d.baseline.get(suite)
-                if db:
-                    ax.plot([st.step for st in db.steps], [getattr(st, field) for st in db.steps], "--x", color=f"C{i}",
-                            alpha=0.6, label=f"{suite} baseline")
-            ax.set_title(title, fontsize=10)
-            ax.set_xlabel("speculation step")
-            ax.set_xticks([st.step for st in next(iter(d.new.values())).steps])
-            vals = [getattr(st, field) for dd in (*d.new.values(), *d.baseline.values()) for st in dd.steps]
-            if field == "fed_rms" and vals and min(vals) > 0 and max(vals) / min(vals) > 20:
-                ax.set_yscale("log")
-            else:
-                ax.ticklabel_format(axis="y", useOffset=False, style="plain")
-                if field != "fed_rms":
-                    ax.set_ylim(0, max(vals + [0.01]) * 1.15)
-        axes[0].legend(fontsize=7)
-        fig.suptitle("Drift diagnostics (new vs baseline)", fontsize=11)
-        fig.tight_layout()
-        fig.savefig(out / "drift.png", dpi=110)
-        plt.close(fig)
-        files.append("drift.png")
-    return files + _speed_plot(r, out, plt)
+    if long is None or len(long.groups) != 1:
+        return None
+    g = long.groups[0]
+    base = f", baseline {_fmt(g.baseline.acceptance_length)}" if g.baseline else ""
+    return (f"AL vs context length: one bucket only ({g.name}, {g.mean_prompt_tokens:.0f} prompt tokens): "
+            f"new {_fmt(g.new.acceptance_length)}{base}; no plot over a single point")
