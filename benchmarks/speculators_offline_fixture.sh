@@ -48,10 +48,10 @@ fi
 if at serve; then
   mkdir -p "$W/staging"
   SPEC='{"method": "extract_hidden_states", "num_speculative_tokens": 1, "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": ['"$IDS"']}}}'
-  KV='{"kv_connector": "CpuHiddenStatesConnector", "kv_connector_module_path": "cpu_hidden_states_connector", "kv_role": "kv_producer", "kv_connector_extra_config": {"shared_storage_path": "'"$W/staging"'"}}'
+  KV='{"kv_connector": "CpuHiddenStatesConnector", "kv_connector_module_path": "cpu_hidden_states_connector", "kv_role": "kv_producer", "kv_connector_extra_config": {"shared_storage_path": "'"$W/staging"'", "use_synchronization_lock": false}}'
   (cd benchmarks && PYTHONPATH=$ROOT/benchmarks:${PYTHONPATH:-} VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1} \
     nohup "$EM_PY" -m vllm.entrypoints.openai.api_server --model "$TARGET" --port "$PORT" --dtype bfloat16 \
-    --max-model-len 512 --speculative-config "$SPEC" --kv-transfer-config "$KV" > "$W/server.log" 2>&1 & echo $! > "$W/server.pid")
+    --max-model-len 512 --enforce-eager --speculative-config "$SPEC" --kv-transfer-config "$KV" > "$W/server.log" 2>&1 & echo $! > "$W/server.pid")
   for _ in $(seq 1 180); do curl -sf "http://127.0.0.1:$PORT/v1/models" > /dev/null && break; sleep 5; done
   curl -sf "http://127.0.0.1:$PORT/v1/models" > /dev/null || { tail -30 "$W/server.log"; exit 1; }
 fi

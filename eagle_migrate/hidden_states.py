@@ -349,33 +349,52 @@ class LastSliceEvidence:
                 f"{self.accuracy[-1]:.3f} on {self.positions} positions of {Path(self.file).name} (slices: {acc})")
 
 
+def _lens_accuracy(x: torch.Tensor, nxt: torch.Tensor, lm_head: torch.Tensor) -> float:
+    """Next-token top-1 accuracy of post-norm states ``x`` [n, H] through ``lm_head`` [V, H]."""
+    hits = 0
+    for a in range(0, x.shape[0], 128):
+        xa = x[a : a + 128]
+        logits = xa.float() @ lm_head.T if lm_head.dtype == torch.float32 else (xa.to(lm_head.dtype) @ lm_head.T).float()
+        hits += int((logits.argmax(-1) == nxt[a : a + 128]).sum())
+    return hits / max(1, x.shape[0])
+
+
 def check_last_slice(path: Path, final_norm: tuple[torch.Tensor, float], lm_head: torch.Tensor,
                      max_positions: int = 512) -> LastSliceEvidence | None:
-    """For speculators-offline data (None for other layouts): the logit lens of each slice of the first file; raises
-    DataError when the last slice is not the one that predicts the next tokens best (then it is not the target's
-    last layer, or the target is not the one that wrote the states)."""
+    """For folders that do not record their layers (speculators-offline; SpecForge) the logit lens of every stored
+    state of the first file: speculators' slices through the final norm, SpecForge's aux chunks through it and its
+    ``hidden_state`` (already post-norm) as stored. Raises DataError when the last state is not the one that predicts
+    the next tokens best (then it is not the target's last layer, or another target wrote the states). None for the
+    other layouts (eagle-migrate's records its layer ids; speculators' data_N.pt its data_config.json)."""
     info = describe_hidden_states(Path(path))
-    if info.layout != "speculators-offline":
+    if info.layout == "speculators-offline":
+        hs, ids, _ = SpeculatorsOffline(info).raw(0)
+        slices = [hs[:, s] for s in range(hs.shape[1])]
+        normed = [True] * len(slices)
+    elif info.layout == "specforge":
+        d = _torch_load(info.files[0])
+        if not isinstance(d, dict) or "aux_hidden_state" not in d or "hidden_state" not in d or "input_ids" not in d:
+            return None
+        ids = torch.as_tensor(d["input_ids"]).reshape(-1)
+        h = lm_head.shape[-1]
+        aux = d["aux_hidden_state"].reshape(ids.numel(), -1)
+        if aux.shape[-1] % h:
+            raise DataError(f"{info.files[0]}: aux_hidden_state is {aux.shape[-1]} wide, not a multiple of the target's {h}")
+        slices = [aux[:, i * h : (i + 1) * h] for i in range(aux.shape[-1] // h)] + [d["hidden_state"].reshape(ids.numel(), -1)]
+        normed = [True] * (len(slices) - 1) + [False]
+    else:
         return None
-    rd = SpeculatorsOffline(info)
-    hs, ids, _ = rd.raw(0)
-    n = min(hs.shape[0] - 1, max_positions)
+    f = info.files[0]
+    n = min(ids.numel() - 1, max_positions)
     if n < 1:
         return None
-    if hs.shape[-1] != lm_head.shape[-1]:
-        raise DataError(f"{info.files[0]}: hidden states are {hs.shape[-1]} wide, the target's lm_head takes {lm_head.shape[-1]}")
-    nxt = ids[1 : n + 1]
-    acc = []
-    for s in range(hs.shape[1]):
-        x = _norm(hs[:n, s], final_norm)
-        hits = 0
-        for a in range(0, n, 128):
-            logits = x[a : a + 128] @ lm_head.T.float() if lm_head.dtype == torch.float32 else (x[a : a + 128].to(lm_head.dtype) @ lm_head.T).float()
-            hits += int((logits.argmax(-1) == nxt[a : a + 128]).sum())
-        acc.append(hits / n)
-    ev = LastSliceEvidence(str(info.files[0]), n, acc)
+    if slices[0].shape[-1] != lm_head.shape[-1]:
+        raise DataError(f"{f}: hidden states are {slices[0].shape[-1]} wide, the target's lm_head takes {lm_head.shape[-1]}")
+    nxt = ids[1 : n + 1].to(torch.int64)
+    acc = [_lens_accuracy(_norm(x[:n], final_norm) if nrm else x[:n].float(), nxt, lm_head) for x, nrm in zip(slices, normed, strict=True)]
+    ev = LastSliceEvidence(str(f), n, acc)
     if not ev.ok:
-        raise DataError(f"{info.files[0]}: the last slice is not the target's last layer (next-token top-1 through the final "
+        raise DataError(f"{f}: the last slice is not the target's last layer (next-token top-1 through the final "
                         f"norm and lm_head per slice: {', '.join(f'{a:.3f}' for a in acc)}; the last must be the best)",
                         "the states were captured from another target or with another layer order")
     return ev
