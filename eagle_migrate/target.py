@@ -387,3 +387,31 @@ class TargetWeights:
     @property
     def final_norm_weight(self) -> torch.Tensor:
         return self._lazy.weight("norm", load=False)
+
+
+def check_against_capture(target: Target, folder: Path | str, aux_ids: list[int], index: int = 0,
+                          tolerance: float = 0.05) -> list[float]:
+    """The aux and last slices of file ``index`` of a speculators-offline folder against a fresh capture of the same
+    tokens by ``target`` (loaded: only where the target fits; ``--hidden-states`` itself never does this): the
+    relative L2 error per slice, the slices being the drafter's ``aux_ids`` ascending then layer L. Raises DataError
+    naming the file and the slice when one is beyond ``tolerance`` (bf16 storage: about 0.5 %)."""
+    from .errors import DataError
+    from .hidden_states import SpeculatorsOffline, describe_hidden_states
+
+    info = describe_hidden_states(Path(folder))
+    if info.layout != "speculators-offline":
+        raise DataError(f"{folder}: not a speculators-offline folder")
+    hs, ids, _ = SpeculatorsOffline(info).raw(index)
+    L = target.info.num_layers
+    want = sorted(aux_ids) + ([] if L in aux_ids else [L])
+    if hs.shape[1] != len(want):
+        raise DataError(f"{info.files[index]}: {hs.shape[1]} layer slices, the ids {want} need {len(want)}")
+    fresh, _ = target.capture(ids[None], want)
+    fresh = fresh[0].float().cpu().view(ids.numel(), len(want), -1)
+    errs = [float((hs[:, s].float() - fresh[:, s]).norm() / fresh[:, s].norm().clamp_min(1e-12)) for s in range(len(want))]
+    bad = [s for s, e in enumerate(errs) if e > tolerance]
+    if bad:
+        s = bad[0]
+        raise DataError(f"{info.files[index]}: slice {s} is not layer {want[s]} of the target (relative error {errs[s]:.3f} "
+                        f"against a fresh capture; per slice {', '.join(f'{e:.3f}' for e in errs)})")
+    return errs

@@ -215,3 +215,37 @@ def test_fixture_as_written():
     assert (s, h) == (4, 576) and d["hidden_states"].dtype == torch.bfloat16 and d["token_ids"].shape == (t,)
     recs = list(iter_hidden_states(FIXTURE, [2, 15, 27], 576, final_norm=(torch.ones(576), 1e-5), num_layers=30))
     assert len(recs) == len(info.files) and recs[0].aux.shape == (t, 3 * 576) and recs[0].loss_mask is not None
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not FIXTURE.is_dir(), reason="tests/fixtures/speculators-offline not generated")
+def test_fixture_layers_by_evidence_on_smollm2():
+    """The fixture's last slice, through SmolLM2's final norm and lm_head (read lazily, the model never built), is
+    the slice that predicts the text best; and (SmolLM2 fits) every slice is the layer the rule says against a
+    fresh transformers capture of the same tokens, within bf16 rounding."""
+    from eagle_migrate import assets
+    from eagle_migrate.target import TargetWeights, check_against_capture, load_target
+
+    tw = TargetWeights(str(assets.smollm2_target()))
+    norm = (tw.final_norm_weight, tw.info.rms_norm_eps)
+    ev = check_last_slice(FIXTURE, norm, tw.lm_head_weight)
+    assert ev is not None and ev.ok and ev.accuracy[-1] > 0.2 and ev.accuracy[-1] > ev.accuracy[0]
+    errs = check_against_capture(load_target(str(assets.smollm2_target())), FIXTURE, [2, 15, 27])
+    assert max(errs) < 0.05, errs
+
+
+def test_aux_slices_against_a_fresh_capture(tmp_path, toy_target):
+    """Where the target fits: the slices of a file against the target's own capture of the same tokens; slices in
+    another order are refused naming the file and the slice."""
+    from eagle_migrate.target import check_against_capture, load_target
+
+    folder = write_offline(tmp_path / "ds", _seqs(2))
+    tg = load_target(str(toy_target))
+    errs = check_against_capture(tg, folder, toy.AUX_IDS)
+    assert len(errs) == 4 and max(errs) < 0.01
+    f = folder / "hidden_states" / "hs_0.safetensors"
+    d = load_file(str(f))
+    d["hidden_states"] = d["hidden_states"][:, [1, 0, 2, 3]].contiguous()  # layers 3 and 1 swapped
+    save_file(d, str(f))
+    with pytest.raises(DataError, match="hs_0.safetensors: slice 0 is not layer 1"):
+        check_against_capture(tg, folder, toy.AUX_IDS)
