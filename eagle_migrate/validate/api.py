@@ -65,28 +65,31 @@ class EngineRun:
     engine_version: str | None
     dtype: str
     target_obj: Any = None  # the loaded target (reference engine), for reuse
+    attention: dict[str, Any] | None = None  # vLLM: the attention backends asked for, and why (attention_backend.py)
 
 
 def run_engine(engine: str, target: str, drafters: list[Any], jobs: dict[str, dict[str, Any]], *, k: int = 3,
                temperature: float = 0.0, seed: int = 0, dtype: str = "auto", max_model_len: int,
                tensor_parallel_size: int = 1, vllm_python: str | None = None, skip_tokenizer_init: bool = False,
-               device: str = "auto", target_obj: Any = None) -> EngineRun:
+               device: str = "auto", target_obj: Any = None, attention_backend: str | None = None) -> EngineRun:
     """Acceptance counters of each drafter (a checkpoint path, or None for the target alone) on each job
     (``{"prompts": [...], "max_tokens": n}``) in ``engine`` (``vllm`` or ``reference``, as :func:`resolve_engine`
     returns): the one measurement behind :func:`validate` and quantize's acceptance gate. ``dtype`` ``auto``: float32
     on CPU (both engines agree bit for bit there), the model's own on GPU. ``target_obj``: a target already loaded
-    (reference engine; its device and dtype are used)."""
+    (reference engine; its device and dtype are used). ``attention_backend``: the vLLM attention backend for MLA
+    models (default: chosen for this host, validate/attention_backend.py)."""
     cuda = _cuda_available()
     if engine == "vllm":
         from . import vllm_engine
 
         vdtype = dtype if dtype != "auto" else ("auto" if cuda else "float32")
+        attention = vllm_engine.attention_choice(target, drafters, vdtype, attention_backend)
         results = vllm_engine.measure_many(
             target, drafters, jobs, num_speculative_tokens=k, dtype=vdtype, max_model_len=max_model_len,
             temperature=temperature, skip_tokenizer_init=skip_tokenizer_init, tensor_parallel_size=tensor_parallel_size,
-            python=vllm_python, seed=seed, max_num_seqs=64 if cuda else 8)
+            python=vllm_python, seed=seed, max_num_seqs=64 if cuda else 8, attention=attention)
         version = next((e.get("vllm_version") for r in results for _, e in r.values()), None)
-        return EngineRun(results, str(version) if version else None, vdtype)
+        return EngineRun(results, str(version) if version else None, vdtype, attention=attention.as_settings())
     import torch
 
     from . import reference
@@ -144,13 +147,16 @@ def validate(
     device: str = "auto",
     check: bool = False,
     log: Callable[[str], None] | None = None,
+    attention_backend: str | None = None,
 ) -> ValidationReport:
     """Measure acceptance length per suite and apply the gates.
 
     ``suites``: names among chat, code, long, template-shift (default: chat, code, long, template-shift; with
     ``prompts_file`` and no ``suites`` only the user's prompts). ``engine``: ``vllm`` (subprocess worker, its own
     Python via ``vllm_python``), ``reference`` (pure torch), or ``auto`` (vLLM when importable). ``dtype``: ``auto`` =
-    float32 on CPU (both engines agree bit for bit there), the model's own on GPU. With ``check`` a failed gate raises
+    float32 on CPU (both engines agree bit for bit there), the model's own on GPU. ``attention_backend``: vLLM's
+    attention backend for MLA models (e.g. CPU_MLA, AMX_MLA; default chosen for the host and recorded in
+    ``settings["attention"]``, validate/attention_backend.py). With ``check`` a failed gate raises
     :class:`CheckFailed` (after the report is written); otherwise ``report.passed`` says it.
     """
     t_start = time.perf_counter()
@@ -166,8 +172,12 @@ def validate(
     say(f"engine: {inp.engine}; drafters: {len([d for d in drafters if d])}" + (" + target alone" if speedup else ""))
     run = run_engine(inp.engine, target, drafters, jobs, k=k, temperature=temperature, seed=seed, dtype=dtype,
                      max_model_len=inp.mml, tensor_parallel_size=tensor_parallel_size, vllm_python=vllm_python,
-                     skip_tokenizer_init=inp.tokenizer is None, device=device)
+                     skip_tokenizer_init=inp.tokenizer is None, device=device, attention_backend=attention_backend)
     settings["dtype"] = run.dtype
+    if run.attention is not None:
+        settings["attention"] = run.attention
+        if run.attention["target"] or run.attention["drafter"]:
+            say(f"attention backend: {run.attention['target'] or run.attention['drafter']} ({run.attention['reason']})")
     new_r = run.results[0]
     base_r = run.results[1] if inp.baseline else None
     plain_r = run.results[-1] if speedup else None
