@@ -26,7 +26,7 @@ from .options import (
 from .render import StageBar, print_json, stdout
 
 DataOpt = Annotated[Optional[str], typer.Option("--data", help="Calibration data: JSONL/JSON of prompts, chat messages or {\"token_ids\": [...]}, ShareGPT JSON, an HF dataset id; default: the built-in set.")]
-HiddenStatesOpt = Annotated[Optional[Path], typer.Option("--hidden-states", help="Precomputed target hidden states instead of running the target (never loaded whole then): speculators' prepare-data folder with hidden_states/hs_*.safetensors (or its data_*.pt), SpecForge *.ckpt, or eagle-migrate features (docs/scale.md).")]
+HiddenStatesOpt = Annotated[Optional[Path], typer.Option("--hidden-states", help="Precomputed target hidden states instead of running the target (then never loaded whole): a speculators prepare-data folder with hidden_states/ (or data_*.pt), SpecForge *.ckpt, or eagle-migrate features; docs/scale.md.")]
 NumSeqOpt = Annotated[int, typer.Option("--num-sequences", "-n", min=2, help="Calibration sequences: at most 256 feed the norm statistics (a quarter of those, at most 16, held out to measure agreement), all of them the fine-tune.")]
 StepsOpt = Annotated[Optional[int], typer.Option("--steps", min=0, help="Calibration fine-tune steps (passed to the calibration stage).")]
 CalibrateOpt = Annotated[Optional[bool], typer.Option("--calibrate/--no-calibrate", help="Run the calibration fine-tune after the structural conversion (default: on, off for an EAGLE-3.1 source).")]
