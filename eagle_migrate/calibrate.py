@@ -396,8 +396,8 @@ def _precomputed_split(target: Any, precomputed: str | Path, layer_ids: Sequence
     held = HeldoutFromFiles(PrecomputedFeatures(precomputed, ids, target.info.hidden_size, final_norm=fn,
                                                 num_layers=target.info.num_layers, indices=held_idx),
                             target.lm_head_weight, getattr(target, "lm_head_bias", None))
-    note.append(f"held-out suite 'files' = {len(held_idx)} of the folder's {n} files, scored only where the text is the "
-                f"target's greedy choice ({held.greedy_fraction:.0%} of positions): a lower bound of the simulated AL")
+    note.append(f"the simulated AL where the text is not the target's greedy choice ({1 - held.greedy_fraction:.0%} of the "
+                f"positions of the held-out suite 'files', {len(held_idx)} of the folder's {n} files): its AL is a lower bound")
     return feats, len(train_idx), {"files": (held, held.prompt_lens)}, note
 
 

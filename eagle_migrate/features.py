@@ -316,8 +316,12 @@ class HeldoutFromFiles:
 
 
 def _argmax_rows(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-    logits = (x.to(w.dtype) @ w.T).float() if w.dtype != torch.float32 else x.float() @ w.T
-    return (logits if b is None else logits + b.float()).argmax(-1)
+    """argmax of ``x @ w.T (+ b)`` over the full vocabulary, computed where ``w`` lives (a loaded target's head may be
+    on a GPU), returned on the CPU."""
+    x = x.to(w.device)
+    with torch.no_grad():
+        logits = (x.to(w.dtype) @ w.T).float() if w.dtype != torch.float32 else x.float() @ w.T
+        return (logits if b is None else logits + b.float()).argmax(-1).cpu()
 
 
 # ----- loss ----------------------------------------------------------------------------------------------------------
