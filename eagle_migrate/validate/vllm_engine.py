@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..devices import cuda_available
 from ..errors import EngineError
 from .attention_backend import AttentionChoice, choose_for, is_mla
 from .metrics import AcceptanceStats
@@ -74,20 +75,14 @@ def _request(target: str, *, num_speculative_tokens: int, dtype: str, max_model_
         "tensor_parallel_size": tensor_parallel_size, **extra,
     }
     if "gpu_memory_utilization" not in req:
-        req["gpu_memory_utilization"] = None if _cuda() else 0.25
+        req["gpu_memory_utilization"] = None if cuda_available() else 0.25
     return req
-
-
-def _cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
 
 
 def attention_choice(target: str, drafters: list[str | None], dtype: str,
                      user_backend: str | None = None) -> AttentionChoice:
     """The attention backends this engine asks vLLM for on this host (attention_backend.py says why)."""
-    return choose_for(target, drafters, dtype=dtype, on_cpu=not _cuda(), user_backend=user_backend)
+    return choose_for(target, drafters, dtype=dtype, on_cpu=not cuda_available(), user_backend=user_backend)
 
 
 def _parse_suites(suites: dict[str, Any], vllm_version: str | None) -> dict[str, tuple[AcceptanceStats, dict[str, Any]]]:

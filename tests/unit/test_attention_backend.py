@@ -54,7 +54,7 @@ def test_the_probe_and_the_engine_request(tmp_path, monkeypatch):
         (tmp_path / name / "config.json").write_text(json.dumps(cfg))
     monkeypatch.setenv(ab.ASSUME_AMX_ENV, "1")
     assert ab.amx_available()
-    monkeypatch.setattr(vllm_engine, "_cuda", lambda: False)
+    monkeypatch.setattr(vllm_engine, "cuda_available", lambda: False)
     seen = {}
     monkeypatch.setattr(vllm_engine, "run_worker", lambda req, python, timeout: seen.update(req) or {
         "vllm_version": "x", "runs": [{"suites": {}} for _ in req["runs"]]})
