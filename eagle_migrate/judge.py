@@ -168,7 +168,8 @@ def simulated_acceptance(
         b, t = fb.input_ids.shape
         lengths = fb.lengths.tolist() if fb.lengths is not None else [t] * b
         for r in range(b):
-            c = chain_lengths(preds[r], fb.input_ids[r].cpu(), prompt_lens[row], int(lengths[r]), k)
+            ref = fb.input_ids if getattr(fb, "reference", None) is None else fb.reference  # HeldoutFromFiles
+            c = chain_lengths(preds[r], ref[r].cpu(), prompt_lens[row], int(lengths[r]), k)
             w = walk_chains(c)
             chains.append(c)
             per_draft += w

@@ -98,6 +98,12 @@ def run(opts: ConvertOptions) -> ConvertResult:
     check_pairing(job.cfg, job.target.info, None)
     aux, aux_ids = conv.aux_ids(job)
     map_source(job, aux, aux_ids)
+    if opts.hidden_states_dir is not None:
+        from .records import hidden_states_evidence
+
+        opts.progress("hidden-states evidence", 0, 1)
+        job.provenance.hidden_states_evidence = hidden_states_evidence(job.target, opts.hidden_states_dir)
+        opts.progress("hidden-states evidence", 1, 1)
     ini = conv.init(job)
     ini.plan.changes = job.changes + ini.plan.changes
     if ini.norm_init is not None:

@@ -110,6 +110,8 @@ class Provenance(BaseModel):
     target_config_sha256: str | None = None
     data: str | None = None
     hidden_states_dir: str | None = None
+    hidden_states_evidence: str | None = Field(None, description="how the layers of a --hidden-states folder that does "
+                                               "not record them were verified (speculators-offline: the last slice)")
     num_sequences: int = 0
     seed: int = 0
     device: str = "cpu"
