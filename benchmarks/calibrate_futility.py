@@ -3,7 +3,7 @@
 Pair: the toy successor world (``eagle_migrate/toy.py``: 6-layer Llama target, oracle EAGLE-3 drafter, as the demo
 builds it); its source drafts at the ceiling (AL = k + 1), so no candidate can beat the structural conversion and
 the default calibration returns it. Each arm is the same ``convert`` call (``--num-sequences 16``, CPU defaults:
-60 steps, evaluation every 10, patience 3); the "off" arm replaces ``calibrate.futility`` by a rule that never
+60 steps, evaluation every 10, patience 3); the "off" arm replaces ``calibrate.run.futility`` by a rule that never
 stops, i.e. the calibration as it was before the stop existed. Prints one JSON line per arm and run: convert's
 wall time, the fine-tune's own time (``fit``: training steps and held-out evaluations), steps and evaluations run,
 the stop reason and the held-out simulated AL before / after. Arms alternate in order between repeats.
@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from eagle_migrate import calibrate as calibrate_mod  # noqa: E402
+from eagle_migrate.calibrate import run as calibrate_mod  # noqa: E402  (the run looks futility and fit up here)
 from eagle_migrate import toy  # noqa: E402
 from eagle_migrate.convert import convert  # noqa: E402
 

@@ -20,7 +20,7 @@ Target features (aux states, the target's post-norm last hidden state for the la
 :mod:`eagle_migrate.features` (:class:`FeatureStore`, :class:`PrecomputedFeatures`).
 
 :func:`fit` is the optimisation loop shared by plain EAGLE-3 training (``benchmarks/train_smollm2_eagle3.py``) and
-calibration (``eagle_migrate/calibrate.py``): AdamW (fused on CUDA), warm-up + cosine/linear/constant schedule,
+calibration (``eagle_migrate/calibrate/``): AdamW (fused on CUDA), warm-up + cosine/linear/constant schedule,
 gradient clipping, bf16 autocast on CUDA and fp32 on CPU, a deterministic data order from the seed, held-out
 evaluation with best-checkpoint keeping and early stopping, and exact resume from ``resume_dir``.
 """

@@ -27,7 +27,6 @@ import torch
 
 from ..aux_ids import Convention
 from ..progress import StageProgress
-from .calibration import CalibrationOptions
 from .options import ConvertOptions, OutputFormat
 from .read import check_pairing, default_aux_ids
 from .records import STATS_MAX_SEQUENCES
@@ -45,7 +44,7 @@ from .result import (
 )
 
 __all__ = [
-    "STATS_MAX_SEQUENCES", "Agreement", "CalibrationOptions", "CalibrationStatus", "ConvertOptions", "ConvertResult",
+    "STATS_MAX_SEQUENCES", "Agreement", "CalibrationStatus", "ConvertOptions", "ConvertResult",
     "Eagle2Mapping", "FcNormWeight", "FeedbackVariant", "NormCandidate", "NormInit", "NormOutputCompensation",
     "OutputFormat", "Provenance", "check_pairing", "convert", "default_aux_ids",
 ]

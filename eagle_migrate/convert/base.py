@@ -16,7 +16,7 @@ from ..drafter.config import DrafterConfig
 from ..errors import InputError, a_an
 from ..formats.output import atomic_output_dir, write_json
 from ..stats import TargetStatistics
-from .calibration import CalibrationOptions, run_calibration
+from .calibration import run_calibration
 from .options import ConvertOptions
 from .read import (
     Job,
@@ -166,12 +166,9 @@ def sort_findings(findings: list[Any], written: Path) -> tuple[list[str], list[s
 
 def _calibrate(tmp: Path, job: Job, conv: Converter, ini: Initialised) -> CalibrationStatus:
     opts = job.opts
-    copts = CalibrationOptions(
-        target=opts.target, data=job.data, hidden_states_dir=opts.hidden_states_dir, train=opts.train, steps=opts.steps,
-        seed=opts.seed, device=job.device, dtype=job.dtype, num_sequences=opts.num_sequences, cache_dir=opts.cache_dir,
-        resume_dir=opts.resume_dir, progress=opts.progress, max_minutes=opts.max_minutes,
-        loaded_target=job.target.loaded_or_none, source_checkpoint=opts.source if conv.judged_against_source else None,
-        statistics_tokens=ini.statistics.num_tokens if ini.statistics is not None else None)
-    cal = run_calibration(tmp, copts)
+    cal = run_calibration(tmp, opts.target, opts.calibration_settings(device=job.device, dtype=job.dtype, data=job.data),
+                          loaded_target=job.target.loaded_or_none,
+                          source_checkpoint=opts.source if conv.judged_against_source else None,
+                          statistics_tokens=ini.statistics.num_tokens if ini.statistics is not None else None)
     cal.required = conv.calibration_required
     return cal

@@ -1,50 +1,30 @@
 """The calibration step of convert: the fine-tune (:func:`eagle_migrate.calibrate.calibrate_checkpoint`) on the
-written checkpoint, in place, with typed options, and its outcome as a :class:`~.result.CalibrationStatus`.
-Imports: calibrate (lazily), target (the loaded model it reuses), convert.result."""
+written checkpoint, in place, with convert's one :class:`~eagle_migrate.calibrate.CalibrationSettings`, and its outcome
+as a :class:`~.result.CalibrationStatus`. Imports: calibrate (lazily), target (the loaded model it reuses),
+convert.result."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-import torch
-
-from ..progress import StageProgress
 from ..target import Target
 from .result import CalibrationStatus
 
-
-@dataclass(frozen=True)
-class CalibrationOptions:
-    """What convert passes to the calibration fine-tune (each field is the keyword of ``calibrate_checkpoint``)."""
-
-    target: str
-    data: str | None
-    hidden_states_dir: Path | str | None
-    train: str
-    steps: int | None
-    seed: int
-    device: str
-    dtype: torch.dtype
-    num_sequences: int
-    cache_dir: Path | str | None
-    resume_dir: Path | str | None
-    progress: StageProgress
-    max_minutes: float | None
-    loaded_target: Target | None = None  # the target convert already loaded (a GPU does not hold it twice)
-    source_checkpoint: Path | None = None  # the EAGLE-3 source, scored on the same held-out positions
-    statistics_tokens: int | None = None  # tokens the norm statistics saw (reported by the judge)
-
-    def keywords(self) -> dict[str, Any]:
-        return {n: getattr(self, n) for n in self.__dataclass_fields__ if n != "target"}
+if TYPE_CHECKING:
+    from ..calibrate import CalibrationSettings
 
 
-def run_calibration(ckpt_dir: Path, opts: CalibrationOptions) -> CalibrationStatus:
-    """The calibration fine-tune on the written checkpoint ``ckpt_dir``, in place."""
+def run_calibration(ckpt_dir: Path, target: str, settings: CalibrationSettings, *, loaded_target: Target | None = None,
+                    source_checkpoint: Path | None = None, statistics_tokens: int | None = None) -> CalibrationStatus:
+    """The calibration fine-tune on the written checkpoint ``ckpt_dir``, in place, with ``settings`` (built once by
+    :meth:`~.options.ConvertOptions.calibration_settings`). ``loaded_target``: the target convert already loaded (a
+    GPU does not hold it twice); ``source_checkpoint``: the EAGLE-3 source, scored on the same held-out positions;
+    ``statistics_tokens``: the tokens the norm statistics saw (reported by the judge)."""
     from ..calibrate import calibrate_checkpoint
 
-    res = calibrate_checkpoint(ckpt_dir, opts.target, in_place=True, **opts.keywords())
+    res = calibrate_checkpoint(ckpt_dir, target, settings, in_place=True, loaded_target=loaded_target,
+                               source_checkpoint=source_checkpoint, statistics_tokens=statistics_tokens)
     kept = (f"best step {res.best_step} of {res.steps_run}" if res.best_step
             else "initial weights kept: the structural conversion is returned")
     if res.stopped_early and res.stop_reason:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -14,8 +15,10 @@ from ..choices import OutputFormat, TrainMode, values
 from ..errors import InputError
 from ..progress import StageProgress, no_progress
 
-TRAIN_MODES: tuple[str, ...] = values(TrainMode)
+if TYPE_CHECKING:
+    from ..calibrate import CalibrationSettings
 
+TRAIN_MODES: tuple[str, ...] = values(TrainMode)
 
 
 @dataclass(frozen=True)
@@ -62,3 +65,13 @@ class ConvertOptions:
     def inputs(self) -> list:
         """Everything the output folder must not be (nor lie inside)."""
         return [self.source, self.target, self.data, self.hidden_states_dir]
+
+    def calibration_settings(self, *, device: str, dtype: torch.dtype, data: str | None) -> CalibrationSettings:
+        """The calibration's options, built once from these (``device`` / ``dtype`` / ``data``: as the job resolved
+        them) and passed down whole: convert's fine-tune step -> calibrate_checkpoint -> calibrate."""
+        from ..calibrate import CalibrationSettings  # lazily: calibrate imports the trainer, needed only to calibrate
+
+        return CalibrationSettings(
+            train=self.train, steps=self.steps, seed=self.seed, device=device, dtype=dtype, data=data,
+            hidden_states_dir=self.hidden_states_dir, num_sequences=self.num_sequences, cache_dir=self.cache_dir,
+            resume_dir=self.resume_dir, progress=self.progress, max_minutes=self.max_minutes)

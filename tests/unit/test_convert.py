@@ -397,8 +397,8 @@ def test_cli_require_improvement_exits_1_after_writing(world, target, monkeypatc
     import eagle_migrate.calibrate as cal_mod
     from eagle_migrate import cli as cli_mod
 
-    def fake(checkpoint, target, **kw):
-        return cal_mod.CalibrationResult(train=kw["train"], trainable=[], device="cpu", settings={}, steps_run=3,
+    def fake(checkpoint, target, settings, **kw):
+        return cal_mod.CalibrationResult(train=settings.train, trainable=[], device="cpu", settings={}, steps_run=3,
                                          best_step=3 if improved else 0, stopped_early=False, improved=improved,
                                          score_before=2.0, score_after=2.5 if improved else 2.0, suites={}, seconds=0.1,
                                          tokens_seen=1, train_sequences=1)
@@ -440,15 +440,17 @@ def test_precomputed_hidden_states_and_token_id_data(world, target):
 
 
 def test_calibration_runs_on_the_written_checkpoint_with_the_options(world, target, monkeypatch):
-    """convert calls calibrate_checkpoint(<the new folder>, target, train=..., steps=..., ...) in place and reports
-    whether it improved the drafter (what --require-improvement gates on)."""
+    """convert calls calibrate_checkpoint(<the new folder>, target, <one CalibrationSettings>, ...) in place and
+    reports whether it improved the drafter (what --require-improvement gates on)."""
     import eagle_migrate.calibrate as cal_mod
 
     seen = {}
 
-    def fake(checkpoint, target, **kw):
-        seen.update(checkpoint=checkpoint, target=target, files=sorted(p.name for p in Path(checkpoint).iterdir()), **kw)
-        return cal_mod.CalibrationResult(train=kw["train"], trainable=["fc_norm.0.weight"], device="cpu", settings={},
+    def fake(checkpoint, target, settings, **kw):
+        assert isinstance(settings, cal_mod.CalibrationSettings)  # the options travel as one object
+        seen.update(checkpoint=checkpoint, target=target, files=sorted(p.name for p in Path(checkpoint).iterdir()),
+                    **vars(settings), **kw)
+        return cal_mod.CalibrationResult(train=settings.train, trainable=["fc_norm.0.weight"], device="cpu", settings={},
                                          steps_run=5, best_step=0, stopped_early=False, improved=False, score_before=2.0,
                                          score_after=2.0, suites={}, seconds=0.1, tokens_seen=10, train_sequences=2)
 

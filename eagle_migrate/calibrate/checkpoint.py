@@ -1,0 +1,136 @@
+"""The checkpoint form of calibration (what convert calls): :func:`calibrate_checkpoint` loads the drafter of a
+folder in the vLLM layout and its target, picks the data and the held-out suites, runs :func:`~.run.calibrate`
+with the same :class:`~.settings.CalibrationSettings`, and writes the best weights back atomically.
+Imports: calibration_data, drafter.load, formats (read, output, write), devices, target, validate.engine (lazily:
+whether vLLM can generate the held-out continuations), calibrate.{settings,result,run}."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..calibration_data import default_data, resolve_data, vllm_continuations
+from ..errors import UnsupportedError
+from .result import CalibrationResult, check_improvement
+from .run import calibrate
+from .settings import CalibrationSettings, defaults_for, resolve_device
+
+
+def calibrate_checkpoint(
+    checkpoint: str | Path,
+    target: Any,
+    settings: CalibrationSettings | None = None,
+    *,
+    in_place: bool = True,
+    out: str | Path | None = None,
+    loaded_target: Any = None,
+    source_checkpoint: str | Path | None = None,
+    statistics_tokens: int | None = None,
+    **options: Any,
+) -> CalibrationResult:
+    """Calibrate the drafter in ``checkpoint`` (vLLM layout) against ``target`` (path or loaded Target) and write
+    the best weights back (``in_place``) or to ``out``; every tensor and config key but the trained ones is kept.
+
+    ``settings``: the run's options (:class:`CalibrationSettings`; keyword ``options`` with its field names are laid
+    over it). ``settings.dtype``: the target's (``auto``/None: bf16 on CUDA, fp32 on CPU; the drafter always trains
+    in fp32 master weights). ``loaded_target``: the same target already loaded (convert passes its own, so a GPU
+    does not hold it twice); ``target`` stays the path vLLM reads for the held-out continuations.
+    ``source_checkpoint``: the drafter the checkpoint was converted from, scored on the same held-out positions (the
+    source comparison). ``settings.data`` None: :func:`resolve_data` picks ShareGPT for a real target when it is
+    here, else the built-in set with a loud warning. ``statistics_tokens`` is reported as it is (convert's pass)."""
+    s = CalibrationSettings.of(settings, **options)
+    dev = resolve_device(s.device)
+    tgt = _target(target, loaded_target, s, dev)
+    from ..drafter.load import load_drafter
+    from ..formats import read_checkpoint
+
+    ck = read_checkpoint(Path(checkpoint))
+    if ck.quantization:
+        raise UnsupportedError(f"{checkpoint}: the drafter is quantized; calibrate the unquantized drafter, then quantize it")
+    model = load_drafter(ck, tgt)
+    source = load_drafter(source_checkpoint, tgt) if source_checkpoint is not None else None
+    hs = s.hidden_states_dir
+    data, data_warning = resolve_data(s.data, tgt.tokenizer) if hs is None else (s.data, None)
+    if data_warning and tgt.tokenizer is not None:
+        warnings.warn(data_warning, stacklevel=2)
+    dflt = defaults_for(dev)
+    seq_len = s.seq_len or dflt["seq_len"]
+    if hs is not None:  # training and held-out files both from the folder (run._precomputed_split)
+        train_seqs, held = None, None
+    else:
+        train_seqs, held = default_data(tgt, data, s.num_sequences or 64, s.seed, seq_len, suites=s.suites,
+                                        heldout_per_suite=s.heldout_per_suite or dflt["heldout_per_suite"],
+                                        long_buckets=dflt["heldout_long_buckets"], shift_max=dflt["heldout_shift_max"],
+                                        long_per_bucket=dflt["heldout_long_per_bucket"])
+    if not _is_target(target) and tgt.tokenizer is not None and held:
+        held = _vllm_heldout(str(target), held, s.heldout_new_tokens or dflt["heldout_new_tokens"], s.cache_dir)
+    res = calibrate(model, tgt, train_seqs, held, replace(s, device=dev, seq_len=seq_len, require_improvement=False),
+                    source=source, statistics_tokens=statistics_tokens, data_name=str(hs or data or "builtin:chat"),
+                    data_warning=data_warning)
+    if res.best_step > 0 and (in_place or out is not None):
+        _write_back(Path(checkpoint), Path(out) if out is not None else Path(checkpoint), ck, model, res)
+    if s.require_improvement:
+        check_improvement(res)
+    return res
+
+
+def _is_target(target: Any) -> bool:
+    from ..target import Target
+
+    return isinstance(target, Target)
+
+
+def _target(target: Any, loaded_target: Any, s: CalibrationSettings, dev: torch.device) -> Any:
+    """The target to train against: ``target`` when it is loaded, else convert's ``loaded_target``, else only the
+    tensors --hidden-states needs (embeddings, final norm, lm_head, read lazily), else the model loaded."""
+    from ..devices import resolve_dtype
+    from ..target import TargetWeights, load_target
+
+    if _is_target(target):
+        return target
+    if loaded_target is not None:
+        return loaded_target
+    if s.hidden_states_dir is not None:  # never the whole target
+        return TargetWeights(str(target))
+    tdtype = s.dtype if isinstance(s.dtype, torch.dtype) else resolve_dtype(s.dtype or "auto", dev.type)
+    return load_target(str(target), device=str(dev), dtype=tdtype)
+
+
+def _vllm_heldout(target: str, held: Any, new_tokens: int, cache_dir: str | Path | None) -> Any:
+    """The held-out prompts with vLLM's greedy continuations when vLLM is here; else the prompts as they are
+    (transformers' generate is the slower fallback, in the run)."""
+    from ..validate.engine import vllm_importable
+
+    if not vllm_importable():
+        return held
+    try:
+        return vllm_continuations(target, held, new_tokens, cache_dir=cache_dir)
+    except Exception as e:  # transformers' generate is the slower fallback
+        warnings.warn(f"vLLM could not generate the held-out continuations ({str(e)[:120]}); using transformers", stacklevel=3)
+        return held
+
+
+def _write_back(checkpoint: Path, dest: Path, ck: Any, model: Any, res: CalibrationResult) -> None:
+    """The calibrated weights written to ``dest`` atomically (vLLM layout, the checkpoint's dtype), with the
+    checkpoint's sidecar files (provenance.json, ...)."""
+    from ..formats.output import atomic_output_dir
+    from ..formats.write import write_vllm
+
+    sd = {n: t.detach().cpu() for n, t in model.state_dict().items()}
+    if not ck.has("embed_tokens.weight"):
+        sd.pop("embed_tokens.weight", None)
+    raw = json.loads((checkpoint / "config.json").read_text()) if (checkpoint / "config.json").exists() else {}
+    dt = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(str(raw.get("torch_dtype", "float32")), torch.float32)
+    with atomic_output_dir(dest, force=True) as tmp:
+        write_vllm(model.cfg, sd, tmp, dtype=dt, metadata={"calibrated": res.train},
+                   extra_config={"eagle_migrate_calibration": {"train": res.train, "steps": res.steps_run, "best_step": res.best_step,
+                                                               "score_before": round(res.score_before, 4), "score_after": round(res.score_after, 4),
+                                                               "verdict": res.judge.verdict if res.judge else None}})
+        for extra in checkpoint.iterdir():  # provenance.json and other sidecar files travel along
+            if extra.is_file() and extra.name not in ("config.json", "model.safetensors") and not extra.name.endswith(".safetensors"):
+                (tmp / extra.name).write_bytes(extra.read_bytes())

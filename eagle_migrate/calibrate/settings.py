@@ -1,0 +1,135 @@
+"""Calibration's settings: the defaults per device, the trainable parameters per ``--train`` mode, and
+:class:`CalibrationSettings`, every option of a run in one typed, checked object (built once by convert's
+``ConvertOptions``, or from the keywords of :func:`~eagle_migrate.calibrate.calibrate` /
+:func:`~eagle_migrate.calibrate.calibrate_checkpoint`) that flows from the checkpoint wrapper into the run.
+Imports: choices, devices, errors, progress, drafter.model (a type), train (FitConfig)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..choices import TrainMode, values
+from ..devices import resolve_device as _resolve
+from ..errors import InputError
+from ..progress import StageProgress
+from ..train import FitConfig
+
+if TYPE_CHECKING:
+    from ..drafter.model import EagleDrafter
+
+TRAIN_MODES: tuple[str, ...] = values(TrainMode)
+# learning rates per mode (docs/calibration.md has the sweep they come from)
+# all: 1e-3 from a sweep of the EAGLE-2 -> 3.1 fine-tune on the SmolLM2 pair (3e-4 / 1e-3 / 3e-3 at 120 steps: held-out
+# simulated AL 1.214 / 1.277 / 1.271, 3e-3 already past its best at step 100; docs/benchmarks.md); norms+fc unmeasured
+DEFAULT_LR: dict[str, float] = {"norms": 5e-3, "norms+fc": 5e-4, "all": 1e-3}
+# held-out sizes: docs/calibration.md "How many held-out drafts" (a 2 % AL change at AL 1.3 and 2.5 needs about
+# 2,200-2,500 drafts per suite for one AL's standard error, fewer for a paired difference): chat and template-shift
+# get ~2,000-3,000 scored positions each (40-48 prompts x 64 continuation tokens); the long suite stays smaller
+# (each long document costs a long target forward) and says so through its standard error
+DEFAULTS: dict[str, Any] = {"steps": 200, "warmup": 10, "schedule": "cosine", "clip": 1.0, "k": 3, "seq_len": 512,
+                            "batch": 4, "eval_every": 25, "patience": 4, "heldout_new_tokens": 64,
+                            "heldout_per_suite": 48, "heldout_long_buckets": (1024, 2048, 4096, 8192),
+                            "heldout_long_per_bucket": 4, "heldout_shift_max": 48}
+# on a CPU the fine-tune must finish in minutes for a small target (docs/benchmarks.md "calibration": the SmolLM2
+# pair peaked at step 30 of 40 with 256-token sequences): fewer, shorter steps, and no 4k/8k-token documents
+CPU_DEFAULTS: dict[str, Any] = {"steps": 60, "seq_len": 256, "eval_every": 10, "patience": 3,
+                                "heldout_per_suite": 40, "heldout_long_buckets": (1024, 2048),
+                                "heldout_long_per_bucket": 2, "heldout_shift_max": 40}
+
+
+def _default_patience(train: str, dflt: dict[str, Any]) -> int | None:
+    """Early stopping for the norm modes; none for ``all``: retraining every weight (EAGLE-2 sources) climbs slowly
+    through dips longer than the norm modes' patience (SmolLM2 on an H100: a 100-step dip at step 200, a 400-step
+    one at 475, best at step 925 of 1000; docs/benchmarks.md). The best evaluation is still the one returned."""
+    return None if train == "all" else dflt["patience"]
+
+
+def defaults_for(device: str | torch.device) -> dict[str, Any]:
+    """:data:`DEFAULTS`, with :data:`CPU_DEFAULTS` over them on a CPU."""
+    return {**DEFAULTS, **(CPU_DEFAULTS if torch.device(device).type == "cpu" else {})}
+
+
+NORM_SUFFIXES = ("hidden_norm.weight", "input_layernorm.weight", "post_attention_layernorm.weight")
+
+
+def trainable_names(model: EagleDrafter, mode: str) -> list[str]:
+    """Parameter names that train in ``mode`` (embeddings and d2t never do).
+
+    norms: ``fc_norm.*`` (the inserted EAGLE-3.1 norms), ``input_norm`` when present, and the norms they feed or
+    that see the fed-back state: every layer's ``hidden_norm`` / ``input_layernorm`` / ``post_attention_layernorm``
+    and the final ``norm``. norms+fc: plus ``fc``. all: every parameter except ``embed_tokens``.
+    """
+    if mode not in TRAIN_MODES:
+        raise InputError(f"--train {mode!r}: expected one of {', '.join(TRAIN_MODES)}")
+    names = [n for n, _ in model.named_parameters()]
+    norms = [n for n in names if n.startswith("fc_norm.") or n in ("input_norm.weight", "norm.weight") or n.endswith(NORM_SUFFIXES)]
+    if mode == "norms":
+        return norms
+    if mode == "norms+fc":
+        return norms + [n for n in names if n.startswith("fc.")]
+    return [n for n in names if n != "embed_tokens.weight"]
+
+
+def resolve_device(device: Any = "auto") -> torch.device:
+    """:func:`eagle_migrate.devices.resolve_device` as a ``torch.device`` (cuda without CUDA is an InputError)."""
+    return torch.device(_resolve(device))
+
+
+@dataclass(frozen=True)
+class CalibrationSettings:
+    """Every option of a calibration run, checked on creation; ``None`` = the device's default
+    (:func:`defaults_for`, :data:`DEFAULT_LR`). ``dtype``, ``data``, ``num_sequences``, ``suites`` and
+    ``heldout_per_suite`` are read by :func:`~eagle_migrate.calibrate.calibrate_checkpoint` (which loads the target
+    and picks the data); ``hidden_states_dir``: precomputed feature files instead of running the target."""
+
+    train: str = "norms"
+    steps: int | None = None
+    lr: float | None = None
+    warmup: int | None = None
+    schedule: str | None = None
+    clip: float | None = None
+    k: int | None = None
+    seq_len: int | None = None
+    batch: int | None = None
+    seed: int = 0
+    device: str | torch.device | None = "auto"
+    dtype: Any = None  # the target's (auto/None: bf16 on CUDA, fp32 on CPU); the drafter trains in fp32
+    data: str | None = None
+    hidden_states_dir: str | Path | None = None
+    num_sequences: int | None = None
+    suites: tuple[str, ...] = ("chat", "long", "template-shift")
+    heldout_per_suite: int | None = None
+    heldout_new_tokens: int | None = None
+    eval_every: int | None = None
+    patience: int | None = None
+    max_minutes: float | None = None
+    cache_dir: str | Path | None = None
+    resume_dir: str | Path | None = None
+    require_improvement: bool = False
+    progress: StageProgress | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.train not in TRAIN_MODES:  # checked before anything is read or trained
+            raise InputError(f"--train {self.train!r}: expected one of {', '.join(TRAIN_MODES)}")
+        object.__setattr__(self, "suites", tuple(self.suites))
+
+    @classmethod
+    def of(cls, settings: CalibrationSettings | None = None, **options: Any) -> CalibrationSettings:
+        """``settings`` (default: all defaults) with ``options`` over it; an unknown option is a TypeError."""
+        base = settings if settings is not None else cls()
+        return replace(base, **options) if options else base
+
+    def fit_config(self, dflt: dict[str, Any]) -> FitConfig:
+        """The trainer's settings: these where given, else the device's defaults ``dflt`` (:func:`defaults_for`)."""
+        return FitConfig(
+            steps=dflt["steps"] if self.steps is None else self.steps, lr=self.lr or DEFAULT_LR.get(self.train, 5e-4),
+            warmup=dflt["warmup"] if self.warmup is None else self.warmup, schedule=self.schedule or dflt["schedule"],
+            clip=self.clip or dflt["clip"], k=self.k or dflt["k"], seed=self.seed,
+            eval_every=self.eval_every or dflt["eval_every"],
+            patience=_default_patience(self.train, dflt) if self.patience is None else self.patience,
+            max_seconds=None if self.max_minutes is None else self.max_minutes * 60.0,
+        )
