@@ -141,6 +141,10 @@ def generate(a, target_path: str, target, jobs: list[tuple[list[list[int]], int]
     if a.regen_engine == "vllm":
         from eagle_migrate.validate.vllm_engine import measure
 
+        # one unpinned thread (OMP_NUM_THREADS): on an oversubscribed box pinned, spinning OpenMP threads crawl
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+
         suites = {f"job{j}": {"prompts": ps, "max_tokens": n} for j, (ps, n) in enumerate(jobs) if ps}
         res = measure(target_path, None, suites, max_model_len=a.max_prompt + max(n for _, n in jobs) + 8,
                       max_num_seqs=a.vllm_seqs)
@@ -347,11 +351,14 @@ def save_committed(state: Path, model, progress: dict[str, Any]) -> None:
     named = dict(model.named_parameters())
     sd = {n: named[n].detach().to(torch.bfloat16).contiguous() for n in trainable_names(model)}
     sd["d2t"] = model.d2t.detach().to(torch.int32).contiguous()
-    tmp = state / "drafter.safetensors.part"
-    save_file(sd, str(tmp), metadata={"trained_by": "benchmarks/strong_source_cpu.py", "step": str(progress["step"])})
-    os.replace(tmp, state / "drafter.safetensors")
-    write_json(state / "config.json", model.cfg.model_dump(mode="json"))
-    write_json(state / "progress.json", progress)
+    files = {"drafter.safetensors": None, "config.json": model.cfg.model_dump(mode="json"), "progress.json": progress}
+    save_file(sd, str(state / "drafter.safetensors.part"),
+              metadata={"trained_by": "benchmarks/strong_source_cpu.py", "step": str(progress["step"])})
+    for name, obj in files.items():
+        if obj is not None:
+            (state / f"{name}.part").write_text(json.dumps(obj, indent=1))
+    for name in files:  # all written first, then renamed together: a copy taken meanwhile is one step's
+        os.replace(state / f"{name}.part", state / name)
 
 
 def export_vllm(model, out: Path, progress: dict[str, Any]) -> None:
@@ -411,8 +418,9 @@ def served(a, model, progress: dict[str, Any], target_path: str) -> dict[str, An
            "--suite", "chat", "--num-prompts", str(a.served_prompts), "--max-tokens", "64", "--num-speculative-tokens",
            "3", "--no-diagnostics", "--json"]
     t0 = time.perf_counter()
+    env = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", **os.environ}
     with open(rep, "w") as fh:
-        p = subprocess.run(cmd, stdout=fh, cwd=REPO)
+        p = subprocess.run(cmd, stdout=fh, cwd=REPO, env=env)
     if p.returncode not in (0, 1):
         raise SystemExit(f"validate failed ({p.returncode}): {' '.join(cmd)}")
     r = json.loads(rep.read_text())
@@ -470,6 +478,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     a = parse(argv)
     t_start, c_start = time.perf_counter(), cpu_seconds()
     deadline = t_start + a.max_minutes * 60
+    term: list[int] = []
+
+    def clock() -> float:  # jumps past the deadline on SIGTERM: fit stops after its current step, the run saves
+        return time.perf_counter() + (1e9 if term else 0.0)
+
+    import signal
+
+    signal.signal(signal.SIGTERM, lambda *_: term.append(1))
     if a.threads:
         torch.set_num_threads(a.threads)
     a.work.mkdir(parents=True, exist_ok=True)
@@ -610,9 +626,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             last_loss.update(e)
 
     stop = "time limit"
-    while time.perf_counter() < deadline:
+    while clock() < deadline:
         trained_passes = (progress["tokens_seen"] / stored) if stored else math.inf
-        room = deadline - time.perf_counter() > min(a.eval_minutes, a.max_minutes / 4) * 60 or stored == 0
+        room = deadline - clock() > min(a.eval_minutes, a.max_minutes / 4) * 60 or stored == 0
         if (stored == 0 or trained_passes >= a.epochs_per_token) and shards < n_shards_max and room:
             add_shard(shards, allow_new=True)
             progress["shards"], progress["stored_loss_tokens"] = shards, stored
@@ -623,13 +639,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             break
         data = StoredBatches(files)
         seg_step = progress["step"] - progress["segment_base_step"]
-        left = deadline - time.perf_counter()
+        left = deadline - clock()
         to_eval = a.eval_minutes * 60 - (time.perf_counter() - last_eval)
         cfg = FitConfig(steps=seg_step + a.chunk_steps, lr=a.lr, warmup=a.warmup, schedule="constant", k=a.k,
                         seed=a.seed + progress["segment"], eval_every=10**9, save_every=a.chunk_steps, patience=None,
                         clip=1.0, max_seconds=max(1.0, min(left, to_eval)))
         t0 = time.perf_counter()
-        r = fit(model, trainable, data, head, cfg, resume_dir=seg_dir, progress=prog)
+        r = fit(model, trainable, data, head, cfg, resume_dir=seg_dir, progress=prog, clock=clock)
         for p in model.parameters():  # fit freezes the model when it returns
             p.requires_grad_(False)
         dt = time.perf_counter() - t0
@@ -649,6 +665,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if time.perf_counter() - last_eval >= a.eval_minutes * 60:
             evaluate("")
             last_eval = time.perf_counter()
+    if term:
+        stop = "SIGTERM"
     progress["wall_minutes"], progress["cpu_minutes"] = clocks()
     run_rec.update({"stopped_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), "end_step": progress["step"],
                     "stop": stop, "throughput": {
@@ -657,8 +675,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         "train_tok_s": round(stats["train_tokens"] / stats["train_seconds"], 1) if stats["train_seconds"] else None},
                     **{k: round(v, 1) if isinstance(v, float) else v for k, v in stats.items()}})
     save_committed(a.state, model, progress)
-    final = evaluate(f"end of run ({stop})")
-    if a.serve_at_end:
+    rows = [json.loads(x) for x in curve.read_text().splitlines() if x.strip()]
+    last_sim = [r for r in rows if r["kind"] == "simulated"][-1:]
+    final = last_sim[0] if last_sim and last_sim[0]["step"] == progress["step"] else evaluate(f"end of run ({stop})")
+    if a.serve_at_end and not term:
         r = served(a, model, progress, tpath)
         append_curve({"kind": "served", "step": progress["step"], "tokens": progress["tokens_seen"], **r,
                       "utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())})
