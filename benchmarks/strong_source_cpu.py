@@ -439,6 +439,7 @@ def parse(argv: list[str] | None):
     ap.add_argument("--state", type=Path, default=STATE_DEFAULT, help="the committed folder (replaced in place)")
     ap.add_argument("--max-minutes", type=float, default=120.0, help="wall-clock bound of this run")
     ap.add_argument("--measure", action="store_true", help="served AL of the committed checkpoint, appended to the curve")
+    ap.add_argument("--curve", action="store_true", help="print the committed curve as a markdown table and exit")
     ap.add_argument("--served-prompts", type=int, default=20)
     ap.add_argument("--serve-at-end", action="store_true", help="measure the served AL when the run stops")
     ap.add_argument("--regen-engine", choices=("vllm", "transformers"), default="vllm")
@@ -474,8 +475,27 @@ SETTINGS = ("max_prompt", "max_new", "train_start", "shard_records", "draft_voca
             "k", "lr", "warmup", "epochs_per_token", "regen_engine", "heldout_start")
 
 
+def curve_table(state: Path) -> str:
+    """The committed curve as a markdown table (no model loaded)."""
+    rows = [json.loads(x) for x in (state / "curve.jsonl").read_text().splitlines() if x.strip()]
+    out = ["| step | tokens seen | stored answer tokens | simulated AL +- SE (per position) | served chat AL +- SE "
+           "(drafts) | wall min | CPU min | UTC |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if r["kind"] == "simulated":
+            pp = " / ".join(f"{x:.3f}" for x in r["per_position"])
+            out.append(f"| {r['step']} | {r['tokens']:,} | {r['stored_tokens']:,} | {r['sim_al']:.3f} +- {r['sim_se']:.3f} "
+                       f"({pp}) | | {r['wall_min']:.0f} | {r['cpu_min']:.0f} | {r['utc'][11:16]} |")
+        else:
+            out.append(f"| {r['step']} | {r['tokens']:,} | | | {r['served_al']:.3f} +- {r['served_se']:.3f} ({r['drafts']}) "
+                       f"| | | {r['utc'][11:16]} |")
+    return "\n".join(out)
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     a = parse(argv)
+    if a.curve:
+        print(curve_table(a.state))
+        return {}
     t_start, c_start = time.perf_counter(), cpu_seconds()
     deadline = t_start + a.max_minutes * 60
     term: list[int] = []

@@ -59,6 +59,18 @@ def test_captured_shard_is_stale_when_made_from_other_text(ss, tmp_path):
 
 def test_settings_name_the_work_folders(ss, tmp_path):
     a = ss.parse(["--work", str(tmp_path)])
-    b = ss.parse(["--work", str(tmp_path), "--max-new", "256"])
+    b = ss.parse(["--work", str(tmp_path), "--max-new", str(ss.parse([]).max_new * 2)])
     assert ss.regen_dir(a) != ss.regen_dir(b)  # answers of another length never mix into the same shards
     assert ss.feats_dir(a) != ss.feats_dir(ss.parse(["--work", str(tmp_path), "--batch-tokens", "2048"]))
+
+
+def test_curve_table_shows_simulated_and_served_rows(ss, tmp_path):
+    rows = [{"kind": "simulated", "step": 32, "tokens": 68783, "stored_tokens": 14836, "sim_al": 1.1453, "sim_se": 0.008,
+             "per_position": [0.1285, 0.0158, 0.0004], "wall_min": 27.0, "cpu_min": 10.2, "utc": "2026-11-26 13:14:47"},
+            {"kind": "served", "step": 32, "tokens": 68783, "served_al": 1.21, "served_se": 0.02, "drafts": 900,
+             "utc": "2026-11-26 13:30:00"}]
+    (tmp_path / "curve.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    lines = ss.curve_table(tmp_path).splitlines()
+    assert len(lines) == 4
+    assert "68,783" in lines[2] and "1.145 +- 0.008" in lines[2] and "0.129 / 0.016 / 0.000" in lines[2]
+    assert "1.210 +- 0.020 (900)" in lines[3]
