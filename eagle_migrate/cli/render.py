@@ -179,7 +179,8 @@ class StageBar:
                 end = total is not None and done >= total and stage not in self._ended
                 if end:
                     self._ended.add(stage)
-                self._current = None if end else (stage, done, total, info)
+                finished = total is not None and done >= total  # a finished stage is never the one in flight
+                self._current = None if finished else (stage, done, total, info)
                 if end:
                     self._done = stage
                 if first or end or (stage not in self._ended and now - self._last_line >= self.LOG_EVERY):
