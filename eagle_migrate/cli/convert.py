@@ -68,8 +68,10 @@ def convert(
     that needs the calibration fine-tune. The source is never modified; the output appears atomically.
 
     Stored aux layer ids that can be read two ways (vLLM's convention or output-of-layer) are decided by a
-    fingerprint of the writer, else by measuring the drafter's step-0 agreement with the target under each reading;
-    when neither reading wins clearly, convert stops (exit 2): pass --aux-ids-convention.
+    fingerprint of the writer, else by measuring on the target the drafter's step-0 log-likelihood of the target's
+    next token under each reading (paired, sequential): a winner decides; readings shown equivalent keep the stored
+    ids (with a warning); when the evidence is inconclusive, convert stops (exit 2): pass --aux-ids-convention.
+    An EAGLE-3.1 source (passthrough) keeps undecided ids as stored, marked undecided.
 
     Exit codes: 0 ok, 1 --require-improvement and calibration did not improve the drafter, 2 bad input (unreadable
     checkpoint, drafter/target mismatch, undecidable aux-id convention, existing output without --force).

@@ -22,7 +22,7 @@ def inspect(ckpt: CheckpointArg, target: TargetOpt = None, deep: DeepOpt = False
     ids that can be read two ways and carry no deciding fingerprint are measured on the target (it is loaded).
 
     Exit codes: 0 no error finding, 1 a finding of severity error, 2 unreadable input (or aux ids whose convention
-    measuring on --target does not decide: pass --aux-ids-convention).
+    measuring on --target leaves inconclusive: pass --aux-ids-convention).
 
     Example: eagle-migrate inspect ./EAGLE3-LLaMA3.1-Instruct-8B --target meta-llama/Llama-3.1-8B-Instruct
     """
