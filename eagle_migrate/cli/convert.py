@@ -23,7 +23,7 @@ from .options import (
     SeedOpt,
     TrainOpt,
 )
-from .render import StageBar, print_json, stdout
+from .render import StageBar, evidence_rows, print_json, stdout
 
 DataOpt = Annotated[Optional[str], typer.Option("--data", help="Calibration data: JSONL/JSON of prompts, chat messages or {\"token_ids\": [...]}, ShareGPT JSON, an HF dataset id; default: the built-in set.")]
 HiddenStatesOpt = Annotated[Optional[Path], typer.Option("--hidden-states", help="Precomputed target hidden states (eagle-migrate features, speculators data_*.pt or SpecForge *.ckpt) instead of running the target.")]
@@ -117,7 +117,11 @@ def render_result(r) -> None:
     t.add_column("value")
     t.add_row("source", f"{r.source_format} ({r.source_producer})" + ("  [passed through]" if r.passthrough else ""))
     t.add_row("output", f"eagle3.1, {r.output_format} layout: {', '.join(r.output_files)}")
-    t.add_row("aux layer ids", str(r.aux_layer_ids))
+    ev = r.aux_ids_evidence
+    how = f"  (stored {ev.stored}, {ev.convention or 'undecided'} by {ev.decided_by})" if ev is not None and ev.stored is not None else ""
+    t.add_row("aux layer ids", str(r.aux_layer_ids) + how)
+    for k, v in evidence_rows(ev, r.norm_before_residual_evidence):
+        t.add_row(k, v)
     if r.inserted:
         t.add_row("inserted", "\n".join(r.inserted))
     if r.changes:
