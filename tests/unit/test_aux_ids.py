@@ -360,3 +360,23 @@ def test_aux_ids_runs_nothing():
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"
     assert not hasattr(A, "measure") and not hasattr(A, "resolve_for_target")
+
+
+def test_norm_before_residual_not_in_the_config_is_measured(world, target):
+    """norm_before_residual is not visible in the weights: when the config omits it, convert measures it with the
+    same statistic. On this drafter (no attention or MLP output) the flag changes nothing: shown equivalent, the
+    layout's default is kept, with the evidence reported. A config that states it is not measured."""
+    src = write_layout("vllm-plain", W.drafter_config(), W.drafter_state_dict("right"), world / "nbr", aux_convention="vllm")
+    cfg = json.loads((src / "config.json").read_text())
+    del cfg["norm_before_residual"]
+    (src / "config.json").write_text(json.dumps(cfg))
+    ck = read_checkpoint(src)
+    assert ck.meta["norm_before_residual_stated"] is False
+    res = convert(src, target, world / "nbr-31", **KW)
+    m = res.norm_before_residual_evidence
+    assert m is not None and m.readings == ["true", "false"] and m.verdict == "equivalent" and m.positions > 0
+    assert any("norm_before_residual is not in the config" in w for w in res.warnings)
+    prov = json.loads((world / "nbr-31" / "provenance.json").read_text())
+    assert prov["norm_before_residual_evidence"]["verdict"] == "equivalent"
+    stated = write_layout("vllm-plain", W.drafter_config(), W.drafter_state_dict("right"), world / "nbr-s", aux_convention="vllm")
+    assert convert(stated, target, world / "nbr-s-31", **KW).norm_before_residual_evidence is None
