@@ -42,7 +42,10 @@ EQUIVALENCE_NATS = 0.01
 LOOKS = (8, 12, 16, 24, 32, 48, 64)
 BUDGET_SEQUENCES = LOOKS[-1]
 BUDGET_POSITIONS = 16384
-MAX_LENGTH = 512  # tokens per sequence (convert's --max-length default: the statistics pass reuses the states)
+# tokens per measured sequence: convert's --max-length default, so the statistics pass finds the states of the
+# measured sequences kept (LazyTarget.keep) and does not run the target on them again. The target's forward is the
+# cost (SmolLM2-135M: about 10 CPU-seconds per 512 tokens on the loaded 2-core box, docs/benchmarks.md).
+MAX_LENGTH = 512
 LOGP_FLOOR = -50.0  # a draft probability that underflows counts as e^-50, never -inf
 
 
@@ -184,6 +187,7 @@ def measurement_sequences(target: LazyTarget, data: Any, seed: int, first: list[
 
     seen: set[tuple[int, ...]] = set()
     for s in first or []:
+        s = s[:max_length]
         if tuple(s) not in seen:
             seen.add(tuple(s))
             yield s

@@ -29,9 +29,6 @@ if TYPE_CHECKING:  # pragma: no cover
 DecidedBy = Literal["fingerprint", "measurement", "equivalent", "override", "unambiguous", "undecided"]
 CONVENTIONS: tuple[Convention, ...] = get_args(Convention)
 
-# Stages that keep the layout (quantize, validate, publish, a passthrough convert) carry undecided ids verbatim and
-# record it in the config key our writer adds (formats.common.carried_mark / our_fingerprint)
-
 
 # ----- vLLM's rules ---------------------------------------------------------------------------------------------------
 def vllm_default_raw(num_target_layers: int) -> tuple[int, int, int]:

@@ -26,7 +26,7 @@ def _literal_31(tmp_path, toy_target, toy_oracle):
     """The toy oracle converted to EAGLE-3.1, then stripped of our fingerprint: what a user hand-fixes or another
     tool writes (architecture LlamaForCausalLMEagle3, ids literal at the top level)."""
     out = tmp_path / "e31"
-    convert(toy_oracle, toy_target, out, calibrate=False, num_sequences=8, command="test")
+    convert(toy_oracle, str(toy_target), out, calibrate=False, num_sequences=8, command="test")
     cfg = json.loads((out / "config.json").read_text())
     cfg.pop("eagle_migrate")
     (out / "config.json").write_text(json.dumps(cfg))
