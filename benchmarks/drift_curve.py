@@ -354,7 +354,7 @@ def run(drafters: list[tuple[str, str]], target: str, out: Path, *, engine: str 
     from eagle_migrate.errors import InputError
     from eagle_migrate.formats.output import atomic_output_dir, check_output_dir
     from eagle_migrate.target import target_info
-    from eagle_migrate.validate.api import load_tokenizer
+    from eagle_migrate.target import load_tokenizer
 
     labels = [lab for lab, _ in drafters]
     if not drafters or len(set(labels)) != len(labels):

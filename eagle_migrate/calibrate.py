@@ -21,7 +21,7 @@ import time
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any
 
 import torch
 from pydantic import BaseModel, Field
@@ -32,7 +32,8 @@ from .calibration_data import (
     resolve_data,
     vllm_continuations,
 )
-from .choices import TrainMode
+from .aux_ids import vllm_default_aux_ids
+from .choices import TrainMode, values
 from .drafter.model import EagleDrafter
 from .progress import StageProgress
 from .errors import CheckFailed, InputError, UnsupportedError
@@ -46,7 +47,7 @@ from .judge import (
 from .train import Evaluation, FitConfig, Progress, draft_to_target_ids, fit
 from .features import FeatureStore, PrecomputedFeatures, TargetHead
 
-TRAIN_MODES: tuple[str, ...] = get_args(TrainMode)
+TRAIN_MODES: tuple[str, ...] = values(TrainMode)
 # learning rates per mode (docs/calibration.md has the sweep they come from)
 # all: 1e-3 from a sweep of the EAGLE-2 -> 3.1 fine-tune on the SmolLM2 pair (3e-4 / 1e-3 / 3e-3 at 120 steps: held-out
 # simulated AL 1.214 / 1.277 / 1.271, 3e-3 already past its best at step 100; docs/benchmarks.md); norms+fc unmeasured
@@ -286,7 +287,7 @@ def calibrate(
     names = trainable_names(model, train)
     if not names:
         raise InputError(f"--train {train}: the drafter has no such parameters")
-    layer_ids = model.cfg.aux_layer_ids or model.cfg.default_aux_layer_ids(target.info.num_layers)
+    layer_ids = model.cfg.aux_layer_ids or vllm_default_aux_ids(target.info.num_layers)
     cdir = Path(cache_dir) if cache_dir is not None else None
 
     model.to(dev, torch.float32)
@@ -584,7 +585,7 @@ def calibrate_checkpoint(
                                     long_buckets=dflt["heldout_long_buckets"], shift_max=dflt["heldout_shift_max"],
                                     long_per_bucket=dflt["heldout_long_per_bucket"])
     if not isinstance(target, Target) and tgt.tokenizer is not None:
-        from .validate.vllm_engine import vllm_importable
+        from .validate.engine import vllm_importable
 
         if vllm_importable():
             try:

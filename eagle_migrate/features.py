@@ -173,10 +173,12 @@ class FeatureStore:
         if f is not None:
             from safetensors.torch import save_file
 
-            tmp = f.with_name(f.name + ".part")
-            save_file({"input_ids": fb.input_ids, "lengths": fb.lengths, "loss_mask": fb.loss_mask.to(torch.uint8),
-                       "aux": fb.aux.contiguous(), "final": fb.final.contiguous()}, str(tmp), metadata={"layer_ids": json.dumps(self.layer_ids)})
-            os.replace(tmp, f)
+            from .formats.output import atomic_file
+
+            with atomic_file(f) as tmp:
+                save_file({"input_ids": fb.input_ids, "lengths": fb.lengths, "loss_mask": fb.loss_mask.to(torch.uint8),
+                           "aux": fb.aux.contiguous(), "final": fb.final.contiguous()}, str(tmp),
+                          metadata={"layer_ids": json.dumps(self.layer_ids)})
         return fb
 
     def prefetch(self, progress: Progress | None = None) -> None:

@@ -23,11 +23,12 @@ from .drafter.config import MLA_FIELDS
 from .formats.base import Checkpoint, Finding
 from .formats.common import QUANT_SUFFIXES
 from .formats.traps import finding
+from .pairing import pairing_findings
 
 SMALL_NUMEL = 1 << 16
 
 
-class Sizes(BaseModel):
+class ReportSizes(BaseModel):
     """H, Ht, K, V, Vd, I, heads and layers of the drafter (from its weights)."""
 
     hidden_size: int = Field(..., description="H")
@@ -81,7 +82,7 @@ class InspectReport(BaseModel):
     producer: str = Field(..., description="safeailab, specforge, speculators, modelopt, torchspec, vllm, eagle-migrate or unknown")
     layout: str = Field(..., description="the reader that parsed it, e.g. safeailab-eagle3, torchspec-vllm")
     architecture: str = Field(..., description="the drafter family: llama, qwen3 or mla")
-    sizes: Sizes
+    sizes: ReportSizes
     aux_layer_ids: list[int] | None = Field(..., description="in vLLM's convention (residual stream after i layers), ascending")
     aux_layer_ids_stored: list[int] | None = Field(..., description="as written in the checkpoint's config")
     aux_layer_ids_convention: str = Field(..., description="vllm (input-to-layer), output-of-layer (SpecForge/ModelOpt-style trainers) or undecided (aux_layer_ids is then the literal reading, what vLLM does)")
@@ -194,51 +195,6 @@ def _check_norm_weights(ck: Checkpoint) -> list[Finding]:
 
 
 # ----- target pairing ---------------------------------------------------------------------------------------------
-def _pairing(ck: Checkpoint, ti: Any) -> list[Finding]:
-    cfg = ck.config
-    out: list[Finding] = []
-    t_layers = ti.num_layers
-    need_ht = cfg.hidden_size if cfg.generation == "eagle2" else cfg.target_hidden_size
-    if need_ht != ti.hidden_size:
-        out.append(finding("error", "target_hidden_size_mismatch", f"the drafter expects target hidden size {need_ht}, the target has {ti.hidden_size}"))
-    v_declared = ck.meta.get("vocab_size_declared", cfg.vocab_size)
-    if v_declared != ti.vocab_size:
-        out.append(finding("error", "vocab_size_mismatch_target", f"the drafter's vocab V={v_declared}, the target's {ti.vocab_size}: vLLM requires them equal"))
-    if cfg.draft_vocab_size > ti.vocab_size:
-        out.append(finding("error", "draft_vocab_exceeds_vocab", f"draft vocab Vd={cfg.draft_vocab_size} > target vocab {ti.vocab_size}"))
-    if cfg.generation == "eagle3":
-        # the reader judged d2t against the drafter's own V; only a target whose V differs can change the verdict
-        if cfg.draft_vocab_size == ti.vocab_size != v_declared and ck.has("d2t"):
-            out.append(finding("error", "d2t_with_full_vocab", "d2t present although Vd equals the target vocab: vLLM >= 0.30 refuses to load it"))
-        if cfg.draft_vocab_size == v_declared != ti.vocab_size and not ck.has("d2t"):
-            out.append(finding("error", "d2t_missing", f"Vd={cfg.draft_vocab_size} differs from the target vocab {ti.vocab_size} but there is no d2t"))
-        ids = cfg.aux_layer_ids
-        a = ck.aux
-        if ids is None and a is not None and a.stored is not None:  # ids that failed the reader's check: report them
-            ids = a.ids if a.decided else list(a.stored)
-        out += _aux.check_aux_ids_on_target(ids, cfg.num_aux, t_layers)  # the rest: the reader's check_aux_ids_alone
-    if ti.max_position_embeddings and cfg.max_position_embeddings < int(ti.max_position_embeddings):
-        out.append(finding("warning", "max_position_embeddings_low", f"drafter max_position_embeddings={cfg.max_position_embeddings} < the target's {ti.max_position_embeddings}: vLLM < 0.27 crashes past it (vllm#48894), later versions raise it silently"))
-    if abs(cfg.rope_theta - ti.rope_theta) > 1e-6 * max(1.0, ti.rope_theta):
-        out.append(finding("warning", "rope_theta_mismatch", f"drafter rope_theta={cfg.rope_theta:g}, target {ti.rope_theta:g}: fine only if the drafter was trained that way (a missing rope_theta defaults to 10000, SpecForge#265)"))
-    if _norm_scaling(cfg.rope_scaling) != _norm_scaling(ti.rope_scaling):
-        out.append(finding("warning", "rope_scaling_mismatch", f"drafter rope_scaling={cfg.rope_scaling}, target {ti.rope_scaling} (dropped rope_scaling: speculators#574)"))
-    if abs(cfg.rms_norm_eps - ti.rms_norm_eps) > 1e-12 and ck.raw_config:
-        out.append(finding("info", "rms_norm_eps_differs", f"drafter rms_norm_eps={cfg.rms_norm_eps:g}, target {ti.rms_norm_eps:g}"))
-    return out
-
-
-def _norm_scaling(s: dict[str, Any] | None) -> dict[str, Any] | None:
-    if not s:
-        return None
-    d = dict(s)
-    if "type" in d and "rope_type" not in d:
-        d["rope_type"] = d.pop("type")
-    d.pop("type", None)
-    d.pop("rope_theta", None)
-    return {k: (float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v) for k, v in sorted(d.items())}
-
-
 # ----- report -----------------------------------------------------------------------------------------------------
 def _dtype_summary(ck: Checkpoint) -> str:
     counts: dict[str, int] = {}
@@ -351,7 +307,7 @@ def report_from_checkpoint(ck: Checkpoint, target: str | None = None, deep: bool
     findings += _check_finite(ck, deep)
     findings += _check_norm_weights(ck)
     if ti is not None:
-        findings += _pairing(ck, ti)
+        findings += pairing_findings(ck, ti)
     # each trap is emitted once, by the one check that owns it; errors first
     uniq = sorted(findings, key=lambda f: _SEVERITY_ORDER[f.severity])
     cfg = ck.config
@@ -373,7 +329,7 @@ def report_from_checkpoint(ck: Checkpoint, target: str | None = None, deep: bool
         producer=ck.producer,
         layout=ck.layout,
         architecture=cfg.architecture,
-        sizes=Sizes(
+        sizes=ReportSizes(
             hidden_size=cfg.hidden_size, target_hidden_size=cfg.target_hidden_size,
             num_aux=cfg.num_aux if cfg.generation == "eagle3" else 2,
             vocab_size=ck.meta.get("vocab_size_declared", cfg.vocab_size), draft_vocab_size=cfg.draft_vocab_size,

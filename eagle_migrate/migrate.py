@@ -228,9 +228,9 @@ def check_options(source: Path, target: str, out: Path, opts: MigrateOptions) ->
         if v is not None and v < lo:
             raise InputError(f"{flag} {v} must be at least {lo}")
     if opts.publish is not None:
-        from .publish import _REPO_ID
+        from .publish import REPO_ID
 
-        if not _REPO_ID.match(opts.publish):
+        if not REPO_ID.match(opts.publish):
             raise InputError(f"--publish {opts.publish!r} is not ORG/NAME", "e.g. --publish my-org/llama31-8b-eagle3.1")
         if opts.revision is not None and (not opts.revision.strip() or opts.revision.startswith("refs/pr/")):
             raise InputError(f"--revision {opts.revision!r} is not a branch name", "pass a branch, or --create-pr")

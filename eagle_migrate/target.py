@@ -18,6 +18,7 @@ from typing import Any, ClassVar, Literal
 import torch
 
 from .errors import TargetError
+from .fingerprints import is_hub_id
 from .formats.io import read_json
 from .formats.vllm import rope_from_config
 from .hidden_states import HiddenRecord
@@ -54,10 +55,6 @@ def _local_dir_and_gguf(spec: str) -> tuple[Path | None, str | None]:
     return None, None
 
 
-def _looks_like_hub_id(spec: str) -> bool:
-    return not spec.startswith((".", "/", "~")) and spec.count("/") == 1 and not Path(spec).exists()
-
-
 def resolve_config(spec: str) -> dict[str, Any]:
     d, gguf = _local_dir_and_gguf(spec)
     if d is not None and gguf is None:
@@ -69,7 +66,7 @@ def resolve_config(spec: str) -> dict[str, Any]:
             return AutoConfig.from_pretrained(str(d), gguf_file=gguf).to_dict()
         except Exception as e:
             raise TargetError(f"{spec}: cannot read the GGUF file's config ({str(e)[:160]})") from None
-    if _looks_like_hub_id(spec):
+    if is_hub_id(spec):
         try:
             from huggingface_hub import hf_hub_download
 
@@ -208,6 +205,28 @@ class Target:
             ids = torch.tensor([seq], dtype=torch.long)
             aux, logits = self.forward(ids, layer_ids)
             yield ids, aux, logits
+
+
+def load_tokenizer(target: str) -> Any:
+    """The target's tokenizer, or None for a tokenizer-less target (token-id prompts then): the one tokenizer loader
+    for a target given by name (a local folder without any of :data:`TOKENIZER_FILES` has none unless it holds a
+    ``.gguf``; a single ``.gguf`` file; a hub id)."""
+    p = Path(target).expanduser()
+    try:
+        from transformers import AutoTokenizer
+
+        if p.is_dir():
+            if not any((p / f).exists() for f in TOKENIZER_FILES):
+                ggufs = sorted(x.name for x in p.glob("*.gguf"))
+                if not ggufs:
+                    return None
+                return AutoTokenizer.from_pretrained(str(p), gguf_file=ggufs[0])
+            return AutoTokenizer.from_pretrained(str(p))
+        if p.is_file() and p.suffix == ".gguf":
+            return AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
+        return AutoTokenizer.from_pretrained(target)
+    except Exception:
+        return None
 
 
 def load_target(

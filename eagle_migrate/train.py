@@ -40,6 +40,7 @@ from pydantic import BaseModel, Field
 
 from .drafter.model import EagleDrafter, StepOutput
 from .features import FeatureBatch, Progress, TargetHead
+from .formats.output import atomic_file
 
 STEP_DECAY = 0.8
 
@@ -356,9 +357,8 @@ class _FitLoop:
             "best": {n: v.detach().cpu().clone() for n, v in self.best_state.items()}, "bad": self.bad,
             "rng": torch.get_rng_state(),
         }
-        tmp = _state_path(self.rdir).with_suffix(".part")
-        torch.save(st, tmp)
-        os.replace(tmp, _state_path(self.rdir))
+        with atomic_file(_state_path(self.rdir)) as tmp:
+            torch.save(st, tmp)
 
     def train_step(self) -> None:
         """One optimiser step on the batch the seeded order picks for this step."""

@@ -92,6 +92,9 @@ def validate(
                                           "output-throughput ratio.")] = False,
     diagnostics: Annotated[bool, typer.Option("--diagnostics/--no-diagnostics", help="Drift diagnostics (hidden-state RMS, "
                                               "sink and draft attention mass per step; loads the target in transformers).")] = True,
+    attention_backend: Annotated[Optional[str], typer.Option("--attention-backend", help="vLLM attention backend for "
+                                                             "MLA models, e.g. CPU_MLA or AMX_MLA (default: chosen "
+                                                             "for this host; see docs/validate.md).")] = None,
     seed: SeedOpt = 0,
     json: JsonOpt = False,
 ) -> None:
@@ -109,7 +112,7 @@ def validate(
         min_acceptance_length=min_acceptance_length, max_regression_pct=max_regression, report_dir=report,
         num_prompts=num_prompts, max_tokens=max_tokens, temperature=temperature, seed=seed, dtype=dtype,
         max_model_len=max_model_len, tensor_parallel_size=tensor_parallel_size, vllm_python=vllm_python,
-        speedup=speedup, diagnostics=diagnostics, log=say,
+        speedup=speedup, diagnostics=diagnostics, log=say, attention_backend=attention_backend,
     )
     if json:
         print_json(r)

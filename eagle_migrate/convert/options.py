@@ -1,5 +1,6 @@
 """convert's typed options: every argument of :func:`eagle_migrate.convert.convert` in one checked object, passed
-through the skeleton instead of loose keywords. Imports: errors, progress, aux_ids (the Convention type)."""
+through the skeleton instead of loose keywords. Imports: torch, errors, progress, choices (the Literals
+of output formats, train modes and aux-id conventions)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,12 @@ from pathlib import Path
 
 import torch
 
-from ..aux_ids import Convention
-from ..choices import OutputFormat
+from ..choices import AuxIdsConvention as Convention
+from ..choices import OutputFormat, TrainMode, values
 from ..errors import InputError
 from ..progress import StageProgress, no_progress
+
+TRAIN_MODES: tuple[str, ...] = values(TrainMode)
 
 
 
@@ -52,8 +55,6 @@ class ConvertOptions:
             object.__setattr__(self, "progress", no_progress)
         if self.output_format not in ("vllm", "speculators"):
             raise InputError(f"unknown output format '{self.output_format}' (vllm or speculators)")
-        from ..calibrate import TRAIN_MODES
-
         if self.train not in TRAIN_MODES:  # checked before anything is read or written (calibration runs last)
             raise InputError(f"--train {self.train!r}: expected one of {', '.join(TRAIN_MODES)}")
 

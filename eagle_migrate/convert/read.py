@@ -1,7 +1,7 @@
 """The first two steps of every conversion: *read* (the source checkpoint, the target's config, the data to use) and
 *map* (the aux layer ids decided and checked, rope and positions taken from the target, the provenance record).
 Both are the same for every source generation; what differs is in the converters (eagle3.py, eagle2.py,
-passthrough.py). Imports: aux_ids, devices, formats, target, stats, errors, convert.options/result."""
+passthrough.py). Imports: aux_ids, devices, formats, target, pairing, errors, convert.options/result."""
 
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ from ..drafter.config import DrafterConfig
 from ..errors import InputError, PairingError, UnsupportedError
 from ..formats.io import sha256_files
 from ..formats.output import check_output_dir
-from ..target import LazyTarget, TargetInfo
+from ..pairing import check_pairing
+from ..target import LazyTarget
 from .options import ConvertOptions
 from .result import Provenance
 
@@ -38,30 +39,6 @@ def default_aux_ids(num_target_layers: int, k: int = 3) -> list[int]:
     if err:
         raise PairingError(err, "pass a drafter that records its eagle_aux_hidden_state_layer_ids")
     return _aux.vllm_default_aux_ids(num_target_layers)
-
-
-def check_pairing(cfg: DrafterConfig, tinfo: TargetInfo, aux_ids: list[int] | None) -> None:
-    """Raise PairingError (exit 2) when drafter and target cannot work together; the message names both numbers.
-    ``aux_ids`` (vLLM convention; None = not yet known) go through :func:`eagle_migrate.aux_ids.check_aux_ids`."""
-    t = tinfo
-    if cfg.generation == "eagle2":
-        if cfg.hidden_size != t.hidden_size:
-            raise PairingError(f"hidden size mismatch: the EAGLE-2 drafter's fc reads the target's last hidden state of size "
-                               f"H={cfg.hidden_size}, but the target {t.path} has hidden_size={t.hidden_size}")
-    elif cfg.target_hidden_size != t.hidden_size:
-        raise PairingError(f"target hidden size mismatch: the drafter expects Ht={cfg.target_hidden_size} (fc takes K*Ht = "
-                           f"{cfg.num_aux}*{cfg.target_hidden_size} = {cfg.num_aux * cfg.target_hidden_size}) but the target "
-                           f"{t.path} has hidden_size={t.hidden_size}")
-    if cfg.vocab_size != t.vocab_size:
-        raise PairingError(f"vocabulary mismatch: the drafter has vocab_size={cfg.vocab_size} but the target {t.path} has "
-                           f"vocab_size={t.vocab_size}")
-    if cfg.draft_vocab_size > t.vocab_size:
-        raise PairingError(f"vocabulary mismatch: draft_vocab_size={cfg.draft_vocab_size} exceeds the target's "
-                           f"vocab_size={t.vocab_size}")
-    if cfg.generation == "eagle3" and aux_ids is not None:
-        err = _aux.pairing_error(aux_ids, cfg.num_aux, t.num_layers)
-        if err:
-            raise PairingError(err + " (vLLM convention)")
 
 
 @dataclass

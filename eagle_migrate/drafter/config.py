@@ -151,13 +151,6 @@ class DrafterConfig(BaseModel):
     def uses_d2t(self) -> bool:
         return self.draft_vocab_size != self.vocab_size
 
-    def default_aux_layer_ids(self, num_target_layers: int) -> list[int]:
-        """vLLM's fallback when no ids are written, as vLLM captures it (:func:`eagle_migrate.aux_ids.vllm_default_aux_ids`:
-        sorted(set((2, T//2, T-3))) within 0..T, fewer than 3 ids on tiny targets)."""
-        from ..aux_ids import vllm_default_aux_ids
-
-        return vllm_default_aux_ids(num_target_layers)
-
 
 def attention_windows_of(flat: dict[str, Any], architecture: str, num_layers: int) -> tuple[list[str] | None, int | None, str | None]:
     """``(layer_types, sliding_window, problem)`` of a drafter's decoder-layer config dict as vLLM 0.32 runs it.

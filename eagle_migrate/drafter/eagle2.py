@@ -10,7 +10,8 @@ from torch import nn
 
 from ..errors import InputError
 from .config import DrafterConfig
-from .model import MLP, Attention, KVCache, RMSNorm, rope_cos_sin, rope_inv_freq
+from .model import MLP, Attention, KVCache, RMSNorm
+from .rope import rope_cos_sin, rope_inv_freq
 
 
 class Eagle2Reference(nn.Module):

@@ -87,7 +87,7 @@ def read_tensors(source: str | Path | Any) -> tuple[Any, dict[str, torch.Tensor]
     if not ck.quantization and not qc:
         return ck, {n: ck.tensor(n) for n in names}, None
     from ..errors import UnsupportedError
-    from ..quantize import dequantize_state_dict, scheme_from_config
+    from ..quant import dequantize_state_dict, scheme_from_config
 
     if not (isinstance(qc, dict) and "config_groups" in qc and scheme_from_config(qc)):
         scheme = (ck.quantization or {}).get("scheme") if isinstance(ck.quantization, dict) else None
@@ -113,7 +113,7 @@ def load_drafter(
     ck, tensors, qc = read_tensors(source)
     m = build_drafter(ck.config, tensors, target, device=device, dtype=dtype, what=str(ck.path))
     if qc is not None and simulate_activations:
-        from ..quantize import activation_hook, scheme_from_config
+        from ..quant import activation_hook, scheme_from_config
 
         scheme = scheme_from_config(qc)
         modules = dict(m.named_modules())

@@ -283,15 +283,15 @@ def derive(
     e3 = s.generation == "eagle3"
     try:
         cfg = DrafterConfig(
-            generation=s.generation, hidden_size=s.h, target_hidden_size=s.ht, num_aux=s.k_aux if e3 else 3,
-            vocab_size=max(s.v, s.vd), draft_vocab_size=s.vd, intermediate_size=s.inter,
-            num_attention_heads=s.nh, num_key_value_heads=s.nkv, head_dim=s.hd, num_layers=s.num_layers,
+            generation=s.generation, hidden_size=s.hidden_size, target_hidden_size=s.target_hidden_size, num_aux=s.num_aux if e3 else 3,
+            vocab_size=max(s.vocab_size, s.draft_vocab_size), draft_vocab_size=s.draft_vocab_size, intermediate_size=s.intermediate_size,
+            num_attention_heads=s.num_heads, num_key_value_heads=s.num_kv_heads, head_dim=s.head_dim, num_layers=s.num_layers,
             rms_norm_eps=cv.rms_norm_eps, rope_theta=cv.rope_theta, rope_scaling=cv.rope_scaling,
             max_position_embeddings=cv.max_position_embeddings, aux_layer_ids=aux_ids,
             fc_norm=cv.fc_norm and e3, norm_output=cv.norm_output and e3, norm_before_fc=cv.norm_before_fc and e3,
             norm_before_residual=cv.norm_before_residual,
             attention_bias=("layers.0.self_attn.q_proj.bias" in nm), fc_bias=("fc.bias" in nm),
-            has_lm_head=s.lm is not None, has_embed_tokens=s.emb is not None, architecture=s.family,
+            has_lm_head=s.lm_head_shape is not None, has_embed_tokens=s.embed_shape is not None, architecture=s.family,
             layer_types=cv.layer_types, sliding_window=cv.sliding_window, **s.mla_sizes,
         )
     except ValidationError as e:
@@ -299,7 +299,7 @@ def derive(
         raise CheckpointError(f"{where}: inconsistent drafter description ({'.'.join(str(x) for x in err['loc'])}: {err['msg']})") from None
     meta: dict[str, Any] = {"aux_ids_stored": view.aux_ids, "aux_ids_source": view.aux_ids_source,
                             "prefix_stripped": scan.prefix, "midlayer": scan.midlayer, "logical_shapes": shapes,
-                            "ignored_tensors": scan.ignored, "vocab_size_declared": s.v,
+                            "ignored_tensors": scan.ignored, "vocab_size_declared": s.vocab_size,
                             # not visible in the weights: stated in the config, or the layout's default (measured
                             # with a target: eagle_migrate.aux_evidence.decide_norm_before_residual)
                             "norm_before_residual_stated": cfg_flag(flat, "norm_before_residual") is not None}

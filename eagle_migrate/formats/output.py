@@ -1,9 +1,11 @@
-"""Writing outputs without losing data: output folders and the one safetensors writer.
+"""Writing outputs without losing data: output folders, the one atomic file writer and the one safetensors writer.
 
 * Outputs go to a temporary sibling folder and are renamed into place at the end (the rename refuses an existing
   path, so of two concurrent writers the second fails); an existing output is replaced only with ``force`` and only
   when eagle-migrate wrote it (:func:`is_our_output`); an output that is, contains or lies inside an input is
   refused, ``force`` or not (:func:`check_no_overlap`). See docs/reliability.md.
+* A single file that must never be seen half-written (manifests, caches, reports, training state) goes through
+  :func:`atomic_file` (temporary sibling, fsync, ``os.replace``).
 * Safetensors are written with a deterministic header (:func:`save_safetensors`): same tensors, same bytes.
 """
 
@@ -24,6 +26,34 @@ from .io import MAX_JSON_BYTES, ST_DTYPE_NAMES, torch_dtype
 
 if TYPE_CHECKING:  # torch is imported where tensors are written
     import torch
+
+# ----- one file, atomically ---------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def atomic_file(path: Path) -> Iterator[Path]:
+    """The one atomic file writer: yields a temporary path beside ``path``; when the block ends without an error the
+    file written there is fsynced and renamed over ``path`` (a reader sees the old file or the whole new one, never
+    half of it), otherwise it is removed."""
+    path = Path(path)
+    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}"
+    try:
+        yield tmp
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` whole or not at all (:func:`atomic_file`)."""
+    with atomic_file(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
 
 # ----- outputs ---------------------------------------------------------------------------------------------------
 def _safetensors_producer(f: Path) -> str | None:

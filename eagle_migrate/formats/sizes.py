@@ -50,35 +50,35 @@ def cfg_flag(flat: dict[str, Any], key: str) -> bool | None:
 
 
 @dataclass
-class Sizes:
+class WeightSizes:
     """What the tensors (and, where they are silent, the config) say the drafter is; the evidence the checks need."""
 
     num_layers: int
     mla: bool
-    h: int
-    fc_in: int
+    hidden_size: int
+    fc_in_features: int
     generation: str
-    ht: int = 0
-    k_aux: int = 3
-    ht_cfg: int | None = None
-    fcn0: Shape | None = None
-    ht_from_ids: bool = False  # Ht = fc_in / number of aux ids (no target_hidden_size, K odd with Ht = H)
-    qrows: int = 0
-    kvrows: int = 0
-    hd: int = 0
-    hd_guessed: bool = False
-    nh: int = 0
-    nkv: int = 0
+    target_hidden_size: int = 0
+    num_aux: int = 3
+    target_hidden_size_config: int | None = None
+    fc_norm0_shape: Shape | None = None
+    target_hidden_from_ids: bool = False  # Ht = fc_in / number of aux ids (no target_hidden_size, K odd with Ht = H)
+    q_proj_rows: int = 0
+    kv_proj_rows: int = 0
+    head_dim: int = 0
+    head_dim_guessed: bool = False
+    num_heads: int = 0
+    num_kv_heads: int = 0
     mla_sizes: dict[str, Any] = field(default_factory=dict)
     family: str = "llama"
-    qk: set[tuple[int, str]] = field(default_factory=set)
-    inter: int = 0
-    v: int = 0
-    vd: int = 0
-    lm: Shape | None = None
-    emb: Shape | None = None
-    d2t: Shape | None = None
-    fc_norm_w: list[int] = field(default_factory=list)
+    qk_norm_layers: set[tuple[int, str]] = field(default_factory=set)
+    intermediate_size: int = 0
+    vocab_size: int = 0
+    draft_vocab_size: int = 0
+    lm_head_shape: Shape | None = None
+    embed_shape: Shape | None = None
+    d2t_shape: Shape | None = None
+    fc_norm_widths: list[int] = field(default_factory=list)
     input_norm: Shape | None = None
 
 
@@ -106,9 +106,9 @@ def hidden_and_fc(shp: ShapeOf, need: Callable[[str], Shape], where: str) -> tup
     return h, fc[1]
 
 
-def generation_of(s: Sizes, shp: ShapeOf, need: Callable[[str], Shape], where: str) -> None:
+def generation_of(s: WeightSizes, shp: ShapeOf, need: Callable[[str], Shape], where: str) -> None:
     """eagle3 (layer-0 attention input 2H) or eagle2 (H); q/k rows for the llama-style heads."""
-    h = s.h
+    h = s.hidden_size
     if s.mla:
         qin_shape = shp("layers.0.self_attn.q_a_proj.weight") or shp("layers.0.self_attn.q_proj.weight") or shp("layers.0.self_attn.kv_a_proj_with_mqa.weight")
         qin = qin_shape[1] if qin_shape else 2 * h
@@ -119,36 +119,36 @@ def generation_of(s: Sizes, shp: ShapeOf, need: Callable[[str], Shape], where: s
         qin = q[1]
         if k[1] != qin or v[1] != qin or k[0] != v[0]:
             raise CheckpointError(f"{where}: contradicting shapes: q/k/v projections {list(q)}, {list(k)}, {list(v)}")
-        s.qrows, s.kvrows = q[0], k[0]
+        s.q_proj_rows, s.kv_proj_rows = q[0], k[0]
     if qin == 2 * h:
         s.generation = "eagle3"
     elif qin == h:
         s.generation = "eagle2"
     else:
         raise CheckpointError(f"{where}: contradicting shapes: layer-0 attention input is {qin}, expected 2*H = {2 * h} (EAGLE-3) or H = {h} (EAGLE-1/2)")
-    if s.generation == "eagle2" and s.fc_in != 2 * h:
-        raise CheckpointError(f"{where}: contradicting shapes: an EAGLE-1/2 fc must be [H, 2H] = [{h}, {2 * h}], found {[h, s.fc_in]}")
+    if s.generation == "eagle2" and s.fc_in_features != 2 * h:
+        raise CheckpointError(f"{where}: contradicting shapes: an EAGLE-1/2 fc must be [H, 2H] = [{h}, {2 * h}], found {[h, s.fc_in_features]}")
 
 
-def target_sizes(s: Sizes, shp: ShapeOf, flat: dict[str, Any], aux_ids: list[int] | None, where: str) -> None:
+def target_sizes(s: WeightSizes, shp: ShapeOf, flat: dict[str, Any], aux_ids: list[int] | None, where: str) -> None:
     """Ht and K: fc_norm width, else config target_hidden_size, else H; K = fc_in / Ht (EAGLE-1/2: Ht = H, K = 2)."""
-    s.ht_cfg = cfg_int(flat, "target_hidden_size")
-    s.fcn0 = shp("fc_norm.0.weight")
+    s.target_hidden_size_config = cfg_int(flat, "target_hidden_size")
+    s.fc_norm0_shape = shp("fc_norm.0.weight")
     if s.generation == "eagle2":
-        s.ht, s.k_aux = s.h, 2
+        s.target_hidden_size, s.num_aux = s.hidden_size, 2
         return
-    ht = s.fcn0[0] if s.fcn0 is not None else (s.ht_cfg or s.h)
+    ht = s.fc_norm0_shape[0] if s.fc_norm0_shape is not None else (s.target_hidden_size_config or s.hidden_size)
     n_ids = len(aux_ids) if aux_ids else None
     k_hint = cfg_int(flat, "num_aux_hidden_states") or n_ids or flat.get("_eagle_config_num_aux") or 3
-    if s.fc_in % ht:
-        if s.fc_in % k_hint:
-            raise CheckpointError(f"{where}: contradicting shapes: fc input width {s.fc_in} is neither a multiple of Ht={ht} nor of K={k_hint}")
-        ht = s.fc_in // k_hint
-    k_aux = s.fc_in // ht
-    if s.ht_cfg is None and ht == s.h and k_aux not in (2, 3, 4, 5) and n_ids and s.fc_in % n_ids == 0:
+    if s.fc_in_features % ht:
+        if s.fc_in_features % k_hint:
+            raise CheckpointError(f"{where}: contradicting shapes: fc input width {s.fc_in_features} is neither a multiple of Ht={ht} nor of K={k_hint}")
+        ht = s.fc_in_features // k_hint
+    k_aux = s.fc_in_features // ht
+    if s.target_hidden_size_config is None and ht == s.hidden_size and k_aux not in (2, 3, 4, 5) and n_ids and s.fc_in_features % n_ids == 0:
         # no target_hidden_size and a K that makes no sense with Ht = H: trust the id count
-        ht, k_aux, s.ht_from_ids = s.fc_in // n_ids, n_ids, True
-    s.ht, s.k_aux = ht, k_aux
+        ht, k_aux, s.target_hidden_from_ids = s.fc_in_features // n_ids, n_ids, True
+    s.target_hidden_size, s.num_aux = ht, k_aux
 
 
 def guess_head_dim(qrows: int, kvrows: int) -> int:
@@ -158,10 +158,10 @@ def guess_head_dim(qrows: int, kvrows: int) -> int:
     return kvrows
 
 
-def attention_heads(s: Sizes, shp: ShapeOf, flat: dict[str, Any], where: str) -> None:
+def attention_heads(s: WeightSizes, shp: ShapeOf, flat: dict[str, Any], where: str) -> None:
     """head_dim, heads and kv heads of a llama-style layer: config head_dim if it fits the q/k rows, else the
     q_norm width, else rows / config heads, else a guess (EAGLE-1: H / heads, as SafeAILab computes it)."""
-    qrows, kvrows = s.qrows, s.kvrows
+    qrows, kvrows = s.q_proj_rows, s.kv_proj_rows
     hd_cfg = cfg_int(flat, "head_dim")
     qn = shp("layers.0.self_attn.q_norm.weight")
     nh_cfg = cfg_int(flat, "num_attention_heads")
@@ -174,19 +174,19 @@ def attention_heads(s: Sizes, shp: ShapeOf, flat: dict[str, Any], where: str) ->
     elif nh_cfg and qrows % nh_cfg == 0 and kvrows % (qrows // nh_cfg) == 0:
         hd = qrows // nh_cfg
     else:
-        hd, s.hd_guessed = guess_head_dim(qrows, kvrows), True
+        hd, s.head_dim_guessed = guess_head_dim(qrows, kvrows), True
     if qrows % hd or kvrows % hd:
         raise CheckpointError(f"{where}: contradicting shapes: q/k widths {qrows}/{kvrows} are not multiples of head_dim {hd}")
     nh, nkv = qrows // hd, kvrows // hd
     if nh % nkv:
         raise CheckpointError(f"{where}: contradicting shapes: {nh} query heads are not a multiple of {nkv} kv heads")
     o = shp("layers.0.self_attn.o_proj.weight")
-    if o is not None and o != (s.h, qrows):
-        raise CheckpointError(f"{where}: contradicting shapes: o_proj is {list(o)}, expected [{s.h}, {qrows}]")
-    s.hd, s.nh, s.nkv = hd, nh, nkv
+    if o is not None and o != (s.hidden_size, qrows):
+        raise CheckpointError(f"{where}: contradicting shapes: o_proj is {list(o)}, expected [{s.hidden_size}, {qrows}]")
+    s.head_dim, s.num_heads, s.num_kv_heads = hd, nh, nkv
 
 
-def mla_sizes(s: Sizes, shp: ShapeOf, flat: dict[str, Any], where: str) -> None:
+def mla_sizes(s: WeightSizes, shp: ShapeOf, flat: dict[str, Any], where: str) -> None:
     """MLA sizes from the layer-0 weights (DeepseekV2MLAAttention's shapes), the config only where the weights are
     silent (a config that disagrees: checks.mla_size_checks).
 
@@ -207,14 +207,14 @@ def mla_sizes(s: Sizes, shp: ShapeOf, flat: dict[str, Any], where: str) -> None:
     if (q_rows - nh_x_nope) % rope or nh_x_nope <= 0:
         raise CheckpointError(f"{where}: contradicting shapes: q {q_rows} rows, kv_b_proj {list(kvb)}, o_proj {list(o)} do not fit qk_rope_head_dim {rope}")
     nh = (q_rows - nh_x_nope) // rope
-    if nh <= 0 or nh_x_nope % nh or o[1] % nh or o[0] != s.h:
+    if nh <= 0 or nh_x_nope % nh or o[1] % nh or o[0] != s.hidden_size:
         raise CheckpointError(f"{where}: contradicting shapes: q {q_rows} rows, kv_b_proj {list(kvb)}, o_proj {list(o)} for {nh} heads")
     s.mla_sizes = {"q_lora_rank": qa[0] if qa is not None else None, "kv_lora_rank": kv_lora,
                    "qk_nope_head_dim": nh_x_nope // nh, "qk_rope_head_dim": rope, "v_head_dim": o[1] // nh}
     if qa is not None and qb is not None and qb[1] != qa[0]:
         raise CheckpointError(f"{where}: contradicting shapes: q_a_proj {list(qa)} but q_b_proj {list(qb)}")
-    s.nh = s.nkv = nh
-    s.hd = s.mla_sizes["qk_nope_head_dim"] + rope
+    s.num_heads = s.num_kv_heads = nh
+    s.head_dim = s.mla_sizes["qk_nope_head_dim"] + rope
 
 
 def config_family(flat: dict[str, Any], layout: str) -> tuple[str | None, str]:
@@ -239,21 +239,21 @@ def config_family(flat: dict[str, Any], layout: str) -> tuple[str | None, str]:
     return None, ""
 
 
-def family_of(s: Sizes, names: list[str], shp: ShapeOf, flat: dict[str, Any], layout: str, where: str) -> None:
+def family_of(s: WeightSizes, names: list[str], shp: ShapeOf, flat: dict[str, Any], layout: str, where: str) -> None:
     """mla, or llama / qwen3 by evidence: q_norm/k_norm weights first, the config second."""
     if s.mla:
         s.family = "mla"
         return
-    s.qk = {(int(m.group(1)), m.group(2)) for c in names if (m := QK_NORM_RE.match(c))}
-    s.family = "qwen3" if s.qk or config_family(flat, layout)[0] == "qwen3" else "llama"
-    for i, x in sorted(s.qk):
+    s.qk_norm_layers = {(int(m.group(1)), m.group(2)) for c in names if (m := QK_NORM_RE.match(c))}
+    s.family = "qwen3" if s.qk_norm_layers or config_family(flat, layout)[0] == "qwen3" else "llama"
+    for i, x in sorted(s.qk_norm_layers):
         w = shp(f"layers.{i}.self_attn.{x}_norm.weight")
-        if w != (s.hd,):
-            raise CheckpointError(f"{where}: contradicting shapes: layers.{i}.self_attn.{x}_norm.weight is {list(w or ())}, expected [head_dim={s.hd}]")
+        if w != (s.head_dim,):
+            raise CheckpointError(f"{where}: contradicting shapes: layers.{i}.self_attn.{x}_norm.weight is {list(w or ())}, expected [head_dim={s.head_dim}]")
 
 
-def mlp_size(s: Sizes, shp: ShapeOf, where: str) -> None:
-    h = s.h
+def mlp_size(s: WeightSizes, shp: ShapeOf, where: str) -> None:
+    h = s.hidden_size
     gp = shp("layers.0.mlp.gate_proj.weight")
     if gp is None:
         raise CheckpointError(f"{where}: no 'layers.0.mlp.gate_proj.weight' tensor: not a Llama-style drafter layer")
@@ -264,12 +264,12 @@ def mlp_size(s: Sizes, shp: ShapeOf, where: str) -> None:
         qi = shp(f"layers.{i}.self_attn.q_proj.weight")
         if qi is not None and qi[1] != h:
             raise CheckpointError(f"{where}: contradicting shapes: layers.{i}.self_attn.q_proj takes {qi[1]} inputs, expected H={h}")
-    s.inter = gp[0]
+    s.intermediate_size = gp[0]
 
 
-def vocab_sizes(s: Sizes, shp: ShapeOf, flat: dict[str, Any], where: str) -> None:
+def vocab_sizes(s: WeightSizes, shp: ShapeOf, flat: dict[str, Any], where: str) -> None:
     """V (t2d, embed_tokens, config, Vd) and Vd (lm_head, d2t, config, V)."""
-    h = s.h
+    h = s.hidden_size
     lm, emb, t2d, d2t = shp("lm_head.weight"), shp("embed_tokens.weight"), shp("t2d"), shp("d2t")
     if lm is not None and (len(lm) != 2 or lm[1] != h):
         raise CheckpointError(f"{where}: contradicting shapes: lm_head.weight is {list(lm)}, expected [Vd, {h}]")
@@ -284,25 +284,25 @@ def vocab_sizes(s: Sizes, shp: ShapeOf, flat: dict[str, Any], where: str) -> Non
         raise CheckpointError(f"{where}: cannot tell the vocabulary size (no lm_head, embed_tokens, t2d or config vocab_size)")
     if d2t is not None and d2t != (vd,):
         raise CheckpointError(f"{where}: contradicting shapes: d2t is {list(d2t)} but lm_head has {vd} rows")
-    s.v, s.vd, s.lm, s.emb, s.d2t = v, vd, lm, emb, d2t
+    s.vocab_size, s.draft_vocab_size, s.lm_head_shape, s.embed_shape, s.d2t_shape = v, vd, lm, emb, d2t
 
 
-def norm_weights(s: Sizes, names: list[str], shp: ShapeOf, where: str) -> None:
+def norm_weights(s: WeightSizes, names: list[str], shp: ShapeOf, where: str) -> None:
     """fc_norm.i (EAGLE-3 only, [Ht] each) and input_norm ([K*Ht])."""
-    s.fc_norm_w = sorted(int(m.group(1)) for c in names if (m := FC_NORM_RE.match(c)))
-    if s.fc_norm_w and s.generation != "eagle3":
+    s.fc_norm_widths = sorted(int(m.group(1)) for c in names if (m := FC_NORM_RE.match(c)))
+    if s.fc_norm_widths and s.generation != "eagle3":
         raise CheckpointError(f"{where}: contradicting tensors: fc_norm.* weights in an EAGLE-1/2 drafter")
-    for i in s.fc_norm_w:
+    for i in s.fc_norm_widths:
         w = shp(f"fc_norm.{i}.weight")
-        if w != (s.ht,):
-            raise CheckpointError(f"{where}: contradicting shapes: fc_norm.{i}.weight is {list(w or ())}, expected [Ht={s.ht}]")
+        if w != (s.target_hidden_size,):
+            raise CheckpointError(f"{where}: contradicting shapes: fc_norm.{i}.weight is {list(w or ())}, expected [Ht={s.target_hidden_size}]")
     s.input_norm = shp("input_norm.weight")
-    if s.input_norm is not None and s.input_norm != (s.fc_in,):
-        raise CheckpointError(f"{where}: contradicting shapes: input_norm.weight is {list(s.input_norm)}, expected [K*Ht={s.fc_in}]")
+    if s.input_norm is not None and s.input_norm != (s.fc_in_features,):
+        raise CheckpointError(f"{where}: contradicting shapes: input_norm.weight is {list(s.input_norm)}, expected [K*Ht={s.fc_in_features}]")
 
 
 def derive_sizes(names: list[str], shp: ShapeOf, flat: dict[str, Any], *, layout: str, mla: bool,
-                 aux_ids: list[int] | None, where: str, missing: Callable[[str], str]) -> Sizes:
+                 aux_ids: list[int] | None, where: str, missing: Callable[[str], str]) -> WeightSizes:
     """Every size of the drafter, in the order their contradictions are raised."""
     def need(c: str) -> Shape:
         w = shp(c)
@@ -312,7 +312,7 @@ def derive_sizes(names: list[str], shp: ShapeOf, flat: dict[str, Any], *, layout
 
     num_layers = layer_count(names, where)
     h, fc_in = hidden_and_fc(shp, need, where)
-    s = Sizes(num_layers=num_layers, mla=mla, h=h, fc_in=fc_in, generation="")
+    s = WeightSizes(num_layers=num_layers, mla=mla, hidden_size=h, fc_in_features=fc_in, generation="")
     generation_of(s, shp, need, where)
     target_sizes(s, shp, flat, aux_ids, where)
     (mla_sizes if mla else attention_heads)(s, shp, flat, where)
@@ -345,7 +345,7 @@ def eagle3_flags_only(flat: dict[str, Any], generation: str) -> dict[str, Any]:
     return flat if generation == "eagle3" else {k: v for k, v in flat.items() if k not in EAGLE3_FLAGS}
 
 
-def config_values(s: Sizes, flat: dict[str, Any], norm_before_residual_default: bool) -> ConfigValues:
+def config_values(s: WeightSizes, flat: dict[str, Any], norm_before_residual_default: bool) -> ConfigValues:
     """``flat`` already through eagle3_flags_only. MLA: norm_before_fc as vLLM runs it (always off)."""
     fc_norm_cfg = cfg_flag(flat, "fc_norm")
     if fc_norm_cfg is None:
@@ -356,7 +356,7 @@ def config_values(s: Sizes, flat: dict[str, Any], norm_before_residual_default: 
     eps = float(eps) if isinstance(eps, (int, float)) and not isinstance(eps, bool) and eps > 0 else 1e-5
     layer_types, window, problem = attention_windows_of(flat, s.family, s.num_layers)
     return ConfigValues(
-        fc_norm=bool(fc_norm_cfg) or bool(s.fc_norm_w),
+        fc_norm=bool(fc_norm_cfg) or bool(s.fc_norm_widths),
         norm_before_fc=False if s.mla else bool(cfg_flag(flat, "norm_before_fc")) or s.input_norm is not None,
         norm_output=bool(cfg_flag(flat, "norm_output")),
         norm_before_residual=norm_before_residual_default if nbr is None else nbr,

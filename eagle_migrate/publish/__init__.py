@@ -28,7 +28,5 @@ from .provenance import public, scrub
 from .report import LoadedReport, load_report
 from .stage import publish
 
-_REPO_ID = REPO_ID  # the name migrate's option check imports
-
 __all__ = ["REPO_ID", "LoadedReport", "PlannedFile", "PublishResult", "ValidationStatus", "load_report", "public",
            "publish", "scrub"]

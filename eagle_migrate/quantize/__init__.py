@@ -14,7 +14,8 @@ What is written (shared/reference quant-formats.md §2-§4):
 * q/k/v share one NVFP4 global scale and gate/up one (vLLM fuses them and keeps one).
 * everything else (norms, ``embed_tokens``, ``lm_head``, ``d2t``; ``fc`` unless asked) is copied unchanged.
 
-Modules, by job: ``schemes`` (one config class per scheme, the handler registry, the ``quantization_config``
+The format itself lives one layer down in ``eagle_migrate.quant`` (the loader dequantises through it; these names
+are re-exported here): ``schemes`` (one config class per scheme, the handler registry, the ``quantization_config``
 block), ``handlers`` (each scheme's pack / input-scale / activation handler), ``numerics`` (one tensor through
 compressed-tensors), ``linears`` (which Linears, which are fused), ``pack`` (a state dict quantized and back),
 ``calibrate_acts`` (activation ranges), ``gate`` (acceptance before / after), ``stage`` (``quantize()``).
@@ -24,17 +25,18 @@ from __future__ import annotations
 
 from .calibrate_acts import CalibrationReport, activation_ranges, calibrate_activations
 from .gate import AcceptanceReport, SuiteDrop, ValidateMode, default_suites
-from .handlers import activation_hook
-from .linears import LAYER_LINEARS, fused_groups, linear_prefixes
-from .numerics import (
+from ..quant import schemes
+from ..quant.handlers import activation_hook
+from ..quant.linears import LAYER_LINEARS, fused_groups, linear_prefixes
+from ..quant.numerics import (
     decompress_layer,
     err_stats,
     fp8_weight,
     nvfp4_global_scale,
     nvfp4_weight,
 )
-from .pack import LayerReport, dequantize_state_dict, quantize_state_dict
-from .schemes import (
+from ..quant.pack import LayerReport, dequantize_state_dict, quantize_state_dict
+from ..quant.schemes import (
     FC_IGNORE,
     LM_HEAD,
     SCHEMES,
@@ -56,5 +58,5 @@ __all__ = [
     "activation_ranges", "calibrate_activations", "decompress_layer", "default_suites", "dequantize_state_dict",
     "err_stats", "fp8_weight", "fused_groups", "get_scheme", "handler_for", "ignore_list", "linear_prefixes",
     "nvfp4_global_scale", "nvfp4_weight", "quantization_config", "quantize", "quantize_state_dict", "register_handler",
-    "scheme_from_config", "write_quantized",
+    "scheme_from_config", "schemes", "write_quantized",
 ]

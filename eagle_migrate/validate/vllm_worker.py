@@ -5,9 +5,11 @@ runs in any Python that has vLLM (``--vllm-python``), whatever torch that Python
 Request: {"target", "drafter" (or null for no speculation), "method", "num_speculative_tokens", "dtype",
 "max_model_len", "tensor_parallel_size", "seed", "enforce_eager", "gpu_memory_utilization",
 "suites": {name: {"prompts": [[token ids]] | ["text"], "max_tokens": int, "ignore_eos": bool}},
-"temperature", "skip_tokenizer_init", "record_drafts" (opt-in), "per_request_metrics" (opt-in), "runs" (optional)}
+"temperature", "skip_tokenizer_init", "record_drafts" (opt-in), "per_request_metrics" (opt-in), "runs" (optional),
+"attention_backend" (the target's ``attention_config.backend``, null = vLLM chooses)}
 
-``runs``: a list of {"drafter": path | null, "num_speculative_tokens"?, "suites"?} run one after the other in this
+``runs``: a list of {"drafter": path | null, "num_speculative_tokens"?, "suites"?, "draft_attention_backend"?
+(the drafter's ``speculative_config["attention_backend"]``; attention_backend.py says why both)} run one after the other in this
 one process against the same target (each run builds its own ``LLM``; counters never leak between them). Without
 ``runs`` the top-level ``drafter``/``suites`` make the single run.
 
@@ -97,7 +99,7 @@ def _install_draft_recorder() -> None:
     SpecDecodeBaseProposer.propose = propose
 
 
-def _engine_kwargs(req: dict, drafter: str | None, k: int) -> dict:
+def _engine_kwargs(req: dict, drafter: str | None, k: int, draft_backend: str | None = None) -> dict:
     kw = dict(
         model=req["target"],
         dtype=req.get("dtype", "auto"),
@@ -113,6 +115,8 @@ def _engine_kwargs(req: dict, drafter: str | None, k: int) -> dict:
         kw["gpu_memory_utilization"] = req["gpu_memory_utilization"]
     if req.get("max_num_batched_tokens") is not None:
         kw["max_num_batched_tokens"] = req["max_num_batched_tokens"]
+    if req.get("attention_backend"):
+        kw["attention_config"] = {"backend": req["attention_backend"]}
     if drafter and req.get("per_request_metrics"):  # each output then carries its own acceptance histogram
         kw["per_request_spec_decode_metrics"] = "summary"
     if drafter:
@@ -121,6 +125,8 @@ def _engine_kwargs(req: dict, drafter: str | None, k: int) -> dict:
             "method": req.get("method", "eagle3"),
             "num_speculative_tokens": k,
         }
+        if draft_backend:
+            kw["speculative_config"]["attention_backend"] = draft_backend
     return kw
 
 
@@ -136,13 +142,13 @@ def _request_metrics(o) -> dict | None:
             "accepted_per_position": [sum(hist[i + 1:]) for i in range(len(hist) - 1)]}
 
 
-def _run_one(req: dict, drafter: str | None, k: int, suites: dict) -> dict:
+def _run_one(req: dict, drafter: str | None, k: int, suites: dict, draft_backend: str | None = None) -> dict:
     global _RECORDS
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
     record = bool(req.get("record_drafts")) and bool(drafter)
-    llm = LLM(**_engine_kwargs(req, drafter, k))
+    llm = LLM(**_engine_kwargs(req, drafter, k, draft_backend))
     out: dict = {}
     try:
         for name, suite in suites.items():
@@ -185,8 +191,18 @@ def _run_one(req: dict, drafter: str | None, k: int, suites: dict) -> dict:
     return out
 
 
+def _assume_amx() -> None:
+    """``EAGLE_MIGRATE_ASSUME_AMX=1`` (tests only): vLLM's AMX probe answers yes, so a host without AMX selects
+    backends as an AMX host does (attention_backend.py)."""
+    if os.environ.get("EAGLE_MIGRATE_ASSUME_AMX") == "1":
+        import torch
+
+        torch.cpu._is_amx_tile_supported = lambda: True
+
+
 def run(req: dict) -> dict:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    _assume_amx()
     import vllm
 
     if req.get("record_drafts"):
@@ -198,7 +214,7 @@ def run(req: dict) -> dict:
     for r in runs:
         k = int(r.get("num_speculative_tokens", req.get("num_speculative_tokens", 3)))
         t0 = time.perf_counter()
-        suites = _run_one(req, r.get("drafter"), k, r.get("suites") or req["suites"])
+        suites = _run_one(req, r.get("drafter"), k, r.get("suites") or req["suites"], r.get("draft_attention_backend"))
         result["runs"].append({"drafter": r.get("drafter"), "num_speculative_tokens": k, "suites": suites,
                                "seconds": time.perf_counter() - t0})
     result["suites"] = result["runs"][0]["suites"]

@@ -114,8 +114,8 @@ def test_mla_rope_and_softmax_scale_equal_vllms(name, vllm_attention):
     k = torch.randn(len(positions), 1, rd, generator=g)
     vq, vk = va.rotary_emb.forward_native(positions, q.clone(), k.clone())
     c, s = cos.unsqueeze(1), sin.unsqueeze(1)  # [1, 1, T, rd]
-    oq = dm._rope_interleaved(q.transpose(0, 1).unsqueeze(0), c, s)[0].transpose(0, 1)
-    ok = dm._rope_interleaved(k.transpose(0, 1).unsqueeze(0), c, s)[0].transpose(0, 1)
+    oq = dm.rope_interleaved(q.transpose(0, 1).unsqueeze(0), c, s)[0].transpose(0, 1)
+    ok = dm.rope_interleaved(k.transpose(0, 1).unsqueeze(0), c, s)[0].transpose(0, 1)
     torch.testing.assert_close(oq, vq, rtol=1e-5, atol=2e-5)
     torch.testing.assert_close(ok, vk, rtol=1e-5, atol=2e-5)
     if ROPES[name] is not None:  # the scaling changes the rotation at these positions: the comparison can fail

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from eagle_migrate import toy
-from eagle_migrate.drafter.model import EagleDrafter, rope_parameters
+from eagle_migrate.drafter.model import EagleDrafter
+from eagle_migrate.drafter.rope import rope_parameters
 
 from ..conftest import requires_vllm
 

@@ -86,12 +86,12 @@ def test_mla_rope_is_interleaved_not_neox():
     cos, sin = EagleDrafter(cfg).rope(torch.arange(6).unsqueeze(0) + 50, x.dtype)
     causal = torch.ones(6, 6, dtype=torch.bool).tril()[None, None]
     a = att(x, cos, sin, causal, None, 0)[0]
-    orig = dm._rope_interleaved
+    orig = dm.rope_interleaved
     try:
-        dm._rope_interleaved = lambda t, c, s: t * c + dm._rotate_half(t) * s
+        dm.rope_interleaved = lambda t, c, s: t * c + dm.rotate_half(t) * s
         b = att(x, cos, sin, causal, None, 0)[0]
     finally:
-        dm._rope_interleaved = orig
+        dm.rope_interleaved = orig
     assert (a - b).abs().max() > 1e-3
 
 
@@ -267,7 +267,7 @@ def test_kimi_k2_yarn_mla_drafter_inspects_converts_and_keeps_rope_scaling(tmp_p
     mscale / mscale_all_dim, tiny sizes): inspect accepts it, convert runs the drafter (deepseek_yarn as vLLM:
     tests/integration/test_mla_rope_vllm.py) and writes the 3.1 drafter with the same rope_scaling."""
     from eagle_migrate.convert import convert
-    from eagle_migrate.drafter.model import mla_softmax_scale
+    from eagle_migrate.drafter.rope import mla_softmax_scale
 
     target = toy.write_target(tmp_path / "t", family="mla")
     tc = json.loads((target / "config.json").read_text())

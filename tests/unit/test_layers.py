@@ -158,6 +158,149 @@ def test_no_import_cycle_even_through_function_level_imports(modules):
     assert _cycles({m: graph[m] & keep for m in keep}) == []
 
 
+# ----- the layer table of docs/architecture.md, checked against the imports the code makes ---------------------------
+# Imports that break a layer rule (run upward, or close a cycle inside a layer), each with its reason. Keep it short:
+# an entry whose import is gone fails test_allow_list_is_not_stale, so it is removed with the import.
+ALLOWED: dict[tuple[str, str], str] = {
+    # registries: the base module imports its registered members on first lookup, so that they can import the base
+    ("quant.schemes", "quant.handlers"): "registry: the built-in scheme handlers register themselves",
+    ("convert.base", "convert.eagle2"): "registry: the converters register themselves on the skeleton",
+    ("convert.base", "convert.eagle3"): "registry: the converters register themselves on the skeleton",
+    ("convert.base", "convert.passthrough"): "registry: the converters register themselves on the skeleton",
+}
+
+
+def _layer_table() -> dict[str, int]:
+    """The rows of docs/architecture.md's layer table: module name (relative to eagle_migrate; "" for the root
+    package) -> layer number."""
+    import re
+
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    body = text.split("<!-- layers: begin -->", 1)[1].split("<!-- layers: end -->", 1)[0]
+    table: dict[str, int] = {}
+    for line in body.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 3 or not cells[0].isdigit():
+            continue
+        for name in re.findall(r"`([\w.]+)`", cells[2]):
+            rel = "" if name == "eagle_migrate" else name
+            assert rel not in table, f"{name} has two rows in the layer table"
+            table[rel] = int(cells[0])
+    assert table, "no layer table in docs/architecture.md"
+    return table
+
+
+def _short(module: str) -> str:
+    return module.removeprefix("eagle_migrate").removeprefix(".")
+
+
+def _layers(graph: dict[str, set[str]]) -> dict[str, int]:
+    """Every module of the package -> its layer: the row with the longest name that is the module or a package
+    above it."""
+    table = _layer_table()
+    out: dict[str, int] = {}
+    for m in graph:
+        rel = _short(m)
+        rows = [r for r in table if r == rel or (r and rel.startswith(r + ".")) or r == ""]
+        rows = [r for r in rows if r == rel or r != ""]  # the root row names the root package only
+        assert rows, f"{m} is in no row of the layer table in docs/architecture.md"
+        out[rel] = table[max(rows, key=len)]
+    return out
+
+
+def _broken_rules(graph: dict[str, set[str]], layers: dict[str, int]) -> tuple[list[str], list[list[str]]]:
+    upward = sorted(f"{_short(a)} (layer {layers[_short(a)]}) -> {_short(b)} (layer {layers[_short(b)]})"
+                    for a, deps in graph.items() for b in deps
+                    if layers[_short(b)] > layers[_short(a)] and (_short(a), _short(b)) not in ALLOWED)
+    kept = {a: {b for b in deps if (_short(a), _short(b)) not in ALLOWED} for a, deps in graph.items()}
+    return upward, [[_short(m) for m in c] for c in _cycles(kept)]
+
+
+def test_every_row_of_the_layer_table_names_a_module():
+    graph = _import_graph(lazy=True)
+    shorts = {_short(m) for m in graph}
+    assert [r for r in _layer_table() if r not in shorts] == []
+
+
+def test_imports_follow_the_layer_table():
+    """Every import, function-level ones included, goes to the importer's layer or a lower one, and there is no
+    import cycle at all, except the allow-listed imports."""
+    graph = _import_graph(lazy=True)
+    upward, cycles = _broken_rules(graph, _layers(graph))
+    assert upward == [], "imports that run upward (docs/architecture.md, Layers):\n" + "\n".join(upward)
+    assert cycles == [], f"import cycles: {cycles}"
+
+
+STAGES_LAYER = 4
+# (importing stage, imported stage): convert's last step is the calibration
+STAGE_IMPORTS = {("convert", "calibrate"), ("convert", "calibration_data"), ("calibrate", "calibration_data")}
+
+
+def test_stages_do_not_import_each_other():
+    """quantize measures through validate's engines (layer 3), not validate's stage; only convert calls calibrate."""
+    graph = _import_graph(lazy=True)
+    layers = _layers(graph)
+    top = {m: _short(m).split(".")[0] for m in graph}
+    cross = sorted(f"{_short(a)} -> {_short(b)}" for a, deps in graph.items() for b in deps
+                   if layers[_short(a)] == layers[_short(b)] == STAGES_LAYER and top[a] != top[b]
+                   and (top[a], top[b]) not in STAGE_IMPORTS)
+    assert cross == []
+
+
+def test_allow_list_is_not_stale():
+    graph = _import_graph(lazy=True)
+    edges = {(_short(a), _short(b)) for a, deps in graph.items() for b in deps}
+    assert sorted(e for e in ALLOWED if e not in edges) == []
+
+
+def test_the_layer_check_finds_an_upward_import_and_a_cycle():
+    graph = {"eagle_migrate.errors": {"eagle_migrate.cli"}, "eagle_migrate.cli": set(),
+             "eagle_migrate.formats.io": {"eagle_migrate.formats.base"},
+             "eagle_migrate.formats.base": {"eagle_migrate.formats.io"}}
+    upward, cycles = _broken_rules(graph, _layers(graph))
+    assert upward == ["errors (layer 0) -> cli (layer 6)"]
+    assert cycles == [["formats.base", "formats.io"]]
+
+
+# ----- size limits: modules <= 500 lines, functions <= 100, except those docs/architecture.md names --------------
+MAX_MODULE_LINES, MAX_FUNCTION_LINES = 500, 100
+
+
+def _long_exceptions() -> set[str]:
+    import re
+
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    body = text.split("<!-- long: begin -->", 1)[1].split("<!-- long: end -->", 1)[0]
+    return {m.group(1) for line in body.splitlines() if (m := re.match(r"\|\s*`([^`]+)`\s*\|", line.strip()))}
+
+
+def _too_long() -> set[str]:
+    """``pkg/mod.py`` for a module over the limit, ``pkg/mod.func`` (``Class.method``) for a function over it."""
+    import ast
+
+    out: set[str] = set()
+    for p in sorted((ROOT / "eagle_migrate").rglob("*.py")):
+        rel = p.relative_to(ROOT / "eagle_migrate").as_posix()
+        src = p.read_text(encoding="utf-8")
+        if src.count("\n") > MAX_MODULE_LINES:
+            out.add(rel)
+        stack: list[tuple[ast.AST, str]] = [(n, "") for n in ast.parse(src).body]
+        while stack:
+            node, prefix = stack.pop()
+            if isinstance(node, ast.ClassDef):
+                stack += [(n, f"{prefix}{node.name}.") for n in node.body]
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                if node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES:
+                    out.add(f"{rel.removesuffix('.py')}.{prefix}{node.name}")
+    return out
+
+
+def test_modules_and_functions_stay_short_or_are_named_with_a_reason():
+    named, found = _long_exceptions(), _too_long()
+    assert sorted(found - named) == [], "over the size limits and not named in docs/architecture.md (Size limits)"
+    assert sorted(named - found) == [], "named in docs/architecture.md (Size limits) but no longer over the limit"
+
+
 def test_the_cycle_finder_finds_a_cycle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 

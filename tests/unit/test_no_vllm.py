@@ -29,7 +29,7 @@ def _env(tmp_path: Path) -> dict[str, str]:
 
 
 def test_the_shim_hides_vllm(tmp_path):
-    code = ("import importlib.util\nfrom eagle_migrate.validate.api import resolve_engine\n"
+    code = ("import importlib.util\nfrom eagle_migrate.validate.engine import resolve_engine\n"
             "print(importlib.util.find_spec('vllm'), resolve_engine('auto', None))\n"
             "try:\n    import vllm\nexcept ImportError:\n    print('ImportError')\n")
     r = subprocess.run([sys.executable, "-c", code], env=_env(tmp_path), capture_output=True, text=True, timeout=300)

@@ -375,7 +375,7 @@ def _fake_stats(al: float, drafts: int = 100):
 
 def test_max_al_drop_gate(monkeypatch, qdir, toy_oracle, toy_target):
     """A drop above --max-al-drop raises CheckFailed with the report and writes nothing; within it, writes."""
-    from eagle_migrate.validate import api
+    from eagle_migrate.validate import engine as api
 
     suites = {"toy": {"prompts": toy.prompts(2), "max_tokens": 8}}
     monkeypatch.setattr(api, "run_engine", lambda *a, **k: api.EngineRun(
@@ -457,7 +457,7 @@ def test_every_scheme_has_a_handler_and_reads_back_from_its_config(scheme):
 
 def test_a_config_type_has_one_handler():
     from eagle_migrate.quantize import SchemeHandler, register_handler
-    from eagle_migrate.quantize.schemes import FP8Dynamic
+    from eagle_migrate.quant.schemes import FP8Dynamic
 
     with pytest.raises(ValueError, match="already has a handler"):
         register_handler(FP8Dynamic)(SchemeHandler)
@@ -467,7 +467,7 @@ def test_a_new_scheme_is_one_config_class_and_one_registered_handler(monkeypatch
     """A scheme added from outside (a config subclass + a registered handler) drives quantize_state_dict: its
     handler packs every fused group and supplies the static input scale."""
     from eagle_migrate.quantize import quantize_state_dict, register_handler, schemes
-    from eagle_migrate.quantize.handlers import FP8StaticHandler
+    from eagle_migrate.quant.handlers import FP8StaticHandler
 
     monkeypatch.setattr(schemes, "_HANDLERS", dict(schemes._HANDLERS))
 

@@ -101,10 +101,10 @@ def test_existing_output_needs_force(tmp_path, toy_random, capsys, no_debug):
 
 
 def test_gate_failure_exits_1_with_report(tmp_path, toy_oracle, toy_target, capsys, monkeypatch, no_debug):
-    from eagle_migrate.validate import api
+    from eagle_migrate.validate import engine as api
     from eagle_migrate.validate.metrics import AcceptanceStats
 
-    def fake(engine, *_a, **_k):  # quantize's gate measures through validate's run_engine
+    def fake(engine, *_a, **_k):  # quantize's gate measures through validate.engine.run_engine
         return api.EngineRun([{"chat": (AcceptanceStats(num_drafts=10, num_accepted_tokens=30), {})},
                               {"chat": (AcceptanceStats(num_drafts=10, num_accepted_tokens=20), {})}], None, "float32")
 

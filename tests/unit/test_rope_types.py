@@ -11,7 +11,8 @@ import torch
 
 from eagle_migrate import toy
 from eagle_migrate.convert import convert
-from eagle_migrate.drafter.model import ROPE_TYPES, EagleDrafter
+from eagle_migrate.drafter.model import EagleDrafter
+from eagle_migrate.drafter.rope import ROPE_TYPES
 from eagle_migrate.formats import read_checkpoint
 from eagle_migrate.formats.output import save_safetensors, write_json
 from eagle_migrate.formats.write import write_vllm

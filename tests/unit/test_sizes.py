@@ -34,26 +34,26 @@ def sizes_of(shp: dict, flat: dict | None = None, aux_ids=None):
 def test_sizes_come_from_the_weights_not_the_config():
     flat = {"hidden_size": 128, "head_dim": 8, "num_attention_heads": 16, "vocab_size": 7, "target_hidden_size": 64}
     s = sizes_of(shapes(), flat)
-    assert (s.generation, s.h, s.ht, s.k_aux, s.inter, s.vd) == ("eagle3", H, H, 3, I, V)
-    assert (s.hd, s.nh, s.nkv) == (8, 8, 4)  # config head_dim 8 fits the q/k rows, so it decides the split
-    assert s.v == 7  # no t2d / embed_tokens: V is the config's (vocab_checks then reports Vd > V)
+    assert (s.generation, s.hidden_size, s.target_hidden_size, s.num_aux, s.intermediate_size, s.draft_vocab_size) == ("eagle3", H, H, 3, I, V)
+    assert (s.head_dim, s.num_heads, s.num_kv_heads) == (8, 8, 4)  # config head_dim 8 fits the q/k rows, so it decides the split
+    assert s.vocab_size == 7  # no t2d / embed_tokens: V is the config's (vocab_checks then reports Vd > V)
     codes = [f.code for f in checks.hidden_size_checks(s, flat) + checks.head_checks(s, flat) + checks.vocab_checks(s, flat)]
     assert codes == ["hidden_size_mismatch", "num_heads_mismatch", "draft_vocab_exceeds_vocab", "d2t_missing"]
 
 
 def test_head_dim_from_q_norm_when_the_config_is_silent():
     s = sizes_of(shapes(**{"layers.0.self_attn.q_norm.weight": (32,), "layers.0.self_attn.k_norm.weight": (32,)}))
-    assert (s.hd, s.nh, s.nkv, s.family) == (32, 2, 1, "qwen3")
-    assert not s.hd_guessed
+    assert (s.head_dim, s.num_heads, s.num_kv_heads, s.family) == (32, 2, 1, "qwen3")
+    assert not s.head_dim_guessed
 
 
 def test_ht_from_fc_norm_then_from_the_aux_id_count():
     s = sizes_of(shapes(**{"fc.weight": (H, 3 * 48), "fc_norm.0.weight": (48,), "fc_norm.1.weight": (48,),
                            "fc_norm.2.weight": (48,)}), {"target_hidden_size": 96})
-    assert (s.ht, s.k_aux) == (48, 3)
+    assert (s.target_hidden_size, s.num_aux) == (48, 3)
     assert [f.code for f in checks.hidden_size_checks(s, {"target_hidden_size": 96})] == ["target_hidden_size_mismatch"]
     s = sizes_of(shapes(**{"fc.weight": (H, 8 * H)}), {}, aux_ids=[1, 2])  # K=8 with Ht=H makes no sense: 2 ids
-    assert (s.ht, s.k_aux, s.ht_from_ids) == (4 * H, 2, True)
+    assert (s.target_hidden_size, s.num_aux, s.target_hidden_from_ids) == (4 * H, 2, True)
 
 
 def test_config_values_are_the_config_and_eagle2_flags_are_dropped():

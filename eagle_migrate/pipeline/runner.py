@@ -1,33 +1,11 @@
-"""A generic resumable stage runner with one manifest in the output folder (what ``migrate`` and ``demo`` run on).
-
-    pipe = Pipeline(out_dir, [Stage("convert", convert_fn, {"checkpoint": Path(ckpt), "target": "org/name"}),
-                              Stage("validate", validate_fn, lambda results: {"min_al": 2.0})])
-    result = pipe.run()          # PipelineResult: one JSON summary; result.exit_code from the gates
-
-* Each stage writes into its own subfolder ``OUT/<stage>/`` through ``atomic_output_dir``: the stage function gets
-  a temporary sibling folder (``ctx.out``) that is renamed into place only when the function returns, so a kill
-  never leaves a half-written stage folder behind.
-* ``OUT/migrate-manifest.json`` (pydantic ``Manifest``) records per stage: the inputs hash, the inputs, the outputs,
-  the status (pending | running | done | failed), started/finished times, the gate result and the error. It is
-  rewritten atomically (temporary file, fsync, ``os.replace``) at every state change.
-* A re-run skips a stage whose record is ``done`` with an unchanged inputs hash and whose folder still holds
-  exactly the files, with the sha256, recorded when it finished (``StageRecord.files``), and resumes
-  at the first stage that is not (failed, interrupted, killed, new inputs). The inputs hash covers the stage's own
-  inputs (``Path`` values by content: sha256, cached in the manifest by size + mtime; pass a ``str`` to hash a name
-  only) and the inputs and file hashes of every earlier stage, so a stage whose upstream ran with different inputs
-  or wrote different files runs again. ``run(force_stage=NAME)`` re-runs NAME and every later stage.
-* Gates: a stage returns ``StageResult(gate_passed=False, message=...)`` to keep its output (e.g. a report) and stop
-  the pipeline with exit code 1; raising ``CheckFailed`` does the same without keeping the output. Any other
-  ``EagleMigrateError`` stops it with that error's exit code. SIGTERM / SIGINT mark the running stage failed
-  ("interrupted") and the result's exit code is 128 + signal; SIGKILL leaves it ``running``, which a re-run treats
-  the same way. Stage functions must be deterministic in their inputs for skipping to be sound.
+"""The resumable stage runner: stages and their context, the lock, stale temporary folders, signals, and
+:class:`Pipeline` (run, skip, resume, gates) over one manifest.
+Imports: pydantic, ``errors``, ``formats.output``, ``pipeline.manifest`` / ``hashing``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import os
 import re
 import shutil
@@ -36,93 +14,22 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from enum import Enum
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
-from . import __version__
-from .errors import EXIT_CHECK_FAILED, EXIT_OK, EagleMigrateError, InputError, OutputExistsError, redact
-from .formats.output import atomic_output_dir, check_no_overlap, check_writable_parent
+from .. import __version__
+from ..errors import EXIT_CHECK_FAILED, EXIT_OK, EagleMigrateError, InputError, OutputExistsError
+from ..formats.output import atomic_output_dir, atomic_write_text, check_no_overlap, check_writable_parent
+from .hashing import Hasher, files_changed, files_digest, folder_sha256, inputs_digest
+from .manifest import MANIFEST_NAME, Manifest, StageRecord, Status, display_inputs, jsonable_outputs, now
 
-MANIFEST_NAME = "migrate-manifest.json"
 LOCK_NAME = ".migrate.lock"
 _STAGE_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
-_HASH_CHUNK = 1 << 22
 _STALE = re.compile(r"^\.(?P<name>.+)\.(?:tmp|old)-(?P<pid>\d+)(?:-[0-9a-f]+)?$")
 
-Status = Literal["pending", "running", "done", "failed"]
 Action = Literal["ran", "skipped", "not-run"]
-
-
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same folder, fsync, then ``os.replace``."""
-    path = Path(path)
-    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}"
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
-
-
-# ----- the manifest ----------------------------------------------------------------------------------------------
-class FileHash(BaseModel):
-    """Content hash of one file, valid while its size and mtime are unchanged."""
-
-    size: int
-    mtime_ns: int
-    sha256: str
-
-
-class StageRecord(BaseModel):
-    """What the manifest knows about one stage."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    name: str
-    status: Status = Field("pending", description="pending | running | done | failed")
-    inputs_hash: str | None = Field(None, description="sha256 over this stage's inputs and the earlier stages' hashes")
-    inputs: dict[str, Any] = Field(default_factory=dict, description="the resolved inputs, for people (paths as given)")
-    outputs: dict[str, Any] = Field(default_factory=dict, description="what the stage returned (JSON)")
-    output_dir: str | None = Field(None, description="the stage's folder, relative to the pipeline folder")
-    gate_passed: bool | None = Field(None, description="False: the stage's gate failed and the pipeline stopped")
-    message: str | None = Field(None, description="one line from the stage (e.g. the gate's verdict)")
-    started_at: str | None = None
-    finished_at: str | None = None
-    seconds: float | None = None
-    error: str | None = Field(None, description="one-line error of the last failed attempt")
-    error_type: str | None = None
-    exit_code: int | None = None
-    attempts: int = Field(0, description="how many times the stage was started")
-    files: dict[str, str] | None = Field(None, description="sha256 of every file of the finished stage folder (relative path -> "
-                                                             "hex); a re-run verifies them before skipping the stage")
-    pid: int | None = Field(None, description="the process running it (status running)")
-
-
-class Manifest(BaseModel):
-    """``OUT/migrate-manifest.json``: one record per stage, in pipeline order."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    schema_version: Literal[1] = 1
-    tool: str = "eagle-migrate"
-    tool_version: str = __version__
-    created_at: str = Field(default_factory=_now)
-    updated_at: str = Field(default_factory=_now)
-    stages: dict[str, StageRecord] = Field(default_factory=dict)
-    hash_cache: dict[str, FileHash] = Field(default_factory=dict, description="absolute file path -> content hash")
 
 
 # ----- stages ----------------------------------------------------------------------------------------------------
@@ -203,128 +110,6 @@ class Interrupted(KeyboardInterrupt):
         self.signum = signum
 
 
-# ----- hashing ---------------------------------------------------------------------------------------------------
-class _Hasher:
-    def __init__(self, cache: dict[str, FileHash]):
-        self.cache = cache
-        self.used: set[str] = set()
-
-    def file(self, p: Path) -> str:
-        st = p.stat()
-        key = str(p.resolve())
-        self.used.add(key)
-        hit = self.cache.get(key)
-        if hit and hit.size == st.st_size and hit.mtime_ns == st.st_mtime_ns:
-            return hit.sha256
-        h = hashlib.sha256()
-        with open(p, "rb") as f:
-            while b := f.read(_HASH_CHUNK):
-                h.update(b)
-        self.cache[key] = FileHash(size=st.st_size, mtime_ns=st.st_mtime_ns, sha256=h.hexdigest())
-        return h.hexdigest()
-
-    def path(self, p: Path) -> dict[str, Any]:
-        if p.is_file():
-            return {"file": self.file(p)}
-        if p.is_dir():
-            h = hashlib.sha256()
-            for f in sorted(x for x in p.rglob("*") if x.is_file()):
-                h.update(f.relative_to(p).as_posix().encode() + b"\0" + self.file(f).encode() + b"\n")
-            return {"dir": h.hexdigest()}
-        return {"missing": True}
-
-    def canonical(self, v: Any, where: str) -> Any:
-        """JSON value standing for ``v`` in the hash (paths by content)."""
-        if isinstance(v, Path):
-            return {"__path__": self.path(v)}
-        if isinstance(v, BaseModel):
-            return self.canonical(v.model_dump(mode="json"), where)
-        if isinstance(v, Enum):
-            return self.canonical(v.value, where)
-        if isinstance(v, Mapping):
-            return {str(k): self.canonical(x, f"{where}.{k}") for k, x in sorted(v.items(), key=lambda kv: str(kv[0]))}
-        if isinstance(v, (list, tuple)):
-            return [self.canonical(x, f"{where}[{i}]") for i, x in enumerate(v)]
-        if v is None or isinstance(v, (str, int, float, bool)):
-            return v
-        raise TypeError(f"stage input {where} is a {type(v).__name__}; use JSON values or pathlib.Path")
-
-
-def folder_sha256(folder: Path) -> dict[str, str]:
-    """sha256 of every file under ``folder`` (full read, no cache: this is what a skip is trusted on)."""
-    out: dict[str, str] = {}
-    for f in sorted(x for x in Path(folder).rglob("*") if x.is_file()):
-        h = hashlib.sha256()
-        with open(f, "rb") as fh:
-            while b := fh.read(_HASH_CHUNK):
-                h.update(b)
-        out[f.relative_to(folder).as_posix()] = h.hexdigest()
-    return out
-
-
-def _files_changed(recorded: dict[str, str] | None, folder: Path) -> str | None:
-    """Why the finished stage folder cannot be trusted any more (None: every file is as the stage wrote it)."""
-    if recorded is None:
-        return "its manifest record has no file hashes (written by an older eagle-migrate)"
-    now = folder_sha256(folder)
-    missing = sorted(set(recorded) - set(now))
-    if missing:
-        return f"{missing[0]} is missing"
-    changed = sorted(k for k in recorded if now[k] != recorded[k])
-    if changed:
-        return f"{changed[0]} changed since the stage finished (sha256 differs)"
-    extra = sorted(set(now) - set(recorded))
-    if extra:
-        return f"{extra[0]} was added since the stage finished"
-    return None
-
-
-def _files_digest(files: dict[str, str] | None) -> str:
-    return hashlib.sha256(json.dumps(files or {}, sort_keys=True).encode()).hexdigest()
-
-
-def _display(v: Any) -> Any:
-    """The inputs as people read them in the manifest (credentials in URLs redacted)."""
-    if isinstance(v, str):
-        return redact(v, tokens=False)
-    if isinstance(v, Path):
-        return str(v)
-    if isinstance(v, BaseModel):
-        return v.model_dump(mode="json")
-    if isinstance(v, Enum):
-        return v.value
-    if isinstance(v, Mapping):
-        return {str(k): _display(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_display(x) for x in v]
-    return v
-
-
-def _jsonable_outputs(v: Any, tmp: Path, final: Path, base: Path) -> Any:
-    """Stage outputs as JSON; paths inside the temporary folder (``Path`` values, or strings naming one) are
-    rewritten to their final place, relative to the pipeline folder."""
-    if isinstance(v, str) and (v == str(tmp) or v.startswith(str(tmp) + os.sep)):
-        v = Path(v)
-    if isinstance(v, Path):
-        p = v
-        with contextlib.suppress(ValueError):
-            p = final / v.relative_to(tmp)
-        with contextlib.suppress(ValueError):
-            return p.relative_to(base).as_posix()
-        return str(p)
-    if isinstance(v, BaseModel):
-        return v.model_dump(mode="json")
-    if isinstance(v, Enum):
-        return v.value
-    if isinstance(v, Mapping):
-        return {str(k): _jsonable_outputs(x, tmp, final, base) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_jsonable_outputs(x, tmp, final, base) for x in v]
-    if v is None or isinstance(v, (str, int, float, bool)):
-        return v
-    return str(v)
-
-
 def _pid_alive(pid: int | None) -> bool:
     if not pid or pid <= 0:
         return False
@@ -381,7 +166,7 @@ class Pipeline:
             ) from None
 
     def _save(self, m: Manifest) -> None:
-        m.updated_at = _now()
+        m.updated_at = now()
         m.tool_version = __version__
         atomic_write_text(self.manifest_path, m.model_dump_json(indent=2) + "\n")
 
@@ -471,7 +256,7 @@ class Pipeline:
                 rec.status, rec.error, rec.error_type = "failed", f"interrupted (process {rec.pid} stopped without finishing)", "Interrupted"
         # keep the records of this pipeline's stages, in its order
         m.stages = {s.name: m.stages[s.name] for s in self.stages if s.name in m.stages}
-        hasher = _Hasher(m.hash_cache)
+        hasher = Hasher(m.hash_cache)
         results: dict[str, dict[str, Any]] = {}
         summaries: list[StageSummary] = []
         chain: list[tuple[str, str, str]] = []
@@ -486,17 +271,15 @@ class Pipeline:
                 continue
             raw_inputs = stage.inputs(results) if callable(stage.inputs) else stage.inputs
             raw_inputs = dict(raw_inputs)
-            digest = hashlib.sha256(
-                json.dumps({"inputs": hasher.canonical(raw_inputs, stage.name), "upstream": chain}, sort_keys=True).encode()
-            ).hexdigest()
+            digest = inputs_digest(hasher, raw_inputs, stage.name, chain)
             final = self.out_dir / stage.name
 
             if not forcing and rec is not None and rec.status == "done" and rec.inputs_hash == digest and final.is_dir():
-                why = _files_changed(rec.files, final)
+                why = files_changed(rec.files, final)
                 if why is None:
                     self._log(f"[{stage.name}] done before with the same inputs, files verified: skipped")
                     results[stage.name] = rec.outputs
-                    chain.append((stage.name, digest, _files_digest(rec.files)))
+                    chain.append((stage.name, digest, files_digest(rec.files)))
                     summaries.append(self._summary(rec, "skipped"))
                     if rec.gate_passed is False:
                         exit_code, failed = EXIT_CHECK_FAILED, stage.name
@@ -504,8 +287,8 @@ class Pipeline:
                 self._log(f"[{stage.name}] not trusted ({why}): running it again")
 
             rec = StageRecord(
-                name=stage.name, status="running", inputs_hash=digest, inputs=_display(raw_inputs),
-                started_at=_now(), attempts=(rec.attempts if rec else 0) + 1, pid=os.getpid(),
+                name=stage.name, status="running", inputs_hash=digest, inputs=display_inputs(raw_inputs),
+                started_at=now(), attempts=(rec.attempts if rec else 0) + 1, pid=os.getpid(),
                 output_dir=stage.name,
             )
             m.stages[stage.name] = rec
@@ -520,7 +303,7 @@ class Pipeline:
                     )
                     got = stage.fn(ctx)
                     res = got if isinstance(got, StageResult) else StageResult(outputs=dict(got or {}))
-                    outputs = _jsonable_outputs(res.outputs, tmp, final, self.out_dir)
+                    outputs = jsonable_outputs(res.outputs, tmp, final, self.out_dir)
             except EagleMigrateError as e:
                 self._fail(m, rec, t0, e.message, e.__class__.__name__, e.exit_code)
                 exit_code, failed = e.exit_code, stage.name
@@ -536,10 +319,10 @@ class Pipeline:
                 self._fail(m, rec, t0, f"unexpected {e.__class__.__name__}: {_one_line(e)}", e.__class__.__name__, EXIT_CHECK_FAILED)
                 raise
             rec.status, rec.outputs, rec.gate_passed, rec.message = "done", outputs, res.gate_passed, res.message
-            rec.finished_at, rec.seconds, rec.pid = _now(), round(time.perf_counter() - t0, 3), None
+            rec.finished_at, rec.seconds, rec.pid = now(), round(time.perf_counter() - t0, 3), None
             rec.error = rec.error_type = rec.exit_code = None
             rec.files = folder_sha256(final)
-            chain.append((stage.name, digest, _files_digest(rec.files)))
+            chain.append((stage.name, digest, files_digest(rec.files)))
             results[stage.name] = outputs
             m.hash_cache = {k: v for k, v in hasher.cache.items() if k in hasher.used or Path(k).exists()}
             self._save(m)
@@ -563,7 +346,7 @@ class Pipeline:
 
     def _fail(self, m: Manifest, rec: StageRecord, t0: float, error: str, etype: str, code: int) -> None:
         rec.status, rec.error, rec.error_type, rec.exit_code = "failed", error, etype, code
-        rec.finished_at, rec.seconds, rec.pid = _now(), round(time.perf_counter() - t0, 3), None
+        rec.finished_at, rec.seconds, rec.pid = now(), round(time.perf_counter() - t0, 3), None
         self._save(m)
         self._log(f"[{rec.name}] failed: {error}")
 

@@ -2,7 +2,7 @@
 vLLM fuses (they share one NVFP4 global scale). Names are checkpoint prefixes in the vLLM layout
 (``layers.0.self_attn.q_proj``).
 
-Imports: ``errors``, ``drafter.config``, ``quantize.schemes``.
+Imports: ``errors``, ``drafter.config``, ``quant.schemes``.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ What is stored (shared/reference quant-formats.md §2-§4): FP8 ``weight`` (floa
 ``weight_scale`` (float8 [out, in/16]) + ``weight_global_scale`` (fp32 [1], a divisor) (+ ``input_global_scale``
 for W4A4). No zero points.
 
-Imports: torch, ``errors``, ``quantize.schemes`` (compressed-tensors lazily).
+Imports: torch, ``errors``, ``quant.schemes`` (compressed-tensors lazily).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A drafter's state dict, quantized and back: every targeted Linear packed by its scheme's handler (other tensors
 pass through) with the error and bytes of each layer, and the dense weights of a quantized state dict.
 
-Imports: torch, pydantic, ``errors``, ``drafter.config``, ``quantize.schemes`` / ``numerics`` / ``linears``.
+Imports: torch, pydantic, ``errors``, ``drafter.config``, ``quant.schemes`` / ``numerics`` / ``linears``.
 """
 
 from __future__ import annotations
