@@ -236,12 +236,13 @@ def measure(ck: Checkpoint, target: LazyTarget, candidates: list[list[int]], *, 
     m = load_drafter(ck, target.loaded, device=target.device, dtype=target.dtype)
     step = Step0(m, target.info.vocab_size, target.device, target.dtype)
     union = sorted({i for c in candidates for i in c})
+    reused = {tuple(s) for s in sequences or []}  # only the statistics pass's sequences are kept (memory)
 
     def score(seq: list[int]):
         if len(seq) < 3:
             return None
         states, nxt = _states(target, seq, union)
-        if keep_states:
+        if keep_states and tuple(seq) in reused:
             target.keep(seq, states, nxt)
         want = nxt[1:]
         logp, hit, excl = {}, {}, 0

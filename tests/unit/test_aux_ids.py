@@ -380,3 +380,29 @@ def test_norm_before_residual_not_in_the_config_is_measured(world, target):
     assert prov["norm_before_residual_evidence"]["verdict"] == "equivalent"
     stated = write_layout("vllm-plain", W.drafter_config(), W.drafter_state_dict("right"), world / "nbr-s", aux_convention="vllm")
     assert convert(stated, target, world / "nbr-s-31", **KW).norm_before_residual_evidence is None
+
+
+def test_one_target_pass_serves_both_readings_and_the_statistics_pass(world, target):
+    """The target runs once per measured sequence for both readings, and the statistics pass that follows in
+    convert finds those sequences' states kept (LazyTarget.capture does not run the target on them again)."""
+    import torch
+
+    from eagle_migrate import aux_evidence
+    from eagle_migrate.target import LazyTarget
+
+    src = write_layout("vllm-plain", W.drafter_config(), W.drafter_state_dict("right"), world / "reuse", aux_convention="vllm")
+    ck = read_checkpoint(src)
+    lt = LazyTarget(target, "cpu", torch.float32)
+    text = [[(s + i) % W.V for i in range(40)] for s in range(W.V)]  # the target's own text: x, x + 1, ...
+    calls = []
+    tg = lt.loaded
+    fwd = tg.forward
+    tg.forward = lambda *a, **k: (calls.append(1), fwd(*a, **k))[1]
+    m = aux_evidence.measure(ck, lt, [[1, 2, 3], [2, 3, 4]], data=text, sequences=text[:8])
+    assert m.winner == "vllm" and len(calls) == m.sequences
+    lt.keep_only([1, 2, 3])
+    tg.capture = lambda *a, **k: pytest.fail("the target ran again on a measured sequence")
+    recs = list(lt.capture(text[:8], [1, 2, 3], want_last=False))
+    assert len(recs) == 8 and recs[0].aux.shape == (40, 3 * W.H)
+    want, _ = fwd(torch.tensor([text[0]]), [1, 2, 3])
+    assert torch.allclose(recs[0].aux, want[0].float())
