@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 from pydantic import BaseModel, Field
 
 from .choices import AuxIdsConvention as Convention
+from .errors import a_an
 
 if TYPE_CHECKING:  # pragma: no cover
     from .formats.base import Checkpoint, Finding
@@ -236,9 +237,13 @@ def findings(a: AuxIds, producer: str) -> list[Finding]:
     v, o = a.candidate("vllm"), a.candidate("output-of-layer")
     both = f"vLLM ids {v.ids if v else '?'} if written in vLLM's convention, {o.ids if o else '?'} if output-of-layer"
     if a.decided_by == "undecided":
+        # the hint knows what was tried: after a measurement on a target, only the explicit convention is left
+        ask = ("measuring on the target did not decide: pass --aux-ids-convention vllm|output-of-layer"
+               if a.measurement is not None else
+               "pass --target to measure, or --aux-ids-convention vllm|output-of-layer")
         return [finding("warning", "aux_ids_convention_ambiguous",
                         f"aux layer ids {a.stored} ({producer}): {both}; vLLM reads them literally. Nothing in the checkpoint "
-                        "tells which one it was trained with: pass --target to measure, or --aux-ids-convention vllm|output-of-layer")]
+                        f"tells which one it was trained with: {ask}")]
     if a.decided_by == "measurement" and a.measurement is not None:
         return [finding("info", "aux_ids_measured",
                         f"aux layer ids {a.stored}: {a.convention} by measurement ({a.measurement.summary()}) -> vLLM ids {a.ids}")]
@@ -270,7 +275,7 @@ def resolve(a: AuxIds, num_aux: int, num_target_layers: int, *, override: Conven
     if len(valid) == 1:
         bad = next(c for c in a.candidates if c is not valid[0])
         return a.decide(valid[0].convention, "unambiguous",
-                        f"the {bad.convention} reading {bad.ids} is impossible on a {num_target_layers}-layer target "
+                        f"the {bad.convention} reading {bad.ids} is impossible on {a_an(num_target_layers)}-layer target "
                         f"({pairing_error(bad.ids, num_aux, num_target_layers)})")
     if not valid or measure_fn is None:
         return a

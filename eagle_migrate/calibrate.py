@@ -41,6 +41,7 @@ from .judge import (
     JUDGE_Z,
     Comparison,
     SimulatedAcceptance,
+    futility,
     judge_block,
     simulated_acceptance,
 )
@@ -160,7 +161,9 @@ class CalibrationResult(BaseModel):
     steps_run: int
     best_step: int = Field(description="0 = the initial weights were kept")
     stopped_early: bool
-    stop_reason: str | None = Field(None, description="why it stopped early: patience | time limit")
+    stop_reason: str | None = Field(None, description="why it stopped early: patience | time limit | no reachable "
+                                    "improvement (judge.futility: no candidate can beat the initial weights in the "
+                                    "steps left)")
     resumed_from: int | None = None
     improved: bool = Field(description="the held-out score of the returned drafter beats the initial one")
     score_before: float = Field(description="mean simulated AL over the suites, initial drafter")
@@ -418,7 +421,7 @@ def _fit_judged(model: EagleDrafter, names: list[str], feats: Any, head: TargetH
     initial = {n: params[n].detach().clone() for n in names}
     fr = fit(model, names, feats, head, cfg, device=dev, evaluate=evaluate if suites else None,
              initial_score=Evaluation(_score(before), before) if suites else None, resume_dir=resume_dir,
-             progress=report, lr_scale=lr_scale, better=better)
+             progress=report, lr_scale=lr_scale, better=better, give_up=futility if suites else None)
     after = _evaluate_suites(model, suites, cfg.k, dev)
     vs_initial = Comparison.of(after, before, block) if suites else None
     if vs_initial is not None and fr.best_step > 0 and not vs_initial.better():

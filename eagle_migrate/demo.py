@@ -18,6 +18,7 @@ from pydantic import BaseModel, Field
 from .errors import InputError
 from .migrate import MigrateOptions, migrate
 from .pipeline import PipelineResult
+from .progress import StageProgress
 
 
 class DemoRow(BaseModel):
@@ -61,7 +62,8 @@ def _real_pair(drafter: Path | None) -> tuple[Path, Path]:
 
 
 def run_demo(out: Path, *, real: bool = False, drafter: Path | None = None, fresh: bool = False,
-             engine: str = "auto", log: Callable[[str], None] | None = None) -> DemoResult:
+             engine: str = "auto", log: Callable[[str], None] | None = None,
+             progress: StageProgress | None = None) -> DemoResult:
     out = Path(out)
     if fresh and out.exists():
         if not (out / "run" / "migrate-manifest.json").exists() and any(out.iterdir()):
@@ -78,7 +80,7 @@ def run_demo(out: Path, *, real: bool = False, drafter: Path | None = None, fres
         opts = MigrateOptions(steps=20, num_sequences=16, quantize="fp8-dynamic", validate=True, engine=engine,
                               suites=["chat", "long"], num_prompts=4, max_tokens=32,
                               publish="demo/toy-eagle3.1", publish_dry_run=True)
-    res = migrate(source, str(target), out / "run", opts, log=log)
+    res = migrate(source, str(target), out / "run", opts, log=log, progress=progress)
     rows: list[DemoRow] = []
     engine_used = None
     report = None

@@ -26,17 +26,17 @@ from .options import (
 from .render import StageBar, evidence_rows, print_json, stdout
 
 DataOpt = Annotated[Optional[str], typer.Option("--data", help="Calibration data: JSONL/JSON of prompts, chat messages or {\"token_ids\": [...]}, ShareGPT JSON, an HF dataset id; default: the built-in set.")]
-HiddenStatesOpt = Annotated[Optional[Path], typer.Option("--hidden-states", help="Precomputed target hidden states (eagle-migrate features, speculators data_*.pt or SpecForge *.ckpt) instead of running the target.")]
-NumSeqOpt = Annotated[int, typer.Option("--num-sequences", "-n", min=2, help="Calibration sequences: at most 256 feed the norm statistics (a quarter of those, at most 16, held out to measure agreement), all of them the fine-tune.")]
-StepsOpt = Annotated[Optional[int], typer.Option("--steps", min=0, help="Calibration fine-tune steps (passed to the calibration stage).")]
+HiddenStatesOpt = Annotated[Optional[Path], typer.Option("--hidden-states", help="Precomputed target hidden states (eagle-migrate, speculators data_*.pt, SpecForge *.ckpt) instead of running the target.")]
+NumSeqOpt = Annotated[int, typer.Option("--num-sequences", "-n", min=2, help="Calibration sequences (norm statistics use at most 256, a quarter of those up to 16 held out for the agreement).")]
+StepsOpt = Annotated[Optional[int], typer.Option("--steps", min=0, help="Calibration fine-tune steps.")]
 CalibrateOpt = Annotated[Optional[bool], typer.Option("--calibrate/--no-calibrate", help="Run the calibration fine-tune after the structural conversion (default: on, off for an EAGLE-3.1 source).")]
-RequireImprovementOpt = Annotated[bool, typer.Option("--require-improvement", help="Exit 1 when calibration does not beat the initialised drafter beyond noise on the held-out suites, or the result is below the source drafter beyond noise (the output is still written).")]
+RequireImprovementOpt = Annotated[bool, typer.Option("--require-improvement", help="Exit 1 (output still written) when calibration does not beat the initialised drafter beyond noise, or the result is below the source beyond noise.")]
 CacheDirOpt = Annotated[Optional[Path], typer.Option("--cache-dir", help="Keep the target's hidden states for calibration on disk here (reused by later runs).")]
 ResumeOpt = Annotated[Optional[Path], typer.Option("--resume", help="Folder for the calibration's checkpoints; a run interrupted with the same folder continues from its last saved step.")]
 FormatOpt = Annotated[OutputFormat, typer.Option("--output-format", help="Layout of the output: vllm (HF folder vLLM loads) or speculators.")]
 
 
-@app.command()
+@app.command(short_help="Convert an EAGLE-2/3 drafter to EAGLE-3.1 (+ calibration).")
 def convert(
     ckpt: CheckpointArg,
     target: RequiredTargetOpt,
@@ -109,6 +109,13 @@ def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{100 * x:.1f}%"
 
 
+def _label(line: str) -> tuple[str, str]:
+    """A warning line as (label, text): its own ``error:`` / ``warning:`` / ``info:`` prefix is the label (never
+    ``warning | warning: ...``); a line without one is a warning."""
+    head, sep, rest = line.partition(": ")
+    return (head, rest) if sep and head in ("error", "warning", "info") else ("warning", line)
+
+
 def render_result(r) -> None:
     from rich.table import Table
 
@@ -155,8 +162,10 @@ def render_result(r) -> None:
         t.add_row("judge", f"{j['heldout_drafts']} held-out drafts ({j['heldout_positions']} positions, "
                   f"{j['heldout_sequences']} sequences); training set {j['training_tokens']} tokens"
                   + (f"; statistics {j['statistics_tokens']} tokens" if j.get("statistics_tokens") is not None else ""))
+    for w in r.fixed:
+        t.add_row("fixed", w)
     for w in r.warnings:
-        t.add_row("warning", w)
+        t.add_row(*_label(w))
     stdout.print(t)
     stdout.print(f"serve: vllm serve {r.provenance.target} --speculative-config "
                  f"'{{\"model\": \"{r.output}\", \"method\": \"eagle3\", \"num_speculative_tokens\": 3}}'", highlight=False)

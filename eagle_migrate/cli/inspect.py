@@ -12,7 +12,7 @@ from .render import evidence_rows, print_json, stdout
 DeepOpt = Annotated[bool, typer.Option("--deep", help="Check every tensor for NaN/Inf (reads all weights; default: norms and small tensors).")]
 
 
-@app.command()
+@app.command(short_help="What a drafter checkpoint is and what vLLM will do with it.")
 def inspect(ckpt: CheckpointArg, target: TargetOpt = None, deep: DeepOpt = False, aux_ids_convention: AuxIdsConventionOpt = None,
             device: DeviceOpt = "auto", json: JsonOpt = False) -> None:
     """What a drafter checkpoint is (format, producer, sizes, aux ids, flags) and every trap vLLM would hit.

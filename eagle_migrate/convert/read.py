@@ -19,10 +19,11 @@ from ..allocator import fixed_mmap_threshold
 from ..aux_ids import AuxIds
 from ..devices import resolve_device, resolve_dtype
 from ..drafter.config import DrafterConfig
-from ..errors import InputError, PairingError, UnsupportedError
+from ..errors import InputError, PairingError, UnsupportedError, a_an
+from ..fingerprints import target_name
 from ..formats.io import sha256_files
 from ..formats.output import check_output_dir
-from ..pairing import check_pairing
+from ..pairing import check_pairing, target_family_note
 from ..target import LazyTarget
 from .options import ConvertOptions
 from .result import Provenance
@@ -53,6 +54,7 @@ class Job:
     started: str
     data: str | None = None  # the data actually used (a default picked for a real target)
     warnings: list[str] = field(default_factory=list)
+    source_findings: list[Any] = field(default_factory=list)  # the source's error / warning findings (formats Finding)
     aux: AuxIds | None = None
     nbr_measurement: Any = None  # aux_ids.Measurement of norm_before_residual (when the config did not state it)
     aux_ids: list[int] = field(default_factory=list)  # vLLM convention, ascending
@@ -90,7 +92,8 @@ def read(opts: ConvertOptions) -> Job:
         raise UnsupportedError(f"{opts.source}: the drafter is quantized ({ck.quantization.get('scheme')}); convert the unquantized drafter, then quantize")
     job = Job(opts=opts, device=dev, dtype=cdtype, ck=ck, target=LazyTarget(opts.target, dev, cdtype), started=started,
               data=opts.data)
-    job.warnings = [f"{f.severity}: {f.message}" for f in ck.findings if f.severity in ("error", "warning")]
+    # the source's problems: listed as fixed or as still there once the output is written (base.sort_findings)
+    job.source_findings = [f for f in ck.findings if f.severity in ("error", "warning")]
     return job
 
 
@@ -155,14 +158,16 @@ def decide_aux_ids(job: Job, measure: bool = True) -> tuple[AuxIds | None, list[
             hint = _aux.UNDECIDED_HINT if aux.measurement is not None else "a drafter for this target records aux ids within 0..L"
             raise PairingError(_aux.undecided_message(aux, tinfo.num_layers, cfg.num_aux), hint)
         _aux.apply(ck, aux)
-        if aux.decided_by in ("measurement", "equivalent", "unambiguous", "override"):
+        if aux.decided_by == "equivalent":  # the output carries the stored ids: the warning is about it, not the source
             job.warnings += [f"{f.severity}: {f.message}" for f in _aux.findings(aux, ck.producer)]
+        elif aux.decided_by in ("measurement", "unambiguous", "override"):
+            job.source_findings += [f for f in _aux.findings(aux, ck.producer) if f.severity in ("error", "warning")]
         ids = aux.ids
     else:
         if cfg.num_aux != 3:
             raise PairingError(f"the drafter fuses K={cfg.num_aux} aux states but records no aux layer ids (vLLM's default has 3)")
         ids = default_aux_ids(tinfo.num_layers)
-        job.warnings.append(f"no aux layer ids in the source: vLLM's default {ids} for a {tinfo.num_layers}-layer target written explicitly")
+        job.warnings.append(f"no aux layer ids in the source: vLLM's default {ids} for {a_an(tinfo.num_layers)}-layer target written explicitly")
     if measure and ev.norm_before_residual_open(ck) and pairing_ok(ck, ids, tinfo):
         progress("norm_before_residual", 0, 1)
         m = ev.decide_norm_before_residual(ck, job.target, ids, seed=job.opts.seed, data=job.data, sequences=first, progress=
@@ -188,16 +193,20 @@ def map_source(job: Job, aux: AuxIds | None, aux_ids: list[int]) -> None:
     the config changes every output gets (aux ids, rope and positions from the target)."""
     opts, ck, tinfo = job.opts, job.ck, job.target.info
     check_pairing(job.cfg, tinfo, aux_ids)
+    if job.cfg.generation == "eagle3" and (note := target_family_note(job.cfg.architecture, tinfo.model_type)):
+        job.warnings.append(note)
     job.aux, job.aux_ids = aux, sorted(aux_ids)
     opts.progress("hash source", 0, 1)
     job.source_sha256 = sha256_files(ck.store.files)
     opts.progress("hash source", 1, 1)
     tcfg_path = Path(opts.target).expanduser() / "config.json"
     cmd = opts.command if opts.command is not None else " ".join([os.path.basename(sys.argv[0] or "python")] + sys.argv[1:])
+    tname = target_name(opts.target)
     job.provenance = Provenance(
         command=cmd, source=str(opts.source), source_sha256=job.source_sha256,
         source_files=[Path(f).name for f in ck.store.files], source_format=ck.format, source_producer=ck.producer,
-        target=opts.target, target_config_sha256=sha256_files([tcfg_path]) if tcfg_path.is_file() else None,
+        target=opts.target, target_name=tname.name if tname else None, target_hub_id=tname.hub_id if tname else None,
+        target_config_sha256=sha256_files([tcfg_path]) if tcfg_path.is_file() else None,
         data=job.data, hidden_states_dir=str(opts.hidden_states_dir) if opts.hidden_states_dir else None, seed=opts.seed,
         device=job.device, dtype=str(job.dtype).removeprefix("torch."), output_format=opts.output_format,
         started_at=job.started, aux_ids=aux, norm_before_residual_evidence=job.nbr_measurement)

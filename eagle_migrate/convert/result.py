@@ -105,6 +105,8 @@ class Provenance(BaseModel):
     source_format: str
     source_producer: str
     target: str
+    target_name: str | None = Field(None, description="the target's name without its path: its Hub id, else a local folder's own name (fingerprints.target_name)")
+    target_hub_id: str | None = Field(None, description="the target's Hub id when known (given, its config's _name_or_path, or an HF cache snapshot)")
     target_config_sha256: str | None = None
     data: str | None = None
     hidden_states_dir: str | None = None
@@ -118,6 +120,7 @@ class Provenance(BaseModel):
     calibration_required: bool = False
     calibration: str = "not calibrated"
     calibration_verdict: str | None = None
+    step0_agreement: float | None = Field(None, description="top-1 agreement of the converted drafter's step-0 drafts with the source's (before calibration)")
     statistics: TargetStatistics | None = None
     aux_ids: AuxIds | None = Field(None, description="stored aux ids, their convention and how it was decided")
     norm_before_residual_evidence: Measurement | None = Field(None, description="norm_before_residual measured on the "
@@ -150,4 +153,7 @@ class ConvertResult(BaseModel):
     calibration_required: bool = False
     output_files: list[str] = Field(default_factory=list)
     provenance: Provenance
-    warnings: list[str] = Field(default_factory=list)
+    fixed: list[str] = Field(default_factory=list, description="the source's findings (inspect) that the output no "
+                             "longer has: the conversion fixed them")
+    warnings: list[str] = Field(default_factory=list, description="what still needs attention, each with one label "
+                                "(error: / warning: for the source's findings that the output still has)")

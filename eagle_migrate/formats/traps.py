@@ -83,6 +83,7 @@ TRAPS: dict[str, Trap] = {t.code: t for t in (
     Trap('rope_scaling_mismatch', 'warning', "drafter rope differs from the target's"),
     Trap('rope_theta_missing', 'info', 'no rope in the config: 10000 assumed'),
     Trap('rms_norm_eps_differs', 'info', 'drafter and target eps differ'),
+    Trap('drafter_family_differs', 'warning', 'a Qwen3 / MLA drafter on a target of another family (the sizes fit; it was probably made for another model)'),
     Trap('max_position_embeddings_low', 'warning', "drafter max positions < the target's (vLLM < 0.27 crashes)"),
     Trap('model_prefix', 'error', 'names carry `model.`: vLLM cannot load them'),
     Trap('tie_word_embeddings', 'warning', 'tied head in an EAGLE-3 drafter'),

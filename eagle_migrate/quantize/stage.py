@@ -7,6 +7,7 @@ Imports: torch, pydantic, ``errors``, ``formats`` (reader, io, vllm, write), ``d
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +19,7 @@ from pydantic import BaseModel, Field
 from .. import __version__
 from ..drafter.config import DrafterConfig
 from ..errors import CheckFailed, InputError, UnsupportedError
+from ..fingerprints import target_name
 from .calibrate_acts import CalibrationReport, activation_ranges
 from .gate import AcceptanceReport, ValidateMode, gate_engine, measure_acceptance
 from ..quant.linears import linear_prefixes
@@ -135,6 +137,17 @@ def _library_versions() -> dict[str, str]:
     return out
 
 
+def _parent_provenance(source: Path) -> dict[str, Any] | None:
+    """The source checkpoint's own provenance.json (convert's record), kept whole so the lineage of every stage
+    survives quantization; None when there is none or it is unreadable."""
+    f = (source if source.is_dir() else source.parent) / "provenance.json"
+    try:
+        got = json.loads(f.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return got if isinstance(got, dict) else None
+
+
 def _provenance(result: QuantizeResult, source: Path, ckpt, src_files: list[Path], options: dict[str, Any]) -> dict:
     from ..formats.io import sha256_files
 
@@ -146,6 +159,7 @@ def _provenance(result: QuantizeResult, source: Path, ckpt, src_files: list[Path
         "options": options,
         "libraries": _library_versions(),
         "result": {k: v for k, v in result.model_dump(mode="json").items() if k not in ("layers", "quantization_config", "kept")},
+        "parent": _parent_provenance(source),
     }
 
 
@@ -259,7 +273,9 @@ def quantize(
             )
             err.result = result  # type: ignore[attr-defined]
             raise err
-        options = {"scheme": spec.name, "target": target,
+        tname = target_name(str(target)) if target is not None else None
+        options = {"scheme": spec.name, "target": target, "target_name": tname.name if tname else None,
+                   "target_hub_id": tname.hub_id if tname else None,
                    "data": None if data is None else str(data) if not isinstance(data, list) else "token ids",
                    "quantize_fc": quantize_fc, "quantize_lm_head": quantize_lm_head,
                    "num_calibration_sequences": num_calibration_sequences if spec.calibrated else None,
