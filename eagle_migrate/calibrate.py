@@ -41,11 +41,12 @@ from .judge import (
     JUDGE_Z,
     Comparison,
     SimulatedAcceptance,
+    futility,
     judge_block,
     simulated_acceptance,
 )
 from .train import Evaluation, FitConfig, Progress, draft_to_target_ids, fit
-from .features import FeatureStore, PrecomputedFeatures, TargetHead
+from .features import FeatureStore, HeldoutFromFiles, PrecomputedFeatures, TargetHead, split_files
 
 TRAIN_MODES: tuple[str, ...] = values(TrainMode)
 # learning rates per mode (docs/calibration.md has the sweep they come from)
@@ -160,7 +161,9 @@ class CalibrationResult(BaseModel):
     steps_run: int
     best_step: int = Field(description="0 = the initial weights were kept")
     stopped_early: bool
-    stop_reason: str | None = Field(None, description="why it stopped early: patience | time limit")
+    stop_reason: str | None = Field(None, description="why it stopped early: patience | time limit | no reachable "
+                                    "improvement (judge.futility: no candidate can beat the initial weights in the "
+                                    "steps left)")
     resumed_from: int | None = None
     improved: bool = Field(description="the held-out score of the returned drafter beats the initial one")
     score_before: float = Field(description="mean simulated AL over the suites, initial drafter")
@@ -175,6 +178,8 @@ class CalibrationResult(BaseModel):
     judge: Judge | None = Field(None, description="the paired held-out comparisons (None: no held-out suites)")
     data: str | None = Field(None, description="where the training sequences came from")
     data_warning: str | None = Field(None, description="set when the data cannot carry the decision (the built-in set)")
+    not_measured: list[str] = Field(default_factory=list, description="what this run could not measure and why "
+                                    "(--hidden-states: no target generation)")
 
     def markdown(self) -> str:
         k = self.settings.get("k", 3)
@@ -294,9 +299,13 @@ def calibrate(
     if source is not None:
         source.to(dev, torch.float32).eval()
     head = TargetHead.from_target(target, draft_to_target_ids(model).cpu(), dev)
-    feats, n_train = _training_features(target, train_sequences, precomputed, layer_ids, batch=batch, seq_len=seq_len,
-                                        loss_masks=loss_masks, cdir=cdir, report=report)
-    suites = _heldout_suites(target, heldout, layer_ids, new_tokens, cdir, report)
+    not_measured: list[str] = []
+    if precomputed is not None and not heldout:
+        feats, n_train, suites, not_measured = _precomputed_split(target, precomputed, layer_ids, report)
+    else:
+        feats, n_train = _training_features(target, train_sequences, precomputed, layer_ids, batch=batch, seq_len=seq_len,
+                                            loss_masks=loss_masks, cdir=cdir, report=report)
+        suites = _heldout_suites(target, heldout, layer_ids, new_tokens, cdir, report)
 
     block = judge_block(cfg.k)
     before = _evaluate_suites(model, suites, cfg.k, dev)
@@ -328,7 +337,7 @@ def calibrate(
         suites={n: SuiteAcceptance(suite=n, num_sequences=before[n].num_sequences, before=before[n], after=after[n],
                                    source=src_res[n] if src_res else None) for n in before},
         seconds=time.perf_counter() - t0, tokens_seen=fr.tokens_seen, train_sequences=n_train, history=fr.history,
-        warning=warning, judge=judge, data=data_name, data_warning=data_warning,
+        warning=warning, judge=judge, data=data_name, data_warning=data_warning, not_measured=not_measured,
     )
     if require_improvement:
         check_improvement(result)
@@ -356,8 +365,9 @@ def _training_features(target: Any, train_sequences: Sequence[Sequence[int]] | N
     ``train_sequences`` (captured up front when cached)."""
     if precomputed is not None:
         fnw = target.final_norm_weight
-        feats: Any = PrecomputedFeatures(precomputed, layer_ids, target.info.hidden_size,
-                                         final_norm=None if fnw is None else (fnw.detach(), target.info.rms_norm_eps))
+        feats: Any = PrecomputedFeatures(precomputed, list(layer_ids), target.info.hidden_size,
+                                         final_norm=None if fnw is None else (fnw.detach(), target.info.rms_norm_eps),
+                                         num_layers=target.info.num_layers)
         return feats, len(feats)
     if not train_sequences:
         raise InputError("calibration needs training sequences (or precomputed features)")
@@ -366,6 +376,33 @@ def _training_features(target: Any, train_sequences: Sequence[Sequence[int]] | N
     if cdir is not None:
         feats.prefetch(lambda e: report({"phase": "capture", **e}))
     return feats, len(train_sequences)
+
+
+def _precomputed_split(target: Any, precomputed: str | Path, layer_ids: Sequence[int],
+                       report: Progress) -> tuple[Any, int, dict[str, Any], list[str]]:
+    """``--hidden-states`` without held-out prompts (the target is not run, so it has no greedy continuations): the
+    folder's files split into training files and a held-out suite ``files`` (:class:`HeldoutFromFiles`, scored
+    where the text is the target's greedy choice). Returns (training features, their count, suites, what was not
+    measured)."""
+    fnw = target.final_norm_weight
+    fn = None if fnw is None else (fnw.detach(), target.info.rms_norm_eps)
+    ids = list(layer_ids)
+    probe = PrecomputedFeatures(precomputed, ids, target.info.hidden_size, final_norm=fn, num_layers=target.info.num_layers)
+    n = len(probe)
+    train_idx, held_idx = split_files(n, max(1, min(16, n // 5)))
+    feats = PrecomputedFeatures(precomputed, ids, target.info.hidden_size, final_norm=fn, num_layers=target.info.num_layers,
+                                indices=train_idx)
+    note = ["held-out suites chat / long / template-shift on the target's greedy continuations (they need the target "
+            "to generate; --hidden-states does not run it)"]
+    if not held_idx:
+        return feats, len(train_idx), {}, note + ["held-out evaluation: the folder has too few files to hold any out"]
+    report({"phase": "heldout", "suite": "files", "sequences": len(held_idx)})
+    held = HeldoutFromFiles(PrecomputedFeatures(precomputed, ids, target.info.hidden_size, final_norm=fn,
+                                                num_layers=target.info.num_layers, indices=held_idx),
+                            target.lm_head_weight, getattr(target, "lm_head_bias", None))
+    note.append(f"the simulated AL where the text is not the target's greedy choice ({1 - held.greedy_fraction:.0%} of the "
+                f"positions of the held-out suite 'files', {len(held_idx)} of the folder's {n} files): its AL is a lower bound")
+    return feats, len(train_idx), {"files": (held, held.prompt_lens)}, note
 
 
 def _heldout_suites(target: Any, heldout: Mapping[str, Sequence[Any]] | None, layer_ids: Sequence[int],
@@ -418,7 +455,7 @@ def _fit_judged(model: EagleDrafter, names: list[str], feats: Any, head: TargetH
     initial = {n: params[n].detach().clone() for n in names}
     fr = fit(model, names, feats, head, cfg, device=dev, evaluate=evaluate if suites else None,
              initial_score=Evaluation(_score(before), before) if suites else None, resume_dir=resume_dir,
-             progress=report, lr_scale=lr_scale, better=better)
+             progress=report, lr_scale=lr_scale, better=better, give_up=futility if suites else None)
     after = _evaluate_suites(model, suites, cfg.k, dev)
     vs_initial = Comparison.of(after, before, block) if suites else None
     if vs_initial is not None and fr.best_step > 0 and not vs_initial.better():
@@ -557,13 +594,15 @@ def calibrate_checkpoint(
     from .formats.output import atomic_output_dir
     from .formats.write import write_vllm
     from .devices import resolve_dtype
-    from .target import Target, load_target
+    from .target import Target, TargetWeights, load_target
 
     dev = resolve_device(device)
     if isinstance(target, Target):
         tgt = target
     elif loaded_target is not None:
         tgt = loaded_target
+    elif hidden_states_dir is not None:  # never the whole target: embeddings, final norm, lm_head read lazily
+        tgt = TargetWeights(str(target))
     else:
         tdtype = dtype if isinstance(dtype, torch.dtype) else resolve_dtype(dtype or "auto", dev.type)
         tgt = load_target(str(target), device=str(dev), dtype=tdtype)
@@ -580,11 +619,14 @@ def calibrate_checkpoint(
         warnings.warn(data_warning, stacklevel=2)
     dflt = defaults_for(dev)
     seq_len = kw.pop("seq_len", None) or dflt["seq_len"]
-    train_seqs, held = default_data(tgt, data, num_sequences or 64, seed, seq_len, suites=suites,
-                                    heldout_per_suite=heldout_per_suite or dflt["heldout_per_suite"],
-                                    long_buckets=dflt["heldout_long_buckets"], shift_max=dflt["heldout_shift_max"],
-                                    long_per_bucket=dflt["heldout_long_per_bucket"])
-    if not isinstance(target, Target) and tgt.tokenizer is not None:
+    if hidden_states_dir is not None:  # training and held-out files both from the folder (_precomputed_split)
+        train_seqs, held = None, None
+    else:
+        train_seqs, held = default_data(tgt, data, num_sequences or 64, seed, seq_len, suites=suites,
+                                        heldout_per_suite=heldout_per_suite or dflt["heldout_per_suite"],
+                                        long_buckets=dflt["heldout_long_buckets"], shift_max=dflt["heldout_shift_max"],
+                                        long_per_bucket=dflt["heldout_long_per_bucket"])
+    if not isinstance(target, Target) and tgt.tokenizer is not None and held:
         from .validate.engine import vllm_importable
 
         if vllm_importable():

@@ -73,6 +73,13 @@ class OutputExistsError(InputError):
     default_hint = "pass --force to replace it, or choose another -o"
 
 
+class ServerError(InputError):
+    """A running inference server cannot be measured: unreachable, the API key refused, no speculative decoding,
+    metric names this version does not read, or other traffic moving its counters during a measurement."""
+
+    default_hint = "check --server URL (GET URL/health must answer) and --api-key-env; see docs/validate.md"
+
+
 class EngineError(EagleMigrateError):
     """An inference engine (vLLM worker) failed to start or run."""
 
@@ -106,6 +113,7 @@ ERROR_TABLE: dict[type[EagleMigrateError], tuple[int, str]] = {
         PairingError,
         DataError,
         OutputExistsError,
+        ServerError,
         EngineError,
         HubError,
         CheckFailed,
@@ -128,3 +136,20 @@ def redact(text: str, *secrets: str | None, tokens: bool = True) -> str:
             text = text.replace(s, "***")
     text = _URL_CREDENTIALS.sub(lambda m: m.group("scheme") + "***@", text)
     return _HF_TOKEN.sub("hf_***", text) if tokens else text
+
+
+def a_an(thing: object) -> str:
+    """``thing`` with its indefinite article as English reads it: "an 8-layer", "a 12-layer", "an 11-token",
+    "an eagle2", "a list". A number takes "an" when it is read starting with "eight" or "eleven" / "eighteen"
+    (8, 80, 800, 8000, 11, 18, 11000, 18000, ...); a word when it starts with a vowel (not "uni", "use", "eu",
+    "one")."""
+    s = str(thing)
+    digits = re.match(r"\d+", s.replace(",", ""))
+    if digits:
+        n = digits.group(0).lstrip("0") or "0"
+        lead = n[: len(n) % 3 or 3]  # the leading group of three digits: how the number is read first
+        an = lead.startswith("8") or lead in ("11", "18")
+    else:
+        w = s.lower()
+        an = w[:1] in ("a", "e", "i", "o", "u") and not w.startswith(("uni", "use", "usu", "eu", "one", "once"))
+    return f"{'an' if an else 'a'} {s}"

@@ -28,9 +28,11 @@ class TargetHead:
 
     @classmethod
     def from_target(cls, target: Any, t_ids: torch.Tensor, device: torch.device | str = "cpu") -> TargetHead:
-        head = target.model.get_output_embeddings()
-        w = head.weight.detach()[t_ids.to(head.weight.device)].to(device=device, dtype=torch.float32)
-        b = getattr(head, "bias", None)
+        """From anything with ``lm_head_weight`` (and ``lm_head_bias``): a loaded Target or, with --hidden-states,
+        :class:`eagle_migrate.target.TargetWeights` (only the draft vocabulary's rows are read)."""
+        hw = target.lm_head_weight
+        w = hw.detach()[t_ids.to(hw.device)].to(device=device, dtype=torch.float32)
+        b = getattr(target, "lm_head_bias", None)
         return cls(w, None if b is None else b.detach()[t_ids.to(b.device)].to(device=device, dtype=torch.float32))
 
     def logits(self, final: torch.Tensor) -> torch.Tensor:
@@ -48,6 +50,7 @@ class FeatureBatch:
     final: torch.Tensor | None = None  # [B, T, Ht] the target's post-norm last hidden state
     target_logits: torch.Tensor | None = None  # [B, T, Vd] already restricted to the draft vocabulary
     lengths: torch.Tensor | None = None  # [B] real lengths (None: every row is T long)
+    reference: torch.Tensor | None = None  # [B, T] what drafts are scored against (None: input_ids; HeldoutFromFiles)
 
     @property
     def num_tokens(self) -> int:
@@ -65,7 +68,7 @@ class FeatureBatch:
         return FeatureBatch(
             self.input_ids.to(device), cast(self.aux), self.loss_mask.to(device),
             None if self.final is None else cast(self.final),
-            None if self.target_logits is None else self.target_logits.to(device), self.lengths,
+            None if self.target_logits is None else self.target_logits.to(device), self.lengths, self.reference,
         )
 
     def labels(self, head: TargetHead | None) -> torch.Tensor:
@@ -209,21 +212,27 @@ class PrecomputedFeatures:
 
     ``layer_ids`` / ``hidden_size``: the drafter's aux layers and the target's width (checked against what the
     folder records). ``final_norm=(weight, eps)``: the target's final norm, needed for speculators files, whose last
-    layer is stored before it (the training target is the post-norm state).
+    layer is stored before it (the training target is the post-norm state). ``num_layers``: the target's L.
+    ``indices``: only these files (the held-out split of :func:`split_files`), in this order.
     """
 
     def __init__(self, folder: str | os.PathLike, layer_ids: list[int], hidden_size: int,
-                 final_norm: tuple[torch.Tensor, float] | None = None):
-        from .hidden_states import describe_hidden_states
+                 final_norm: tuple[torch.Tensor, float] | None = None, num_layers: int | None = None,
+                 indices: Sequence[int] | None = None):
+        from .hidden_states import SpeculatorsOffline, describe_hidden_states
 
         self.info = describe_hidden_states(Path(folder))
         self.layout = self.info.layout
-        self.files = self.info.files
+        self.layer_ids = sorted(layer_ids)
         self.k, self.hidden_size = len(layer_ids), hidden_size
+        self.num_layers = num_layers
         self.pick = self.info.pick(layer_ids)
         self.final_norm = final_norm
-        if self.layout == "speculators" and final_norm is None:
+        self.indices = list(range(len(self.info.files))) if indices is None else list(indices)
+        self.files = [self.info.files[i] for i in self.indices]
+        if self.layout in ("speculators", "speculators-offline") and final_norm is None:
             raise ValueError("speculators features hold the pre-norm last layer: pass final_norm=(weight, eps)")
+        self._offline = SpeculatorsOffline(self.info) if self.layout == "speculators-offline" else None
 
     def __len__(self) -> int:
         return len(self.files)
@@ -232,6 +241,8 @@ class PrecomputedFeatures:
         from .errors import DataError
         from .hidden_states import checked, read_file
 
+        if not 0 <= i < len(self):
+            raise IndexError(i)
         f = self.files[i]
         if self.layout == "eagle-migrate":
             fb = read_feature_file(f)
@@ -239,7 +250,12 @@ class PrecomputedFeatures:
                 raise DataError(f"{f}: aux hidden states are {fb.aux.shape[-1]} wide, expected K*Ht = "
                                 f"{self.k}*{self.hidden_size} = {self.k * self.hidden_size}")
             return fb
-        recs = [checked(r, f, self.k, self.hidden_size) for r in read_file(f, self.layout, self.k, self.pick, self.final_norm)]
+        if self._offline is not None:
+            last_in_aux = self.num_layers is not None and self.num_layers in self.layer_ids
+            recs = [checked(self._offline.record(self.indices[i], self.k, self.hidden_size, self.final_norm, last_in_aux),
+                            f, self.k, self.hidden_size)]
+        else:
+            recs = [checked(r, f, self.k, self.hidden_size) for r in read_file(f, self.layout, self.k, self.pick, self.final_norm)]
         r = recs[0]
         if r.last is None:
             raise DataError(f"{f}: no last-layer hidden state of width {self.hidden_size} to train against")
@@ -253,6 +269,61 @@ class PrecomputedFeatures:
 
     def prefetch(self, progress: Progress | None = None) -> None:
         return None
+
+
+def split_files(n: int, n_held: int) -> tuple[list[int], list[int]]:
+    """(training file indices, held-out file indices): every ``n // n_held``-th file is held out, ``n_held`` of them
+    (at least one file stays for training)."""
+    n_held = max(0, min(n_held, n - 1))
+    if n_held == 0:
+        return list(range(n)), []
+    every = max(2, n // n_held)
+    held = [i for i in range(n) if i % every == every - 1][:n_held]
+    return [i for i in range(n) if i not in set(held)], held
+
+
+class HeldoutFromFiles:
+    """A held-out suite made of precomputed files (``--hidden-states``: the target is not run, so it has no greedy
+    continuations): each file's features, its prompt length (the first position of its loss mask) and the reference
+    the drafts are scored against, the text's token where it is the target's greedy choice (the argmax of the
+    file's last state through ``lm_head``, over the full vocabulary) and -1 elsewhere: a chain never continues past a
+    position where the target would have said something else, so the simulated AL is a lower bound."""
+
+    def __init__(self, feats: PrecomputedFeatures, lm_head: torch.Tensor, bias: torch.Tensor | None = None):
+        self.feats = feats
+        self.batches: list[FeatureBatch] = []
+        self.prompt_lens: list[int] = []
+        self.greedy_fraction = 0.0
+        agree = total = 0
+        for i in range(len(feats)):
+            fb = feats[i]
+            ids, fin = fb.input_ids[0], fb.final[0]
+            top = torch.cat([_argmax_rows(fin[a : a + 128], lm_head, bias) for a in range(0, fin.shape[0], 128)])
+            ref = torch.full_like(ids, -1)
+            ok = ids[1:] == top[:-1]  # token p+1 is the target's greedy choice at p
+            ref[1:][ok] = ids[1:][ok]
+            agree += int(ok.sum())
+            total += int(ok.numel())
+            fb.reference = ref[None]
+            self.batches.append(fb)
+            lm = fb.loss_mask[0].nonzero()
+            self.prompt_lens.append(max(1, int(lm[0])) if lm.numel() else 1)
+        self.greedy_fraction = agree / total if total else 0.0
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __getitem__(self, i: int) -> FeatureBatch:
+        return self.batches[i]
+
+
+def _argmax_rows(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    """argmax of ``x @ w.T (+ b)`` over the full vocabulary, computed where ``w`` lives (a loaded target's head may be
+    on a GPU), returned on the CPU."""
+    x = x.to(w.device)
+    with torch.no_grad():
+        logits = (x.to(w.dtype) @ w.T).float() if w.dtype != torch.float32 else x.float() @ w.T
+        return (logits if b is None else logits + b.float()).argmax(-1).cpu()
 
 
 # ----- loss ----------------------------------------------------------------------------------------------------------

@@ -8,6 +8,8 @@
 * :func:`paired_difference` -- two drafters on the same positions, ``a - b`` with a block-clustered standard error
   (:class:`PairedDifference`); :class:`Comparison` pools it over the held-out suites, and :data:`JUDGE_Z` /
   :func:`judge_block` are the judge's settings (docs/calibration.md "The judge").
+* :func:`futility` -- whether any candidate can still beat the initial drafter within the steps left; the fit stops
+  when none can (``train.fit(give_up=...)``; docs/calibration.md "When calibration stops").
 
 Calibration (:mod:`eagle_migrate.calibrate`) uses these to keep the best checkpoint and to compare the result with
 the source drafter; the trainer (:mod:`eagle_migrate.train`) knows nothing of them.
@@ -166,7 +168,8 @@ def simulated_acceptance(
         b, t = fb.input_ids.shape
         lengths = fb.lengths.tolist() if fb.lengths is not None else [t] * b
         for r in range(b):
-            c = chain_lengths(preds[r], fb.input_ids[r].cpu(), prompt_lens[row], int(lengths[r]), k)
+            ref = fb.input_ids if getattr(fb, "reference", None) is None else fb.reference  # HeldoutFromFiles
+            c = chain_lengths(preds[r], ref[r].cpu(), prompt_lens[row], int(lengths[r]), k)
             w = walk_chains(c)
             chains.append(c)
             per_draft += w
@@ -256,3 +259,38 @@ class Comparison(BaseModel):
         s = max(len(per), 1)
         return cls(suites=per, diff=sum(d.diff for d in per.values()) / s,
                    se=sum(d.se**2 for d in per.values()) ** 0.5 / s, relative=sum(d.relative for d in per.values()) / s)
+
+
+# ----- when calibration stops: no reachable improvement ---------------------------------------------------------------
+FUTILITY_UCB_Z = 1.0  # standard errors added to the projected improvement (an upper confidence bound, one-sided 84 %)
+FUTILITY_TREND_EVALS = 3  # evaluations (with the initial weights at step 0, difference 0) the trend is read from
+
+
+def futility(history: Sequence[Mapping[str, Any]], steps_left: int, z: float = JUDGE_Z,
+             ucb_z: float = FUTILITY_UCB_Z) -> str | None:
+    """Why no candidate can beat the initial weights (the structural conversion) within the remaining budget, or
+    None while one still can (docs/calibration.md "When calibration stops").
+
+    ``history``: the fit's evaluation records while the initial weights are the best, each with ``step``,
+    ``diff_vs_best`` (the candidate minus the initial drafter, paired, in AL) and ``diff_se``. From the last
+    evaluation (d, se) and the steepest rise per step between consecutive evaluations among the last
+    :data:`FUTILITY_TREND_EVALS` (step 0 counts as difference 0; a falling trend counts as flat), the best
+    reachable difference is bounded above by ``d + ucb_z * se + max(0, steepest) * steps_left``. A candidate is
+    accepted only when it beats the best by more than ``z`` standard errors; when the bound is at or below ``z * se``
+    none can be, and calibration stops. Linear growth at the steepest recent rate overstates what a decaying
+    learning rate reaches, so the bound errs towards continuing. Needs two evaluations (a trend)."""
+    pts = [(int(h["step"]), float(h["diff_vs_best"]), float(h.get("diff_se") or 0.0)) for h in history
+           if "diff_vs_best" in h]
+    if len(pts) < 2 or len(pts) != len(history):
+        return None
+    trend = [(0, 0.0)] + [(s, d) for s, d, _ in pts]
+    trend = trend[-(FUTILITY_TREND_EVALS + 1):] if len(trend) > FUTILITY_TREND_EVALS + 1 else trend
+    rises = [(d1 - d0) / (s1 - s0) for (s0, d0), (s1, d1) in zip(trend, trend[1:]) if s1 > s0]
+    slope = max([0.0] + rises)
+    step, d, se = pts[-1]
+    bound = d + ucb_z * se + slope * max(0, steps_left)
+    if bound > z * se and bound > 0:
+        return None
+    return (f"at step {step} the best reachable improvement over the structural conversion, {d:+.3f} + {ucb_z:g} x "
+            f"{se:.3f} (se) + {slope:.2g}/step x {steps_left} steps left = {bound:+.3f} AL, is within the judge's "
+            f"threshold {z:g} x {se:.3f} = {z * se:.3f}: no candidate can be accepted")

@@ -25,7 +25,8 @@ from typing import Any
 from typing import TYPE_CHECKING
 
 from .errors import InputError
-from .fingerprints import is_hub_id as _is_hub_id, target_fingerprint
+from .fingerprints import target_fingerprint
+from .progress import StageProgress
 
 if TYPE_CHECKING:  # the pipeline (and torch behind it) is imported only once the options are checked
     from .pipeline import PipelineResult, Stage, StageContext, StageResult
@@ -44,7 +45,7 @@ class MigrateOptions:
     output_format: str = "vllm"
     quantize: str | None = None
     quantize_fc: bool = False
-    validate: bool = False
+    validate: bool | None = None  # None: validate when publishing (--publish), else not; False: --no-validate
     engine: str = "auto"
     suites: list[str] | None = None
     prompts_file: str | None = None
@@ -83,20 +84,63 @@ def _local(v: str | None) -> Any:
     return v
 
 
-def build_stages(source: Path, target: str, opts: MigrateOptions) -> list[Stage]:
+def will_validate(opts: MigrateOptions) -> bool:
+    """Whether the validate stage runs: as asked (--validate / --no-validate), else whenever the run publishes, so
+    nothing is published that was never measured."""
+    return opts.validate if opts.validate is not None else bool(opts.publish)
+
+
+def engine_note(asked: str, used: str) -> str | None:
+    """The line that says the measurement fell back to the reference engine (asked ``auto``, vLLM not importable)."""
+    if asked == "auto" and used == "reference":
+        return ("measured with the reference engine (pure PyTorch): vLLM is not importable here "
+                "(install vllm, or pass --vllm-python PATH / --engine vllm)")
+    return None
+
+
+def validate_message(rep: Any, note: str | None = None) -> str:
+    """The validate stage's line: engine, AL per suite against the source, and the verdict, which says "passed"
+    only when a gate was set."""
+    head = f"{rep.engine}{' ' + rep.engine_version if rep.engine_version else ''}" + (" (vLLM not importable)" if note else "")
+    als = [f"{s.name} AL {s.new.acceptance_length:.3f}" + (f" (source {s.baseline.acceptance_length:.3f})" if s.baseline else "")
+           for s in rep.suites]
+    if rep.failures:
+        verdict = "; ".join(rep.failures)
+    elif rep.gates:
+        verdict = "the gate passed" if len(rep.gates) == 1 else f"all {len(rep.gates)} gates passed"
+    else:
+        verdict = "no gate set (--min-acceptance-length / --max-regression): measured only"
+    return "; ".join([head, verdict, *als])  # the verdict before the numbers: the stage table cuts long lines
+
+
+def _settle_paths(ctx: StageContext) -> None:
+    """A stage writes into a temporary folder (``ctx.out``) that becomes ``ctx.final_dir`` when it returns: the
+    JSON / Markdown records it wrote name the temporary folder, so they are rewritten to name the final one (no
+    record points at a folder that no longer exists)."""
+    olds = {str(ctx.out), str(Path(ctx.out).resolve())}
+    new = {str(ctx.out): str(ctx.final_dir), str(Path(ctx.out).resolve()): str(Path(ctx.final_dir).resolve())}
+    for f in Path(ctx.out).rglob("*"):
+        if f.suffix in (".json", ".md") and f.is_file():
+            text = f.read_text(encoding="utf-8")
+            got = text
+            for old in sorted(olds, key=len, reverse=True):
+                got = got.replace(old, new[old])
+            if got != text:
+                f.write_text(got, encoding="utf-8")
+
+
+def build_stages(source: Path, target: str, opts: MigrateOptions, progress: StageProgress | None = None) -> list[Stage]:
     """The stage list for one migration (exposed for tests and for the demo).
 
     Each stage calls its library function with exactly the keyword arguments of its ``args`` dict, and that dict
     (with the target by content and local data files by content) is what the pipeline hashes: an option that
-    reaches a stage re-runs it when it changes, and nothing else does."""
+    reaches a stage re-runs it when it changes, and nothing else does. ``progress`` (not hashed) receives convert's
+    stage events (statistics, agreement, calibration steps)."""
     from .pipeline import Stage, StageResult
 
-    if opts.publish and not opts.validate and not opts.publish_dry_run:
-        raise InputError("--publish needs --validate (a passing report is what publish checks)",
-                         "add --validate, or publish later with `eagle-migrate publish --force`")
+    validate = will_validate(opts)
     source = Path(source)
     tprint = target_fingerprint(target, verify=opts.verify)
-    pub_target = target if _is_hub_id(target) else None
 
     def hashed(args: dict[str, Any]) -> dict[str, Any]:
         h = dict(args)
@@ -120,14 +164,15 @@ def build_stages(source: Path, target: str, opts: MigrateOptions) -> list[Stage]
                      "max_tokens": opts.max_tokens, "seed": opts.seed, "vllm_python": opts.vllm_python,
                      "device": opts.device}
     publish_args = {"repo_id": opts.publish, "private": opts.private, "create_pr": opts.create_pr,
-                    "revision": opts.revision, "dry_run": opts.publish_dry_run, "target": pub_target,
-                    "num_speculative_tokens": opts.k, "force": not opts.validate}
+                    "revision": opts.revision, "dry_run": opts.publish_dry_run, "target": target,
+                    "num_speculative_tokens": opts.k, "force": not validate, "forced_by": "--no-validate"}
 
     def inspect_stage(ctx: StageContext) -> StageResult:
         from .inspection import inspect_checkpoint
 
         rep = inspect_checkpoint(**inspect_args)
         _dump(ctx.out / "inspect.json", rep)
+        _settle_paths(ctx)
         errors = [f"{f.code}: {f.message}" for f in rep.findings if f.severity == "error"]
         return StageResult(
             outputs={"format": rep.format, "producer": rep.producer, "errors": len(errors)},
@@ -138,11 +183,13 @@ def build_stages(source: Path, target: str, opts: MigrateOptions) -> list[Stage]
     def convert_stage(ctx: StageContext) -> StageResult:
         from .convert import convert
 
-        res = convert(out=ctx.out / "model", **convert_args)
+        res = convert(out=ctx.out / "model", progress=progress, **convert_args)
         _dump(ctx.out / "convert.json", res)
+        _settle_paths(ctx)
+        a = res.agreement.step0
         return StageResult(outputs={"model": "convert/model", "step0_agreement": res.agreement.step0,
                                     "calibration": res.calibration.status, "calibration_required": res.calibration_required},
-                           message=f"step-0 agreement {res.agreement.step0}")
+                           message="step-0 agreement " + ("not measured" if a is None else f"{a:.3f}"))
 
     def model_dir(ctx: StageContext) -> Path:
         q = ctx.path("quantize") / "model"
@@ -153,6 +200,7 @@ def build_stages(source: Path, target: str, opts: MigrateOptions) -> list[Stage]
 
         res = quantize(ctx.path("convert") / "model", ctx.out / "model", **quantize_args)
         _dump(ctx.out / "quantize.json", res)
+        _settle_paths(ctx)
         return StageResult(outputs={"model": "quantize/model", "ratio": res.checkpoint_ratio},
                            message=f"{res.scheme}: {res.checkpoint_ratio:.2f}x smaller")
 
@@ -160,18 +208,23 @@ def build_stages(source: Path, target: str, opts: MigrateOptions) -> list[Stage]
         from .validate.api import validate
 
         rep = validate(model_dir(ctx), report_dir=ctx.out / "report", **validate_args)
+        _settle_paths(ctx)
         table = {s.name: {"new": s.new.acceptance_length, "baseline": s.baseline.acceptance_length if s.baseline else None}
                  for s in rep.suites}
+        note = engine_note(opts.engine, rep.engine)
+        if note:
+            ctx.log(f"[validate] {note}")
         return StageResult(outputs={"report": "validate/report", "passed": rep.passed, "engine": rep.engine,
-                                    "acceptance_length": table},
-                           gate_passed=rep.passed, message="; ".join(rep.failures) or "all gates passed")
+                                    "engine_note": note, "gates": len(rep.gates), "acceptance_length": table},
+                           gate_passed=rep.passed, message=validate_message(rep, note))
 
     def publish_stage(ctx: StageContext) -> StageResult:
         from .publish import publish
 
-        report = ctx.path("validate") / "report" if opts.validate else None
+        report = ctx.path("validate") / "report" if validate else None
         res = publish(model_dir(ctx), report_dir=report, out_dir=ctx.out / "repo", **publish_args)
         _dump(ctx.out / "publish.json", res)
+        _settle_paths(ctx)
         return StageResult(outputs={"repo": "publish/repo", "repo_id": res.repo_id, "dry_run": res.dry_run,
                                     "commit_url": res.commit_url, "pr_url": res.pr_url},
                            message=("planned " if res.dry_run else "uploaded ") + f"{len(res.files)} files")
@@ -182,7 +235,7 @@ def build_stages(source: Path, target: str, opts: MigrateOptions) -> list[Stage]
     ]
     if opts.quantize:
         stages.append(Stage("quantize", quantize_stage, hashed(quantize_args), "compressed-tensors quantization"))
-    if opts.validate:
+    if validate:
         stages.append(Stage("validate", validate_stage, hashed(validate_args), "acceptance length against the source drafter"))
     if opts.publish:
         stages.append(Stage("publish", publish_stage, hashed(publish_args), "model card, speculative configs, upload"))
@@ -227,6 +280,9 @@ def check_options(source: Path, target: str, out: Path, opts: MigrateOptions) ->
                         ("--steps", opts.steps, 0), ("--num-sequences", opts.num_sequences, 1)):
         if v is not None and v < lo:
             raise InputError(f"{flag} {v} must be at least {lo}")
+    if opts.validate is False and (opts.min_acceptance_length is not None or opts.max_regression_pct is not None):
+        raise InputError("--min-acceptance-length / --max-regression are gates of the validate stage, and --no-validate skips it",
+                         "drop --no-validate, or drop the gate")
     if opts.publish is not None:
         from .publish import REPO_ID
 
@@ -263,12 +319,13 @@ def _check_room(source: Path, out: Path) -> None:
 
 
 def migrate(source: Path | str, target: str, out: Path | str, opts: MigrateOptions | None = None,
-            log: Callable[[str], None] | None = None) -> PipelineResult:
+            log: Callable[[str], None] | None = None, progress: StageProgress | None = None) -> PipelineResult:
     """Run every stage into ``out`` (resuming a previous run there); see the module docstring. Every option is
     checked (:func:`check_options`) and the output folder too before the first stage starts."""
     opts = opts or MigrateOptions()
     source = Path(source)
     check_options(source, target, Path(out), opts)
     from .pipeline import Pipeline
-    pipe = Pipeline(Path(out), build_stages(source, target, opts), protect=[source, target, opts.data, opts.prompts_file], log=log)
+    pipe = Pipeline(Path(out), build_stages(source, target, opts, progress), protect=[source, target, opts.data, opts.prompts_file], log=log,
+                    progress=progress)
     return pipe.run(force=opts.restart, force_stage=opts.force_stage)

@@ -69,6 +69,27 @@ def check_pairing(cfg: DrafterConfig, tinfo: TargetInfo, aux_ids: list[int] | No
             raise PairingError(err + " (vLLM convention)")
 
 
+# a drafter family that is built for one kind of target: (what is specific, target model_type prefixes of that family)
+_FAMILY_TARGETS = {
+    "qwen3": ("per-head `q_norm` / `k_norm`", ("qwen3",)),
+    "mla": ("MLA attention", ("deepseek", "kimi")),
+}
+
+
+def target_family_note(architecture: str, target_model_type: str | None) -> str | None:
+    """A note when a drafter of a target-specific family (Qwen3, MLA) is paired with a target of another family
+    (``model_type``), None otherwise. Llama-layer drafters are the generic EAGLE-3 layer, trained for targets of
+    every family (speculators, SpecForge): no note for them."""
+    fam = _FAMILY_TARGETS.get(architecture)
+    mt = (target_model_type or "").lower()
+    if fam is None or not mt or mt.startswith(fam[1]):
+        return None
+    what, prefixes = fam
+    return (f"a {architecture} drafter ({what}, built for {' / '.join(p.capitalize() for p in prefixes)} targets) on "
+            f"a target of model_type {mt!r}: the sizes fit, but a drafter trained on another model's hidden states "
+            "rarely has a draft accepted; check that it was made for this target (validate measures it)")
+
+
 def pairing_findings(ck: Checkpoint, ti: TargetInfo) -> list[Finding]:
     """The pairing of a read checkpoint with a target's config, as inspect reports it (errors, warnings, info)."""
     cfg = ck.config
@@ -93,6 +114,8 @@ def pairing_findings(ck: Checkpoint, ti: TargetInfo) -> list[Finding]:
         out.append(finding("warning", "rope_theta_mismatch", f"drafter rope_theta={cfg.rope_theta:g}, target {ti.rope_theta:g}: fine only if the drafter was trained that way (a missing rope_theta defaults to 10000, SpecForge#265)"))
     if _norm_scaling(cfg.rope_scaling) != _norm_scaling(ti.rope_scaling):
         out.append(finding("warning", "rope_scaling_mismatch", f"drafter rope_scaling={cfg.rope_scaling}, target {ti.rope_scaling} (dropped rope_scaling: speculators#574)"))
+    if cfg.generation == "eagle3" and (note := target_family_note(cfg.architecture, ti.model_type)):
+        out.append(finding("warning", "drafter_family_differs", note))
     if abs(cfg.rms_norm_eps - ti.rms_norm_eps) > 1e-12 and ck.raw_config:
         out.append(finding("info", "rms_norm_eps_differs", f"drafter rms_norm_eps={cfg.rms_norm_eps:g}, target {ti.rms_norm_eps:g}"))
     return out

@@ -154,6 +154,10 @@ class Target:
         return self.model.get_output_embeddings().weight
 
     @property
+    def lm_head_bias(self) -> torch.Tensor | None:
+        return getattr(self.model.get_output_embeddings(), "bias", None)
+
+    @property
     def embed_weight(self) -> torch.Tensor:
         return self.model.get_input_embeddings().weight
 
@@ -284,6 +288,10 @@ class LazyTarget:
         self.dtype = dtype
         self._target: Target | None = None
         self._store = None
+        # states already captured (the aux-id measurement, eagle_migrate.aux_evidence): sequence -> {vLLM id: [T, Ht]}
+        # on the CPU; :meth:`capture` serves a sequence from here when every asked id is in it (one target pass)
+        self._kept: dict[tuple[int, ...], dict[int, torch.Tensor]] = {}
+        self._kept_next: dict[tuple[int, ...], torch.Tensor] = {}
 
     @property
     def loaded(self) -> Target:
@@ -315,10 +323,26 @@ class LazyTarget:
                 folder, files, _ = open_checkpoint_path(p)
             except InputError:
                 return None
-            self._store = TensorStore(folder, files)
+            borrowed = self._borrowed_shards(folder)
+            self._store = TensorStore(folder, borrowed if borrowed else files)
         return self._store
 
-    def weight(self, kind: Literal["embed", "lm_head", "norm"], mapped: bool = False) -> torch.Tensor:
+    @classmethod
+    def _borrowed_shards(cls, folder: Path) -> list[Path] | None:
+        """With ``model.safetensors.index.json``: only the shards that hold the embedding, final norm or lm_head (a
+        large target's decoder shards are never opened, not even their headers). None without an index."""
+        idx = folder / "model.safetensors.index.json"
+        if not idx.is_file():
+            return None
+        try:
+            wm = read_json(idx, "model.safetensors.index.json").get("weight_map", {})
+        except Exception:  # noqa: BLE001  (a broken index: scan every shard as before)
+            return None
+        names = [n for ns in cls._NAMES.values() for n in ns]
+        shards = sorted({wm[n] for n in names if n in wm})
+        return [folder / f for f in shards if (folder / f).is_file()] or None
+
+    def weight(self, kind: Literal["embed", "lm_head", "norm"], mapped: bool = False, load: bool = True) -> torch.Tensor:
         """embed [V, Ht], lm_head [V, Ht], final norm [Ht]: from the loaded model, else read lazily from the folder
         (float32). ``mapped``: from a safetensors folder, a read-only memory-mapped view in the stored dtype (no copy;
         only the rows that are looked up are ever read) -- what the embedding needs."""
@@ -329,7 +353,10 @@ class LazyTarget:
                     if n in store:
                         return store.mapped(n) if mapped else store.get(n).float()
                 if kind == "lm_head":  # tied embeddings
-                    return self.weight("embed", mapped=mapped)
+                    return self.weight("embed", mapped=mapped, load=load)
+        if not load:
+            raise TargetError(f"{self.spec}: the target's {kind} weight is not in a local safetensors folder, and the target "
+                              "is not loaded with --hidden-states", "pass the target as a local folder of *.safetensors")
         tg = self.loaded
         if kind == "embed":
             return tg.embed_weight.detach().float().cpu()
@@ -343,12 +370,98 @@ class LazyTarget:
         # Gemma-style (1 + w) norms are not Llama RMSNorms; the drafter world is Llama-style
         return w.detach().float().cpu()
 
+    def keep(self, seq: list[int], states: dict[int, torch.Tensor], next_tokens: torch.Tensor | None = None) -> None:
+        """Remember the aux states [T, Ht] per vLLM id of ``seq`` that were captured anyway (the aux-id
+        measurement), so that :meth:`capture` does not run the target on it again; ``next_tokens`` [T]: the
+        target's greedy next token at each position (the measurement's reference)."""
+        self._kept[tuple(seq)] = {i: s.detach().to("cpu", torch.float32) for i, s in states.items()}
+        if next_tokens is not None:
+            self._kept_next[tuple(seq)] = next_tokens.detach().cpu()
+
+    def kept(self, seq: list[int]) -> tuple[dict[int, torch.Tensor], torch.Tensor | None] | None:
+        """(states per vLLM id, next tokens or None) kept for ``seq``, else None."""
+        k = self._kept.get(tuple(seq))
+        return None if k is None else (k, self._kept_next.get(tuple(seq)))
+
+    def keep_only(self, ids: list[int]) -> None:
+        """Drop the kept states of every id but ``ids`` (once the ids are decided)."""
+        for d in self._kept.values():
+            for i in [i for i in d if i not in ids]:
+                del d[i]
+
+    @property
+    def kept_sequences(self) -> int:
+        return len(self._kept)
+
     def capture(self, seqs: list[list[int]], aux_ids: list[int], want_last: bool) -> Iterator[HiddenRecord]:
         """Aux states at vLLM ids (id L before the final norm), one sequence at a time; ``last`` is the post-norm
-        final state (``want_last``)."""
-        tg = self.loaded
+        final state (``want_last``). A sequence whose states at every id were kept (:meth:`keep`) is not run again."""
         for seq in seqs:
+            kept = self._kept.get(tuple(seq))
+            if not want_last and kept is not None and all(i in kept for i in aux_ids):
+                yield HiddenRecord(torch.tensor(seq, dtype=torch.long), torch.cat([kept[i] for i in sorted(aux_ids)], dim=-1), None)
+                continue
+            tg = self.loaded
             ids = torch.tensor([seq], dtype=torch.long, device=tg.device)
             aux, last = tg.capture(ids, aux_ids)
             yield HiddenRecord(ids[0].cpu(), aux[0].float(), last[0].float() if want_last else None)
             del aux, last
+
+
+class TargetWeights:
+    """The target as ``--hidden-states`` uses it: the config and the few tensors a drafter borrows (embeddings,
+    final norm, ``lm_head``), read lazily from the target's safetensors (memory-mapped; only the rows that are looked
+    up are read). No model is built and no decoder layer is read: a target whose layers do not fit (or are absent)
+    works. Has what :func:`eagle_migrate.drafter.load.load_drafter`, :class:`eagle_migrate.features.TargetHead` and
+    the calibration read of a Target; ``tokenizer`` is None."""
+
+    tokenizer = None
+    model = None
+    lm_head_bias = None
+
+    def __init__(self, spec: str):
+        self.spec = spec
+        self._lazy = LazyTarget(spec, "cpu", torch.float32)
+        self.info = self._lazy.info
+        self.device = torch.device("cpu")
+        self.dtype = torch.float32
+
+    @property
+    def embed_weight(self) -> torch.Tensor:
+        return self._lazy.weight("embed", mapped=True, load=False)
+
+    @property
+    def lm_head_weight(self) -> torch.Tensor:
+        return self._lazy.weight("lm_head", mapped=True, load=False)
+
+    @property
+    def final_norm_weight(self) -> torch.Tensor:
+        return self._lazy.weight("norm", load=False)
+
+
+def check_against_capture(target: Target, folder: Path | str, aux_ids: list[int], index: int = 0,
+                          tolerance: float = 0.05) -> list[float]:
+    """The aux and last slices of file ``index`` of a speculators-offline folder against a fresh capture of the same
+    tokens by ``target`` (loaded: only where the target fits; ``--hidden-states`` itself never does this): the
+    relative L2 error per slice, the slices being the drafter's ``aux_ids`` ascending then layer L. Raises DataError
+    naming the file and the slice when one is beyond ``tolerance`` (bf16 storage: about 0.5 %)."""
+    from .errors import DataError
+    from .hidden_states import SpeculatorsOffline, describe_hidden_states
+
+    info = describe_hidden_states(Path(folder))
+    if info.layout != "speculators-offline":
+        raise DataError(f"{folder}: not a speculators-offline folder")
+    hs, ids, _ = SpeculatorsOffline(info).raw(index)
+    L = target.info.num_layers
+    want = sorted(aux_ids) + ([] if L in aux_ids else [L])
+    if hs.shape[1] != len(want):
+        raise DataError(f"{info.files[index]}: {hs.shape[1]} layer slices, the ids {want} need {len(want)}")
+    fresh, _ = target.capture(ids[None], want)
+    fresh = fresh[0].float().cpu().view(ids.numel(), len(want), -1)
+    errs = [float((hs[:, s].float() - fresh[:, s]).norm() / fresh[:, s].norm().clamp_min(1e-12)) for s in range(len(want))]
+    bad = [s for s, e in enumerate(errs) if e > tolerance]
+    if bad:
+        s = bad[0]
+        raise DataError(f"{info.files[index]}: slice {s} is not layer {want[s]} of the target (relative error {errs[s]:.3f} "
+                        f"against a fresh capture; per slice {', '.join(f'{e:.3f}' for e in errs)})")
+    return errs

@@ -192,8 +192,10 @@ def drafter_config(fc_norm: bool = False, norm_output: bool = False, h: int = H,
 
 
 def drafter_state_dict(kind: ToyKind = "oracle", h: int = H, alpha: float = ALPHA, seed: int = 1,
-                       family: Family = "llama") -> dict[str, torch.Tensor]:
-    """Canonical (vLLM-layout) tensors of a toy EAGLE-3 drafter for the successor target."""
+                       family: Family = "llama", fc_scales: list[float] | None = None) -> dict[str, torch.Tensor]:
+    """Canonical (vLLM-layout) tensors of a toy EAGLE-3 drafter for the successor target. ``fc_scales``: the RMS fc
+    expects of each aux state (default: the successor target's, :func:`aux_rms`); the drift world passes its
+    short-context RMS (:func:`write_drift_drafter`)."""
     g = torch.Generator().manual_seed(seed)
     HEADS, KV_HEADS, HEAD_DIM = GEOMETRY[family]  # noqa: N806 (the module constants, per family)
     s = math.sqrt(h)
@@ -222,7 +224,8 @@ def drafter_state_dict(kind: ToyKind = "oracle", h: int = H, alpha: float = ALPH
         ahead = 1 if kind == "oracle" else 2
         p = _shift(h, ahead)
         # chunk k gets 1/K of the signal, divided by that aux layer's RMS
-        sd["fc.weight"] = torch.cat([p / (k * aux_rms(i, alpha)) for i in AUX_IDS], dim=1)
+        scales = fc_scales if fc_scales is not None else [aux_rms(i, alpha) for i in AUX_IDS]
+        sd["fc.weight"] = torch.cat([p / (k * sc) for sc in scales], dim=1)
         if family == "mla":
             sd.update(mla_attention("layers.0.self_attn.", HEADS, 2 * h, h, g))
         else:
@@ -260,3 +263,131 @@ def prompts(n: int = 4, length: int = 12, seed: int = 0, h: int = H) -> list[lis
     """Random token prompts for the successor world."""
     g = torch.Generator().manual_seed(seed)
     return [torch.randint(0, h, (length,), generator=g).tolist() for _ in range(n)]
+
+
+# ----- the drift world: a constructed pair whose EAGLE-3 drafter loses acceptance at long context ---------------------
+# The successor world (greedy next token x + 1) with one change in the target: its residual stream's RMS grows with
+# the context position, as the EAGLE-3.1 paper reports for real LLMs. Layer 0 has one attention head ("drift head")
+# that scores every key by rope alone (q and k are the same constant vector; rope frequencies 1 .. 2.9 rad a token,
+# so the score peaks sharply at distance 0): the query keeps most of its attention on itself at short context, and the
+# rest of the context takes a share that grows about linearly with its length. The head's output is subtracted from a
+# residual that starts larger, so r_n = e0 [(1 + gamma (1 - w_self(n))) E[x_n] - gamma sum_{j<n} w_j E[x_j]]: the
+# coefficient of the token's own embedding grows with n (its RMS with it), the rest is negative and never changes
+# the argmax. Layers 1.. pass the residual on unchanged (zero attention output, zero MLP), so every aux state is r_n.
+# The EAGLE-3 drafter is the oracle built for short contexts (fc divides by the RMS at positions < DRIFT_SHORT) and has
+# no input norm: at long context its fused input fc(h) is out of range (x1.8 at 1k tokens, x3.5 at 4k: drift_growth)
+# and its MLP's +1 step is drowned (h_pre = c E[t] + E[t+1] - E[t]: the draft is right only while c < 2). An EAGLE-3.1
+# fc_norm initialised from the target's short-context RMS divides the growth out at every position; fc_norm weights of
+# ones are 1 / DRIFT_E0 = 4x too large and break it everywhere.
+DRIFT_E0 = 0.25  # residual RMS at position 0
+DRIFT_GAMMA = 9.0  # the drift head's weight: the RMS reaches about e0 (1 + gamma rho(n)), rho = share of the rest
+DRIFT_ROPE_THETA = 1.0 / 3.0  # rope base < 1: inverse frequencies 1 .. 2.9 (no slowly rotating pair keeps neighbours close)
+DRIFT_AMP = 80.0  # |q|^2 = |k|^2 of the drift head (the self-score advantage, before the 1/sqrt(head_dim) scale)
+DRIFT_HEAD_DIM = 64  # one head as wide as the residual, so its values carry the token identity
+DRIFT_MAX_POS = 4096
+DRIFT_SHORT = 64  # the EAGLE-3 drafter was built for contexts of this many tokens (convert's toy statistics length)
+
+
+def drift_target_config(h: int = H, layers: int = NUM_LAYERS) -> dict:
+    cfg = target_config(h, layers)
+    cfg.update(num_attention_heads=1, num_key_value_heads=1, head_dim=DRIFT_HEAD_DIM, rope_theta=DRIFT_ROPE_THETA,
+               max_position_embeddings=DRIFT_MAX_POS)
+    return cfg
+
+
+def drift_target_state_dict(h: int = H, layers: int = NUM_LAYERS, seed: int = 0) -> dict[str, torch.Tensor]:
+    if h != DRIFT_HEAD_DIM:
+        raise ValueError(f"the drift world needs hidden size {DRIFT_HEAD_DIM} (its head carries the token identity)")
+    g = torch.Generator().manual_seed(seed)
+    s = math.sqrt(h)
+    emb = torch.eye(h) * s
+    sd = {"model.embed_tokens.weight": emb * (DRIFT_E0 * (1.0 + DRIFT_GAMMA)), "model.norm.weight": torch.ones(h),
+          "lm_head.weight": torch.stack([emb[(y - 1) % h] for y in range(h)]) / s}
+    u = torch.full((DRIFT_HEAD_DIM,), math.sqrt(DRIFT_AMP / DRIFT_HEAD_DIM))
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        if i == 0:  # the drift head: q = k = u for every token (norm(E[x]) sums to sqrt(h)), v = the token
+            sd[p + "self_attn.q_proj.weight"] = u[:, None].expand(-1, h) / s
+            sd[p + "self_attn.k_proj.weight"] = u[:, None].expand(-1, h) / s
+            sd[p + "self_attn.v_proj.weight"] = torch.eye(h)
+            sd[p + "self_attn.o_proj.weight"] = -DRIFT_GAMMA * DRIFT_E0 * torch.eye(h)
+        else:
+            for n in ("q", "k", "v"):
+                sd[p + f"self_attn.{n}_proj.weight"] = torch.randn(DRIFT_HEAD_DIM, h, generator=g) * 0.1
+            sd[p + "self_attn.o_proj.weight"] = torch.zeros(h, DRIFT_HEAD_DIM)
+        sd[p + "mlp.gate_proj.weight"] = torch.eye(h)
+        sd[p + "mlp.up_proj.weight"] = torch.eye(h)
+        sd[p + "mlp.down_proj.weight"] = torch.zeros(h, h)
+        sd[p + "input_layernorm.weight"] = torch.ones(h)
+        sd[p + "post_attention_layernorm.weight"] = torch.ones(h)
+    return {k: v.contiguous() for k, v in sd.items()}
+
+
+def write_drift_target(out: Path, h: int = H, layers: int = NUM_LAYERS) -> Path:
+    """Write the drift world's target (an HF Llama folder without tokenizer)."""
+    from .formats.output import save_safetensors, write_json
+
+    out.mkdir(parents=True, exist_ok=True)
+    save_safetensors(drift_target_state_dict(h, layers), out / "model.safetensors", {"format": "pt"})
+    write_json(out / "config.json", drift_target_config(h, layers))
+    return out
+
+
+def _drift_scores(n: int) -> torch.Tensor:
+    """The drift head's attention logits for distances 0..n-1 (float64), as rope computes them."""
+    hd = DRIFT_HEAD_DIM
+    inv = 1.0 / (DRIFT_ROPE_THETA ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
+    d = torch.arange(n, dtype=torch.float64)
+    return (2.0 * DRIFT_AMP / hd) * torch.cos(d[:, None] * inv[None, :]).sum(-1) / math.sqrt(hd)
+
+
+def drift_residual(tokens: list[int], h: int = H, positions: list[int] | None = None) -> torch.Tensor:
+    """The drift target's residual stream r_n (every aux state) for ``tokens`` at ``positions`` (default: all), in
+    closed form (float64, [len(positions), h]): what the transformers and vLLM targets compute up to float32 rounding
+    (tests/unit/test_demo.py checks it)."""
+    t = len(tokens)
+    pos = list(range(t)) if positions is None else list(positions)
+    sc = _drift_scores(t)
+    ids = torch.tensor(tokens)
+    out = torch.empty(len(pos), h, dtype=torch.float64)
+    for i, n in enumerate(pos):
+        w = torch.softmax(sc[: n + 1].flip(0), 0)  # key j at distance n - j
+        mix = torch.zeros(h, dtype=torch.float64).index_add_(0, ids[: n + 1], w) * math.sqrt(h)
+        own = torch.zeros(h, dtype=torch.float64)
+        own[tokens[n]] = math.sqrt(h)
+        out[i] = DRIFT_E0 * ((1.0 + DRIFT_GAMMA) * own - DRIFT_GAMMA * mix)
+    return out
+
+
+def drift_rms(tokens: list[int], h: int = H, positions: list[int] | None = None) -> torch.Tensor:
+    """RMS of the drift target's residual at ``positions`` of ``tokens`` (default: every position)."""
+    return drift_residual(tokens, h, positions).pow(2).mean(-1).sqrt()
+
+
+def drift_growth(lengths: list[int], n: int = 4, seed: int = 0) -> dict[int, float]:
+    """The drift target's residual RMS at the last position of a ``length``-token context, relative to the RMS the
+    drafter was built for (:func:`drift_short_rms`), averaged over ``n`` seeded random sequences."""
+    ref = drift_short_rms()
+    seqs = prompts(n, max(lengths), seed + 1)
+    return {m: float(torch.stack([drift_rms(s, positions=[m - 1]) for s in seqs]).mean()) / ref for m in lengths}
+
+
+def drift_short_rms(h: int = H, n: int = 16, seed: int = 0) -> float:
+    """The residual RMS the drift world's EAGLE-3 drafter was built for: the mean over positions < DRIFT_SHORT of
+    seeded random token sequences (the statistics a norm initialisation measures on short calibration data)."""
+    return float(torch.cat([drift_rms(p, h) for p in prompts(n, DRIFT_SHORT, seed, h)]).mean())
+
+
+def drift_drafter_config(fc_norm: bool = False, norm_output: bool = False) -> DrafterConfig:
+    return drafter_config(fc_norm, norm_output).model_copy(update={"rope_theta": DRIFT_ROPE_THETA,
+                                                                   "max_position_embeddings": DRIFT_MAX_POS})
+
+
+def write_drift_drafter(out: Path, dtype: torch.dtype | None = torch.float32) -> Path:
+    """Write the drift world's EAGLE-3 drafter (the oracle, fc scaled for the short-context RMS, no input norm)."""
+    from .formats.write import write_vllm
+
+    out.mkdir(parents=True, exist_ok=True)
+    a = drift_short_rms()
+    write_vllm(drift_drafter_config(), drafter_state_dict("oracle", fc_scales=[a] * len(AUX_IDS)), out, dtype=dtype)
+    return out

@@ -239,6 +239,7 @@ class Evaluation:
 
 
 Better = Callable[[Evaluation, Evaluation], "tuple[bool, dict[str, Any]]"]
+GiveUp = Callable[[Sequence[dict[str, Any]], int], "str | None"]  # (evaluation history, steps left) -> why stop, or None
 
 
 @dataclass
@@ -252,7 +253,7 @@ class FitResult:
     seconds: float = 0.0
     stopped_early: bool = False
     resumed_from: int | None = None
-    stop_reason: str | None = None  # "patience" | "time limit" when stopped_early
+    stop_reason: str | None = None  # "patience" | "time limit" | "no reachable improvement" when stopped_early
 
 
 def _state_path(resume_dir: Path) -> Path:
@@ -261,15 +262,16 @@ def _state_path(resume_dir: Path) -> Path:
 
 class _FitLoop:
     """:func:`fit`'s state and its steps: setup (here), :meth:`resume`, :meth:`train_step`, :meth:`run_eval` (best
-    tracking), :meth:`stop_reason` (patience, time limit), :meth:`save` and :meth:`finish`."""
+    tracking), :meth:`stop_reason` (patience, time limit, no reachable improvement), :meth:`save` and :meth:`finish`."""
 
     def __init__(self, model: EagleDrafter, trainable: Sequence[str], data: Any, head: TargetHead | None,
                  cfg: FitConfig, *, device: torch.device, evaluate: Callable[[], float | Evaluation] | None,
                  initial_score: float | Evaluation | None, resume_dir: str | os.PathLike | None,
                  progress: Progress | None, lr_scale: dict[str, float] | None, better: Better | None,
-                 t0: float) -> None:
+                 t0: float, give_up: GiveUp | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
         self.model, self.trainable, self.data, self.head, self.cfg = model, list(trainable), data, head, cfg
         self.device, self.evaluate, self.better, self.progress, self.t0 = device, evaluate, better, progress, t0
+        self.give_up, self.clock = give_up, clock
         self.initial_score = initial_score
         self.named = dict(model.named_parameters())
         unknown = [n for n in trainable if n not in self.named]
@@ -380,11 +382,18 @@ class _FitLoop:
         if self.progress:
             self.progress(rec)
 
-    def run_eval(self) -> bool:
-        """Evaluate; keep the best (``better`` decides when given, else a gain over ``min_delta``); True when
-        patience is exhausted."""
+    def steps_left(self) -> int:
+        """The configured steps left, under ``max_seconds`` at most those that fit at this run's pace (+ the one past it)."""
+        left, done, spent = self.cfg.steps - self.step, self.step - (self.resumed_from or 0), self.clock() - self.t0
+        if self.cfg.max_seconds is not None and done > 0 and spent > 0:
+            left = min(left, max(0, math.floor((self.cfg.max_seconds - spent) / (spent / done))) + 1)
+        return left
+
+    def run_eval(self) -> str | None:
+        """Evaluate; keep the best (``better`` decides when given, else a gain over ``min_delta``); "patience", "no
+        reachable improvement" (``give_up``, asked while the initial weights are the best) or None."""
         if self.evaluate is None:
-            return False
+            return None
         ev = self.evaluate()
         ev = ev if isinstance(ev, Evaluation) else Evaluation(float(ev))
         score = ev.score
@@ -400,17 +409,23 @@ class _FitLoop:
             self.bad += 1
         rec = {"step": self.step, "score": score, "best_step": self.best_step, "best_score": self.best_score, **info}
         self.history.append(rec)
+        why = "patience" if self.cfg.patience is not None and self.bad >= self.cfg.patience else None
+        if why is None and self.give_up and self.cfg.patience and self.best_step == 0 and self.step < self.cfg.steps:
+            rec["give_up"] = self.give_up(self.history, self.steps_left())
+            why = "no reachable improvement" if rec["give_up"] else None
         if self.progress:
             self.progress({"phase": "eval", **rec})
-        return self.cfg.patience is not None and self.bad >= self.cfg.patience
+        return why
 
     def stop_reason(self, clock: Callable[[], float]) -> str | None:
-        """After a step: evaluate when due; "patience" or "time limit" when the loop stops here (a step that ends
-        past ``max_seconds`` is evaluated first), else None."""
+        """After a step: evaluate when due; "patience", "no reachable improvement" or "time limit" when the loop
+        stops here (a step that ends past ``max_seconds`` is evaluated first), else None."""
         cfg, step = self.cfg, self.step
         evaluated = step % cfg.eval_every == 0 or step == cfg.steps
-        if evaluated and self.run_eval():
-            return "patience"
+        if evaluated:
+            why = self.run_eval()
+            if why:
+                return why
         if step < cfg.steps and cfg.max_seconds is not None and clock() - self.t0 >= cfg.max_seconds:
             if not evaluated:
                 self.run_eval()
@@ -446,6 +461,7 @@ def fit(
     lr_scale: dict[str, float] | None = None,
     clock: Callable[[], float] = time.perf_counter,
     better: Better | None = None,
+    give_up: GiveUp | None = None,
 ) -> FitResult:
     """Train the parameters named in ``trainable`` (everything else frozen) on ``data`` (indexable FeatureBatches).
 
@@ -462,10 +478,14 @@ def fit(
     ``cfg.min_delta``; with it, ``evaluate`` returns :class:`Evaluation` objects (``initial_score`` too) and a
     candidate replaces the best only when ``better`` says so (calibrate: better than the best by more than two
     standard errors of the paired difference); its dict goes into the evaluation's history record.
+
+    ``give_up(history, steps_left)``: asked after each evaluation while the initial weights are still the best and
+    early stopping is on (``cfg.patience``); a non-empty reason stops the loop there with stop_reason "no reachable
+    improvement" (calibrate: :func:`eagle_migrate.judge.futility`, docs/calibration.md "When calibration stops").
     """
     loop = _FitLoop(model, trainable, data, head, cfg, device=torch.device(device), evaluate=evaluate,
                     initial_score=initial_score, resume_dir=resume_dir, progress=progress, lr_scale=lr_scale,
-                    better=better, t0=clock())
+                    better=better, t0=clock(), give_up=give_up, clock=clock)
     loop.resume()
     model.train()
     stopped, stop_reason = False, None

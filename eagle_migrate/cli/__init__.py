@@ -22,7 +22,10 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
-    rich_markup_mode="rich",
+    # click's plain help: option names are never cut and no `<bool>` placeholders at 80 columns (rich's panels
+    # squeezed both); -h is --help for every command
+    rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
 
 
@@ -38,9 +41,20 @@ def _register() -> None:
 _register()
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from .. import __version__
+
+        typer.echo(f"eagle-migrate {__version__}")
+        raise typer.Exit(0)
+
+
 @app.callback()
-def _root() -> None:
-    """Group callback: keeps single-command apps a group."""
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                 help="Print the version and exit."),
+) -> None:
+    """Group callback: keeps single-command apps a group; --version."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     from . import render
 
     render.json_documents_printed = 0
+    render.interrupted_reported = False
     real_stderr = sys.stderr
     if json_mode:  # typer prints usage errors itself: keep a copy to put into the JSON error document
         sys.stderr = _Tee(real_stderr)
@@ -68,6 +83,9 @@ def main(argv: list[str] | None = None) -> int:
         app(args=argv, prog_name="eagle-migrate", standalone_mode=True)
         return 0
     except SystemExit as e:
+        if e.code in INTERRUPTED_CODES and not render.interrupted_reported:
+            sys.stderr = real_stderr
+            _interrupted(args, int(e.code), json_mode)
         if json_mode and e.code == 2 and not render.json_documents_printed and isinstance(sys.stderr, _Tee):
             message = _usage_message(sys.stderr.captured()) or "invalid command-line usage"
             sys.stderr = real_stderr
@@ -76,8 +94,10 @@ def main(argv: list[str] | None = None) -> int:
         raise
     except EagleMigrateError as e:
         _fail(e.__class__.__name__, e.message, e.hint, e.exit_code, debug, json_mode)
-    except KeyboardInterrupt:
-        raise
+    except KeyboardInterrupt:  # outside typer (while importing): the same line and code
+        sys.stderr = real_stderr
+        _interrupted(args, 130, json_mode)
+        raise SystemExit(130) from None
     except Exception as e:
         first = str(e).splitlines()[0][:300] if str(e) else ""
         _fail("InternalError", f"unexpected {e.__class__.__name__}: {first}",
@@ -87,6 +107,35 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+INTERRUPTED_CODES = (130, 143)  # 128 + SIGINT (typer turns Ctrl-C into exit 130), 128 + SIGTERM (migrate)
+
+
+def interrupted_line(args: list[str]) -> str:
+    """The one line Ctrl-C prints: migrate and demo resume where they stopped when run again (their stage folders
+    are written atomically); every other command writes its output only when it finishes (a temporary folder
+    renamed at the end, removed when interrupted), so nothing was written; convert --resume DIR continues its
+    calibration from the last saved step."""
+    import shlex
+
+    cmd = next((a for a in args if not a.startswith("-")), "")
+    again = "eagle-migrate " + shlex.join(args)
+    if cmd in ("migrate", "demo"):
+        return f"interrupted; resume with: {again}"
+    if cmd == "convert" and any(a == "--resume" or a.startswith("--resume=") for a in args):
+        return f"interrupted; nothing was written; continue from the last saved calibration step with: {again}"
+    return "interrupted; nothing was written"
+
+
+def _interrupted(args: list[str], code: int, json_mode: bool) -> None:
+    from . import render
+
+    render.interrupted_reported = True
+    line = interrupted_line(args)
+    render.log_plain(line)
+    if json_mode and not render.json_documents_printed:
+        render.print_json({"error": {"code": "Interrupted", "message": line, "hint": None, "exit_code": code}})
+
+
 class _Tee:
     """stderr that also keeps what was written (typer's usage errors, for the ``--json`` error document)."""
 
@@ -94,7 +143,9 @@ class _Tee:
         self._stream = stream
         self._parts: list[str] = []
 
-    def write(self, s: str) -> int:
+    def write(self, s: str | bytes) -> int:
+        if isinstance(s, (bytes, bytearray)):  # click's plain help writes usage errors as bytes
+            s = bytes(s).decode("utf-8", "replace")
         self._parts.append(s)
         return self._stream.write(s)
 

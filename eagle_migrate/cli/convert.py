@@ -23,20 +23,20 @@ from .options import (
     SeedOpt,
     TrainOpt,
 )
-from .render import StageBar, print_json, stdout
+from .render import StageBar, evidence_rows, print_json, stdout
 
 DataOpt = Annotated[Optional[str], typer.Option("--data", help="Calibration data: JSONL/JSON of prompts, chat messages or {\"token_ids\": [...]}, ShareGPT JSON, an HF dataset id; default: the built-in set.")]
-HiddenStatesOpt = Annotated[Optional[Path], typer.Option("--hidden-states", help="Precomputed target hidden states (eagle-migrate features, speculators data_*.pt or SpecForge *.ckpt) instead of running the target.")]
-NumSeqOpt = Annotated[int, typer.Option("--num-sequences", "-n", min=2, help="Calibration sequences: at most 256 feed the norm statistics (a quarter of those, at most 16, held out to measure agreement), all of them the fine-tune.")]
-StepsOpt = Annotated[Optional[int], typer.Option("--steps", min=0, help="Calibration fine-tune steps (passed to the calibration stage).")]
+HiddenStatesOpt = Annotated[Optional[Path], typer.Option("--hidden-states", help="Precomputed target hidden states instead of running the target, never loaded whole then (speculators prepare-data folder with hidden_states/ or data_*.pt, SpecForge *.ckpt, eagle-migrate; docs/scale.md).")]
+NumSeqOpt = Annotated[int, typer.Option("--num-sequences", "-n", min=2, help="Calibration sequences (norm statistics use at most 256, a quarter of those up to 16 held out for the agreement).")]
+StepsOpt = Annotated[Optional[int], typer.Option("--steps", min=0, help="Calibration fine-tune steps.")]
 CalibrateOpt = Annotated[Optional[bool], typer.Option("--calibrate/--no-calibrate", help="Run the calibration fine-tune after the structural conversion (default: on, off for an EAGLE-3.1 source).")]
-RequireImprovementOpt = Annotated[bool, typer.Option("--require-improvement", help="Exit 1 when calibration does not beat the initialised drafter beyond noise on the held-out suites, or the result is below the source drafter beyond noise (the output is still written).")]
+RequireImprovementOpt = Annotated[bool, typer.Option("--require-improvement", help="Exit 1 (output still written) when calibration does not beat the initialised drafter beyond noise, or the result is below the source beyond noise.")]
 CacheDirOpt = Annotated[Optional[Path], typer.Option("--cache-dir", help="Keep the target's hidden states for calibration on disk here (reused by later runs).")]
 ResumeOpt = Annotated[Optional[Path], typer.Option("--resume", help="Folder for the calibration's checkpoints; a run interrupted with the same folder continues from its last saved step.")]
 FormatOpt = Annotated[OutputFormat, typer.Option("--output-format", help="Layout of the output: vllm (HF folder vLLM loads) or speculators.")]
 
 
-@app.command()
+@app.command(short_help="Convert an EAGLE-2/3 drafter to EAGLE-3.1 (+ calibration).")
 def convert(
     ckpt: CheckpointArg,
     target: RequiredTargetOpt,
@@ -68,8 +68,10 @@ def convert(
     that needs the calibration fine-tune. The source is never modified; the output appears atomically.
 
     Stored aux layer ids that can be read two ways (vLLM's convention or output-of-layer) are decided by a
-    fingerprint of the writer, else by measuring the drafter's step-0 agreement with the target under each reading;
-    when neither reading wins clearly, convert stops (exit 2): pass --aux-ids-convention.
+    fingerprint of the writer, else by measuring on the target the drafter's step-0 log-likelihood of the target's
+    next token under each reading (paired, sequential): a winner decides; readings shown equivalent keep the stored
+    ids (with a warning); when the evidence is inconclusive, convert stops (exit 2): pass --aux-ids-convention.
+    An EAGLE-3.1 source (passthrough) keeps undecided ids as stored, marked undecided.
 
     Exit codes: 0 ok, 1 --require-improvement and calibration did not improve the drafter, 2 bad input (unreadable
     checkpoint, drafter/target mismatch, undecidable aux-id convention, existing output without --force).
@@ -107,6 +109,13 @@ def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{100 * x:.1f}%"
 
 
+def _label(line: str) -> tuple[str, str]:
+    """A warning line as (label, text): its own ``error:`` / ``warning:`` / ``info:`` prefix is the label (never
+    ``warning | warning: ...``); a line without one is a warning."""
+    head, sep, rest = line.partition(": ")
+    return (head, rest) if sep and head in ("error", "warning", "info") else ("warning", line)
+
+
 def render_result(r) -> None:
     from rich.table import Table
 
@@ -115,7 +124,11 @@ def render_result(r) -> None:
     t.add_column("value")
     t.add_row("source", f"{r.source_format} ({r.source_producer})" + ("  [passed through]" if r.passthrough else ""))
     t.add_row("output", f"eagle3.1, {r.output_format} layout: {', '.join(r.output_files)}")
-    t.add_row("aux layer ids", str(r.aux_layer_ids))
+    ev = r.aux_ids_evidence
+    how = f"  (stored {ev.stored}, {ev.convention or 'undecided'} by {ev.decided_by})" if ev is not None and ev.stored is not None else ""
+    t.add_row("aux layer ids", str(r.aux_layer_ids) + how)
+    for k, v in evidence_rows(ev, r.norm_before_residual_evidence):
+        t.add_row(k, v)
     if r.inserted:
         t.add_row("inserted", "\n".join(r.inserted))
     if r.changes:
@@ -149,8 +162,10 @@ def render_result(r) -> None:
         t.add_row("judge", f"{j['heldout_drafts']} held-out drafts ({j['heldout_positions']} positions, "
                   f"{j['heldout_sequences']} sequences); training set {j['training_tokens']} tokens"
                   + (f"; statistics {j['statistics_tokens']} tokens" if j.get("statistics_tokens") is not None else ""))
+    for w in r.fixed:
+        t.add_row("fixed", w)
     for w in r.warnings:
-        t.add_row("warning", w)
+        t.add_row(*_label(w))
     stdout.print(t)
     stdout.print(f"serve: vllm serve {r.provenance.target} --speculative-config "
                  f"'{{\"model\": \"{r.output}\", \"method\": \"eagle3\", \"num_speculative_tokens\": 3}}'", highlight=False)

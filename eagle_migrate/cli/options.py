@@ -13,12 +13,12 @@ import typer
 
 from ..choices import AuxIdsConvention, Device, Dtype, TrainMode
 
-CheckpointArg = Annotated[Path, typer.Argument(help="Drafter checkpoint folder (or a single weights file).", show_default=False)]
+CheckpointArg = Annotated[Path, typer.Argument(metavar="CKPT", help="Drafter checkpoint folder (or a single weights file).", show_default=False)]
 TargetOpt = Annotated[
-    Optional[str], typer.Option("--target", "-t", help="Target model: local folder or hub id (HF_HUB_OFFLINE honoured).")
+    Optional[str], typer.Option("--target", "-t", metavar="MODEL", help="Target model: local folder or hub id (HF_HUB_OFFLINE honoured).")
 ]
-RequiredTargetOpt = Annotated[str, typer.Option("--target", "-t", help="Target model: local folder or hub id (HF_HUB_OFFLINE honoured).")]
-OutputOpt = Annotated[Path, typer.Option("--output", "-o", help="Output folder (written atomically; see --force).")]
+RequiredTargetOpt = Annotated[str, typer.Option("--target", "-t", metavar="MODEL", help="Target model: local folder or hub id (HF_HUB_OFFLINE honoured).")]
+OutputOpt = Annotated[Path, typer.Option("--output", "-o", metavar="DIR", help="Output folder (written atomically; see --force).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print exactly one JSON document on stdout (logs go to stderr).")]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Replace the output folder if it exists.")]
 DeviceOpt = Annotated[Device, typer.Option("--device", help="auto uses CUDA when present.")]

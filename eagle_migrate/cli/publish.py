@@ -10,7 +10,7 @@ from .options import CheckpointArg, JsonOpt
 from .render import log, print_json, stdout
 
 
-@app.command()
+@app.command(short_help="Upload a validated drafter to the Hugging Face Hub.")
 def publish(
     checkpoint: CheckpointArg,
     repo_id: Annotated[str, typer.Option("--repo-id", help="Hub repository ORG/NAME (created if missing).", show_default=False)],
@@ -18,10 +18,10 @@ def publish(
     private: Annotated[bool, typer.Option("--private", help="Create the repository private (an existing one keeps its visibility).")] = False,
     create_pr: Annotated[bool, typer.Option("--create-pr", help="Open a pull request instead of committing to the branch.")] = False,
     revision: Annotated[Optional[str], typer.Option("--revision", help="Branch to commit to (created if missing) or, with --create-pr, to open the PR against.")] = None,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Write the repo folder and print the plan; no network at all.")] = False,
-    out: Annotated[Optional[Path], typer.Option("--out", help="Where to write the repo folder (default with --dry-run: ./NAME-publish; else a temporary folder).")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Build the repo folder and print the plan; no network at all (the folder is kept only with --out).")] = False,
+    out: Annotated[Optional[Path], typer.Option("--out", help="Write the repo folder here (default: a temporary folder, removed; a --dry-run without --out writes nothing).")] = None,
     force: Annotated[bool, typer.Option("--force", help="Publish without a passing validation report (the model card says so).")] = False,
-    target: Annotated[Optional[str], typer.Option("--target", "-t", help="The target's hub id for base_model and the usage lines (default: from provenance.json / config.json).")] = None,
+    target: Annotated[Optional[str], typer.Option("--target", "-t", help="The target: its hub id, or its local folder (named by its config, never by its path); default: from provenance.json / config.json.")] = None,
     license: Annotated[Optional[str], typer.Option("--license", help="License id for the card (default: from provenance.json or the target's card).")] = None,
     num_speculative_tokens: Annotated[Optional[int], typer.Option("--num-speculative-tokens", "-k", min=1, max=16, help="k in speculative_config.json (default: the report's k, else 3).")] = None,
     json: JsonOpt = False,
@@ -44,7 +44,10 @@ def publish(
         return
     for f in res.findings:
         log(f"{f.severity}: {f.message}")
-    head = "dry run: nothing was uploaded" if res.dry_run else f"published to {res.repo_id}"
+    if res.dry_run:
+        head = "dry run: nothing was uploaded" + ("" if res.out_dir else " or written (pass --out DIR to keep the repo folder)")
+    else:
+        head = f"published to {res.repo_id}"
     stdout.print(f"[bold]{head}[/]", highlight=False)
     from rich.table import Table
 
@@ -66,7 +69,10 @@ def publish(
     if res.out_dir:
         stdout.print(f"folder: {res.out_dir}", highlight=False, markup=False)
     if res.validation.forced:
-        stdout.print(f"validation: NOT passed, published with --force ({res.validation.reason})", highlight=False, markup=False)
+        stdout.print(f"validation: NOT passed, published with {res.validation.forced_by} ({res.validation.reason})",
+                     highlight=False, markup=False)
+    elif res.validation.measured and not res.validation.gates:
+        stdout.print("validation: measured, no acceptance gate was set", highlight=False, markup=False)
     if res.pr_url:
         stdout.print(f"pull request: {res.pr_url}", highlight=False, markup=False)
     elif res.commit_url:

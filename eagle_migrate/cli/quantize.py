@@ -70,7 +70,7 @@ def render(result) -> None:
     stdout.print(f"serve: vllm serve TARGET --speculative-config '{json.dumps(r.speculative_config)}'", highlight=False)
 
 
-@app.command()
+@app.command(short_help="Quantize a drafter to FP8 or NVFP4 (compressed-tensors).")
 def quantize(
     checkpoint: CheckpointArg,
     output: OutputOpt,

@@ -43,6 +43,22 @@ def _redacted(obj: Any) -> Any:
 
 
 json_documents_printed = 0  # main() prints a failure document only when the command printed none
+interrupted_reported = False  # main() prints the "interrupted" line once
+
+
+def evidence_rows(aux: Any, nbr: Any = None) -> list[tuple[str, str]]:
+    """Table rows for a measurement's evidence (aux-id convention; norm_before_residual): the statistic, both
+    readings, the paired difference with its SE, the positions and the verdict."""
+    rows: list[tuple[str, str]] = []
+    for label, m in (("aux-id evidence", getattr(aux, "measurement", None)), ("norm_before_residual evidence", nbr)):
+        if m is None:
+            continue
+        a, b = m.readings
+        rows.append((label, f"{m.statistic}: {a} {m.mean.get(a, float('nan')):.4f}, {b} {m.mean.get(b, float('nan')):.4f}; "
+                            f"difference {m.difference:+.4f} +- {m.standard_error:.4f} (SE, by sequence) on {m.positions} "
+                            f"positions / {m.sequences} sequences -> {m.winner or m.verdict} ({m.seconds:.1f} s; top-1 "
+                            f"agreement {m.agreement.get(a, float('nan')):.3f} vs {m.agreement.get(b, float('nan')):.3f})"))
+    return rows
 
 
 def print_json(obj: Any) -> None:
@@ -98,46 +114,101 @@ def progress_enabled(json_mode: bool) -> bool:
 
 class StageBar:
     """The one progress display (a :class:`eagle_migrate.progress.StageProgress`): stage-wise rich bars on stderr on a
-    TTY; elsewhere (``--json``, CI logs) one ``command: stage done/total (s) info`` line on stderr when a stage starts,
-    at most one every 30 s while it runs, and one when it ends, so long work is never silent."""
+    TTY; elsewhere (``--json``, CI logs) one ``command: stage done/total (elapsed, ETA) info`` line on stderr when a
+    stage starts, when it ends, and at least every ``LOG_EVERY`` seconds while the command runs: a heartbeat thread
+    repeats the current stage's line (``still running``) when the library has reported nothing for that long (a
+    long evaluation, loading a model), so long work is never silent."""
 
-    LOG_EVERY = 30.0
+    LOG_EVERY = 10.0
 
-    def __init__(self, command: str, json_mode: bool):
+    def __init__(self, command: str, json_mode: bool, clock=time.monotonic, heartbeat: bool = True):
         self.command = command
         self.enabled = progress_enabled(json_mode)
+        self._clock = clock
         self._p = None
         self._tasks: dict[str, int] = {}
         self._last: dict[str, float] = {}
         self._ended: set[str] = set()
-        self._t0 = time.monotonic()
+        self._t0 = clock()
+        self._started: dict[str, float] = {}
+        self._current: tuple[str, int, int | None, str] | None = None
+        self._done: str | None = None  # the last stage that ended
+        self._last_line = self._t0
+        self._heartbeat = heartbeat
+        self._stop = None
+        self._lock = None
 
     def __enter__(self):
+        import threading
+
+        self._lock = threading.Lock()
         if self.enabled:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                                       TimeRemainingColumn)
 
             self._p = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                               TextColumn("{task.fields[info]}"), console=stderr, transient=False)
+                               TimeRemainingColumn(), TextColumn("{task.fields[info]}"), console=stderr, transient=False)
             self._p.__enter__()
+        elif self._heartbeat:
+            self._stop = threading.Event()
+            threading.Thread(target=self._beat, name="progress-heartbeat", daemon=True).start()
         return self
+
+    def _beat(self) -> None:
+        while not self._stop.wait(1.0):
+            self.tick()
+
+    def _line(self, stage: str, done: int, total: int | None, info: str, now: float, still: bool = False) -> str:
+        of = f"/{total}" if total is not None else ""
+        t = f"{now - self._t0:.0f} s"
+        since = self._started.get(stage, now)
+        if total and 0 < done < total and now > since:
+            t += f", ETA {(now - since) / done * (total - done):.0f} s"
+        return (f"{self.command}: {stage} {done}{of} ({t})" + (" still running" if still else "")
+                + (f" {info}" if info else ""))
+
+    def tick(self) -> None:
+        """The heartbeat: the current stage's line again when nothing was printed for ``LOG_EVERY`` seconds."""
+        if self._p is not None or self._lock is None or (self._current is None and self._done is None):
+            return
+        with self._lock:
+            now = self._clock()
+            if now - self._last_line < self.LOG_EVERY:
+                return
+            self._last_line = now
+            if self._current is None:  # between stages (loading the target, preparing the next one)
+                log_plain(f"{self.command}: still running ({now - self._t0:.0f} s; {self._done} done)")
+                return
+            stage, done, total, info = self._current
+            log_plain(self._line(stage, done, total, info, now, still=True))
 
     def __call__(self, stage: str, done: int, total: int | None, info: str = "") -> None:
         if self._p is None:
-            now = time.monotonic()
-            first = stage not in self._last
-            end = total is not None and done >= total and stage not in self._ended
-            if end:
-                self._ended.add(stage)
-            if first or end or (stage not in self._ended and now - self._last[stage] >= self.LOG_EVERY):
-                self._last[stage] = now
-                of = f"/{total}" if total is not None else ""
-                log(f"{self.command}: {stage} {done}{of} ({now - self._t0:.0f} s)" + (f" {info}" if info else ""))
+            import contextlib
+
+            with self._lock or contextlib.nullcontext():
+                now = self._clock()
+                first = stage not in self._last
+                if first:
+                    self._started[stage] = now
+                end = total is not None and done >= total and stage not in self._ended
+                if end:
+                    self._ended.add(stage)
+                finished = total is not None and done >= total  # a finished stage is never the one in flight
+                self._current = None if finished else (stage, done, total, info)
+                if end:
+                    self._done = stage
+                if first or end or (stage not in self._ended and now - self._last_line >= self.LOG_EVERY):
+                    self._last[stage] = self._last_line = now
+                    log_plain(self._line(stage, done, total, info, now))
             return
         if stage not in self._tasks:
             self._tasks[stage] = self._p.add_task(stage, total=total, info="")
         self._p.update(self._tasks[stage], completed=done, total=total, info=info or "")
 
     def __exit__(self, *exc):
+        if self._stop is not None:
+            self._stop.set()
         if self._p is not None:
             self._p.__exit__(*exc)
         return False

@@ -15,6 +15,8 @@ from .render import log, print_json, stdout
 def render(r) -> None:
     from rich.table import Table
 
+    from ..validate.report import fmt_value, verdict_line
+
     has_base = any(s.baseline for s in r.suites)
     has_speed = any(s.speedup is not None for s in r.suites)
     stdout.print(f"[bold]{r.checkpoint}[/] on {r.target} ({r.engine} {r.engine_version or ''}, k={r.settings['num_speculative_tokens']}, "
@@ -26,14 +28,15 @@ def render(r) -> None:
         t.add_column(c, justify="left" if c in ("suite", "per pos.", "gate") else "right",
                      no_wrap=c in ("per pos.", "AL", "base AL", "Δ%"))
     for s in r.suites:
-        row = [s.name, str(s.prompt_set["size"]), f"{s.new.acceptance_length:.3f}"]
+        se = f" ± {s.new.acceptance_length_se:.3f}" if s.new.acceptance_length_se is not None else ""
+        row = [s.name, str(s.prompt_set["size"]), f"{s.new.acceptance_length:.3f}{se}"]
         if has_base:
             row += [f"{s.baseline.acceptance_length:.3f}" if s.baseline else "–",
-                    f"{-s.regression_pct:+.1f}" if s.regression_pct is not None else "–"]
+                    fmt_value(-s.regression_pct, 1, sign=True) if s.regression_pct is not None else "–"]
         row += [f"{s.new.draft_acceptance_rate:.2f}", " ".join(f"{x:.2f}" for x in s.new.per_position_rate)]
         if has_speed:
             row += [f"{s.speedup:.2f}x" if s.speedup is not None else "–"]
-        row += ["[green]pass[/]" if s.passed else "[red]FAIL[/] " + "; ".join(s.failures)]
+        row += [("[green]pass[/]" if r.gates else "–") if s.passed else "[red]FAIL[/] " + "; ".join(s.failures)]
         t.add_row(*row)
     stdout.print(t)
     for s in r.suites:
@@ -41,6 +44,27 @@ def render(r) -> None:
             parts = [f"{g.name} {g.new.acceptance_length:.2f}" + (f"/{g.baseline.acceptance_length:.2f}" if g.baseline else "")
                      for g in s.groups]
             stdout.print(f"  {s.name}: " + ", ".join(parts), highlight=False)
+    if r.server is not None:
+        sc = r.server.speculative_config
+        stdout.print(f"server {r.server.url}: vLLM {r.server.vllm_version or '?'}, model {r.server.model}, "
+                     + ", ".join(f"{k_}={v} ({r.server.sources.get(k_, '?')})" for k_, v in sc.items()), highlight=False)
+    if r.serving_speed is not None:
+        ts = Table(show_header=True, header_style="bold",
+                   title="per-user output tokens/s (median of runs), speculative vs baseline server; "
+                         "speed-up = median of the per-round ratios")
+        for c in ("C", "spec tok/s", "base tok/s", "speed-up (min-max)", "TTFT p50 ms", "ITL p50 ms", "TPOT p50 ms"):
+            ts.add_column(c, justify="right")
+        import statistics as st_
+
+        for lv in r.serving_speed.levels:
+            med = lambda runs, f: st_.median([f(x) for x in runs])  # noqa: E731
+            ts.add_row(str(lv.concurrency), f"{med(lv.speculative, lambda x: x.per_user_tokens_per_second):.1f}",
+                       f"{med(lv.baseline, lambda x: x.per_user_tokens_per_second):.1f}",
+                       f"{lv.speedup:.2f}x ({lv.speedup_min:.2f}-{lv.speedup_max:.2f})",
+                       f"{med(lv.speculative, lambda x: x.ttft_ms.p50):.1f} / {med(lv.baseline, lambda x: x.ttft_ms.p50):.1f}",
+                       f"{med(lv.speculative, lambda x: x.itl_ms.p50):.1f} / {med(lv.baseline, lambda x: x.itl_ms.p50):.1f}",
+                       f"{med(lv.speculative, lambda x: x.tpot_ms.p50):.1f} / {med(lv.baseline, lambda x: x.tpot_ms.p50):.1f}")
+        stdout.print(ts)
     d = r.diagnostics
     if d is not None and d.error:
         stdout.print(f"drift diagnostics not measured: {d.error}", highlight=False)
@@ -58,10 +82,11 @@ def render(r) -> None:
             stdout.print(f"  {suite}: " + "  ".join(cells), highlight=False)
     if r.report_dir:
         stdout.print(f"report: {r.report_dir}/report.md ({', '.join(r.files)})", highlight=False)
-    stdout.print("[green]PASSED[/]" if r.passed else "[red]FAILED[/]: " + "; ".join(r.failures))
+    line = verdict_line(r)
+    stdout.print(f"[green]{line}[/]" if r.passed and r.gates else line if r.passed else f"[red]{line}[/]", highlight=False)
 
 
-@app.command()
+@app.command(short_help="Measure acceptance length per suite (vLLM or reference).")
 def validate(
     checkpoint: CheckpointArg,
     target: RequiredTargetOpt,
@@ -71,7 +96,8 @@ def validate(
                                                  "(default: all four; only --prompts when that is given).")] = None,
     prompts: Annotated[Optional[Path], typer.Option("--prompts", help="Your own prompts: JSONL ({prompt} | {messages} | "
                                                     "{conversations} | {token_ids}) or a ShareGPT JSON file.")] = None,
-    k: Annotated[int, typer.Option("--num-speculative-tokens", "-k", min=1, max=16, help="Draft tokens per step (k).")] = 3,
+    k: Annotated[Optional[int], typer.Option("--num-speculative-tokens", "-k", min=1, max=16, help="Draft tokens per "
+                                             "step (k; default 3; with --server the server's).")] = None,
     baseline: Annotated[Optional[Path], typer.Option("--baseline", help="Another drafter to compare with (e.g. the EAGLE-3 source).")] = None,
     min_acceptance_length: Annotated[Optional[float], typer.Option("--min-acceptance-length", min=1.0,
                                                                    help="Gate: every suite's AL must reach X (else exit 1).")] = None,
@@ -95,6 +121,22 @@ def validate(
     attention_backend: Annotated[Optional[str], typer.Option("--attention-backend", help="vLLM attention backend for "
                                                              "MLA models, e.g. CPU_MLA or AMX_MLA (default: chosen "
                                                              "for this host; see docs/validate.md).")] = None,
+    server: Annotated[Optional[str], typer.Option("--server", help="Measure a running OpenAI-compatible vLLM server "
+                                                  "instead (its API URL, e.g. http://HOST:8000/v1): acceptance from its "
+                                                  "/metrics counters; CHECKPOINT = the drafter it serves, as you state it.",
+                                                  rich_help_panel="Live server")] = None,
+    api_key_env: Annotated[Optional[str], typer.Option("--api-key-env", help="Name of the environment variable that "
+                                                       "holds the server's API key (never printed or stored).",
+                                                       rich_help_panel="Live server")] = None,
+    baseline_server: Annotated[Optional[str], typer.Option("--baseline-server", help="The same target served without "
+                                                           "speculation: per-user output tokens/s, TTFT and ITL at each "
+                                                           "--concurrency, both servers in alternation.",
+                                                           rich_help_panel="Live server")] = None,
+    concurrency: Annotated[str, typer.Option("--concurrency", help="Concurrent users for --baseline-server, "
+                                             "comma-separated.", rich_help_panel="Live server")] = "1,4,16",
+    block_size: Annotated[int, typer.Option("--block-size", min=1, help="Requests per block: the counters are read "
+                                            "around each block (the standard error is across blocks).",
+                                            rich_help_panel="Live server")] = 4,
     seed: SeedOpt = 0,
     json: JsonOpt = False,
 ) -> None:
@@ -102,18 +144,43 @@ def validate(
 
     Example: eagle-migrate validate ./eagle31 --target ./target --baseline ./eagle3 --suite chat,long
     --max-regression 2 --report ./report
+
+    Live server: eagle-migrate validate ./eagle31 --target ./target --server http://HOST:8000/v1
+    --baseline-server http://HOST:8001/v1 --api-key-env VLLM_API_KEY --report ./report
     """
+    from ..errors import InputError
     from ..validate.api import validate as run
 
     say = lambda m: log(f"[dim]{m}[/]")  # noqa: E731  (log lines go to stderr, with --json too: a CI log is never silent)
     names = [x.strip() for x in suite.split(",") if x.strip()] if suite else None
-    r = run(
-        checkpoint, target, engine=engine, suites=names, prompts_file=prompts, k=k, baseline=baseline,
-        min_acceptance_length=min_acceptance_length, max_regression_pct=max_regression, report_dir=report,
-        num_prompts=num_prompts, max_tokens=max_tokens, temperature=temperature, seed=seed, dtype=dtype,
-        max_model_len=max_model_len, tensor_parallel_size=tensor_parallel_size, vllm_python=vllm_python,
-        speedup=speedup, diagnostics=diagnostics, log=say, attention_backend=attention_backend,
-    )
+    if server is not None:  # the server engine (validate/server.py): a running vLLM server, through its API
+        from ..validate.server import api_key_from_env, validate_server
+
+        if baseline is not None or max_regression is not None or speedup:
+            raise InputError("--baseline / --max-regression / --speedup run drafters in-process; with --server they "
+                             "do not apply", "compare two servers' reports, or use --baseline-server for the speed-up")
+        try:
+            levels = [int(x) for x in concurrency.split(",") if x.strip()]
+        except ValueError:
+            raise InputError(f"--concurrency {concurrency}: not a comma-separated list of integers",
+                             "e.g. --concurrency 1,4,16") from None
+        r = validate_server(
+            checkpoint, target, server, api_key=api_key_from_env(api_key_env), baseline_server=baseline_server,
+            concurrency=levels, suites=names, prompts_file=prompts, k=k, min_acceptance_length=min_acceptance_length,
+            report_dir=report, num_prompts=num_prompts, max_tokens=max_tokens, temperature=temperature, seed=seed,
+            block_size=block_size, log=say,
+        )
+    elif baseline_server is not None or api_key_env is not None:
+        raise InputError("--baseline-server and --api-key-env need --server URL")
+    else:
+        r = run(
+            checkpoint, target, engine=engine, suites=names, prompts_file=prompts, k=k if k is not None else 3,
+            baseline=baseline, min_acceptance_length=min_acceptance_length, max_regression_pct=max_regression,
+            report_dir=report, num_prompts=num_prompts, max_tokens=max_tokens, temperature=temperature, seed=seed,
+            dtype=dtype, max_model_len=max_model_len, tensor_parallel_size=tensor_parallel_size,
+            vllm_python=vllm_python, speedup=speedup, diagnostics=diagnostics, log=say,
+            attention_backend=attention_backend,
+        )
     if json:
         print_json(r)
     else:

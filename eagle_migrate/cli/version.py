@@ -6,7 +6,7 @@ from .options import JsonOpt
 from .render import print_json, stdout
 
 
-@app.command()
+@app.command(short_help="Print the eagle-migrate version.")
 def version(json: JsonOpt = False) -> None:
     """Print the eagle-migrate version.
 

@@ -9,11 +9,12 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from ..aux_ids import AuxIds
 from ..drafter.config import DrafterConfig
-from ..errors import InputError
+from ..errors import InputError, a_an
+from ..formats.common import carried_mark
 from ..formats.output import atomic_output_dir, write_json
 from ..stats import TargetStatistics
 from .calibration import CalibrationOptions, run_calibration
@@ -86,7 +87,7 @@ def converter_for(cfg: DrafterConfig) -> Converter:
     for cls in CONVERTERS:
         if cls.accepts(cfg):
             return cls()
-    raise InputError(f"no converter for a {cfg.generation} drafter")
+    raise InputError(f"no converter for {a_an(cfg.generation)} drafter")
 
 
 def run(opts: ConvertOptions) -> ConvertResult:
@@ -98,6 +99,12 @@ def run(opts: ConvertOptions) -> ConvertResult:
     check_pairing(job.cfg, job.target.info, None)
     aux, aux_ids = conv.aux_ids(job)
     map_source(job, aux, aux_ids)
+    if opts.hidden_states_dir is not None:
+        from .records import hidden_states_evidence
+
+        opts.progress("hidden-states evidence", 0, 1)
+        job.provenance.hidden_states_evidence = hidden_states_evidence(job.target, opts.hidden_states_dir)
+        opts.progress("hidden-states evidence", 1, 1)
     ini = conv.init(job)
     ini.plan.changes = job.changes + ini.plan.changes
     if ini.norm_init is not None:
@@ -110,13 +117,16 @@ def run(opts: ConvertOptions) -> ConvertResult:
     prov.norm_init = ini.norm_init.method if ini.norm_init else None
     prov.norm_output_scale = ini.norm_output.scale if ini.norm_output else None
     prov.calibration_required = required
+    prov.step0_agreement = ini.agreement.step0
     labels = OutputLabels(source_format=job.ck.format, source_producer=job.ck.producer, source_sha256=job.source_sha256,
-                          norm_init=prov.norm_init, norm_output_scale=prov.norm_output_scale, calibration_required=required)
+                          norm_init=prov.norm_init, norm_output_scale=prov.norm_output_scale, calibration_required=required,
+                          aux_mark=tuple(carried_mark(job.aux).items()))
     calibration = CalibrationStatus(required=required, reason="EAGLE-2 warm start: fine-tune required" if required else "")
     with atomic_output_dir(opts.out, force=opts.force, inputs=opts.inputs) as tmp:
         write_plan(tmp, ini.plan, labels, job.store_dtype, opts.output_format, opts.target, opts.num_speculative_tokens,
                    opts.progress)
         verify_written(tmp)
+        fixed, remaining = sort_findings(job.source_findings, tmp)
         if want_cal:
             calibration = _calibrate(tmp, job, conv, ini)
             if calibration.worse_than_source and calibration.verdict:
@@ -133,10 +143,28 @@ def run(opts: ConvertOptions) -> ConvertResult:
     return ConvertResult(
         source=str(opts.source), output=str(opts.out), source_format=job.ck.format, source_producer=job.ck.producer,
         output_format=opts.output_format, passthrough=conv.passthrough, inserted=list(ini.plan.inserted),
-        changes=ini.plan.changes, aux_layer_ids=job.aux_ids, aux_ids_evidence=job.aux, norm_init=ini.norm_init,
+        changes=ini.plan.changes, aux_layer_ids=job.aux_ids, aux_ids_evidence=job.aux,
+        norm_before_residual_evidence=job.nbr_measurement, norm_init=ini.norm_init,
         norm_output=ini.norm_output, eagle2_mapping=ini.eagle2_mapping, agreement=ini.agreement, calibration=calibration,
-        calibration_required=required, output_files=files, provenance=prov, warnings=job.warnings,
+        calibration_required=required, output_files=files, provenance=prov, fixed=fixed,
+        warnings=remaining + job.warnings,
     )
+
+
+def sort_findings(findings: list[Any], written: Path) -> tuple[list[str], list[str]]:
+    """The source's findings split by what the written output shows: (fixed, still there). A finding is fixed when
+    reading the output back raises no finding of its code (inspect's own checks decide, never the message); what
+    remains keeps its severity as the line's one label (``error: ...``, ``warning: ...``)."""
+    from ..formats import read_checkpoint
+    from ..formats.traps import TRAPS
+
+    out_codes = {f.code for f in read_checkpoint(written).findings}
+    # a fixed finding is named by its code and the trap table's meaning: its message's advice ("pass --target ...",
+    # "drop it") was for the source and no longer applies
+    fixed = list(dict.fromkeys(f"{f.code}: {TRAPS[f.code].meaning}" if f.code in TRAPS else f"{f.code}: {f.message}"
+                               for f in findings if f.code not in out_codes))
+    remaining = [f"{f.severity}: {f.message}" for f in findings if f.code in out_codes]
+    return fixed, remaining
 
 
 def _calibrate(tmp: Path, job: Job, conv: Converter, ini: Initialised) -> CalibrationStatus:

@@ -47,11 +47,15 @@ def run_calibration(ckpt_dir: Path, opts: CalibrationOptions) -> CalibrationStat
     res = calibrate_checkpoint(ckpt_dir, opts.target, in_place=True, **opts.keywords())
     kept = (f"best step {res.best_step} of {res.steps_run}" if res.best_step
             else "initial weights kept: the structural conversion is returned")
+    if res.stopped_early and res.stop_reason:
+        planned = res.settings.get("steps")
+        kept += f"; stopped after step {res.steps_run}" + (f" of {planned}" if planned else "") + f": {res.stop_reason}"
     j = res.judge
     paired = (f", paired {j.vs_initial.diff:+.3f} +/- {j.vs_initial.se:.3f} over {j.heldout_positions} positions"
               if j is not None and j.vs_initial is not None else "")
     reason = (f"--train {res.train}: held-out simulated AL {res.score_before:.3f} -> {res.score_after:.3f}{paired} ({kept})"
-              + (f"; WARNING: {res.warning}" if res.warning else ""))
+              + (f"; WARNING: {res.warning}" if res.warning else "")
+              + "".join(f"; not measured: {m}" for m in res.not_measured))
     return CalibrationStatus(status="calibrated", reason=reason, improved=res.improved,
                              worse_than_source=j.worse_than_source if j else None, verdict=j.verdict if j else None,
                              details=res.model_dump(mode="json"))

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ..corpora import calibration_sequences, random_sequences
-from ..hidden_states import HiddenRecord, count_hidden_states, iter_hidden_states
+from ..hidden_states import HiddenRecord, check_last_slice, count_hidden_states, iter_hidden_states
 from ..target import LazyTarget
 
 # the statistics pass (norm initialisation + agreement) runs one sequence at a time and needs few: 32 give 94.6 %
@@ -32,7 +32,9 @@ def records(target: LazyTarget, data: str | None, hidden_states_dir: Path | str 
     """(iterator over calibration records, how many there will be)."""
     if hidden_states_dir is not None:
         n = min(count_hidden_states(Path(hidden_states_dir)), num_sequences)
-        return iter_hidden_states(Path(hidden_states_dir), aux_ids, ht, limit=n), n
+        fn = (target.weight("norm", load=False), target.info.rms_norm_eps) if want_last else None
+        return iter_hidden_states(Path(hidden_states_dir), aux_ids, ht, limit=n, final_norm=fn,
+                                  num_layers=target.info.num_layers), n
     seqs = sequences_for(data, target, num_sequences, seed, max_length)
     return target.capture(seqs, aux_ids, want_last), len(seqs)
 
@@ -45,3 +47,12 @@ def split_stream(it: Iterator[HiddenRecord], n_total: int, n_held: int) -> Itera
         is_h = held < n_held and (i % every == every - 1 or n_total - i <= n_held - held)
         held += is_h
         yield is_h, rec
+
+
+def hidden_states_evidence(target: LazyTarget, hidden_states_dir: Path | str) -> str | None:
+    """The layer evidence of a folder that does not record its layers (speculators-offline): the last slice checked
+    through the target's final norm and lm_head, read lazily (:func:`eagle_migrate.hidden_states.check_last_slice`;
+    raises DataError when it fails). None for layouts that record their layers or write the post-norm state."""
+    norm = (target.weight("norm", load=False), target.info.rms_norm_eps)
+    ev = check_last_slice(Path(hidden_states_dir), norm, target.weight("lm_head", mapped=True, load=False))
+    return None if ev is None else ev.describe()

@@ -11,7 +11,7 @@ import torch
 from pydantic import BaseModel, Field
 
 from .. import __version__
-from ..aux_ids import AuxIds
+from ..aux_ids import AuxIds, Measurement
 from ..stats import TargetStatistics
 
 
@@ -105,9 +105,13 @@ class Provenance(BaseModel):
     source_format: str
     source_producer: str
     target: str
+    target_name: str | None = Field(None, description="the target's name without its path: its Hub id, else a local folder's own name (fingerprints.target_name)")
+    target_hub_id: str | None = Field(None, description="the target's Hub id when known (given, its config's _name_or_path, or an HF cache snapshot)")
     target_config_sha256: str | None = None
     data: str | None = None
     hidden_states_dir: str | None = None
+    hidden_states_evidence: str | None = Field(None, description="how the layers of a --hidden-states folder that does "
+                                               "not record them were verified (speculators-offline: the last slice)")
     num_sequences: int = 0
     seed: int = 0
     device: str = "cpu"
@@ -118,8 +122,11 @@ class Provenance(BaseModel):
     calibration_required: bool = False
     calibration: str = "not calibrated"
     calibration_verdict: str | None = None
+    step0_agreement: float | None = Field(None, description="top-1 agreement of the converted drafter's step-0 drafts with the source's (before calibration)")
     statistics: TargetStatistics | None = None
     aux_ids: AuxIds | None = Field(None, description="stored aux ids, their convention and how it was decided")
+    norm_before_residual_evidence: Measurement | None = Field(None, description="norm_before_residual measured on the "
+                                                              "target (the config did not state it)")
     started_at: str
     finished_at: str | None = None
     python: str = platform.python_version()
@@ -139,6 +146,7 @@ class ConvertResult(BaseModel):
     changes: list[str] = Field(default_factory=list, description="everything else that differs from the source")
     aux_layer_ids: list[int] = Field(default_factory=list)
     aux_ids_evidence: AuxIds | None = Field(None, description="stored ids, both readings, the decision and its evidence (a measurement's numbers)")
+    norm_before_residual_evidence: Measurement | None = Field(None, description="norm_before_residual measured on the target")
     norm_init: NormInit | None = None
     norm_output: NormOutputCompensation | None = None
     eagle2_mapping: Eagle2Mapping | None = None
@@ -147,4 +155,7 @@ class ConvertResult(BaseModel):
     calibration_required: bool = False
     output_files: list[str] = Field(default_factory=list)
     provenance: Provenance
-    warnings: list[str] = Field(default_factory=list)
+    fixed: list[str] = Field(default_factory=list, description="the source's findings (inspect) that the output no "
+                             "longer has: the conversion fixed them")
+    warnings: list[str] = Field(default_factory=list, description="what still needs attention, each with one label "
+                                "(error: / warning: for the source's findings that the output still has)")

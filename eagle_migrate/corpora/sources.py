@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import DataError
+from ..errors import DataError, a_an
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"  # eagle_migrate/data (package data, pyproject.toml)
 _ROLE = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant",
@@ -58,7 +58,7 @@ class Conversation:
 def _conv_from_obj(obj: Any, where: str, idx: int) -> Conversation | None:
     """One record in any accepted shape; None for a record without usable content (skipped, as ShareGPT needs)."""
     if not isinstance(obj, dict):
-        raise DataError(f"{where}: record {idx} is a {type(obj).__name__}, expected an object")
+        raise DataError(f"{where}: record {idx} is {a_an(type(obj).__name__)}, expected an object")
     rid = str(obj.get("id", obj.get("task_id", f"{idx}")))
     if "token_ids" in obj:
         ids = obj["token_ids"]

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import DataError
+from ..errors import DataError, a_an
 from . import sources as _src  # seams looked up at call time (see __init__)
 from .long import LONG_BUCKETS, _bucket_key, _long
 from .sources import (
@@ -108,7 +108,7 @@ def suite(name: str, tokenizer: Any, target_info: Any = None, *, num_prompts: in
     ctx = _max_context(target_info, max_model_len)
     budget = ctx - mt - 1
     if budget < 8:
-        raise DataError(f"max_tokens={mt} leaves no room for prompts in a {ctx}-token context")
+        raise DataError(f"max_tokens={mt} leaves no room for prompts in {a_an(ctx)}-token context")
     if name == "chat":
         convs = _chat_convs(n or 16, seed, fetch)
         prompts, groups, sources = _render_all(convs, tok, budget)
@@ -134,7 +134,7 @@ def suite(name: str, tokenizer: Any, target_info: Any = None, *, num_prompts: in
     else:
         raise DataError(f"unknown suite '{name}'", f"choose from {', '.join(SUITE_NAMES)} or pass --prompts FILE")
     if not prompts:
-        raise DataError(f"suite '{name}': no prompt fits a {ctx}-token context with {mt} output tokens",
+        raise DataError(f"suite '{name}': no prompt fits {a_an(ctx)}-token context with {mt} output tokens",
                         "raise --max-model-len or lower --max-tokens")
     if fallback:
         desc += "; token-id prompts (tokenizer-less target: UTF-8 bytes mod vocab)"

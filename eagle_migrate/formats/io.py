@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import CheckpointError, UnsafeInputError
+from ..errors import CheckpointError, UnsafeInputError, a_an
 
 if TYPE_CHECKING:  # torch is imported where tensors are made: reading headers (inspect) never imports it
     import numpy as np
@@ -322,7 +322,7 @@ def load_bin_safely(f: Path) -> dict[str, torch.Tensor]:
         raise CheckpointError(f"{f}: expected a dict of name -> tensor, found {type(obj).__name__}")
     for k, v in obj.items():
         if not isinstance(k, str) or not isinstance(v, torch.Tensor):
-            raise CheckpointError(f"{f}: expected a dict of name -> tensor, but {k!r} holds a {type(v).__name__}")
+            raise CheckpointError(f"{f}: expected a dict of name -> tensor, but {k!r} holds {a_an(type(v).__name__)}")
     return obj
 
 

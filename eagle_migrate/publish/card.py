@@ -40,13 +40,21 @@ class GateRow(BaseModel):
 class ValidationInfo(BaseModel):
     """The validation report, reduced to what the card shows."""
 
-    passed: bool | None = Field(None, description="all gates passed (None: the report states no verdict)")
+    passed: bool | None = Field(None, description="no gate failed (None: the report states no verdict)")
+    gated: bool = Field(False, description="the report has gates: only then does the card say they passed")
     gates: list[GateRow] = Field(default_factory=list)
     columns: list[str] = Field(default_factory=list)
     rows: list[list[str]] = Field(default_factory=list)
     details: list[tuple[str, str]] = Field(default_factory=list, description="engine, k, temperature, ... as shown")
     images: list[str] = Field(default_factory=list, description="plot paths inside the repo")
     report_path: str | None = Field(None, description="the report's path inside the repo")
+
+
+class LineageStep(BaseModel):
+    """One stage a drafter went through, as the card's lineage table and provenance.json show it."""
+
+    stage: str = Field(..., description="source | convert | quantize | validate")
+    summary: str = Field(..., description="one line: what the stage did and its verdict")
 
 
 class FileRow(BaseModel):
@@ -59,6 +67,7 @@ class CardInfo(BaseModel):
 
     repo_id: str
     target: str | None = Field(None, description="the target's hub id (base_model); None when unknown")
+    target_name: str | None = Field(None, description="the target's name when its hub id is unknown: a local folder's own name")
     license: str | None = None
     license_name: str | None = None
     license_link: str | None = None
@@ -71,16 +80,18 @@ class CardInfo(BaseModel):
     dtype: str | None = None
     quantization: str | None = None
     files: list[FileRow] = Field(default_factory=list)
-    provenance: list[tuple[str, str]] = Field(default_factory=list)
+    lineage: list[LineageStep] = Field(default_factory=list, description="every stage, source first")
     validation: ValidationInfo | None = None
-    forced: bool = Field(False, description="published with --force although validation did not pass")
+    forced: bool = Field(False, description="published without a passing validation report")
+    forced_by: str | None = Field(None, description="the flag that allowed it (--force, or migrate's --no-validate)")
+    forced_reason: str | None = Field(None, description="why validation does not pass (when forced)")
     num_speculative_tokens: int = 3
     tool_version: str
 
 
 # ----- serving snippets ------------------------------------------------------------------------------------------
 def target_for_commands(info: CardInfo) -> str:
-    return info.target or TARGET_PLACEHOLDER
+    return info.target or info.target_name or TARGET_PLACEHOLDER
 
 
 def spec_config(info: CardInfo) -> dict[str, Any]:
@@ -131,10 +142,18 @@ def _human_count(n: int) -> str:
     return str(n)
 
 
+def fixed(v: float, nd: int = 3, sign: bool = False) -> str:
+    """``v`` to ``nd`` decimals, a value that rounds to zero shown as 0 (never "-0.0")."""
+    s = f"{v:+.{nd}f}" if sign else f"{v:.{nd}f}"
+    if float(s) == 0:
+        s = f"{0.0:.{nd}f}"
+    return s
+
+
 def scalar_str(v: Any) -> str:
     """A scalar as a card cell shows it (floats to 3 decimals, booleans as yes / no)."""
     if isinstance(v, float):
-        return f"{v:.3f}"
+        return fixed(v)
     if isinstance(v, bool):
         return "yes" if v else "no"
     return str(v)
@@ -162,7 +181,12 @@ def render_body(info: CardInfo) -> str:
     gen = "EAGLE-3.1" if info.format == "eagle3.1" else "EAGLE-3"
     out: list[str] = [f"# {name}", ""]
 
-    tgt = _md_link_model(info.target) if info.target else "its target model (not recorded: see Provenance)"
+    if info.target:
+        tgt = _md_link_model(info.target)
+    elif info.target_name:
+        tgt = f"the local model `{info.target_name}` (its Hub id was not recorded)"
+    else:
+        tgt = "its target model (not recorded: see Lineage)"
     out += [
         f"An **{gen}** speculative-decoding drafter ([EAGLE-3]({EAGLE3_PAPER})) for {tgt}. It proposes the next {k} tokens from the target's "
         "hidden states; the target verifies them in one forward pass, so the output is exactly the target's own "
@@ -178,18 +202,19 @@ def render_body(info: CardInfo) -> str:
             "",
         ]
     if info.forced:
-        out += [
-            "> **Warning:** this drafter was published with `--force` without a passing validation report. "
-            "Measure its acceptance length before relying on it.",
-            "",
-        ]
+        out += [_forced_note(info), ""]
 
     # -- drafter facts
     s = info.sizes
     facts: list[list[str]] = [["format", gen + (" (`fc_norm`, `norm_output`)" if info.format == "eagle3.1" else "")]]
     if info.architecture:
         facts.append(["architecture", f"`{info.architecture}`"])
-    facts.append(["target (verifier)", f"`{info.target}`" if info.target else "unknown"])
+    if info.target:
+        facts.append(["target (verifier)", f"`{info.target}`"])
+    elif info.target_name:
+        facts.append(["target (verifier)", f"`{info.target_name}` (a local model; Hub id not recorded)"])
+    else:
+        facts.append(["target (verifier)", "unknown"])
     if info.aux_layer_ids is not None:
         facts.append(["target aux layers", ", ".join(str(i) for i in info.aux_layer_ids)])
     if "hidden_size" in s:
@@ -233,17 +258,25 @@ def render_body(info: CardInfo) -> str:
         "chain): compare acceptance lengths across engines only at the same number of draft steps.",
         "",
     ]
-    if not info.target:
+    if not info.target and info.target_name:
+        out += [f"`{info.target_name}` is the local target this drafter was made for: use that model's path or Hub id.", ""]
+    elif not info.target:
         out += [f"Replace `{TARGET_PLACEHOLDER}` with the target model this drafter was made for.", ""]
 
     # -- validation
     out += ["## Validation", ""]
     v = info.validation
     if v is None:
-        out += ["No validation report was published with this drafter.", ""]
+        out += ["No validation report was published with this drafter"
+                + (f" (`{info.forced_by}`): its acceptance length was not measured." if info.forced_by else "."), ""]
     else:
-        verdict = {True: "passed", False: "did not pass", None: "no verdict recorded"}[v.passed]
-        out += [f"Acceptance length (AL = 1 + accepted draft tokens per draft step) measured by eagle-migrate; gates {verdict}.", ""]
+        if v.passed is True and v.gated:
+            verdict = f"{'the gate' if len(v.gates) == 1 else f'all {len(v.gates)} gates'} passed"
+        elif v.passed is True:
+            verdict = "measured only: no acceptance gate was set"
+        else:
+            verdict = {False: "gates did not pass", None: "no verdict recorded"}[v.passed]
+        out += [f"Acceptance length (AL = 1 + accepted draft tokens per draft step) measured by eagle-migrate; {verdict}.", ""]
         if v.details:
             out += [", ".join(f"{a}: {b}" for a, b in v.details) + ".", ""]
         if v.rows:
@@ -256,11 +289,14 @@ def render_body(info: CardInfo) -> str:
         if v.report_path:
             out += [f"The full report is in [`{v.report_path}`]({v.report_path}).", ""]
 
-    # -- provenance
-    out += ["## Provenance", "", f"Made with eagle-migrate {info.tool_version}."]
-    if info.provenance:
-        out += ["", _table(["", ""], [[a, f"`{b}`" if b else ""] for a, b in info.provenance])]
-    out += ["", "`provenance.json` holds this record and the publish details, with the sha256 of the weights.", ""]
+    # -- lineage
+    out += ["## Lineage", "", f"Made with eagle-migrate {info.tool_version}."]
+    if info.lineage:
+        out += ["", _table(["stage", "what happened"], [[st.stage, st.summary] for st in info.lineage])]
+    else:
+        out += ["", "No record of the earlier stages came with the checkpoint."]
+    out += ["", "`provenance.json` holds the full record of every stage and the publish details, with the sha256 of the "
+            "weights.", ""]
 
     # -- files
     out += ["## Files", "", _table(["file", "size"], [[f"`{f.path}`", _human_bytes(f.size)] for f in info.files]), ""]
@@ -274,6 +310,17 @@ def render_body(info: CardInfo) -> str:
     else:
         out += ["Not recorded. A drafter trained on a model's outputs usually falls under that model's license.", ""]
     return "\n".join(out)
+
+
+def _forced_note(info: CardInfo) -> str:
+    """The card's warning for a drafter published without a passing validation, naming the flag actually passed."""
+    flag = info.forced_by or "--force"
+    if info.validation is None and flag == "--no-validate":
+        return ("> **Not validated:** published with `--no-validate`, so its acceptance length was never measured. "
+                "Measure it (`eagle-migrate validate`) before relying on it.")
+    why = f" ({info.forced_reason})" if info.forced_reason else ""
+    return (f"> **Warning:** published with `{flag}` without a passing validation{why}. "
+            "Measure its acceptance length (`eagle-migrate validate`) before relying on it.")
 
 
 def render_card(info: CardInfo) -> str:

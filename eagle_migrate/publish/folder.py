@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
-from .card import CardInfo, FileRow, ValidationInfo, render_card
+from .card import CardInfo, FileRow, LineageStep, ValidationInfo, render_card
 from .models import (
     EXTRA_CHECKPOINT_FILES,
     PROVENANCE_FILE,
@@ -23,8 +23,9 @@ from .models import (
     VALIDATION_DIR,
     PlannedFile,
 )
-from .provenance import Origin, provenance_rows, public
-from .report import LoadedReport
+from .lineage import lineage
+from .provenance import Origin, public
+from .report import LoadedReport, gated_verdict
 from .serving import speculative_config_text
 
 
@@ -43,6 +44,7 @@ class RepoPlan:
     reason: str | None  # why validation did not pass (when forced)
     k: int
     spec: dict[str, Any]  # the --speculative-config
+    forced_by: str | None = None  # the flag that allowed publishing without a passing report (--force, --no-validate)
 
     def checkpoint_files(self) -> list[Path]:
         extra = [self.folder / n for n in EXTRA_CHECKPOINT_FILES if (self.folder / n).is_file()]
@@ -68,16 +70,23 @@ def is_previous_publish(folder: Path) -> bool:
     return isinstance(prov, dict) and isinstance(prov.get("publish"), dict) and (folder / SPEC_FILE).is_file()
 
 
+def plan_lineage(plan: RepoPlan) -> list[LineageStep]:
+    """The lineage the card and the published provenance.json show (no local path)."""
+    steps = lineage(plan.origin.provenance, plan.report, plan.forced_by if plan.forced else None, plan.reason)
+    return [LineageStep.model_validate(public(s.model_dump())) for s in steps]
+
+
 def _card(plan: RepoPlan, files: list[PlannedFile]) -> CardInfo:
     d, o, r = plan.drafter, plan.origin, plan.report
     return CardInfo(
-        repo_id=plan.repo_id, target=o.base_model, license=o.license, license_name=o.license_name,
-        license_link=o.license_link, format=d["format"], flags=d["flags"], sizes=d["sizes"],
+        repo_id=plan.repo_id, target=o.base_model, target_name=o.target_name, license=o.license,
+        license_name=o.license_name, license_link=o.license_link, format=d["format"], flags=d["flags"], sizes=d["sizes"],
         aux_layer_ids=d["aux_layer_ids"], architecture=d["architecture"], num_parameters=d["num_parameters"],
         dtype=d["dtype"], quantization=d["quantization"],
         files=sorted((FileRow(path=p.path, size=p.size) for p in files), key=lambda f: f.path),
-        provenance=provenance_rows(public(o.provenance)),
+        lineage=plan_lineage(plan),
         validation=ValidationInfo.model_validate(public(r.info.model_dump())) if r else None, forced=plan.forced,
+        forced_by=plan.forced_by if plan.forced else None, forced_reason=public(plan.reason) if plan.reason else None,
         num_speculative_tokens=plan.k, tool_version=__version__,
     )
 
@@ -116,9 +125,14 @@ def build_folder(plan: RepoPlan, dest: Path, link_weights: bool) -> list[tuple[P
     prov_out = public(dict(plan.origin.provenance))  # the checkpoint's own provenance.json keeps the local paths
     prov_out["publish"] = {
         "tool": "eagle-migrate", "version": __version__, "repo_id": plan.repo_id, "base_model": plan.origin.base_model,
+        "target_name": plan.origin.target_name,
         "weights_sha256": plan.weights_sha, "weight_files": [f.name for f in plan.weight_files],
-        "validation": {"passed": plan.report.passed if plan.report else None, "forced": plan.forced, "reason": plan.reason},
+        "validation": {"measured": plan.report is not None, "gates": len(plan.report.info.gates) if plan.report else 0,
+                       "passed": gated_verdict(plan.report), "forced": plan.forced,
+                       "forced_by": plan.forced_by if plan.forced else None,
+                       "reason": public(plan.reason) if plan.reason else None},
         "num_speculative_tokens": plan.k,
+        "lineage": [s.model_dump() for s in plan_lineage(plan)],
     }
     write(PROVENANCE_FILE, json.dumps(prov_out, indent=2) + "\n", "generated")
     write("README.md", render_card(_card(plan, [p for p, _ in planned])), "generated")

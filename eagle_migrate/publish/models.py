@@ -29,8 +29,12 @@ class PlannedFile(BaseModel):
 
 class ValidationStatus(BaseModel):
     report: str | None = Field(None, description="the report.json that was read")
-    passed: bool | None = None
-    forced: bool = Field(False, description="published with --force without a passing report")
+    measured: bool = Field(False, description="a validation report of these weights was read")
+    gates: int = Field(0, description="how many gates the report has")
+    passed: bool | None = Field(None, description="True only when the report has gates and all passed; None: no gate "
+                                "was set (measured only) or no verdict")
+    forced: bool = Field(False, description="published without a passing report")
+    forced_by: str | None = Field(None, description="the flag that allowed it: --force, or migrate's --no-validate")
     reason: str | None = Field(None, description="why the report does not pass (when it does not)")
 
 
@@ -50,6 +54,7 @@ class PublishResult(BaseModel):
     total_bytes: int
     not_uploaded: list[str] = Field(default_factory=list, description="checkpoint files left out on purpose")
     base_model: str | None
+    target_name: str | None = Field(None, description="a local target's own name when its hub id is unknown (no path)")
     license: str | None
     format: str
     num_speculative_tokens: int

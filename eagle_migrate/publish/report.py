@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import CheckpointError, InputError
 from ..formats.io import read_json
@@ -20,7 +20,8 @@ _SHA_KEYS = ("drafter_sha256", "checkpoint_sha256", "weights_sha256")
 _DROP_KEYS = {"outputs", "drafts", "accepted_per_position", "num_drafts", "num_draft_tokens", "num_accepted_tokens",
               "num_output_tokens", "seconds", "prompts"}
 _PRETTY = {"acceptance_length": "AL", "draft_acceptance_rate": "acceptance rate", "per_position_rate": "per-position rate",
-           "num_prompts": "prompts", "baseline_acceptance_length": "baseline AL"}
+           "num_prompts": "prompts", "baseline_acceptance_length": "baseline AL",
+           "regression_pct": "regression % (> 0 = worse)"}
 _RERUN = "re-run `eagle-migrate validate ... --report DIR`"
 
 
@@ -40,6 +41,8 @@ class ReportView(BaseModel):
     target: Any = None
     temperature: float | None = None
     vllm_version: str | None = None
+    engine_version: str | None = None  # what validate writes (vllm_version: older reports)
+    settings: Any = None  # validate writes k and the temperature here
 
 
 class LoadedReport(BaseModel):
@@ -48,8 +51,10 @@ class LoadedReport(BaseModel):
     path: Path
     raw: dict[str, Any]
     model: ReportView
-    passed: bool | None
+    passed: bool | None = Field(..., description="publishable: True when the report says it passed and no gate failed "
+                                "(measured without a gate counts: see ``gated``), False when it did not pass, None: no verdict")
     reason: str | None
+    gated: bool = Field(False, description="the report has at least one gate; \"passed\" is only said when it has")
     info: ValidationInfo
     files: list[Path]  # report.json, report.md, plots
 
@@ -129,8 +134,9 @@ def _col_rank(c: str) -> int:
     return 5
 
 
-def suite_table(raw: Any, max_cols: int = 8) -> tuple[list[str], list[list[str]]]:
-    """(header, rows) of the report's per-suite results: AL first, then changes, verdicts, rates, the rest."""
+def suite_table(raw: Any, max_cols: int = 8, verdicts: bool = True) -> tuple[list[str], list[list[str]]]:
+    """(header, rows) of the report's per-suite results: AL first, then changes, verdicts, rates, the rest.
+    ``verdicts=False`` leaves out per-suite pass / fail columns (a report without gates has nothing to pass)."""
     if isinstance(raw, dict):
         entries = [(str(k), v) for k, v in raw.items() if isinstance(v, dict)]
     elif isinstance(raw, list):
@@ -140,7 +146,7 @@ def suite_table(raw: Any, max_cols: int = 8) -> tuple[list[str], list[list[str]]
     flat = [(name, _flatten_row({k: x for k, x in v.items() if k not in ("suite", "name")})) for name, v in entries]
     cols: list[str] = []
     for _, f in flat:
-        cols += [c for c in f if c not in cols]
+        cols += [c for c in f if c not in cols and (verdicts or c.split(".")[-1] not in ("passed", "ok", "pass", "failures"))]
     cols = sorted(cols, key=lambda c: (_col_rank(c), cols.index(c)))[: max_cols - 1]
     return ["suite"] + [_pretty_col(c) for c in cols], [[name] + [f.get(c, "") for c in cols] for name, f in flat]
 
@@ -177,25 +183,60 @@ def load_report(report_dir: Path) -> LoadedReport:
         model = ReportView.model_validate(raw)
     except ValidationError as e:
         raise InputError(f"{path}: unexpected report layout ({e.errors()[0]['loc']}: {e.errors()[0]['msg']})", _RERUN) from None
+    st = model.settings if isinstance(model.settings, dict) else {}
+    if model.num_speculative_tokens is None and isinstance(st.get("num_speculative_tokens"), int):
+        model.num_speculative_tokens = st["num_speculative_tokens"]
+    if model.temperature is None and isinstance(st.get("temperature"), (int, float)):
+        model.temperature = float(st["temperature"])
     gates = gate_rows(model.gates)
     passed, reason = _verdict(model, gates)
-    cols, rows = suite_table(model.suites if model.suites is not None else model.results)
+    cols, rows = suite_table(model.suites if model.suites is not None else model.results, verdicts=bool(gates))
     details: list[tuple[str, str]] = []
     if model.engine:
-        details.append(("engine", model.engine + (f" {model.vllm_version}" if model.vllm_version else "")))
+        version = model.vllm_version or model.engine_version
+        details.append(("engine", model.engine + (f" {version}" if version else "")))
     if model.num_speculative_tokens:
         details.append(("k", str(model.num_speculative_tokens)))
     if model.temperature is not None:
         details.append(("temperature", f"{model.temperature:g}"))
+    speed = speedup_detail(raw.get("serving_speed"))
+    if speed:
+        details.append(speed)
     folder = path.parent
     plots = sorted(p for p in folder.glob("*.png") if p.is_file())[:MAX_PLOTS]
     md = folder / "report.md"
     files = [path] + ([md] if md.is_file() else []) + plots
     info = ValidationInfo(
-        passed=passed, gates=gates, columns=cols, rows=rows, details=details,
+        passed=passed, gated=bool(gates), gates=gates, columns=cols, rows=rows, details=details,
         images=[f"{VALIDATION_DIR}/{p.name}" for p in plots], report_path=f"{VALIDATION_DIR}/{REPORT_FILE}",
     )
-    return LoadedReport(path=path, raw=raw, model=model, passed=passed, reason=reason, info=info, files=files)
+    return LoadedReport(path=path, raw=raw, model=model, passed=passed, reason=reason, gated=bool(gates), info=info, files=files)
+
+
+def gated_verdict(report: LoadedReport | None) -> bool | None:
+    """"passed" as it may be stated: True only when the report has gates and all of them passed; False when it did
+    not pass; None when there is no report, no verdict, or no gate was set (measured only)."""
+    if report is None or report.passed is None:
+        return None
+    return report.passed if (report.gated or report.passed is False) else None
+
+
+def speedup_detail(speed: Any) -> tuple[str, str] | None:
+    """The card's speed-up row from ``serving_speed`` (``validate --server --baseline-server``): per concurrency the
+    ratio of per-user output tokens/s to the same target served without speculation, with its min-max over rounds."""
+    if not isinstance(speed, dict) or not isinstance(speed.get("levels"), list):
+        return None
+    cells = []
+    for lv in speed["levels"]:
+        if not isinstance(lv, dict) or not isinstance(lv.get("speedup"), (int, float)):
+            continue
+        spread = (f" ({lv['speedup_min']:.2f}-{lv['speedup_max']:.2f})"
+                  if isinstance(lv.get("speedup_min"), (int, float)) and isinstance(lv.get("speedup_max"), (int, float)) else "")
+        cells.append(f"C={lv.get('concurrency')} {lv['speedup']:.2f}x{spread}")
+    if not cells:
+        return None
+    return ("serving speed-up (per-user output tokens/s vs the target served without speculation, min-max over rounds)",
+            ", ".join(cells))
 
 
 def report_sha(raw: dict[str, Any]) -> str | None:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
-from ..errors import CheckFailed, CheckpointError, InputError, OutputExistsError
+from ..errors import CheckFailed, CheckpointError, InputError, OutputExistsError, a_an
 from ..formats import Checkpoint, read_checkpoint
 from ..formats.base import Finding
 from ..formats.io import open_checkpoint_path, sha256_files
@@ -21,7 +21,7 @@ from ..formats.output import atomic_output_dir
 from .folder import RepoPlan, build_folder, is_previous_publish
 from .models import REPO_ID, PlannedFile, PublishResult, ValidationStatus
 from .provenance import describe_checkpoint, resolve_origin
-from .report import LoadedReport, load_report, report_sha
+from .report import LoadedReport, gated_verdict, load_report, report_sha
 from .serving import (
     TARGET_PLACEHOLDER,
     repo_speculative_config,
@@ -46,23 +46,27 @@ def _open_source(checkpoint: Path) -> tuple[Path, list[Path], dict[str, Any], Ch
                               "run `eagle-migrate convert` first: it writes safetensors")
     ck = read_checkpoint(folder)
     if ck.config.generation != "eagle3" or not ck.config.supported_architecture:
-        raise CheckpointError(f"{folder}: a {ck.format} drafter ({ck.config.architecture}); publish takes EAGLE-3 / EAGLE-3.1 drafters",
+        raise CheckpointError(f"{folder}: {a_an(ck.format)} drafter ({ck.config.architecture}); publish takes EAGLE-3 / EAGLE-3.1 drafters",
                               "run `eagle-migrate convert` first")
     return folder, weight_files, cfg, ck
 
 
 def _gate(folder: Path, ck: Checkpoint, report: LoadedReport | None, weights_sha: str, force: bool,
-          findings: list[Finding]) -> str | None:
+          findings: list[Finding], forced_by: str = "--force") -> str | None:
     """Why the drafter may not be published (None: it may): errors `inspect` finds, no report, a report that did not
-    pass or was made for other weights. Refused (raises) unless ``force``; then the reason is recorded."""
+    pass or was made for other weights. Refused (raises) unless ``force``; then the reason is recorded.
+
+    Exit codes by kind: a gate of the report that failed is ``CheckFailed`` (exit 1); a refused input is exit 2: a
+    drafter `inspect` finds errors in (``CheckpointError``), a report that is missing, records no verdict (nothing was
+    gated) or was made for other weights (``InputError``)."""
     errors = [f.message for f in ck.findings if f.severity == "error"]
-    reason = None
+    reason, gate_failed = None, False  # a refused input (drafter, missing or mismatched report) is exit 2; a failed gate 1
     if errors:
         reason = f"`eagle-migrate inspect` finds errors: {'; '.join(errors[:3])}"
     elif report is None:
         reason = "no validation report (--report DIR)"
     elif report.passed is not True:
-        reason = report.reason
+        reason, gate_failed = report.reason, report.passed is False  # no verdict: nothing was gated (input, exit 2)
     else:
         rsha = report_sha(report.raw)
         if rsha is None:
@@ -72,14 +76,26 @@ def _gate(folder: Path, ck: Checkpoint, report: LoadedReport | None, weights_sha
         elif rsha != weights_sha:
             reason = f"{report.path} was made for other weights (sha256 {rsha[:12]}…, these are {weights_sha[:12]}…)"
     if reason is not None and not force:
-        if report is None and not errors:
-            raise InputError(f"refusing to publish {folder}: {reason}",
-                             "run `eagle-migrate validate CKPT --target T --report DIR` and pass --report DIR (or --force to publish unvalidated)")
-        raise CheckFailed(f"refusing to publish {folder}: {reason}",
-                          "fix the drafter or the thresholds and re-validate; --force publishes anyway (the card says so)")
+        if gate_failed:
+            raise CheckFailed(f"refusing to publish {folder}: {reason}",
+                              "fix the drafter or the thresholds and re-validate; --force publishes anyway (the card says so)")
+        if errors:
+            raise CheckpointError(f"refusing to publish {folder}: {reason}",
+                                  "fix the drafter (`eagle-migrate inspect` says how; `convert` fixes most); --force publishes anyway")
+        raise InputError(f"refusing to publish {folder}: {reason}",
+                         "run `eagle-migrate validate CKPT --target T --report DIR` on these weights and pass --report DIR "
+                         "(or --force to publish unvalidated: the card says so)")
     if reason is not None:
-        findings.append(Finding(severity="warning", code="published_with_force", message=f"published with --force: {reason}"))
+        findings.append(Finding(severity="warning", code="published_unvalidated",
+                                message=f"published with {forced_by}: {reason}"))
     return reason
+
+
+def _validation_line(report: LoadedReport | None) -> str:
+    if report is not None and report.gated:
+        n = len(report.info.gates)
+        return f"Validation: passed ({'1 gate' if n == 1 else f'all {n} gates'})."
+    return "Validation: measured, no acceptance gate set."
 
 
 def _write_out_dir(plan: RepoPlan, out: Path, say: Callable[[str], None]) -> list[tuple[PlannedFile, Path]]:
@@ -108,13 +124,17 @@ def publish(
     target: str | None = None,
     license: str | None = None,
     num_speculative_tokens: int | None = None,
+    forced_by: str = "--force",
 ) -> PublishResult:
     """Build the repo folder for ``checkpoint`` and (unless ``dry_run``) upload it to ``repo_id`` in one commit.
 
-    ``out_dir``: where to write the folder (replaced when it holds an earlier publish folder); default
-    ``./<name>-publish`` with ``dry_run``, else a temporary folder (weights are then uploaded from the checkpoint
-    in place). ``target`` / ``license`` override what provenance.json and config.json say; ``num_speculative_tokens``
-    defaults to the report's k, else 3. ``force`` publishes without a passing validation report.
+    ``out_dir``: where to write the folder (replaced when it holds an earlier publish folder); default: a temporary
+    folder, removed at the end (a dry run without ``out_dir`` writes nothing; an upload sends the weights from the
+    checkpoint in place). ``target``: the target's Hub id, or its local folder (then named by its config's
+    ``_name_or_path`` or the folder's own name, never the path); with ``license`` it overrides what provenance.json
+    and config.json say; ``num_speculative_tokens`` defaults to the report's k, else 3. ``force`` publishes without
+    a passing validation report; ``forced_by`` is the flag that asked for it, as the card states it (``--force``,
+    or ``--no-validate`` from ``migrate``).
     """
     say = progress or (lambda msg: None)
     if not isinstance(repo_id, str) or not REPO_ID.match(repo_id):
@@ -126,34 +146,38 @@ def publish(
     findings: list[Finding] = list(ck.findings)
     weights_sha = sha256_files(weight_files)
     report = load_report(report_dir) if report_dir is not None else None
-    reason = _gate(folder, ck, report, weights_sha, force, findings)
+    reason = _gate(folder, ck, report, weights_sha, force, findings, forced_by)
     forced = reason is not None
     origin = resolve_origin(folder, cfg, report.model.target if report else None, target, license, findings)
     k = num_speculative_tokens or (report.model.num_speculative_tokens if report else None) or 3
     plan = RepoPlan(repo_id=repo_id, folder=folder, weight_files=weight_files, weights_sha=weights_sha, drafter=desc,
                     origin=origin, report=report, forced=forced, reason=reason, k=k,
-                    spec=repo_speculative_config(repo_id, k))
+                    spec=repo_speculative_config(repo_id, k), forced_by=forced_by)
     base_model = origin.base_model
     kind = "EAGLE-3.1" if desc["format"] == "eagle3.1" else "EAGLE-3"
     commit_message = f"Upload {kind} drafter" + (f" for {base_model}" if base_model else "") + f" (eagle-migrate {__version__})"
     common = dict(
         repo_id=repo_id, private=private, create_pr=create_pr, revision=revision, commit_message=commit_message,
         base_model=base_model, license=origin.license, format=desc["format"], num_speculative_tokens=k,
-        speculative_config=plan.spec, vllm_serve=vllm_serve_command(base_model or TARGET_PLACEHOLDER, plan.spec),
+        target_name=origin.target_name,
+        speculative_config=plan.spec,
+        vllm_serve=vllm_serve_command(base_model or origin.target_name or TARGET_PLACEHOLDER, plan.spec),
         sglang_args=sglang_args(repo_id, k), findings=findings, not_uploaded=plan.not_uploaded(),
-        validation=ValidationStatus(report=str(report.path) if report else None, passed=report.passed if report else None,
-                                    forced=forced, reason=reason),
+        validation=ValidationStatus(report=str(report.path) if report else None, measured=report is not None,
+                                    passed=gated_verdict(report), gates=len(report.info.gates) if report else 0, forced=forced,
+                                    forced_by=forced_by if forced else None, reason=reason),
     )
-    if out_dir is None and dry_run:
-        out_dir = Path(f"{repo_id.split('/')[1]}-publish")
     planned = _write_out_dir(plan, Path(out_dir), say) if out_dir is not None else []
     if dry_run:
-        return PublishResult(dry_run=True, out_dir=str(out_dir), files=[p for p, _ in planned],
-                             total_bytes=sum(p.size for p, _ in planned), **common)
+        if out_dir is None:  # nothing is written: the plan is built in a temporary folder and removed
+            with tempfile.TemporaryDirectory(prefix="eagle-migrate-publish-") as tmpdir:
+                planned = build_folder(plan, Path(tmpdir), link_weights=True)
+        return PublishResult(dry_run=True, out_dir=str(out_dir) if out_dir is not None else None,
+                             files=[p for p, _ in planned], total_bytes=sum(p.size for p, _ in planned), **common)
 
     description = (
         f"Made and published with eagle-migrate {__version__}. Weights sha256 {weights_sha}. "
-        + ("Validation: passed." if not forced else f"Validation: NOT passed, published with --force ({reason}).")
+        + (_validation_line(report) if not forced else f"Validation: NOT passed, published with {forced_by} ({reason}).")
     )
     tmp_ctx = tempfile.TemporaryDirectory(prefix="eagle-migrate-publish-") if out_dir is None else contextlib.nullcontext()
     with tmp_ctx as tmpdir:

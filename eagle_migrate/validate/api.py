@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .. import __version__
-from ..errors import CheckFailed, DataError, InputError
+from ..errors import CheckFailed, DataError, EngineError, InputError
 from ..devices import cuda_available, resolve_device, resolve_dtype
 from ..target import load_tokenizer
-from .engine import resolve_engine, run_engine
+from .engine import EngineRun, resolve_engine, run_engine
+from .vllm_engine import DrafterRefused
 from .metrics import AcceptanceStats
 from .report import Diagnostics, Gate, GroupResult, Metrics, SuiteResult, ValidationReport, write_report
 
@@ -70,9 +71,9 @@ def validate(
     settings = {"num_speculative_tokens": k, "temperature": temperature, "seed": seed, "dtype": dtype,
                 "max_model_len": inp.mml, "tensor_parallel_size": tensor_parallel_size, "speedup": speedup}
     say(f"engine: {inp.engine}; drafters: {len([d for d in drafters if d])}" + (" + target alone" if speedup else ""))
-    run = run_engine(inp.engine, target, drafters, jobs, k=k, temperature=temperature, seed=seed, dtype=dtype,
-                     max_model_len=inp.mml, tensor_parallel_size=tensor_parallel_size, vllm_python=vllm_python,
-                     skip_tokenizer_init=inp.tokenizer is None, device=device, attention_backend=attention_backend)
+    run, refusal = _measure(inp, target, drafters, jobs, k=k, temperature=temperature, seed=seed, dtype=dtype,
+                            tensor_parallel_size=tensor_parallel_size, vllm_python=vllm_python, device=device,
+                            attention_backend=attention_backend)
     settings["dtype"] = run.dtype
     if run.attention is not None:
         settings["attention"] = run.attention
@@ -82,13 +83,16 @@ def validate(
     base_r = run.results[1] if inp.baseline else None
     plain_r = run.results[-1] if speedup else None
 
-    suite_results = [_suite_result(s, jobs, new_r, base_r, plain_r) for s in built]
-    gates, failures = _apply_gates(suite_results, min_acceptance_length, max_regression_pct)
-    overall = {"new": round(AcceptanceStats.total([new_r[x][0] for x in jobs]).acceptance_length, 4)}
+    suite_results = [_suite_result(s, jobs, new_r, base_r, plain_r) for s in built] if new_r is not None else []
+    gates, failures = _apply_gates(suite_results, min_acceptance_length,
+                                   max_regression_pct if base_r is not None else None)
+    overall = ({"new": round(AcceptanceStats.total([new_r[x][0] for x in jobs]).acceptance_length, 4)}
+               if new_r is not None else {})
     if base_r is not None:
         overall["baseline"] = round(AcceptanceStats.total([base_r[x][0] for x in jobs]).acceptance_length, 4)
+    failures += [refusal] if refusal else []
     diag = None
-    if diagnostics:
+    if diagnostics and refusal is None:
         diag = _diagnostics(target, run.target_obj, inp.ckpt, inp.baseline, built, jobs, new_r, k,
                             diagnostic_sequences, say)
 
@@ -101,9 +105,42 @@ def validate(
     report.seconds = round(time.perf_counter() - t_start, 1)
     if report_dir is not None:
         write_report(report, Path(report_dir))
+    if refusal is not None:
+        raise EngineError(refusal, (f"the report records what was measured ({Path(report_dir) / 'report.json'}); " if
+                                    report_dir is not None else "") + "see `eagle-migrate inspect` on that drafter, "
+                          "or measure it with --engine reference")
     if check and not report.passed:
         raise CheckFailed("; ".join(failures))
     return report
+
+
+def _measure(inp: _Inputs, target: str, drafters: list[str | None], jobs: dict[str, dict[str, Any]], *,
+             dtype: str, **kw: Any) -> tuple[EngineRun, str | None]:
+    """Step 2: the engine's counters for every drafter, and the refusal line when vLLM refused one of them (the
+    others' counters are kept: the report records what was measured)."""
+    try:
+        return run_engine(inp.engine, target, drafters, jobs, dtype=dtype, max_model_len=inp.mml,
+                          skip_tokenizer_init=inp.tokenizer is None, **kw), None
+    except DrafterRefused as e:
+        role = "checkpoint" if e.index == 0 else ("baseline" if inp.baseline and e.index == 1 else "target alone")
+        dt = dtype if dtype != "auto" else ("auto" if cuda_available() else "float32")
+        return EngineRun(e.results, e.vllm_version, dt), refused_message(role, e.drafter, e.reason)
+
+
+def refused_message(role: str, drafter: str | None, reason: str) -> str:
+    """One line naming the drafter vLLM refused (its role and path), vLLM's reason (the first line, in full) and the
+    ``inspect`` finding that explains it, when reading the drafter raises an error-severity one."""
+    msg = f"vLLM refused the {role} drafter {drafter}: {reason}"
+    if drafter:
+        try:
+            from ..formats import read_checkpoint
+
+            errs = [f for f in read_checkpoint(drafter).findings if f.severity == "error"]
+        except Exception:  # noqa: BLE001 - an unreadable drafter explains itself through vLLM's reason
+            errs = []
+        if errs:
+            msg += f"; inspect finds {errs[0].code}: {errs[0].message}"
+    return msg
 
 
 @dataclass

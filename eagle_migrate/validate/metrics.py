@@ -71,3 +71,16 @@ class AcceptanceStats(BaseModel):
             "per_position_rate": [round(x, 4) for x in self.per_position_rate],
             **self.model_dump(),
         }
+
+
+def ratio_se(num: list[float], den: list[float]) -> float | None:
+    """Standard error of sum(num) / sum(den) with each (num_i, den_i) pair a cluster (the delta method: residuals
+    num_i - r * den_i). None with fewer than two clusters or nothing in the denominator."""
+    import math
+
+    n, total = len(num), float(sum(den))
+    if n < 2 or total <= 0:
+        return None
+    r = sum(num) / total
+    ss = sum((a - r * d) ** 2 for a, d in zip(num, den))
+    return math.sqrt(n / (n - 1) * ss) / total

@@ -32,6 +32,10 @@ class Metrics(BaseModel):
     num_output_tokens: int
     seconds: float | None = Field(None, description="wall time of generation (engine-side)")
     output_tokens_per_second: float | None = None
+    acceptance_length_se: float | None = Field(None, description="standard error of the AL across blocks of "
+                                               "requests (server engine; ratio estimator, blocks as clusters)")
+    per_position_rate_se: list[float] | None = Field(None, description="standard error of each per-position rate")
+    num_blocks: int | None = Field(None, description="blocks of requests the counters were read around (server)")
 
     @classmethod
     def from_stats(cls, s: AcceptanceStats, seconds: float | None = None) -> Metrics:
@@ -83,6 +87,70 @@ class Diagnostics(BaseModel):
     error: str | None = None
 
 
+class ServerInfo(BaseModel):
+    """What a live server reported about itself (``validate --server``)."""
+
+    url: str = Field(..., description="the API's URL (credentials removed)")
+    vllm_version: str | None = Field(None, description="GET /version")
+    model: str | None = Field(None, description="the served model's id (GET /v1/models)")
+    model_root: str | None = Field(None, description="the model path the server loaded (``root`` in /v1/models)")
+    max_model_len: int | None = None
+    speculative_config: dict[str, Any] = Field(default_factory=dict, description="as reported: num_speculative_tokens "
+                                               "(positions of the per-position counter), and method / model when "
+                                               "the server exposes its config (/server_info)")
+    sources: dict[str, str] = Field(default_factory=dict, description="where each speculative_config value came "
+                                    "from: metrics, server_info or user")
+    chat_template_matches: bool | None = Field(None, description="the server's /tokenize renders built-in chat "
+                                               "requests to the suites' token ids (None: not checkable)")
+
+
+class LatencyStats(BaseModel):
+    """Percentiles of one latency over the requests of a load run, in milliseconds."""
+
+    p50: float
+    p90: float
+    p99: float
+    mean: float
+
+
+class LoadRun(BaseModel):
+    """One server at one concurrency: C streaming users sending the suites' prompts, greedy, fixed max tokens."""
+
+    requests: int
+    output_tokens: int
+    seconds: float
+    per_user_tokens_per_second: float = Field(..., description="median over requests of output tokens / request latency")
+    output_tokens_per_second: float = Field(..., description="all output tokens / wall time of the run")
+    ttft_ms: LatencyStats
+    itl_ms: LatencyStats = Field(..., description="gaps between streamed chunks (a speculative step streams several tokens)")
+    tpot_ms: LatencyStats = Field(..., description="(latency - TTFT) / (output tokens - 1) per request")
+
+
+class SpeedLevel(BaseModel):
+    """Speculative vs baseline server at one concurrency, measured in alternation over rounds."""
+
+    concurrency: int
+    rounds: int
+    speculative: list[LoadRun]
+    baseline: list[LoadRun]
+    ratios: list[float] = Field(..., description="per round: per-user tokens/s speculative / baseline")
+    speedup: float = Field(..., description="median of the per-round ratios")
+    speedup_min: float
+    speedup_max: float
+    speedup_se: float | None = Field(None, description="standard error of the mean ratio across rounds")
+
+
+class ServingSpeed(BaseModel):
+    """``--baseline-server``: per-user output throughput and latency of the speculative server against the same
+    target served without speculation."""
+
+    baseline_url: str
+    baseline_vllm_version: str | None = None
+    max_tokens: int
+    requests_per_run: dict[int, int] = Field(default_factory=dict)
+    levels: list[SpeedLevel]
+
+
 class ValidationReport(BaseModel):
     schema_version: int = SCHEMA_VERSION
     tool: str
@@ -91,7 +159,7 @@ class ValidationReport(BaseModel):
     weights_sha256: str | None = Field(None, description="sha256 of the weights measured (formats.io.sha256_files): publish checks it")
     baseline: str | None
     target: str
-    engine: str = Field(..., description="vllm | reference")
+    engine: str = Field(..., description="vllm | reference | server")
     engine_version: str | None
     settings: dict[str, Any]
     suites: list[SuiteResult]
@@ -100,6 +168,8 @@ class ValidationReport(BaseModel):
     passed: bool = True
     failures: list[str] = Field(default_factory=list)
     diagnostics: Diagnostics | None = None
+    server: ServerInfo | None = Field(None, description="engine server: what the server reported about itself")
+    serving_speed: ServingSpeed | None = Field(None, description="--baseline-server: speed-up at each concurrency")
     report_dir: str | None = None
     files: list[str] = Field(default_factory=list)
     seconds: float = 0.0
@@ -111,8 +181,10 @@ class ValidationReport(BaseModel):
 # ----- writing -------------------------------------------------------------------------------------------------------
 def write_report(report: ValidationReport, out: Path) -> list[str]:
     """report.json, report.md and the plots into ``out`` (created); returns the file names written."""
+    from .plots import write_plots
+
     out.mkdir(parents=True, exist_ok=True)
-    files = write_plots(report, out)
+    files = write_plots(report, out) if report.suites else []  # a run vLLM refused may have measured nothing
     files = ["report.json", "report.md", *files]
     report.report_dir = str(out)
     report.files = files
@@ -121,13 +193,64 @@ def write_report(report: ValidationReport, out: Path) -> list[str]:
     return files
 
 
-def _fmt(x: float | None, nd: int = 3) -> str:
-    return "–" if x is None else f"{x:.{nd}f}"
+def fmt_value(x: float | None, nd: int = 3, sign: bool = False) -> str:
+    """``x`` to ``nd`` decimals ("–" for None); a value that rounds to zero is "0.0", never "-0.0"."""
+    if x is None:
+        return "–"
+    s = f"{x:+.{nd}f}" if sign else f"{x:.{nd}f}"
+    return f"{0.0:.{nd}f}" if float(s) == 0 else s
+
+
+def verdict_line(r: ValidationReport) -> str:
+    """The report's verdict: "PASSED" only when a gate was set, "MEASURED" when none was, "FAILED" with reasons."""
+    if not r.passed:
+        return "FAILED: " + "; ".join(r.failures)
+    if r.gates:
+        return "PASSED (" + ("the gate" if len(r.gates) == 1 else f"all {len(r.gates)} gates") + ")"
+    return "MEASURED: no gate was set (--min-acceptance-length / --max-regression)"
+
+
+def _server_markdown(r: ValidationReport) -> list[str]:
+    """The server engine's lines: standard errors across blocks, what the server reported, the speed-up table."""
+    lines: list[str] = []
+    if any(s.new.acceptance_length_se is not None for s in r.suites):
+        lines += ["", "Standard errors across blocks of requests (server engine): "
+                  + ", ".join(f"{s.name} AL {s.new.acceptance_length:.3f} ± {_fmt(s.new.acceptance_length_se)} "
+                              f"({s.new.num_blocks} blocks)" for s in r.suites)]
+    if r.server is not None:
+        sv = r.server
+        lines += ["", f"Server: {sv.url}, vLLM {sv.vllm_version or '?'}, model `{sv.model}`"
+                  + (f" ({sv.model_root})" if sv.model_root and sv.model_root != sv.model else "")
+                  + f", max_model_len {sv.max_model_len}; speculative config as reported: "
+                  + ", ".join(f"{k}={v} (from {sv.sources.get(k, '?')})" for k, v in sv.speculative_config.items())]
+    if r.serving_speed is not None:
+        sp = r.serving_speed
+        lines += ["", "## Serving speed-up", "",
+                  f"Per-user output tokens/s (median over requests of output tokens / request latency), speculative "
+                  f"server vs `{sp.baseline_url}` (vLLM {sp.baseline_vllm_version or '?'}), {sp.max_tokens} output "
+                  "tokens per request, both measured in alternation; speed-up = median of the per-round ratios "
+                  "(min-max, SE across rounds). Latencies: speculative / baseline, p50 (p99) in ms.", "",
+                  "| concurrency | spec tok/s/user | base tok/s/user | speed-up | min-max | SE | TTFT | ITL | TPOT |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for lv in sp.levels:
+            def med(runs, f):
+                xs = sorted(f(x) for x in runs)
+                return xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
+
+            def lat(f):
+                return (f"{med(lv.speculative, lambda x: f(x).p50):.1f} ({med(lv.speculative, lambda x: f(x).p99):.1f}) / "
+                        f"{med(lv.baseline, lambda x: f(x).p50):.1f} ({med(lv.baseline, lambda x: f(x).p99):.1f})")
+
+            lines.append(f"| {lv.concurrency} | {med(lv.speculative, lambda x: x.per_user_tokens_per_second):.1f} | "
+                         f"{med(lv.baseline, lambda x: x.per_user_tokens_per_second):.1f} | {lv.speedup:.3f}x | "
+                         f"{lv.speedup_min:.3f}-{lv.speedup_max:.3f} | {_fmt(lv.speedup_se)} | "
+                         f"{lat(lambda x: x.ttft_ms)} | {lat(lambda x: x.itl_ms)} | {lat(lambda x: x.tpot_ms)} |")
+    return lines
 
 
 def render_markdown(r: ValidationReport) -> str:
     lines = [f"# Validation report: `{Path(r.checkpoint).name}`", ""]
-    verdict = "PASSED" if r.passed else "FAILED: " + "; ".join(r.failures)
+    verdict = verdict_line(r)
     lines += [f"**{verdict}**", "",
               f"- target: `{r.target}`", f"- drafter: `{r.checkpoint}`"
               + (f"\n- baseline: `{r.baseline}`" if r.baseline else ""),
@@ -140,18 +263,19 @@ def render_markdown(r: ValidationReport) -> str:
           ["draft acc. rate", "per-position rate"] + (["speedup"] if has_speed else []) + ["gate"]
     lines += ["## Acceptance length per suite", "", "| " + " | ".join(hdr) + " |", "|" + "---|" * len(hdr)]
     for s in r.suites:
-        row = [s.name, str(s.prompt_set.get("size")), _fmt(s.new.acceptance_length)]
+        row = [s.name, str(s.prompt_set.get("size")), fmt_value(s.new.acceptance_length)]
         if has_base:
-            row += [_fmt(s.baseline.acceptance_length if s.baseline else None), _fmt(s.regression_pct, 1)]
-        row += [_fmt(s.new.draft_acceptance_rate), " / ".join(f"{x:.2f}" for x in s.new.per_position_rate)]
+            row += [fmt_value(s.baseline.acceptance_length if s.baseline else None), fmt_value(s.regression_pct, 1)]
+        row += [fmt_value(s.new.draft_acceptance_rate), " / ".join(f"{x:.2f}" for x in s.new.per_position_rate)]
         if has_speed:
-            row += [_fmt(s.speedup, 2) + ("x" if s.speedup is not None else "")]
-        row += ["pass" if s.passed else "**fail**: " + "; ".join(s.failures)]
+            row += [fmt_value(s.speedup, 2) + ("x" if s.speedup is not None else "")]
+        row += [("pass" if r.gates else "–") if s.passed else "**fail**: " + "; ".join(s.failures)]
         lines.append("| " + " | ".join(row) + " |")
+    lines += _server_markdown(r)
     if r.overall:
         o = r.overall
-        lines += ["", f"Overall (all suites' counters): AL {_fmt(o.get('new'))}"
-                  + (f", baseline {_fmt(o.get('baseline'))}" if o.get("baseline") is not None else "")]
+        lines += ["", f"Overall (all suites' counters): AL {fmt_value(o.get('new'))}"
+                  + (f", baseline {fmt_value(o.get('baseline'))}" if o.get("baseline") is not None else "")]
     for s in r.suites:
         if not s.groups:
             continue
@@ -159,8 +283,8 @@ def render_markdown(r: ValidationReport) -> str:
                   "| group | prompts | mean prompt tokens | AL new" + (" | AL baseline" if has_base else "") + " |",
                   "|---|---|---|---|" + ("---|" if has_base else "")]
         for g in s.groups:
-            lines.append(f"| {g.name} | {g.new.num_prompts} | {g.mean_prompt_tokens:.0f} | {_fmt(g.new.acceptance_length)}"
-                         + (f" | {_fmt(g.baseline.acceptance_length if g.baseline else None)}" if has_base else "") + " |")
+            lines.append(f"| {g.name} | {g.new.num_prompts} | {g.mean_prompt_tokens:.0f} | {fmt_value(g.new.acceptance_length)}"
+                         + (f" | {fmt_value(g.baseline.acceptance_length if g.baseline else None)}" if has_base else "") + " |")
     if r.diagnostics and (r.diagnostics.new or r.diagnostics.error):
         d = r.diagnostics
         lines += ["", "## Drift diagnostics", "",
@@ -189,110 +313,20 @@ def render_markdown(r: ValidationReport) -> str:
     if r.gates:
         lines += ["", "## Gates", "", "| gate | threshold | suite | value | result |", "|---|---|---|---|---|"]
         for g in r.gates:
-            lines.append(f"| {g.name} | {g.threshold} | {g.suite} | {_fmt(g.value)} | {'pass' if g.passed else 'FAIL'} |")
+            lines.append(f"| {g.name} | {g.threshold} | {g.suite} | {fmt_value(g.value)} | {'pass' if g.passed else 'FAIL'} |")
     pngs = [f for f in r.files if f.endswith(".png")]
-    if pngs:
-        lines += ["", "## Plots", ""] + [f"![{f}]({f})" for f in pngs]
+    one = single_bucket_line(r)
+    if pngs or one:
+        lines += ["", "## Plots", ""] + [f"![{f}]({f})" for f in pngs] + ([f"{one}."] if one else [])
     return "\n".join(lines) + "\n"
 
 
-def write_plots(r: ValidationReport, out: Path) -> list[str]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    files = []
-    has_base = any(s.baseline for s in r.suites)
-    names = [s.name for s in r.suites]
-    # 1. AL per suite, new vs baseline
-    fig, ax = plt.subplots(figsize=(1.6 + 1.3 * len(names), 3.6))
-    w = 0.38 if has_base else 0.6
-    xs = range(len(names))
-    ax.bar([x - (w / 2 if has_base else 0) for x in xs], [s.new.acceptance_length for s in r.suites], w, label="new", color="#2b7bba")
-    if has_base:
-        ax.bar([x + w / 2 for x in xs], [s.baseline.acceptance_length if s.baseline else 0 for s in r.suites], w,
-               label="baseline", color="#bbbbbb")
-    k = r.settings.get("num_speculative_tokens")
-    if k:
-        ax.axhline(k + 1, color="#999999", lw=0.8, ls=":")
-    ax.set_xticks(list(xs), names)
-    ax.set_ylabel("acceptance length")
-    top = max([k + 1 if k else 0] + [s.new.acceptance_length for s in r.suites]
-              + [s.baseline.acceptance_length for s in r.suites if s.baseline])
-    ax.set_ylim(1.0, top + 0.25 * top)  # room for the legend above the bars
-    ax.set_title(f"Acceptance length per suite (k={k}, {r.engine})")
-    ax.legend(loc="upper right", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "acceptance_length.png", dpi=110)
-    plt.close(fig)
-    files.append("acceptance_length.png")
-    # 2. per-position acceptance
-    fig, ax = plt.subplots(figsize=(5.6, 3.6))
-    for i, s in enumerate(r.suites):
-        c = f"C{i}"
-        pos = list(range(1, len(s.new.per_position_rate) + 1))
-        ax.plot(pos, s.new.per_position_rate, "-o", color=c, label=f"{s.name} new")
-        if s.baseline:
-            ax.plot(pos, s.baseline.per_position_rate, "--", marker="x", color=c, alpha=0.6, label=f"{s.name} baseline")
-    ax.set_xticks(range(1, 1 + max(len(s.new.per_position_rate) for s in r.suites)))
-    ax.set_xlabel("draft position")
-    ax.set_ylabel("acceptance rate")
-    ax.set_ylim(0, 1.02)
-    ax.set_title("Per-position acceptance")
-    ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    fig.savefig(out / "per_position.png", dpi=110)
-    plt.close(fig)
-    files.append("per_position.png")
-    # 3. AL vs context length (the long suite's buckets)
+def single_bucket_line(r: ValidationReport) -> str | None:
+    """The one line that replaces al_vs_context.png when the long suite has a single context bucket."""
     long = next((s for s in r.suites if s.name == "long" and s.groups), None)
-    if long is not None:
-        fig, ax = plt.subplots(figsize=(5.6, 3.6))
-        gs = sorted(long.groups, key=lambda g: g.mean_prompt_tokens)
-        x = [g.mean_prompt_tokens for g in gs]
-        ax.plot(x, [g.new.acceptance_length for g in gs], "-o", label="new", color="#2b7bba")
-        if any(g.baseline for g in gs):
-            ax.plot(x, [g.baseline.acceptance_length if g.baseline else float("nan") for g in gs], "--x",
-                    label="baseline", color="#888888")
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(x, [g.name for g in gs])
-        ax.set_xlabel("prompt length (bucket)")
-        ax.set_ylabel("acceptance length")
-        ax.set_title("Acceptance length vs context length")
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(out / "al_vs_context.png", dpi=110)
-        plt.close(fig)
-        files.append("al_vs_context.png")
-    # 4. drift diagnostics
-    d = r.diagnostics
-    if d is not None and d.new:
-        fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
-        panels = (("fed_rms", "fed-back hidden RMS"), ("sink_mass", f"attention on first {d.sink_tokens} tokens"),
-                  ("draft_mass", "attention on own draft tokens"))
-        for ax, (field, title) in zip(axes, panels):
-            for i, (suite, dn) in enumerate(d.new.items()):
-                steps = [st.step for st in dn.steps]
-                ax.plot(steps, [getattr(st, field) for st in dn.steps], "-o", color=f"C{i}", label=f"{suite} new")
-                db = d.baseline.get(suite)
-                if db:
-                    ax.plot([st.step for st in db.steps], [getattr(st, field) for st in db.steps], "--x", color=f"C{i}",
-                            alpha=0.6, label=f"{suite} baseline")
-            ax.set_title(title, fontsize=10)
-            ax.set_xlabel("speculation step")
-            ax.set_xticks([st.step for st in next(iter(d.new.values())).steps])
-            vals = [getattr(st, field) for dd in (*d.new.values(), *d.baseline.values()) for st in dd.steps]
-            if field == "fed_rms" and vals and min(vals) > 0 and max(vals) / min(vals) > 20:
-                ax.set_yscale("log")
-            else:
-                ax.ticklabel_format(axis="y", useOffset=False, style="plain")
-                if field != "fed_rms":
-                    ax.set_ylim(0, max(vals + [0.01]) * 1.15)
-        axes[0].legend(fontsize=7)
-        fig.suptitle("Drift diagnostics (new vs baseline)", fontsize=11)
-        fig.tight_layout()
-        fig.savefig(out / "drift.png", dpi=110)
-        plt.close(fig)
-        files.append("drift.png")
-    return files
+    if long is None or len(long.groups) != 1:
+        return None
+    g = long.groups[0]
+    base = f", baseline {_fmt(g.baseline.acceptance_length)}" if g.baseline else ""
+    return (f"AL vs context length: one bucket only ({g.name}, {g.mean_prompt_tokens:.0f} prompt tokens): "
+            f"new {_fmt(g.new.acceptance_length)}{base}; no plot over a single point")

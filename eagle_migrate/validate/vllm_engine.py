@@ -59,11 +59,25 @@ def run_worker(request: dict[str, Any], python: str | None = None, timeout: floa
         tail = (p.stderr or p.stdout).strip().splitlines()[-3:]
         raise EngineError(f"the vLLM worker exited with {p.returncode} and no result: {' | '.join(tail)[:400]}")
     res = json.loads(line[len(RESULT_MARK):])
+    if os.environ.get("EAGLE_MIGRATE_DEBUG") and (not res.get("ok") or any(r.get("error") for r in res.get("runs", []))):
+        sys.stderr.write(p.stderr[-8000:])
     if not res.get("ok"):
-        if os.environ.get("EAGLE_MIGRATE_DEBUG"):
-            sys.stderr.write(p.stderr[-8000:])
-        raise EngineError(f"vLLM failed: {res.get('error', '?')[:400]}")
+        raise EngineError(f"vLLM failed: {first_line(res.get('error', '?'))}")
     return res
+
+
+def first_line(text: str) -> str:
+    """The first non-empty line of an engine's message, in full (vLLM's reason is there; the rest is context)."""
+    return next((ln.strip() for ln in str(text).splitlines() if ln.strip()), "?")
+
+
+class DrafterRefused(EngineError):
+    """vLLM could not run one of the drafters (``index`` in the list given to :func:`measure_many`): its reason's
+    first line in full, and what the other drafters measured (``results[i]`` None for the refused ones)."""
+
+    def __init__(self, index: int, drafter: str | None, reason: str, results: list[Any], vllm_version: str | None):
+        super().__init__(f"vLLM refused the drafter {drafter}: {reason}")
+        self.index, self.drafter, self.reason, self.results, self.vllm_version = index, drafter, reason, results, vllm_version
 
 
 def _request(target: str, *, num_speculative_tokens: int, dtype: str, max_model_len: int, temperature: float,
@@ -147,7 +161,8 @@ def measure_many(
 ) -> list[dict[str, tuple[AcceptanceStats, dict[str, Any]]]]:
     """Several drafters (None = the target alone, no speculation) against one target, one after the other in one
     worker process (vLLM is imported once). One result dict per drafter, in order. ``attention``: the backends to ask
-    for (default :func:`attention_choice` for this host and dtype)."""
+    for (default :func:`attention_choice` for this host and dtype). A drafter vLLM refuses raises
+    :class:`DrafterRefused` (the first refused one), after the others have run; it carries their results."""
     req = _request(target, num_speculative_tokens=num_speculative_tokens, dtype=dtype, max_model_len=max_model_len,
                    temperature=temperature, skip_tokenizer_init=skip_tokenizer_init,
                    tensor_parallel_size=tensor_parallel_size, extra=extra)
@@ -157,4 +172,12 @@ def measure_many(
     req["runs"] = [{"drafter": str(d) if d else None,
                     "draft_attention_backend": attention.drafter if d and is_mla(d) else None} for d in drafters]
     res = run_worker(req, python, timeout=timeout)
-    return [_parse_suites(r["suites"], res.get("vllm_version")) for r in res["runs"]]
+    out = [None if r.get("error") else _parse_suites(r["suites"], res.get("vllm_version")) for r in res["runs"]]
+    bad = next((i for i, r in enumerate(res["runs"]) if r.get("error")), None)
+    errors = {first_line(r["error"]) for r in res["runs"] if r.get("error")}
+    if len(res["runs"]) > 1 and all(r.get("error") for r in res["runs"]) and len(errors) == 1:
+        raise EngineError(f"vLLM failed for every drafter (the target or the engine, not one drafter): {errors.pop()}")
+    if bad is not None:
+        raise DrafterRefused(bad, res["runs"][bad].get("drafter"), first_line(res["runs"][bad]["error"]), out,
+                             res.get("vllm_version"))
+    return out

@@ -22,6 +22,8 @@ Prompts are then generated one at a time so each proposal belongs to exactly one
 ``per_request``: per prompt {"num_drafts", "num_draft_tokens", "num_accepted_tokens", "accepted_per_position"}
 (the unit a standard error needs; their sums are the suite's counters).
 
+A run vLLM refuses (its engine does not build, e.g. a drafter it cannot load) gets {"drafter", "error": "Class:
+message", "suites": {}} and the next run still runs.
 Result: {"ok": true, "vllm_version", "suites": {...} (first run), "runs": [{"drafter", "suites": {name: {counters...,
 "outputs": [[ids]], "seconds": s, "output_tokens": n, "num_prompts": n, "drafts"?: [[records]],
 "per_request"?: [{counters}]}}}]}
@@ -214,7 +216,15 @@ def run(req: dict) -> dict:
     for r in runs:
         k = int(r.get("num_speculative_tokens", req.get("num_speculative_tokens", 3)))
         t0 = time.perf_counter()
-        suites = _run_one(req, r.get("drafter"), k, r.get("suites") or req["suites"], r.get("draft_attention_backend"))
+        try:
+            suites = _run_one(req, r.get("drafter"), k, r.get("suites") or req["suites"], r.get("draft_attention_backend"))
+        except Exception as e:  # vLLM refused this drafter: say which, keep what the other runs measure
+            import traceback
+
+            traceback.print_exc(file=sys.stderr)
+            result["runs"].append({"drafter": r.get("drafter"), "num_speculative_tokens": k, "suites": {},
+                                   "error": f"{e.__class__.__name__}: {e}", "seconds": time.perf_counter() - t0})
+            continue
         result["runs"].append({"drafter": r.get("drafter"), "num_speculative_tokens": k, "suites": suites,
                                "seconds": time.perf_counter() - t0})
     result["suites"] = result["runs"][0]["suites"]

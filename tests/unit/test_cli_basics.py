@@ -102,3 +102,36 @@ def test_main_renders_python_warnings_as_one_line_each(monkeypatch, capsys):
     finally:
         warnings.showwarning = saved
         cli.app.registered_commands[:] = [c for c in cli.app.registered_commands if c.name != "_warn"]
+
+
+def test_dash_h_and_version():
+    from eagle_migrate import __version__
+
+    r = run("-h")
+    assert r.returncode == 0 and "Commands:" in r.stdout and "--version" in r.stdout
+    r = run("convert", "-h")
+    assert r.returncode == 0 and "--require-improvement" in r.stdout
+    r = run("--version")
+    assert r.returncode == 0 and r.stdout.strip() == f"eagle-migrate {__version__}"
+
+
+@pytest.mark.parametrize("command", ["convert", "migrate", "validate", "quantize", "publish", "inspect", "demo"])
+def test_help_at_80_columns_keeps_every_option_name_whole(command):
+    """At 80 columns: no line wider than 80, every option's full name printed, no `<bool>` placeholder, and the
+    root listing's one-line summaries are not cut."""
+    import re
+
+    from eagle_migrate.cli import app
+    from typer.main import get_command
+
+    cmd = get_command(app).commands[command]
+    names = [n for p in cmd.params for n in (p.opts + p.secondary_opts) if n.startswith("--")]
+    r = run(command, "--help", env={"COLUMNS": "80", "TERM": "dumb", "NO_COLOR": "1"})
+    assert r.returncode == 0
+    assert max(len(ln) for ln in r.stdout.splitlines()) <= 80
+    for n in names:
+        assert re.search(re.escape(n) + r"(?![\w-])", r.stdout), f"{n} cut or missing in {command} --help"
+    assert "<bool>" not in r.stdout and "…" not in r.stdout
+    root = run("--help", env={"COLUMNS": "80"})
+    listing = root.stdout.split("Commands:", 1)[1]
+    assert "..." not in listing and "…" not in listing

@@ -78,3 +78,22 @@ def test_layer_ids_are_checked_for_calibration_too(tmp_path):
     folder = _speculators(tmp_path / "sp", toy.prompts(2, 8))
     with pytest.raises(Exception, match="needs"):
         PrecomputedFeatures(folder, [0, 2, 4], toy.H, final_norm=(torch.ones(toy.H), 1e-6))
+
+
+def test_specforge_last_state_evidence(tmp_path):
+    """SpecForge records no layer ids (issue 29): its post-norm ``hidden_state`` must predict the next tokens through
+    the target's lm_head at least as well as any aux chunk, else the folder is refused naming the file."""
+    from eagle_migrate.errors import DataError
+    from eagle_migrate.hidden_states import check_last_slice
+
+    seqs = [p + [(p[-1] + i) % toy.H for i in range(1, 13)] for p in toy.prompts(2, 4, seed=3)]
+    folder = _specforge(tmp_path / "sf", seqs)
+    norm, lm_head = (torch.ones(toy.H), 1e-6), toy.target_state_dict()["lm_head.weight"]
+    ev = check_last_slice(folder, norm, lm_head)
+    assert ev is not None and ev.ok and len(ev.accuracy) == 4 and ev.accuracy[-1] > 0.5
+    f = sorted(folder.rglob("*.ckpt"))[0]
+    d = torch.load(f, weights_only=True)
+    d["hidden_state"] = torch.randn(d["hidden_state"].shape, generator=torch.Generator().manual_seed(0))
+    torch.save(d, f)
+    with pytest.raises(DataError, match="the last slice is not the target's last layer"):
+        check_last_slice(folder, norm, lm_head)

@@ -88,7 +88,8 @@ def test_dry_run_writes_the_repo_folder_without_network(toy_oracle, tmp_path, no
     assert spec == {"model": "my-org/toy-eagle3", "method": "eagle3", "num_speculative_tokens": 3} == res.speculative_config
     prov = json.loads((out / "provenance.json").read_text())
     assert prov["publish"]["weights_sha256"] == sha256_files(weight_files(toy_oracle))
-    assert prov["publish"]["validation"] == {"passed": True, "forced": False, "reason": None}
+    assert prov["publish"]["validation"] == {"measured": True, "gates": 1, "passed": True, "forced": False,
+                                             "forced_by": None, "reason": None}
     assert res.commit_message == f"Upload EAGLE-3 drafter for meta-llama/Llama-3.1-8B-Instruct (eagle-migrate {__version__})"
     assert res.vllm_serve.startswith("vllm serve meta-llama/Llama-3.1-8B-Instruct --speculative-config '{")
     assert res.sglang_args[-2:] == ["--speculative-num-draft-tokens", "4"]
@@ -172,19 +173,23 @@ def test_refuses_without_a_report_unless_forced(toy_oracle, tmp_path):
     assert "published with `--force`" in (tmp_path / "out" / "README.md").read_text()
 
 
-@pytest.mark.parametrize("report,why", [
-    ({"passed": False}, "did not pass"),
-    ({"passed": None, "gates": [{"name": "min_al", "passed": False}]}, "min_al"),
-    ({"passed": True, "gates": {"max_regression": {"status": "fail", "message": "AL -12%"}}}, "max_regression"),
-    ({"passed": None, "gates": None}, "no verdict"),
+@pytest.mark.parametrize("report,why,code", [
+    ({"passed": False}, "did not pass", 1),
+    ({"passed": None, "gates": [{"name": "min_al", "passed": False}]}, "min_al", 1),
+    ({"passed": True, "gates": {"max_regression": {"status": "fail", "message": "AL -12%"}}}, "max_regression", 1),
+    ({"passed": None, "gates": None}, "no verdict", 2),
+    ({"drafter_sha256": "0" * 64}, "other weights", 2),
 ])
-def test_refuses_a_report_that_does_not_pass(toy_oracle, tmp_path, report, why):
+def test_refuses_a_report_that_does_not_pass(toy_oracle, tmp_path, report, why, code):
+    """One rule for the exit code: a gate that ran and failed is exit 1 (CheckFailed); a report that cannot show
+    these weights pass (no verdict, other weights; like no report at all) is bad input, exit 2."""
     rep = write_report(tmp_path / "rep", **report)
-    with pytest.raises(CheckFailed, match=why) as ei:
+    with pytest.raises(CheckFailed if code == 1 else InputError, match=why) as ei:
         publish(toy_oracle, "o/n", report_dir=rep, dry_run=True, out_dir=tmp_path / "out")
-    assert ei.value.exit_code == 1
+    assert ei.value.exit_code == code and not isinstance(ei.value, CheckFailed if code == 2 else InputError)
+    assert not (tmp_path / "out").exists()
     res = publish(toy_oracle, "o/n", report_dir=rep, dry_run=True, out_dir=tmp_path / "out", force=True)
-    assert res.validation.forced and why in res.validation.reason
+    assert res.validation.forced and why in res.validation.reason and res.validation.forced_by == "--force"
 
 
 def test_gates_alone_can_pass(toy_oracle, tmp_path):
@@ -194,8 +199,9 @@ def test_gates_alone_can_pass(toy_oracle, tmp_path):
 
 def test_refuses_a_report_for_other_weights(toy_oracle, tmp_path):
     rep = write_report(tmp_path / "rep", drafter_sha256="0" * 64)
-    with pytest.raises(CheckFailed, match="other weights"):
+    with pytest.raises(InputError, match="other weights") as ei:  # a refused input: exit 2, as a missing report
         publish(toy_oracle, "o/n", report_dir=rep, dry_run=True, out_dir=tmp_path / "out")
+    assert ei.value.exit_code == 2
     rep = write_report(tmp_path / "rep2", drafter={"sha256": sha256_files(weight_files(toy_oracle))})
     assert publish(toy_oracle, "o/n", report_dir=rep, dry_run=True, out_dir=tmp_path / "out").validation.passed
 
@@ -319,11 +325,15 @@ def test_offline_mode_and_dry_run_need_no_token(toy_oracle, tmp_path):
     env = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "home"), "HF_ENDPOINT": "http://127.0.0.1:9"}
     r = run_cli([str(toy_oracle), "--repo-id", "o/n", "--report", str(rep)], env, tmp_path)
     assert r.returncode == 2 and "HF_HUB_OFFLINE" in r.stderr
+    before = sorted(p.name for p in tmp_path.iterdir())
     r = run_cli([str(toy_oracle), "--repo-id", "o/n", "--report", str(rep), "--dry-run", "--json"], env, tmp_path)
     assert r.returncode == 0, r.stderr
     plan = json.loads(r.stdout)
-    assert plan["dry_run"] and Path(plan["out_dir"]) == Path("n-publish")
-    assert (tmp_path / "n-publish" / "speculative_config.json").is_file()
+    # a dry run without --out writes nothing (no folder in the current directory): the plan is all it returns
+    assert plan["dry_run"] and plan["out_dir"] is None and "README.md" in {f["path"] for f in plan["files"]}
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    r = run_cli([str(toy_oracle), "--repo-id", "o/n", "--report", str(rep), "--dry-run", "--out", "pub"], env, tmp_path)
+    assert r.returncode == 0 and (tmp_path / "pub" / "speculative_config.json").is_file()
 
 
 def test_publish_help():
@@ -338,7 +348,7 @@ def test_target_from_a_quantize_style_provenance(tmp_path):
                                           "options": {"scheme": "fp8-dynamic", "target": "Qwen/Qwen3-8B"}})
     res = publish(ck, "o/n", report_dir=write_report(tmp_path / "rep"), dry_run=True, out_dir=tmp_path / "out")
     assert res.base_model == "Qwen/Qwen3-8B" and res.format == "eagle3.1"
-    with pytest.raises(InputError, match="not a hub model id"):
+    with pytest.raises(InputError, match="neither a hub model id"):
         publish(ck, "o/n", report_dir=write_report(tmp_path / "rep"), dry_run=True, out_dir=tmp_path / "out", target="./local")
 
 
@@ -348,3 +358,15 @@ def test_refuses_eagle2_drafters(tmp_path):
     ck = write_layout("vllm-v0-eagle", toy.drafter_config(), toy.drafter_state_dict("oracle"), tmp_path / "e2")
     with pytest.raises(CheckpointError, match="EAGLE-3"):
         publish(ck, "o/n", dry_run=True, force=True, out_dir=tmp_path / "out")
+
+
+def test_a_drafter_inspect_refuses_is_bad_input_and_a_failed_gate_is_exit_1(tmp_path):
+    """The same kind of refusal gets the same exit code: a refused input (the drafter has inspect errors, no report,
+    a report of other weights) is 2; only a report whose gates failed is 1."""
+    from tests.layouts import write_layout
+    from tests.unit.test_convert import toy_cfg, toy_layout_sd
+
+    bad = write_layout("specforge", toy_cfg(), toy_layout_sd(), tmp_path / "sf")  # d2t with Vd = V: an inspect error
+    with pytest.raises(CheckpointError, match="inspect` finds errors") as ei:
+        publish(bad, "o/n", dry_run=True, out_dir=tmp_path / "out")
+    assert ei.value.exit_code == 2 and not (tmp_path / "out").exists()

@@ -362,3 +362,46 @@ def test_fit_keeps_the_initial_weights_when_the_judge_sees_only_noise():
     scores = iter([1.01, 1.02, 1.03, 1.04])
     fr, unchanged = run(lambda new, best: (new.score - best.score > 0.05, {"diff_vs_best": new.score - best.score}))
     assert fr.best_step == 0 and unchanged and fr.history[-1]["diff_vs_best"] == pytest.approx(0.04)
+
+
+def test_futility_rule_stops_only_when_no_candidate_can_reach_the_threshold():
+    """judge.futility: the bound d + se + steepest recent rise x steps left against the judge's 2 se."""
+    from eagle_migrate.judge import futility
+
+    flat = [{"step": 10, "diff_vs_best": -0.01, "diff_se": 0.02}, {"step": 20, "diff_vs_best": 0.0, "diff_se": 0.02}]
+    assert futility(flat[:1], 40) is None  # one evaluation: no trend yet
+    # rise 0.001/step x 40 steps = 0.04: bound 0 + 0.02 + 0.04 = 0.06 > 0.04 -> keep going
+    assert futility(flat, 40) is None
+    # the same history with 10 steps left: bound 0.02 + 0.01 = 0.03 <= 0.04 -> stop, and say why
+    why = futility(flat, 10)
+    assert why and "no candidate can be accepted" in why and "10 steps left" in why
+    falling = [{"step": 10, "diff_vs_best": 0.01, "diff_se": 0.02}, {"step": 20, "diff_vs_best": -0.03, "diff_se": 0.02}]
+    assert futility(falling, 40) is not None  # the rise 0 -> 0.01 over 10 steps x 40 = 0.04: -0.03 + 0.02 + 0.04 = 0.03
+    rising = [{"step": 10, "diff_vs_best": 0.02, "diff_se": 0.02}, {"step": 20, "diff_vs_best": 0.035, "diff_se": 0.02}]
+    assert futility(rising, 10) is None  # 0.035 + 0.02 + 0.0015 x 10 > 0.04
+    assert futility([{"step": 10, "score": 1.0}, {"step": 20, "score": 1.0}], 0) is None  # no judge records: never
+
+
+def test_fit_stops_when_the_judge_sees_no_reachable_improvement():
+    """With give_up, a fit whose candidates stay at the initial drafter's level stops at the second evaluation
+    (stop_reason "no reachable improvement"), long before patience; the initial weights come back."""
+    from eagle_migrate.judge import futility
+    from eagle_migrate.train import Evaluation
+
+    teacher = _model(True, seed=3)
+    data = _toy_batches(teacher)
+
+    def run(give_up):
+        m = _model(True, seed=4)
+        start = m.fc.weight.detach().clone()
+        cfg = FitConfig(steps=60, lr=1e-2, warmup=0, k=2, eval_every=5, patience=6)
+        fr = fit(m, ["fc.weight"], data, None, cfg, evaluate=lambda: Evaluation(1.0), initial_score=Evaluation(1.0),
+                 better=lambda new, best: (False, {"diff_vs_best": new.score - best.score, "diff_se": 0.01}),
+                 give_up=give_up)
+        return fr, torch.equal(m.fc.weight, start)
+
+    fr, unchanged = run(None)
+    assert fr.stop_reason == "patience" and fr.steps_run == 30
+    fr, unchanged = run(futility)
+    assert fr.stopped_early and fr.stop_reason == "no reachable improvement" and fr.steps_run == 10
+    assert fr.best_step == 0 and unchanged and "no candidate can be accepted" in fr.history[-1]["give_up"]

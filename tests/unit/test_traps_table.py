@@ -31,7 +31,9 @@ def _doc_rows() -> dict[str, tuple[tuple[str, ...], str]]:
 def _emitted_codes() -> set[str]:
     codes = set()
     for p in (ROOT / "eagle_migrate").rglob("*.py"):
-        codes.update(re.findall(r"\bfinding\(\s*(?:\"[a-z]+\"|sev),\s*\"([a-z0-9_]+)\"", p.read_text(encoding="utf-8")))
+        text = p.read_text(encoding="utf-8")
+        codes.update(re.findall(r"\bfinding\(\s*(?:\"[a-z]+\"|sev),\s*\"([a-z0-9_]+)\"", text))
+        codes.update(re.findall(r"\bMismatch\(\s*\"([a-z0-9_]+)\"", text))  # pairing.size_mismatches: findings via m.code
     return codes
 
 

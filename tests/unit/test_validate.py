@@ -47,11 +47,12 @@ def test_api_report_folder_and_exact_acceptance(pair, tmp_path):
     assert [st.match_rate for st in d.new["chat"].steps] == [1.0, 1.0, 1.0]
     assert [st.match_rate for st in d.baseline["chat"].steps] == [1.0, 0.0, 0.0]  # aux-only repeats its first draft
     files = set(p.name for p in (tmp_path / "rep").iterdir())
-    assert {"report.json", "report.md", "acceptance_length.png", "per_position.png", "al_vs_context.png", "drift.png"} <= files
+    assert {"report.json", "report.md", "acceptance_length.png", "per_position.png", "drift.png"} <= files
+    assert len(rep.suite("long").groups) == 1 and "al_vs_context.png" not in files  # one bucket: a line, not a plot
     doc = json.loads((tmp_path / "rep" / "report.json").read_text())
     assert doc["schema_version"] == 1 and ValidationReport.model_validate(doc).suites[0].new.acceptance_length == 4.0
     md = (tmp_path / "rep" / "report.md").read_text()
-    assert "| chat | 2 | 4.000 | 2.000 |" in md and "drift.png" in md
+    assert "| chat | 2 | 4.000 | 2.000 |" in md and "drift.png" in md and "AL vs context length: one bucket only" in md
 
 
 def test_gates_name_the_failing_suite(pair):
