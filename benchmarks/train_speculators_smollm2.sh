@@ -13,7 +13,8 @@
 # eagle-migrate reads as EAGLE-3.1 and converts as a passthrough), MAX_STEPS (speculators' --max-steps: stop after
 # that many optimizer steps, with --scheduler-total-steps SCHED_STEPS, default 537 = 3 epochs x 179 steps, so the
 # learning rate follows the full run's schedule up to the stop; default: all steps), STAGE (start at:
-# venv | data | hidden | subset | train | convert | measure).
+# venv | data | hidden | subset | train | convert | measure), STOP (train: stop after training; the aux-id
+# benchmark benchmarks/aux_evidence_smollm2.py uses the trained drafter only).
 #
 # Wall time on this 2-core box: data + prepare-data about 1 min idle (5.7 min under a load average of 10); hidden
 # states of 200 conversations 21 min under load; training 537 steps (3 epochs x 179) at OMP_NUM_THREADS=2: about
@@ -49,6 +50,7 @@ MAX_STEPS=${MAX_STEPS:-}
 EPOCHS=${EPOCHS:-3}
 LR=${LR:-1e-3}
 STAGE=${STAGE:-venv}
+STOP=${STOP:-}
 mkdir -p "$W"
 W=$(cd "$W" && pwd)
 export TOKENIZERS_PARALLELISM=false
@@ -87,6 +89,7 @@ if at train; then
     --draft-attn-impl sdpa --total-seq-len 256 --hidden-states-dtype float32 --num-workers 0 --ttt-steps 3 --loss-implementation eager \
     --lr "$LR" --epochs "$EPOCHS" --save-path "$CK" --no-resume-from-checkpoint)
 fi
+if [ "$STOP" = train ]; then exit 0; fi
 # the last epoch's checkpoint (CK/0, CK/1, CK/2, ...; not checkpoint_best or epochN_end) is the source drafter;
 # a run stopped by SIGTERM saves CK/interrupted: the newest of those folders is the source
 SRC=$(ls -td "$W/$CK"/[0-9]*/ "$W/$CK"/interrupted/ 2>/dev/null | head -1 || true)

@@ -12,12 +12,11 @@ error. :func:`vllm_captured` is that rule; :func:`check_aux_ids` turns it into f
 Conventions: ``vllm`` (input-to-layer: the ids as vLLM reads them) and ``output-of-layer`` (SpecForge / SGLang /
 ModelOpt training: stored id ``k`` = output of layer ``k`` = vLLM id ``k + 1``). A producer's layout never decides
 between them; only a fingerprint written by one producer's writer does (:data:`FINGERPRINTS`), or a measurement
-with the target (:func:`measure`), or the user (``--aux-ids-convention``).
+with the target (:mod:`eagle_migrate.aux_evidence`), or the user (``--aux-ids-convention``).
 """
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from pydantic import BaseModel, Field
@@ -28,13 +27,8 @@ from .errors import a_an
 if TYPE_CHECKING:  # pragma: no cover
     from .formats.base import Checkpoint, Finding
 
-DecidedBy = Literal["fingerprint", "measurement", "override", "unambiguous", "undecided"]
+DecidedBy = Literal["fingerprint", "measurement", "equivalent", "override", "unambiguous", "undecided"]
 CONVENTIONS: tuple[Convention, ...] = get_args(Convention)
-
-# Measurement: positions of the default calibration data, and what a clear winner is.
-MEASURE_POSITIONS = 384
-MIN_STANDARD_ERRORS = 3.0
-MIN_MARGIN = 0.05
 
 
 # ----- vLLM's rules ---------------------------------------------------------------------------------------------------
@@ -145,16 +139,43 @@ class Candidate(BaseModel):
     convention: Convention
     ids: list[int] = Field(..., description="in vLLM's convention, sorted")
     evidence: list[str] = Field(default_factory=list, description="what speaks for (or against) this reading")
-    agreement: float | None = Field(None, description="measured step-0 top-1 agreement with the target's next token")
+    statistic: float | None = Field(None, description="measured: mean step-0 log-likelihood (nats) of the target's next token")
+    agreement: float | None = Field(None, description="measured: step-0 top-1 agreement with the target's next token (reported, does not decide)")
+
+
+Verdict = Literal["first", "second", "equivalent", "inconclusive"]
 
 
 class Measurement(BaseModel):
+    """Two readings (aux-id conventions, or a flag's two values) compared on the same positions of the target
+    (``eagle_migrate.aux_evidence``): the paired per-position difference of the step-0 log-likelihood of the
+    target's next token, its standard error clustered by sequence, and the verdict of the sequential rule."""
+
+    statistic: str = Field("step-0 log-likelihood of the target's next token (nats per position)")
+    readings: list[str] = Field(..., description="the two readings compared, in order (difference = first - second)")
     positions: int
     sequences: int
-    agreement: dict[str, float] = Field(..., description="convention -> step-0 top-1 agreement with the target's own next token")
-    difference: float = Field(..., description="vllm minus output-of-layer")
+    mean: dict[str, float] = Field(default_factory=dict, description="reading -> mean statistic over the positions")
+    agreement: dict[str, float] = Field(default_factory=dict, description="reading -> step-0 top-1 agreement (reported, not deciding)")
+    difference: float = Field(..., description="first minus second, mean over the paired positions")
     standard_error: float = Field(..., description="of the difference, clustered by sequence")
-    rule: str
+    equivalence_bound: float = Field(0.0, description="|difference| + 3 SE below this: the readings are equivalent")
+    verdict: Verdict = "inconclusive"
+    looks: int = Field(0, description="sequential looks taken")
+    excluded: int = Field(0, description="positions whose target token is outside the draft vocabulary (both readings -inf)")
+    seconds: float = 0.0
+    rule: str = ""
+
+    @property
+    def winner(self) -> str | None:
+        return self.readings[0] if self.verdict == "first" else self.readings[1] if self.verdict == "second" else None
+
+    def summary(self) -> str:
+        a, b = self.readings
+        return (f"{self.statistic} on {self.positions} positions in {self.sequences} sequences: {a} "
+                f"{self.mean.get(a, float('nan')):.3f}, {b} {self.mean.get(b, float('nan')):.3f}, difference "
+                f"{self.difference:+.4f} +- {self.standard_error:.4f} (top-1 agreement {self.agreement.get(a, float('nan')):.3f} vs "
+                f"{self.agreement.get(b, float('nan')):.3f})")
 
 
 class AuxIds(BaseModel):
@@ -224,11 +245,15 @@ def findings(a: AuxIds, producer: str) -> list[Finding]:
                         f"aux layer ids {a.stored} ({producer}): {both}; vLLM reads them literally. Nothing in the checkpoint "
                         f"tells which one it was trained with: {ask}")]
     if a.decided_by == "measurement" and a.measurement is not None:
-        m = a.measurement
         return [finding("info", "aux_ids_measured",
-                        f"aux layer ids {a.stored}: {a.convention} by measurement on {m.positions} positions (step-0 top-1 agreement "
-                        f"with the target: vllm {m.agreement.get('vllm', float('nan')):.3f}, output-of-layer "
-                        f"{m.agreement.get('output-of-layer', float('nan')):.3f}) -> vLLM ids {a.ids}")]
+                        f"aux layer ids {a.stored}: {a.convention} by measurement ({a.measurement.summary()}) -> vLLM ids {a.ids}")]
+    if a.decided_by == "equivalent":
+        m = a.measurement
+        return [finding("warning", "aux_ids_equivalent",
+                        f"aux layer ids {a.stored}: both readings ({both}) serve the same here"
+                        + (f" ({m.summary()}, within +-{m.equivalence_bound:g})" if m is not None else "")
+                        + "; the stored ids are kept as they are. On another target the readings may differ: "
+                          "pass --aux-ids-convention there if you know it")]
     sev = "warning" if a.convention == "output-of-layer" and a.decided_by != "override" else "info"
     return [finding(sev, "aux_ids_convention",
                     f"aux layer ids {a.stored} are {a.convention} ({a.decided_by}: {a.reason}) -> vLLM ids {a.ids}"
@@ -255,19 +280,15 @@ def resolve(a: AuxIds, num_aux: int, num_target_layers: int, *, override: Conven
     if not valid or measure_fn is None:
         return a
     m: Measurement = measure_fn([c.ids for c in a.candidates])
-    cands = [c.model_copy(update={"agreement": m.agreement[c.convention]}) for c in a.candidates]
+    cands = [c.model_copy(update={"statistic": m.mean.get(c.convention), "agreement": m.agreement.get(c.convention)})
+             for c in a.candidates]
     a = a.model_copy(update={"candidates": cands, "measurement": m})
-    winner = clear_winner(m)
-    if winner is None:
-        return a.model_copy(update={"reason": f"measurement undecided: {m.rule}"})
-    return a.decide(winner, "measurement", m.rule)
-
-
-def clear_winner(m: Measurement) -> Convention | None:
-    d, se = m.difference, m.standard_error
-    if abs(d) >= MIN_MARGIN and abs(d) > MIN_STANDARD_ERRORS * se:
-        return "vllm" if d > 0 else "output-of-layer"
-    return None
+    if m.winner is not None:
+        return a.decide(m.winner, "measurement", m.rule)  # type: ignore[arg-type]
+    if m.verdict == "equivalent":
+        return a.decide("vllm", "equivalent", "both readings serve the same on this target (" + m.rule + "): the stored "
+                        "ids are kept as they are, read literally as vLLM reads them")
+    return a.model_copy(update={"reason": f"measurement inconclusive: {m.rule}"})
 
 
 def undecided_message(a: AuxIds, num_target_layers: int, num_aux: int = 3) -> str:
@@ -280,104 +301,14 @@ def undecided_message(a: AuxIds, num_target_layers: int, num_aux: int = 3) -> st
            f"(output-of-layer, SpecForge/ModelOpt training) on this {num_target_layers}-layer target")
     if a.measurement is not None:
         m = a.measurement
-        msg += (f", and measuring did not tell them apart (step-0 top-1 agreement with the target on {m.positions} "
-                f"positions: {m.agreement['vllm']:.3f} vs {m.agreement['output-of-layer']:.3f}, difference "
-                f"{m.difference:+.3f} +- {m.standard_error:.3f})")
+        msg += f", and measuring neither told them apart nor showed them equivalent ({m.summary()}; {m.rule})"
     return msg
 
 
 UNDECIDED_HINT = "pass --aux-ids-convention vllm|output-of-layer (the convention the drafter was trained with)"
 
 
-# ----- the measurement ---------------------------------------------------------------------------------------------
-def measurement_from_hits(hits: dict[str, list[list[int]]]) -> Measurement:
-    """Paired per-position hits (1 = the drafter's step-0 top-1 equals the target's next token) for the two
-    conventions, grouped by sequence -> agreement, difference and its sequence-clustered standard error."""
-    a, b = hits["vllm"], hits["output-of-layer"]
-    n = sum(len(s) for s in a)
-    if n == 0:
-        return Measurement(positions=0, sequences=0, agreement={"vllm": 0.0, "output-of-layer": 0.0}, difference=0.0,
-                           standard_error=float("inf"), rule="no positions to measure")
-    pa = sum(map(sum, a)) / n
-    pb = sum(map(sum, b)) / n
-    d = pa - pb
-    # cluster-robust (by sequence) variance of the mean paired difference
-    var = sum((sum(x - y for x, y in zip(sa, sb)) - len(sa) * d) ** 2 for sa, sb in zip(a, b)) / (n * n)
-    g = len(a)
-    se = math.sqrt(var * g / (g - 1)) if g > 1 else float("inf")
-    rule = (f"clear winner = difference >= {MIN_MARGIN} and > {MIN_STANDARD_ERRORS:g} standard errors; measured "
-            f"{d:+.3f} +- {se:.3f} over {n} positions in {g} sequences")
-    return Measurement(positions=n, sequences=g, agreement={"vllm": pa, "output-of-layer": pb}, difference=d,
-                       standard_error=se, rule=rule)
-
-
-def _own_sequences(target: Any, n: int, length: int, seed: int) -> list[list[int]]:
-    """The target's greedy continuations of random first tokens (a tokenizer-less target has no text to render)."""
-    import torch
-
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randint(0, target.info.vocab_size, (n, 1), generator=g)
-    model = target.loaded.model
-    with torch.no_grad():
-        for _ in range(length - 1):
-            nxt = model(input_ids=x.to(target.loaded.device), use_cache=False).logits[:, -1].argmax(-1, keepdim=True)
-            x = torch.cat([x, nxt.cpu()], dim=1)
-    return x.tolist()
-
-
-def measure(ck: Checkpoint, target: Any, candidates: list[list[int]], *, positions: int = MEASURE_POSITIONS,
-            seed: int = 0, max_length: int = 96, data: str | None = None) -> Measurement:
-    """Step 0 of the drafter (:class:`eagle_migrate.drafter.EagleDrafter`) on the target's aux states under each
-    candidate id set, on ``positions`` positions of the calibration data (``data``, default: the built-in set; for a
-    tokenizer-less target without ``data``, its own greedy continuations); top-1 agreement with the target's own
-    next token. ``target``: a :class:`eagle_migrate.target.LazyTarget`. ``candidates`` in the order of :data:`CONVENTIONS`."""
-    import torch
-
-    from .corpora import calibration_sequences
-    from .drafter.load import load_drafter
-
-    cfg = ck.config
-    # the one loader; the target's embedding / head shared where vLLM shares them
-    m = load_drafter(ck, target.loaded, device=target.device, dtype=target.dtype)
-    union = sorted({i for c in candidates for i in c})
-    if data is None and target.tokenizer is None:
-        seqs = _own_sequences(target, 8, positions // 8 + 1, seed)
-    else:
-        seqs = calibration_sequences(data, target.tokenizer, target.info.vocab_size, 32, max_length, seed)
-    hits: dict[str, list[list[int]]] = {c: [] for c in CONVENTIONS}
-    total = 0
-    with torch.no_grad():
-        for ids in seqs:
-            if total >= positions or len(ids) < 3:
-                continue
-            aux_all, logits = target.loaded.forward(torch.tensor([ids]), union)  # vLLM ids, id L pre-norm
-            aux_all, logits = aux_all[0].float(), logits[0]
-            t = len(ids)
-            want = logits[1:].argmax(-1).cpu()  # the target's next token after x_{i+1}
-            x = torch.tensor(ids[1:], device=target.device).unsqueeze(0)
-            pos = torch.arange(t - 1, device=target.device).unsqueeze(0)
-            ht = cfg.target_hidden_size
-            for conv, cand in zip(CONVENTIONS, candidates):
-                cols = [union.index(i) for i in sorted(cand)]
-                aux = torch.cat([aux_all[:, j * ht:(j + 1) * ht] for j in cols], dim=-1)[: t - 1]
-                aux = aux.to(device=target.device, dtype=target.dtype)
-                o = m.forward_step(x, m.combine(aux).unsqueeze(0), pos)
-                pred = m.to_target_ids(m.logits(o.h_post)[0].argmax(-1)).cpu()
-                hits[conv].append((pred == want).int().tolist())
-            total += t - 1
-    return measurement_from_hits(hits)
-
-
-def resolve_for_target(ck: Checkpoint, target: Any, *, override: Convention | None = None, seed: int = 0,
-                       data: str | None = None) -> AuxIds:
-    """:func:`resolve` for a checkpoint and a :class:`eagle_migrate.target.LazyTarget` (measures only when needed)."""
-    a: AuxIds | None = getattr(ck, "aux", None)
-    if a is None or ck.config.generation != "eagle3":
-        return a if a is not None else from_stored(None, "none")
-    return resolve(a, ck.config.num_aux, target.info.num_layers, override=override,
-                   measure_fn=lambda cands: measure(ck, target, cands, seed=seed, data=data))
-
-
+# ----- recording the decision -----------------------------------------------------------------------------------
 def apply(ck: Checkpoint, a: AuxIds) -> None:
     """Record the decision on ``ck``: ``ck.aux`` and, when decided, ``ck.config.aux_layer_ids``."""
     ck.aux = a

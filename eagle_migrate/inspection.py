@@ -243,6 +243,7 @@ def _resolve_aux(ck: Checkpoint, target: str | None, ti: Any, override: Conventi
     """Decide the aux-id convention where the checkpoint does not: the override, else (with a target) the readings
     valid on it, else a measurement. An undecided measurement is PairingError (exit 2) naming both readings."""
     a: AuxIds | None = ck.aux
+    lt = None
     if a is None or a.stored is None or ck.config.generation != "eagle3":
         return
     if ti is None:
@@ -253,9 +254,12 @@ def _resolve_aux(ck: Checkpoint, target: str | None, ti: Any, override: Conventi
         from .errors import TargetError
         from .target import LazyTarget
 
+        from .aux_evidence import resolve_for_target
+
         dev = resolve_device(device)
+        lt = LazyTarget(target, dev, resolve_dtype("auto", dev))
         try:
-            b = _aux.resolve_for_target(ck, LazyTarget(target, dev, resolve_dtype("auto", dev)), override=override)
+            b = resolve_for_target(ck, lt, override=override)
         except TargetError as e:  # e.g. a config-only target folder: report the ambiguity, say why it was not measured
             ck.findings = [f for f in ck.findings if f.code not in _AUX_CODES] + [
                 f.model_copy(update={"message": f.message + f" (not measured: {e.message})"}) for f in _aux.findings(a, ck.producer)]
@@ -269,6 +273,25 @@ def _resolve_aux(ck: Checkpoint, target: str | None, ti: Any, override: Conventi
     if b is not a:
         _aux.apply(ck, b)
         ck.findings = [f for f in ck.findings if f.code not in _AUX_CODES] + _aux.findings(b, ck.producer)
+    if lt is not None and b.decided and b.ids is not None:
+        _measure_nbr(ck, lt, b.ids)
+
+
+def _measure_nbr(ck: Checkpoint, lt: Any, ids: list[int]) -> None:
+    """norm_before_residual, when the config does not state it: measured on the target (reported as a finding and
+    in ``flags``)."""
+    from .aux_evidence import decide_norm_before_residual, norm_before_residual_open
+    from .formats.traps import finding
+
+    if not norm_before_residual_open(ck) or _aux.pairing_error(ids, ck.config.num_aux, lt.info.num_layers):
+        return
+    m = decide_norm_before_residual(ck, lt, ids)
+    if m is None:
+        return
+    said = (f"{m.winner} by measurement" if m.winner is not None
+            else f"measuring did not decide it ({m.verdict}); the layout's default {ck.config.norm_before_residual} is read")
+    ck.findings.append(finding("info", "norm_before_residual_measured",
+                               f"norm_before_residual is not in the config: {said} ({m.summary()})"))
 
 
 def report_from_checkpoint(ck: Checkpoint, target: str | None = None, deep: bool = False,

@@ -326,5 +326,6 @@ def migrate(source: Path | str, target: str, out: Path | str, opts: MigrateOptio
     source = Path(source)
     check_options(source, target, Path(out), opts)
     from .pipeline import Pipeline
-    pipe = Pipeline(Path(out), build_stages(source, target, opts, progress), protect=[source, target, opts.data, opts.prompts_file], log=log)
+    pipe = Pipeline(Path(out), build_stages(source, target, opts, progress), protect=[source, target, opts.data, opts.prompts_file], log=log,
+                    progress=progress)
     return pipe.run(force=opts.restart, force_stage=opts.force_stage)

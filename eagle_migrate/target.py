@@ -288,6 +288,10 @@ class LazyTarget:
         self.dtype = dtype
         self._target: Target | None = None
         self._store = None
+        # states already captured (the aux-id measurement, eagle_migrate.aux_evidence): sequence -> {vLLM id: [T, Ht]}
+        # on the CPU; :meth:`capture` serves a sequence from here when every asked id is in it (one target pass)
+        self._kept: dict[tuple[int, ...], dict[int, torch.Tensor]] = {}
+        self._kept_next: dict[tuple[int, ...], torch.Tensor] = {}
 
     @property
     def loaded(self) -> Target:
@@ -366,11 +370,38 @@ class LazyTarget:
         # Gemma-style (1 + w) norms are not Llama RMSNorms; the drafter world is Llama-style
         return w.detach().float().cpu()
 
+    def keep(self, seq: list[int], states: dict[int, torch.Tensor], next_tokens: torch.Tensor | None = None) -> None:
+        """Remember the aux states [T, Ht] per vLLM id of ``seq`` that were captured anyway (the aux-id
+        measurement), so that :meth:`capture` does not run the target on it again; ``next_tokens`` [T]: the
+        target's greedy next token at each position (the measurement's reference)."""
+        self._kept[tuple(seq)] = {i: s.detach().to("cpu", torch.float32) for i, s in states.items()}
+        if next_tokens is not None:
+            self._kept_next[tuple(seq)] = next_tokens.detach().cpu()
+
+    def kept(self, seq: list[int]) -> tuple[dict[int, torch.Tensor], torch.Tensor | None] | None:
+        """(states per vLLM id, next tokens or None) kept for ``seq``, else None."""
+        k = self._kept.get(tuple(seq))
+        return None if k is None else (k, self._kept_next.get(tuple(seq)))
+
+    def keep_only(self, ids: list[int]) -> None:
+        """Drop the kept states of every id but ``ids`` (once the ids are decided)."""
+        for d in self._kept.values():
+            for i in [i for i in d if i not in ids]:
+                del d[i]
+
+    @property
+    def kept_sequences(self) -> int:
+        return len(self._kept)
+
     def capture(self, seqs: list[list[int]], aux_ids: list[int], want_last: bool) -> Iterator[HiddenRecord]:
         """Aux states at vLLM ids (id L before the final norm), one sequence at a time; ``last`` is the post-norm
-        final state (``want_last``)."""
-        tg = self.loaded
+        final state (``want_last``). A sequence whose states at every id were kept (:meth:`keep`) is not run again."""
         for seq in seqs:
+            kept = self._kept.get(tuple(seq))
+            if not want_last and kept is not None and all(i in kept for i in aux_ids):
+                yield HiddenRecord(torch.tensor(seq, dtype=torch.long), torch.cat([kept[i] for i in sorted(aux_ids)], dim=-1), None)
+                continue
+            tg = self.loaded
             ids = torch.tensor([seq], dtype=torch.long, device=tg.device)
             aux, last = tg.capture(ids, aux_ids)
             yield HiddenRecord(ids[0].cpu(), aux[0].float(), last[0].float() if want_last else None)

@@ -23,7 +23,7 @@ from .options import (
     SeedOpt,
     TrainOpt,
 )
-from .render import StageBar, print_json, stdout
+from .render import StageBar, evidence_rows, print_json, stdout
 
 DataOpt = Annotated[Optional[str], typer.Option("--data", help="Calibration data: JSONL/JSON of prompts, chat messages or {\"token_ids\": [...]}, ShareGPT JSON, an HF dataset id; default: the built-in set.")]
 HiddenStatesOpt = Annotated[Optional[Path], typer.Option("--hidden-states", help="Precomputed target hidden states instead of running the target, never loaded whole then (speculators prepare-data folder with hidden_states/ or data_*.pt, SpecForge *.ckpt, eagle-migrate; docs/scale.md).")]
@@ -68,8 +68,10 @@ def convert(
     that needs the calibration fine-tune. The source is never modified; the output appears atomically.
 
     Stored aux layer ids that can be read two ways (vLLM's convention or output-of-layer) are decided by a
-    fingerprint of the writer, else by measuring the drafter's step-0 agreement with the target under each reading;
-    when neither reading wins clearly, convert stops (exit 2): pass --aux-ids-convention.
+    fingerprint of the writer, else by measuring on the target the drafter's step-0 log-likelihood of the target's
+    next token under each reading (paired, sequential): a winner decides; readings shown equivalent keep the stored
+    ids (with a warning); when the evidence is inconclusive, convert stops (exit 2): pass --aux-ids-convention.
+    An EAGLE-3.1 source (passthrough) keeps undecided ids as stored, marked undecided.
 
     Exit codes: 0 ok, 1 --require-improvement and calibration did not improve the drafter, 2 bad input (unreadable
     checkpoint, drafter/target mismatch, undecidable aux-id convention, existing output without --force).
@@ -122,7 +124,11 @@ def render_result(r) -> None:
     t.add_column("value")
     t.add_row("source", f"{r.source_format} ({r.source_producer})" + ("  [passed through]" if r.passthrough else ""))
     t.add_row("output", f"eagle3.1, {r.output_format} layout: {', '.join(r.output_files)}")
-    t.add_row("aux layer ids", str(r.aux_layer_ids))
+    ev = r.aux_ids_evidence
+    how = f"  (stored {ev.stored}, {ev.convention or 'undecided'} by {ev.decided_by})" if ev is not None and ev.stored is not None else ""
+    t.add_row("aux layer ids", str(r.aux_layer_ids) + how)
+    for k, v in evidence_rows(ev, r.norm_before_residual_evidence):
+        t.add_row(k, v)
     if r.inserted:
         t.add_row("inserted", "\n".join(r.inserted))
     if r.changes:

@@ -7,7 +7,7 @@ import typer
 from ..errors import EXIT_CHECK_FAILED
 from . import app
 from .options import AuxIdsConventionOpt, CheckpointArg, DeviceOpt, JsonOpt, TargetOpt
-from .render import print_json, stdout
+from .render import evidence_rows, print_json, stdout
 
 DeepOpt = Annotated[bool, typer.Option("--deep", help="Check every tensor for NaN/Inf (reads all weights; default: norms and small tensors).")]
 
@@ -22,7 +22,7 @@ def inspect(ckpt: CheckpointArg, target: TargetOpt = None, deep: DeepOpt = False
     ids that can be read two ways and carry no deciding fingerprint are measured on the target (it is loaded).
 
     Exit codes: 0 no error finding, 1 a finding of severity error, 2 unreadable input (or aux ids whose convention
-    measuring on --target does not decide: pass --aux-ids-convention).
+    measuring on --target leaves inconclusive: pass --aux-ids-convention).
 
     Example: eagle-migrate inspect ./EAGLE3-LLaMA3.1-Instruct-8B --target meta-llama/Llama-3.1-8B-Instruct
     """
@@ -56,6 +56,8 @@ def render_report(r) -> None:
         how = r.aux_ids_evidence.decided_by if r.aux_ids_evidence is not None else ""
         ids += f"  (stored {r.aux_layer_ids_stored}, {r.aux_layer_ids_convention}" + (f" by {how}" if how != "undecided" else ": read literally") + ")"
     t.add_row("aux layer ids (vLLM)", ids)
+    for k, v in evidence_rows(r.aux_ids_evidence):
+        t.add_row(k, v)
     f = r.flags
     t.add_row("flags", f"fc_norm={f.fc_norm} norm_output={f.norm_output} norm_before_fc={f.norm_before_fc} norm_before_residual={f.norm_before_residual}")
     t.add_row("rope", f"theta={r.rope_theta:g} scaling={r.rope_scaling} max_pos={r.max_position_embeddings}")

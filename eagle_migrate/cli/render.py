@@ -46,6 +46,21 @@ json_documents_printed = 0  # main() prints a failure document only when the com
 interrupted_reported = False  # main() prints the "interrupted" line once
 
 
+def evidence_rows(aux: Any, nbr: Any = None) -> list[tuple[str, str]]:
+    """Table rows for a measurement's evidence (aux-id convention; norm_before_residual): the statistic, both
+    readings, the paired difference with its SE, the positions and the verdict."""
+    rows: list[tuple[str, str]] = []
+    for label, m in (("aux-id evidence", getattr(aux, "measurement", None)), ("norm_before_residual evidence", nbr)):
+        if m is None:
+            continue
+        a, b = m.readings
+        rows.append((label, f"{m.statistic}: {a} {m.mean.get(a, float('nan')):.4f}, {b} {m.mean.get(b, float('nan')):.4f}; "
+                            f"difference {m.difference:+.4f} +- {m.standard_error:.4f} (SE, by sequence) on {m.positions} "
+                            f"positions / {m.sequences} sequences -> {m.winner or m.verdict} ({m.seconds:.1f} s; top-1 "
+                            f"agreement {m.agreement.get(a, float('nan')):.3f} vs {m.agreement.get(b, float('nan')):.3f})"))
+    return rows
+
+
 def print_json(obj: Any) -> None:
     """Exactly one JSON document on stdout (credentials in URLs redacted)."""
     global json_documents_printed
@@ -179,7 +194,8 @@ class StageBar:
                 end = total is not None and done >= total and stage not in self._ended
                 if end:
                     self._ended.add(stage)
-                self._current = None if end else (stage, done, total, info)
+                finished = total is not None and done >= total  # a finished stage is never the one in flight
+                self._current = None if finished else (stage, done, total, info)
                 if end:
                     self._done = stage
                 if first or end or (stage not in self._ended and now - self._last_line >= self.LOG_EVERY):

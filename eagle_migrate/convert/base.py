@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 from ..aux_ids import AuxIds
 from ..drafter.config import DrafterConfig
 from ..errors import InputError, a_an
+from ..formats.common import carried_mark
 from ..formats.output import atomic_output_dir, write_json
 from ..stats import TargetStatistics
 from .calibration import run_calibration
@@ -118,7 +119,8 @@ def run(opts: ConvertOptions) -> ConvertResult:
     prov.calibration_required = required
     prov.step0_agreement = ini.agreement.step0
     labels = OutputLabels(source_format=job.ck.format, source_producer=job.ck.producer, source_sha256=job.source_sha256,
-                          norm_init=prov.norm_init, norm_output_scale=prov.norm_output_scale, calibration_required=required)
+                          norm_init=prov.norm_init, norm_output_scale=prov.norm_output_scale, calibration_required=required,
+                          aux_mark=tuple(carried_mark(job.aux).items()))
     calibration = CalibrationStatus(required=required, reason="EAGLE-2 warm start: fine-tune required" if required else "")
     with atomic_output_dir(opts.out, force=opts.force, inputs=opts.inputs) as tmp:
         write_plan(tmp, ini.plan, labels, job.store_dtype, opts.output_format, opts.target, opts.num_speculative_tokens,
@@ -141,7 +143,8 @@ def run(opts: ConvertOptions) -> ConvertResult:
     return ConvertResult(
         source=str(opts.source), output=str(opts.out), source_format=job.ck.format, source_producer=job.ck.producer,
         output_format=opts.output_format, passthrough=conv.passthrough, inserted=list(ini.plan.inserted),
-        changes=ini.plan.changes, aux_layer_ids=job.aux_ids, aux_ids_evidence=job.aux, norm_init=ini.norm_init,
+        changes=ini.plan.changes, aux_layer_ids=job.aux_ids, aux_ids_evidence=job.aux,
+        norm_before_residual_evidence=job.nbr_measurement, norm_init=ini.norm_init,
         norm_output=ini.norm_output, eagle2_mapping=ini.eagle2_mapping, agreement=ini.agreement, calibration=calibration,
         calibration_required=required, output_files=files, provenance=prov, fixed=fixed,
         warnings=remaining + job.warnings,

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from ..drafter.config import DrafterConfig
 from .base import Converter, Initialised, register
-from .read import Job
+from ..aux_ids import AuxIds
+from .read import Job, decide_aux_ids
 from .write import OutputPlan, copy_from
 
 
@@ -19,6 +20,10 @@ class PassthroughConverter(Converter):
     @classmethod
     def accepts(cls, cfg: DrafterConfig) -> bool:
         return cfg.is_eagle31
+
+    def aux_ids(self, job: Job) -> tuple[AuxIds | None, list[int]]:
+        """The layout and how vLLM reads the ids stay: undecided ids are carried verbatim (marked undecided)."""
+        return decide_aux_ids(job, measure=False)
 
     def init(self, job: Job) -> Initialised:
         plan = OutputPlan(job.cfg.model_copy(update=job.update))

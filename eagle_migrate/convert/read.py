@@ -56,6 +56,7 @@ class Job:
     warnings: list[str] = field(default_factory=list)
     source_findings: list[Any] = field(default_factory=list)  # the source's error / warning findings (formats Finding)
     aux: AuxIds | None = None
+    nbr_measurement: Any = None  # aux_ids.Measurement of norm_before_residual (when the config did not state it)
     aux_ids: list[int] = field(default_factory=list)  # vLLM convention, ascending
     update: dict[str, Any] = field(default_factory=dict)  # config changes every output gets (aux ids, rope, positions)
     changes: list[str] = field(default_factory=list)  # ... described
@@ -108,27 +109,83 @@ def resolve_data(job: Job) -> None:
         job.warnings.append(warning)
 
 
-def decide_aux_ids(job: Job) -> tuple[AuxIds | None, list[int]]:
+def _first_sequences(job: Job) -> list[list[int]] | None:
+    """The statistics pass's own sequences (measured first: their states are kept for that pass), or None."""
+    from .records import STATS_MAX_SEQUENCES, sequences_for
+
+    o = job.opts
+    if o.hidden_states_dir is not None or (job.data is None and job.target.tokenizer is None):
+        return None  # a tokenizer-less toy's statistics run on random tokens: the measurement wants the target's own text
+    return sequences_for(job.data, job.target, min(o.num_sequences, STATS_MAX_SEQUENCES), o.seed, o.max_length)
+
+
+def decide_aux_ids(job: Job, measure: bool = True) -> tuple[AuxIds | None, list[int]]:
     """The aux ids of an EAGLE-3 / 3.1 source in vLLM's convention: the stored ones read by the override, a
-    writer's fingerprint or a measurement on the target (:func:`eagle_migrate.aux_ids.resolve_for_target`), else
-    vLLM's default written explicitly. PairingError (exit 2) when the stored ids cannot be decided."""
+    writer's fingerprint or a measurement on the target (:func:`eagle_migrate.aux_evidence.resolve_for_target`), else
+    vLLM's default written explicitly. Readings shown equivalent on the target: the stored ids, with a warning.
+    ``measure`` False (a passthrough, which keeps how vLLM reads the ids): undecided ids are carried verbatim and
+    marked undecided. PairingError (exit 2) when the stored ids cannot be decided and must be.
+    Where the config does not state ``norm_before_residual`` and the target is measured, it is measured too."""
+    from .. import aux_evidence as ev
+
     ck, cfg, tinfo, progress = job.ck, job.cfg, job.target.info, job.opts.progress
+    first: list[list[int]] | None = None
+    a0 = ck.aux
+    needs = (measure and a0 is not None and a0.stored is not None and not a0.decided and job.opts.aux_ids_convention is None
+             and cfg.generation == "eagle3")
+    if needs or (measure and ev.norm_before_residual_open(ck)):
+        first = _first_sequences(job)
+
+    def tick(done: int, total: int) -> None:
+        progress("aux ids", done, total)
+
     progress("aux ids", 0, 1)
-    aux = _aux.resolve_for_target(ck, job.target, override=job.opts.aux_ids_convention, seed=job.opts.seed, data=job.data)
+    if measure:
+        aux = ev.resolve_for_target(ck, job.target, override=job.opts.aux_ids_convention, seed=job.opts.seed,
+                                    data=job.data, sequences=first, progress=tick)
+    else:
+        aux = _aux.resolve(a0, cfg.num_aux, tinfo.num_layers, override=job.opts.aux_ids_convention) if a0 is not None \
+            else _aux.from_stored(None, "none")
     progress("aux ids", 1, 1)
     if aux.stored is not None:
+        if not aux.decided and not measure and _aux.pairing_error(aux.stored, cfg.num_aux, tinfo.num_layers) is None:
+            ck.aux = aux
+            job.warnings.append(f"warning: aux layer ids {aux.stored} carried as stored (read literally, as vLLM reads "
+                                "them); their convention is undecided and marked so in config.json (eagle_migrate."
+                                "aux_ids_convention). Pass --aux-ids-convention to record it")
+            return aux, sorted(aux.stored)
         if not aux.decided:
             hint = _aux.UNDECIDED_HINT if aux.measurement is not None else "a drafter for this target records aux ids within 0..L"
             raise PairingError(_aux.undecided_message(aux, tinfo.num_layers, cfg.num_aux), hint)
         _aux.apply(ck, aux)
-        if aux.decided_by in ("measurement", "unambiguous", "override"):
+        if aux.decided_by == "equivalent":  # the output carries the stored ids: the warning is about it, not the source
+            job.warnings += [f"{f.severity}: {f.message}" for f in _aux.findings(aux, ck.producer)]
+        elif aux.decided_by in ("measurement", "unambiguous", "override"):
             job.source_findings += [f for f in _aux.findings(aux, ck.producer) if f.severity in ("error", "warning")]
-        return aux, aux.ids
-    if cfg.num_aux != 3:
-        raise PairingError(f"the drafter fuses K={cfg.num_aux} aux states but records no aux layer ids (vLLM's default has 3)")
-    ids = default_aux_ids(tinfo.num_layers)
-    job.warnings.append(f"no aux layer ids in the source: vLLM's default {ids} for {a_an(tinfo.num_layers)}-layer target written explicitly")
+        ids = aux.ids
+    else:
+        if cfg.num_aux != 3:
+            raise PairingError(f"the drafter fuses K={cfg.num_aux} aux states but records no aux layer ids (vLLM's default has 3)")
+        ids = default_aux_ids(tinfo.num_layers)
+        job.warnings.append(f"no aux layer ids in the source: vLLM's default {ids} for {a_an(tinfo.num_layers)}-layer target written explicitly")
+    if measure and ev.norm_before_residual_open(ck) and pairing_ok(ck, ids, tinfo):
+        progress("norm_before_residual", 0, 1)
+        m = ev.decide_norm_before_residual(ck, job.target, ids, seed=job.opts.seed, data=job.data, sequences=first, progress=
+                                           lambda d, t: progress("norm_before_residual", d, t))
+        progress("norm_before_residual", 1, 1)
+        if m is not None:
+            job.nbr_measurement = m
+            if m.winner is not None:
+                job.warnings.append(f"info: norm_before_residual is not in the config: {m.winner} by measurement ({m.summary()})")
+            else:
+                job.warnings.append(f"warning: norm_before_residual is not in the config and measuring did not decide it "
+                                    f"({m.verdict}: {m.summary()}); the layout's default {ck.config.norm_before_residual} is kept")
+    job.target.keep_only(ids)
     return aux, ids
+
+
+def pairing_ok(ck: Any, ids: list[int], tinfo: TargetInfo) -> bool:
+    return _aux.pairing_error(ids, ck.config.num_aux, tinfo.num_layers) is None
 
 
 def map_source(job: Job, aux: AuxIds | None, aux_ids: list[int]) -> None:
@@ -152,7 +209,7 @@ def map_source(job: Job, aux: AuxIds | None, aux_ids: list[int]) -> None:
         target_config_sha256=sha256_files([tcfg_path]) if tcfg_path.is_file() else None,
         data=job.data, hidden_states_dir=str(opts.hidden_states_dir) if opts.hidden_states_dir else None, seed=opts.seed,
         device=job.device, dtype=str(job.dtype).removeprefix("torch."), output_format=opts.output_format,
-        started_at=job.started, aux_ids=aux)
+        started_at=job.started, aux_ids=aux, norm_before_residual_evidence=job.nbr_measurement)
     job.store_dtype = _float_dtype([ck.info(n).dtype for n in ("fc.weight", "norm.weight", "layers.0.post_attention_layernorm.weight")
                                     if ck.has(n)])
     cfg, ids = job.cfg, job.aux_ids

@@ -11,7 +11,7 @@ import torch
 from pydantic import BaseModel, Field
 
 from .. import __version__
-from ..aux_ids import AuxIds
+from ..aux_ids import AuxIds, Measurement
 from ..stats import TargetStatistics
 
 
@@ -125,6 +125,8 @@ class Provenance(BaseModel):
     step0_agreement: float | None = Field(None, description="top-1 agreement of the converted drafter's step-0 drafts with the source's (before calibration)")
     statistics: TargetStatistics | None = None
     aux_ids: AuxIds | None = Field(None, description="stored aux ids, their convention and how it was decided")
+    norm_before_residual_evidence: Measurement | None = Field(None, description="norm_before_residual measured on the "
+                                                              "target (the config did not state it)")
     started_at: str
     finished_at: str | None = None
     python: str = platform.python_version()
@@ -144,6 +146,7 @@ class ConvertResult(BaseModel):
     changes: list[str] = Field(default_factory=list, description="everything else that differs from the source")
     aux_layer_ids: list[int] = Field(default_factory=list)
     aux_ids_evidence: AuxIds | None = Field(None, description="stored ids, both readings, the decision and its evidence (a measurement's numbers)")
+    norm_before_residual_evidence: Measurement | None = Field(None, description="norm_before_residual measured on the target")
     norm_init: NormInit | None = None
     norm_output: NormOutputCompensation | None = None
     eagle2_mapping: Eagle2Mapping | None = None

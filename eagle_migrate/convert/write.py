@@ -61,12 +61,13 @@ class OutputLabels:
     norm_init: str | None
     norm_output_scale: float | None
     calibration_required: bool
+    aux_mark: tuple[tuple[str, Any], ...] = ()  # formats.common.carried_mark: stored ids carried undecided
 
     def config_extra(self) -> dict[str, Any]:
         return {"eagle_migrate": {"version": __version__, "converted_from": self.source_format,
                                   "source_producer": self.source_producer, "norm_init": self.norm_init,
                                   "norm_output_scale": self.norm_output_scale,
-                                  "calibration_required": self.calibration_required}}
+                                  "calibration_required": self.calibration_required, **dict(self.aux_mark)}}
 
     def metadata(self) -> dict[str, str]:
         return {"format": "pt", "producer": f"eagle-migrate {__version__}", "source_sha256": self.source_sha256,

@@ -20,7 +20,7 @@ from ..errors import CheckpointError
 from . import checks
 from .base import Checkpoint
 from .io import TensorInfo, TensorStore
-from .sizes import config_family, config_values, derive_sizes, eagle3_flags_only  # noqa: F401 (config_family: API)
+from .sizes import cfg_flag, config_family, config_values, derive_sizes, eagle3_flags_only  # noqa: F401 (config_family: API)
 from .traps import finding  # noqa: F401 (readers import it from here)
 
 # Tensors a compressed-tensors / ModelOpt quantized linear carries next to (or instead of) ``.weight``.
@@ -217,6 +217,33 @@ def hf_view(cfg: dict[str, Any] | None, *, aux_fingerprint: tuple[str, str] | No
     return ConfigView(flat, ids, src, aux_fingerprint, nbr_default, nested, dict(aux_notes or {}))
 
 
+# ----- our own writer's mark --------------------------------------------------------------------------------------
+# Stages that keep the layout (quantize, a passthrough convert) carry undecided aux ids verbatim and say so in the
+# config block our writer adds: {"eagle_migrate": {..., "aux_ids_convention": "undecided", "aux_ids_stored": [...]}}
+UNDECIDED_MARK = "undecided"
+
+
+def our_fingerprint(cfg: dict[str, Any]) -> tuple[str, str] | None:
+    """The fingerprint of our own writer (config key ``eagle_migrate``), which stores vLLM ids -- unless the block
+    says the ids were carried undecided (:data:`UNDECIDED_MARK`: quantize / a passthrough convert of a checkpoint
+    whose convention nothing decided)."""
+    block = cfg.get("eagle_migrate")
+    if not isinstance(block, dict) or block.get("aux_ids_convention") == UNDECIDED_MARK:
+        return None
+    return ("vllm", "written by eagle-migrate (config key eagle_migrate), whose writer stores vLLM ids")
+
+
+CARRIED_NOTE = ("written by eagle-migrate with the stored ids carried as they were (eagle_migrate.aux_ids_convention: "
+                "undecided): the convention was never decided")
+
+
+def carried_mark(a: Any) -> dict[str, Any]:
+    """What our writer adds to its ``eagle_migrate`` config block for ``a``: the undecided mark, else nothing."""
+    if a is not None and a.stored is not None and not a.decided:
+        return {"aux_ids_convention": UNDECIDED_MARK, "aux_ids_stored": list(a.stored)}
+    return {}
+
+
 # ----- derivation -------------------------------------------------------------------------------------------------
 def derive(
     root: Path,
@@ -272,7 +299,10 @@ def derive(
         raise CheckpointError(f"{where}: inconsistent drafter description ({'.'.join(str(x) for x in err['loc'])}: {err['msg']})") from None
     meta: dict[str, Any] = {"aux_ids_stored": view.aux_ids, "aux_ids_source": view.aux_ids_source,
                             "prefix_stripped": scan.prefix, "midlayer": scan.midlayer, "logical_shapes": shapes,
-                            "ignored_tensors": scan.ignored, "vocab_size_declared": s.vocab_size}
+                            "ignored_tensors": scan.ignored, "vocab_size_declared": s.vocab_size,
+                            # not visible in the weights: stated in the config, or the layout's default (measured
+                            # with a target: eagle_migrate.aux_evidence.decide_norm_before_residual)
+                            "norm_before_residual_stated": cfg_flag(flat, "norm_before_residual") is not None}
     return Checkpoint(
         path=root, config=cfg, producer=producer, store=store, name_map=dict(nm), raw_config=raw_config,
         quantization=quantization, findings=findings, layout=layout, meta=meta, aux=aux if e3 else None,

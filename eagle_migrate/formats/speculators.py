@@ -23,7 +23,7 @@ from .. import __version__
 from ..drafter.config import DrafterConfig
 from ..errors import CheckpointError
 from .base import Checkpoint, Layout, Probe, register_layout
-from .common import ConfigView, derive, quant_scheme
+from .common import ConfigView, derive, our_fingerprint, quant_scheme
 from .traps import finding
 from .vllm import FAMILY_HF_ARCH, llama_layer_config
 
@@ -61,7 +61,7 @@ def speculators_view(cfg: dict[str, Any]) -> ConfigView:
     if ids is not None and (not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids)):
         raise CheckpointError(f"eagle_aux_hidden_state_layer_ids must be a list of integers, found {ids!r}")
     if isinstance(cfg.get("eagle_migrate"), dict):
-        fp = ("vllm", "written by eagle-migrate (config key eagle_migrate), whose writer stores vLLM ids")
+        fp = our_fingerprint(cfg)
     elif "Eagle3DraftModel" in (cfg.get("architectures") or []):
         fp = ("vllm", "speculators_model_type + Eagle3DraftModel: written by speculators' trainer, which captures at vLLM's ids")
     else:

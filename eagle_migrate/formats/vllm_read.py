@@ -11,7 +11,7 @@ architecture of no other recognisable origin, ``unknown`` when there is no confi
 from __future__ import annotations
 
 from .base import Checkpoint, Layout, Probe, register_layout
-from .common import EAGLE3_ARCHS, derive, hf_view, quant_scheme, weights_generation
+from .common import CARRIED_NOTE, EAGLE3_ARCHS, derive, hf_view, our_fingerprint, quant_scheme, weights_generation
 
 
 NOTES = {
@@ -41,8 +41,11 @@ def _read(p: Probe) -> Checkpoint:
         producer = "vllm"
     else:
         producer = "unknown"
-    fp = ("vllm", "written by eagle-migrate (config key eagle_migrate), whose writer stores vLLM ids") if producer == "eagle-migrate" else None
-    view = hf_view(cfg, nbr_default=False, aux_fingerprint=fp, aux_notes=NOTES)
+    fp = our_fingerprint(cfg)
+    notes = NOTES
+    if producer == "eagle-migrate" and fp is None:
+        notes = {**NOTES, "vllm": [CARRIED_NOTE, *NOTES.get("vllm", [])]}
+    view = hf_view(cfg, nbr_default=False, aux_fingerprint=fp, aux_notes=notes)
     return derive(p.folder, p.store, p.scan, view, producer=producer, layout="vllm", raw_config=p.config,
                   quantization=quant_scheme(p.config, p.side.get("hf_quant_config.json")))
 

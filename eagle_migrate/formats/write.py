@@ -19,7 +19,7 @@ from .. import __version__
 from ..drafter.config import DrafterConfig, mla_rope_type_of, rope_parameters_of
 from ..errors import InputError, UnsupportedError
 from .base import Checkpoint
-from .common import QUANT_SUFFIXES
+from .common import QUANT_SUFFIXES, carried_mark
 from .output import atomic_output_dir, save_safetensors, write_json
 from .speculators import speculators_config_dict
 from .vllm import vllm_config_dict, vllm_tensor_names
@@ -180,9 +180,11 @@ def write_checkpoint(
     if cfg.generation != "eagle3":
         raise UnsupportedError("EAGLE-1/2 weights have no EAGLE-3 layout; convert them with `eagle-migrate convert` first")
     aux = src.aux if isinstance(src, Checkpoint) else None
-    if aux is not None and aux.stored is not None and not aux.decided:
-        # the output carries our fingerprint (vLLM ids): never launder an undecided reading into it
-        raise InputError(f"{src.path}: aux layer ids {aux.stored} can be read two ways (vLLM ids or output-of-layer) and are undecided",
+    mark = carried_mark(aux)
+    if mark and sorted(cfg.aux_layer_ids or []) != sorted(aux.stored):
+        # an undecided reading is carried verbatim (and marked so), never laundered into ids of another convention
+        raise InputError(f"{src.path}: aux layer ids {aux.stored} can be read two ways (vLLM ids or output-of-layer) and are "
+                         f"undecided; writing {cfg.aux_layer_ids} would pick one",
                          "decide first: eagle_migrate.aux_ids.resolve + apply (or convert with --target / --aux-ids-convention)")
     if layout not in ("vllm", "speculators"):
         raise InputError(f"unknown output layout '{layout}' (vllm or speculators)")
@@ -192,6 +194,8 @@ def write_checkpoint(
                                "write the vLLM layout (--output-format vllm), which vLLM loads as Eagle3DeepseekV2ForCausalLM")
     sd = prepare_tensors(cfg, tensors, dtype=dtype, keep_t2d=(layout == "speculators"), quantized=quant_cfg is not None)
     extra = dict(extra_config or {})
+    if mark:  # our fingerprint without the claim that the ids are vLLM's (formats.common.our_fingerprint)
+        extra["eagle_migrate"] = {"version": __version__, **(extra.get("eagle_migrate") or {}), **mark}
     if quant_cfg is not None:
         extra.setdefault("quantization_config", quant_cfg)
     with atomic_output_dir(Path(out), force=force, inputs=inputs) as tmp:

@@ -131,7 +131,8 @@ def _one_line(e: BaseException) -> str:
 class Pipeline:
     """Runs ``stages`` in order inside ``out_dir``; see the module docstring."""
 
-    def __init__(self, out_dir: Path, stages: list[Stage], *, protect: list[Any] = (), log: Callable[[str], None] | None = None):
+    def __init__(self, out_dir: Path, stages: list[Stage], *, protect: list[Any] = (), log: Callable[[str], None] | None = None,
+                 progress: Callable[[str, int, int | None, str], None] | None = None):
         names = [s.name for s in stages]
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
@@ -140,6 +141,7 @@ class Pipeline:
         self.stages = list(stages)
         self.manifest_path = self.out_dir / MANIFEST_NAME
         self._log = log or (lambda msg: None)
+        self._progress = progress
         check_no_overlap(self.out_dir, list(protect))
         if self.out_dir.exists() and not self.out_dir.is_dir():
             raise InputError(f"{out_dir} exists and is not a folder")
@@ -294,6 +296,8 @@ class Pipeline:
             m.stages[stage.name] = rec
             self._save(m)
             self._log(f"[{stage.name}] running")
+            if self._progress is not None:  # the stage in flight, so a progress heartbeat names it
+                self._progress(stage.name, 0, None, "")
             t0 = time.perf_counter()
             try:
                 with atomic_output_dir(final, force=True) as tmp:

@@ -183,6 +183,8 @@ def describe_checkpoint(ck: Checkpoint) -> dict[str, Any]:
         "flags": {f: bool(getattr(c, f)) for f in ("fc_norm", "norm_output", "norm_before_fc", "norm_before_residual")},
         "format": c.format_name,
         "aux_layer_ids": sorted(c.aux_layer_ids) if c.aux_layer_ids is not None else None,
+        # carried verbatim (as vLLM reads them) when nothing decided their convention (docs/formats.md section 4)
+        "aux_ids_convention": (ck.aux.convention or "undecided") if ck.aux is not None and ck.aux.stored is not None else None,
         "sizes": {"hidden_size": c.hidden_size, "target_hidden_size": c.target_hidden_size, "vocab_size": c.vocab_size,
                   "draft_vocab_size": c.draft_vocab_size, "intermediate_size": c.intermediate_size,
                   "num_hidden_layers": c.num_layers},

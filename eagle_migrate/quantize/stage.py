@@ -63,16 +63,12 @@ class QuantizeResult(BaseModel):
 # ----- reading the source ------------------------------------------------------------------------------------------
 def read_source(path: Path):
     """A ``Checkpoint`` of any producer layout ``eagle_migrate.formats`` reads (canonical vLLM-layout names), checked
-    to be an unquantized EAGLE-3 drafter quantize supports. Its aux-id convention must be decided: the output carries
-    eagle-migrate's fingerprint (vLLM ids)."""
+    to be an unquantized EAGLE-3 drafter quantize supports. Quantizing keeps the layout and how vLLM reads the aux
+    ids: stored ids whose convention is undecided are carried verbatim and marked undecided in the output
+    (:func:`aux_ids_block`); nothing here needs their convention."""
     from ..formats import read_checkpoint
 
     ck = read_checkpoint(Path(path))
-    aux = ck.aux
-    if aux is not None and aux.stored is not None and not aux.decided:
-        raise InputError(f"{path}: aux layer ids {aux.stored} can be read two ways (vLLM ids or output-of-layer) and nothing "
-                         "in the checkpoint decides which", "convert it first: `eagle-migrate convert` decides the convention "
-                         "on the target (or with --aux-ids-convention vllm|output-of-layer)")
     cfg = ck.config
     if ck.quantization or (ck.raw_config or {}).get("quantization_config"):
         raise InputError(f"{path} is already quantized", "quantize the unquantized drafter")
@@ -97,9 +93,24 @@ def source_float_dtype(ckpt) -> torch.dtype:
 
 
 # ----- writing -----------------------------------------------------------------------------------------------------
+def aux_ids_block(ck) -> dict[str, Any]:
+    """The ``eagle_migrate`` config block of a quantized output: our version, and for a source whose aux-id
+    convention nothing decided, the undecided mark with the stored ids (carried verbatim: the literal reading, which
+    is what vLLM serves). InputError when the config would hold ids other than the stored ones."""
+    from ..formats.common import carried_mark
+
+    mark = carried_mark(ck.aux)
+    if mark and sorted(ck.config.aux_layer_ids or []) != sorted(ck.aux.stored):
+        raise InputError(f"{ck.path}: aux layer ids {ck.aux.stored} are undecided, but the output would hold "
+                         f"{ck.config.aux_layer_ids}", "decide the convention first (convert --target, or --aux-ids-convention)")
+    return {"version": __version__, **mark}
+
+
 def write_quantized(out: Path, cfg: DrafterConfig, tensors: dict[str, torch.Tensor], qc: dict[str, Any],
-                    source_dtype: torch.dtype, metadata: dict[str, str] | None = None) -> list[str]:
-    """config.json (vLLM layout + top-level quantization_config) and model.safetensors into an empty folder."""
+                    source_dtype: torch.dtype, metadata: dict[str, str] | None = None,
+                    marks: dict[str, Any] | None = None) -> list[str]:
+    """config.json (vLLM layout + top-level quantization_config) and model.safetensors into an empty folder;
+    ``marks``: the ``eagle_migrate`` config block (:func:`aux_ids_block`)."""
     from ..formats.output import save_safetensors, write_json
     from ..formats.vllm import vllm_config_dict
     from ..formats.write import prepare_tensors
@@ -108,7 +119,7 @@ def write_quantized(out: Path, cfg: DrafterConfig, tensors: dict[str, torch.Tens
     meta = {"format": "pt", "producer": f"eagle-migrate {__version__}"}
     meta.update(metadata or {})
     save_safetensors(sd, out / "model.safetensors", meta)
-    d = vllm_config_dict(cfg, {"quantization_config": qc})
+    d = vllm_config_dict(cfg, {"quantization_config": qc, **({"eagle_migrate": marks} if marks else {})})
     d["torch_dtype"] = str(source_dtype).removeprefix("torch.")
     write_json(out / "config.json", d)
     return list(sd)
@@ -209,12 +220,16 @@ def quantize(
     say = progress or (lambda _m: None)
     validate, engine = gate_engine(spec, validate, target, max_al_drop_pct, (vllm_options or {}).get("python"))
     check_output_dir(out, force, [source, target, data])
+    notes: list[str] = []
     say("reading the checkpoint")
     ckpt = read_source(source)
+    aux_ids_block(ckpt)  # refuse before any work when the ids could not be carried verbatim
     cfg = ckpt.config
+    if ckpt.aux is not None and ckpt.aux.stored is not None and not ckpt.aux.decided:
+        notes.append(f"aux layer ids {ckpt.aux.stored} carried verbatim (convention undecided, marked so in config.json: "
+                     "eagle_migrate.aux_ids_convention); vLLM reads them literally, as it read the source")
     src_dtype = source_float_dtype(ckpt)
     sd = {n: ckpt.tensor(n) for n in ckpt.canonical_names() if n != "t2d"}
-    notes: list[str] = []
     prefixes = linear_prefixes(cfg, sd, quantize_fc=quantize_fc, quantize_lm_head=quantize_lm_head)
 
     tgt = calib = amax = None
@@ -239,7 +254,7 @@ def quantize(
 
     src_files = list(getattr(ckpt.store, "files", []))
     with atomic_output_dir(out, force, [source, target, data]) as tmp:
-        write_quantized(tmp, cfg, qsd, qc, src_dtype, {"quantization": spec.name})
+        write_quantized(tmp, cfg, qsd, qc, src_dtype, {"quantization": spec.name}, marks=aux_ids_block(ckpt))
         acceptance = None
         if engine is not None:
             say(f"measuring acceptance before/after ({engine})")

@@ -82,17 +82,66 @@ def test_one_check_errors_exactly_where_vllm_captures_other_than_k_states():
     assert default_aux_ids(8) == [2, 4, 5]
 
 
-def test_clear_winner_needs_margin_and_standard_errors():
-    one = A.measurement_from_hits({"vllm": [[1] * 40] * 8, "output-of-layer": [[0] * 40] * 8})
-    assert A.clear_winner(one) == "vllm" and one.difference == 1.0
-    tie = A.measurement_from_hits({"vllm": [[1, 0] * 20] * 8, "output-of-layer": [[1, 0] * 20] * 8})
-    assert A.clear_winner(tie) is None
-    # a 4-point lead is below the margin however many positions
-    small = A.measurement_from_hits({"vllm": [[1] * 100] * 8, "output-of-layer": [[1] * 96 + [0] * 4] * 8})
-    assert small.difference == pytest.approx(0.04) and A.clear_winner(small) is None
-    # a lead concentrated in one of eight sequences is not beyond three clustered standard errors
-    noisy = A.measurement_from_hits({"vllm": [[1] * 40] + [[0] * 40] * 7, "output-of-layer": [[0] * 40] * 8})
-    assert noisy.difference == pytest.approx(0.125) and A.clear_winner(noisy) is None
+def _paired(a: list[list[float]], b: list[list[float]]):
+    """A Paired accumulator over per-sequence log-likelihoods of two readings."""
+    import torch
+
+    from eagle_migrate.aux_evidence import Paired
+
+    p = Paired(["vllm", "output-of-layer"])
+    for x, y in zip(a, b):
+        p.add({"vllm": torch.tensor(x), "output-of-layer": torch.tensor(y)},
+              {"vllm": torch.zeros(len(x)), "output-of-layer": torch.zeros(len(y))})
+    return p
+
+
+def test_paired_log_likelihood_verdicts():
+    """Winner beyond 3 clustered SE; equivalent when |d| + 3 SE <= the bound; otherwise inconclusive."""
+    from eagle_migrate.aux_evidence import EQUIVALENCE_NATS
+
+    win = _paired([[-1.0, -1.2] * 20] * 8, [[-1.5, -1.6] * 20] * 8)
+    assert win.verdict() == "first" and win.difference()[0] == pytest.approx(0.45)
+    assert _paired([[-1.5] * 40] * 8, [[-1.0] * 40] * 8).verdict() == "second"
+    same = _paired([[-1.0, -2.0] * 20] * 8, [[-1.0, -2.0] * 20] * 8)
+    assert same.verdict() == "equivalent" and same.difference() == (0.0, 0.0)
+    # a lead carried by one of eight sequences is not beyond three clustered standard errors, nor equivalent
+    one = _paired([[-0.5] * 40] + [[-1.0] * 40] * 7, [[-1.0] * 40] * 8)
+    assert one.difference()[0] == pytest.approx(0.0625) and one.verdict() == "inconclusive"
+    # a tiny difference with noise: equivalent only when its 3-SE interval lies inside the bound
+    import random
+
+    r = random.Random(0)
+    noise = [[r.gauss(0, 0.002) for _ in range(40)] for _ in range(16)]
+    tiny = _paired([[-1.0 + e for e in s] for s in noise], [[-1.0] * 40] * 16)
+    d, se = tiny.difference()
+    assert abs(d) + 3 * se <= EQUIVALENCE_NATS and tiny.verdict() == "equivalent"
+    assert _paired([[-1.0]] * 1, [[-2.0]] * 1).verdict() == "inconclusive"  # one sequence: no clustered SE
+
+
+def test_sequential_stops_at_the_first_look_with_a_verdict():
+    import torch
+
+    from eagle_migrate.aux_evidence import LOOKS, sequential
+
+    calls = []
+
+    def score(seq):
+        calls.append(seq)
+        return ({"a": torch.full((10,), -1.0), "b": torch.full((10,), -2.0 - 0.1 * (len(calls) % 3))},
+                {"a": torch.ones(10), "b": torch.zeros(10)}, 0)
+
+    m = sequential(["a", "b"], ([i] * 5 for i in range(100)), score)
+    assert m.verdict == "first" and m.winner == "a" and len(calls) == LOOKS[0] and m.looks == 1
+    assert m.positions == 10 * LOOKS[0] and m.agreement == {"a": 1.0, "b": 0.0}
+    calls.clear()
+
+    def noisy(seq):  # sign flips from sequence to sequence: never decided, the budget ends it
+        calls.append(seq)
+        s = 1.0 if len(calls) % 2 else -1.0
+        return ({"a": torch.full((10,), -1.0 + s), "b": torch.full((10,), -1.0)}, {"a": torch.ones(10), "b": torch.ones(10)}, 0)
+
+    m = sequential(["a", "b"], ([i] * 5 for i in range(100)), noisy)
+    assert m.verdict == "inconclusive" and len(calls) == LOOKS[-1] and m.looks == len(LOOKS)
 
 
 # ----- the convention, per producer layout ----------------------------------------------------------------------
@@ -163,20 +212,52 @@ def test_output_of_layer_ids_reaching_the_last_layer_convert(world, target):
     assert read_checkpoint(world / "last-31").config.aux_layer_ids == ids
 
 
-def test_tie_stops_with_exit_2_naming_both_readings_and_the_flag(world, target):
+def test_equivalent_readings_proceed_with_the_stored_ids_and_a_warning(world, target):
+    """A drafter that reads only the embedding block (present in every state): both readings give the same step-0
+    distribution at every position, so they are shown equivalent; convert keeps the stored ids and says so."""
     src = write_layout("specforge", W.drafter_config(), W.drafter_state_dict("blind"), world / "tie", aux_convention="vllm")
-    with pytest.raises(PairingError) as ei:
-        convert(src, target, world / "tie-31", **KW)
-    assert "[1, 2, 3]" in ei.value.message and "[2, 3, 4]" in ei.value.message
-    assert "--aux-ids-convention vllm|output-of-layer" in ei.value.hint
-    assert not (world / "tie-31").exists()
+    res = convert(src, target, world / "tie-31", **KW)
+    e = res.aux_ids_evidence
+    assert (e.decided_by, e.convention, res.aux_layer_ids) == ("equivalent", "vllm", [1, 2, 3])
+    assert e.measurement.verdict == "equivalent" and e.measurement.difference == 0.0 and e.measurement.positions > 0
+    assert any("serve the same here" in w for w in res.warnings)
+    prov = json.loads((world / "tie-31" / "provenance.json").read_text())
+    assert prov["aux_ids"]["decided_by"] == "equivalent" and prov["aux_ids"]["measurement"]["verdict"] == "equivalent"
+    assert json.loads((world / "tie-31" / "config.json").read_text())["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(Path(__file__).resolve().parents[2]))
-    r = subprocess.run([sys.executable, "-m", "eagle_migrate", "convert", str(src), "--target", target, "-o", str(world / "tie-cli"),
-                        "--no-calibrate", "-n", "8", "--json"], capture_output=True, text=True, env=env, timeout=600)
-    assert r.returncode == 2
-    doc = json.loads(r.stdout)  # --json: the failure is one JSON document on stdout
-    assert doc["error"]["exit_code"] == 2 and "--aux-ids-convention" in doc["error"]["hint"]
-    assert "[2, 3, 4]" in r.stderr and "--aux-ids-convention" in r.stderr
+    plain = write_layout("vllm-plain", W.drafter_config(), W.drafter_state_dict("blind"), world / "tie-i", aux_convention="vllm")
+    r = subprocess.run([sys.executable, "-m", "eagle_migrate", "inspect", str(plain), "--target", target, "--json"],
+                       capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["aux_ids_evidence"]["decided_by"] == "equivalent"
+    assert any(f["code"] == "aux_ids_equivalent" for f in doc["findings"])
+
+
+def test_inconclusive_stops_with_exit_2_naming_both_readings_and_the_flag(world, target, monkeypatch):
+    """Merely inconclusive (here: a budget of one sequence, too few for a clustered SE) is exit 2, as before."""
+    from eagle_migrate import aux_evidence
+
+    import torch
+
+    from eagle_migrate.target import LazyTarget
+
+    monkeypatch.setattr(aux_evidence, "sequential", _one_sequence(aux_evidence.sequential))
+    src = write_layout("specforge", W.drafter_config(), W.drafter_state_dict("right"), world / "inc", aux_convention="vllm")
+    a = aux_evidence.resolve_for_target(read_checkpoint(src), LazyTarget(target, "cpu", torch.float32))
+    assert not a.decided and a.measurement.verdict == "inconclusive" and a.measurement.sequences == 1
+    with pytest.raises(PairingError) as ei:
+        convert(src, target, world / "inc-31", **KW)
+    assert "[1, 2, 3]" in ei.value.message and "[2, 3, 4]" in ei.value.message and "inconclusive" in ei.value.message
+    assert "--aux-ids-convention vllm|output-of-layer" in ei.value.hint
+    assert not (world / "inc-31").exists()
+
+
+def _one_sequence(seq_fn):
+    def run(*a, **kw):
+        kw["budget_sequences"] = 1
+        return seq_fn(*a, **kw)
+    return run
 
 
 @pytest.mark.parametrize("conv,ids", [("vllm", [1, 2, 3]), ("output-of-layer", [2, 3, 4])])
@@ -201,23 +282,50 @@ def test_cli_flag_on_inspect(world, target):
     src = write_layout("vllm-plain", W.drafter_config(), W.drafter_state_dict("blind"), world / "cli-i", aux_convention="vllm")
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(Path(__file__).resolve().parents[2]))
     base = [sys.executable, "-m", "eagle_migrate", "inspect", str(src), "--target", target, "--json"]
-    r = subprocess.run(base, capture_output=True, text=True, env=env, timeout=600)
-    assert r.returncode == 2 and "--aux-ids-convention" in r.stderr
     r = subprocess.run(base + ["--aux-ids-convention", "vllm"], capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["aux_ids_evidence"]["decided_by"] == "override" and doc["aux_layer_ids"] == [1, 2, 3]
 
 
-def test_quantize_refuses_an_undecided_source(world):
-    """quantize's output carries our fingerprint (vLLM ids): an undecided reading is refused, not laundered into it."""
-    from eagle_migrate.errors import InputError
+def test_quantize_carries_undecided_ids_verbatim_without_a_target(world):
+    """Quantizing keeps the layout and how vLLM reads the ids: an undecided vLLM-layout drafter is quantized as it
+    is, the ids carried verbatim and marked undecided (so the output's fingerprint never claims a convention)."""
     from eagle_migrate.quantize import quantize
 
     src = write_layout("vllm-plain", W.drafter_config(), W.drafter_state_dict("right"), world / "q-src", aux_convention="vllm")
-    with pytest.raises(InputError, match="two ways") as ei:
-        quantize(src, world / "q-out", "fp8-dynamic", validate="none")
-    assert "convert" in ei.value.hint and not (world / "q-out").exists()
+    res = quantize(src, world / "q-out", "fp8-dynamic", validate="none")
+    assert any("carried verbatim" in n for n in res.notes)
+    cfg = json.loads((world / "q-out" / "config.json").read_text())
+    assert cfg["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
+    assert cfg["eagle_migrate"]["aux_ids_convention"] == "undecided" and cfg["eagle_migrate"]["aux_ids_stored"] == [1, 2, 3]
+    back = read_checkpoint(world / "q-out")
+    assert back.quantization and not back.aux.decided and back.aux.stored == [1, 2, 3]
+    assert any("carried as they were" in e for c in back.aux.candidates for e in c.evidence)
+    # a decided source keeps our plain fingerprint
+    dec = write_layout("vllm", W.drafter_config(), W.drafter_state_dict("right"), world / "q-dec")
+    quantize(dec, world / "q-dec-out", "fp8-dynamic", validate="none")
+    assert "aux_ids_convention" not in json.loads((world / "q-dec-out" / "config.json").read_text())["eagle_migrate"]
+    assert read_checkpoint(world / "q-dec-out").aux.decided_by == "fingerprint"
+
+
+def test_passthrough_convert_carries_undecided_ids(world, target):
+    """An EAGLE-3.1 source (passthrough) in a layout nothing fingerprints: re-written as it is, ids carried and
+    marked undecided; no measurement needed."""
+    cfg = W.drafter_config().model_copy(update={"fc_norm": True, "norm_output": True})
+    import torch
+
+    sd = W.drafter_state_dict("right")
+    for k in range(3):
+        sd[f"fc_norm.{k}.weight"] = torch.ones(W.H)
+    src = write_layout("vllm-plain", cfg, sd, world / "pt", aux_convention="vllm")
+    assert read_checkpoint(src).config.is_eagle31 and not read_checkpoint(src).aux.decided
+    res = convert(src, target, world / "pt-out", command="test")
+    assert res.passthrough and res.aux_layer_ids == [1, 2, 3] and res.aux_ids_evidence.measurement is None
+    assert any("carried as stored" in w for w in res.warnings)
+    out = json.loads((world / "pt-out" / "config.json").read_text())
+    assert out["eagle_migrate"]["aux_ids_convention"] == "undecided"
+    assert not read_checkpoint(world / "pt-out").aux.decided
 
 
 def test_every_capture_takes_id_L_before_the_final_norm(world, target):
@@ -239,3 +347,62 @@ def test_every_capture_takes_id_L_before_the_final_norm(world, target):
     a3 = next(LazyTarget(target, "cpu", torch.float32).capture([ids[0].tolist()], [1, W.L], False)).aux
     for a in (a1[0], a2[0], a3):
         assert torch.allclose(a[:, W.H:], pre["x"][0]) and torch.allclose(a[:, :W.H], out.hidden_states[1][0])
+
+
+def test_aux_ids_runs_nothing():
+    """aux_ids keeps vLLM's rule, the fingerprints and the types; the measurement (which runs a drafter on a target)
+    lives a layer up, in aux_evidence."""
+    code = ("import sys, eagle_migrate.aux_ids as a; "
+            "print(sorted(m for m in sys.modules if m in ('torch', 'eagle_migrate.corpora', 'eagle_migrate.drafter.load', "
+            "'eagle_migrate.target', 'eagle_migrate.aux_evidence')))")
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"
+    assert not hasattr(A, "measure") and not hasattr(A, "resolve_for_target")
+
+
+def test_norm_before_residual_not_in_the_config_is_measured(world, target):
+    """norm_before_residual is not visible in the weights: when the config omits it, convert measures it with the
+    same statistic. On this drafter (no attention or MLP output) the flag changes nothing: shown equivalent, the
+    layout's default is kept, with the evidence reported. A config that states it is not measured."""
+    src = write_layout("vllm-plain", W.drafter_config(), W.drafter_state_dict("right"), world / "nbr", aux_convention="vllm")
+    cfg = json.loads((src / "config.json").read_text())
+    del cfg["norm_before_residual"]
+    (src / "config.json").write_text(json.dumps(cfg))
+    ck = read_checkpoint(src)
+    assert ck.meta["norm_before_residual_stated"] is False
+    res = convert(src, target, world / "nbr-31", **KW)
+    m = res.norm_before_residual_evidence
+    assert m is not None and m.readings == ["true", "false"] and m.verdict == "equivalent" and m.positions > 0
+    assert any("norm_before_residual is not in the config" in w for w in res.warnings)
+    prov = json.loads((world / "nbr-31" / "provenance.json").read_text())
+    assert prov["norm_before_residual_evidence"]["verdict"] == "equivalent"
+    stated = write_layout("vllm-plain", W.drafter_config(), W.drafter_state_dict("right"), world / "nbr-s", aux_convention="vllm")
+    assert convert(stated, target, world / "nbr-s-31", **KW).norm_before_residual_evidence is None
+
+
+def test_one_target_pass_serves_both_readings_and_the_statistics_pass(world, target):
+    """The target runs once per measured sequence for both readings, and the statistics pass that follows in
+    convert finds those sequences' states kept (LazyTarget.capture does not run the target on them again)."""
+    import torch
+
+    from eagle_migrate import aux_evidence
+    from eagle_migrate.target import LazyTarget
+
+    src = write_layout("vllm-plain", W.drafter_config(), W.drafter_state_dict("right"), world / "reuse", aux_convention="vllm")
+    ck = read_checkpoint(src)
+    lt = LazyTarget(target, "cpu", torch.float32)
+    text = [[(s + i) % W.V for i in range(40)] for s in range(W.V)]  # the target's own text: x, x + 1, ...
+    calls = []
+    tg = lt.loaded
+    fwd = tg.forward
+    tg.forward = lambda *a, **k: (calls.append(1), fwd(*a, **k))[1]
+    m = aux_evidence.measure(ck, lt, [[1, 2, 3], [2, 3, 4]], data=text, sequences=text[:8])
+    assert m.winner == "vllm" and len(calls) == m.sequences
+    lt.keep_only([1, 2, 3])
+    tg.capture = lambda *a, **k: pytest.fail("the target ran again on a measured sequence")
+    recs = list(lt.capture(text[:8], [1, 2, 3], want_last=False))
+    assert len(recs) == 8 and recs[0].aux.shape == (40, 3 * W.H)
+    want, _ = fwd(torch.tensor([text[0]]), [1, 2, 3])
+    assert torch.allclose(recs[0].aux, want[0].float())

@@ -139,9 +139,18 @@ def test_write_round_trip(tmp_path, src, out_layout):
     ck = read_checkpoint(write_layout(src, cfg, sd, tmp_path / "src"))
     if src.startswith("safeailab"):  # ids are never stored by SafeAILab: the user supplies them on conversion
         ck.config = ck.config.model_copy(update={"aux_layer_ids": [2, 5, 9], "norm_output": True, "rope_theta": 500000.0})
-    if not ck.aux.decided:  # our output is fingerprinted as vLLM ids: an undecided reading is refused, not laundered
+    if not ck.aux.decided:
+        # an undecided reading is carried verbatim and marked undecided (never laundered into our fingerprint) ...
+        carried = read_checkpoint(write_checkpoint(ck, tmp_path / "carried", layout=out_layout, verifier="toy-target"))
+        assert carried.producer == "eagle-migrate" and not carried.aux.decided and carried.aux.stored == ck.aux.stored
+        assert carried.config.aux_layer_ids == ck.config.aux_layer_ids
+        # ... and writing other ids than the stored ones while undecided would pick a convention: refused
+        import copy
+
+        shifted = copy.copy(ck)
+        shifted.config = ck.config.model_copy(update={"aux_layer_ids": [i + 1 for i in ck.config.aux_layer_ids]})
         with pytest.raises(InputError, match="undecided"):
-            write_checkpoint(ck, tmp_path / "out", layout=out_layout, verifier="toy-target")
+            write_checkpoint(shifted, tmp_path / "out-shifted", layout=out_layout, verifier="toy-target")
         aux_ids.apply(ck, aux_ids.resolve(ck.aux, 3, 12, override=AUX_CONVENTION[src]))
     out = write_checkpoint(ck, tmp_path / "out", layout=out_layout, verifier="toy-target")
     back = read_checkpoint(out)

@@ -16,7 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 LIBRARY = ("eagle_migrate.convert", "eagle_migrate.migrate", "eagle_migrate.quantize", "eagle_migrate.validate.api",
            "eagle_migrate.calibrate", "eagle_migrate.publish", "eagle_migrate.inspection", "eagle_migrate.formats",
-           "eagle_migrate.aux_ids", "eagle_migrate.devices", "eagle_migrate.pipeline", "eagle_migrate.demo",
+           "eagle_migrate.aux_ids", "eagle_migrate.aux_evidence", "eagle_migrate.devices", "eagle_migrate.pipeline", "eagle_migrate.demo",
            "eagle_migrate.corpora", "eagle_migrate.assets", "eagle_migrate.train", "eagle_migrate.stats",
            "eagle_migrate.judge", "eagle_migrate.features", "eagle_migrate.fingerprints", "eagle_migrate.calibration_data", "eagle_migrate.target", "eagle_migrate.choices")
 
@@ -167,9 +167,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("convert.base", "convert.eagle2"): "registry: the converters register themselves on the skeleton",
     ("convert.base", "convert.eagle3"): "registry: the converters register themselves on the skeleton",
     ("convert.base", "convert.passthrough"): "registry: the converters register themselves on the skeleton",
-    # temporary: the aux-id measurement (step 0 of the drafter on the target's states) still lives in aux_ids.py
-    ("aux_ids", "corpora"): "temporary: moves with issue #27 (the measurement leaves aux_ids.py)",
-    ("aux_ids", "drafter.load"): "temporary: moves with issue #27 (the measurement leaves aux_ids.py)",
 }
 
 

@@ -63,3 +63,31 @@ def test_migrate_hands_its_progress_to_convert(tmp_path, monkeypatch):
 
     res = migrate(src, str(target), tmp_path / "run", MigrateOptions(calibrate=False), progress=mine)
     assert res.failed_stage == "convert" and seen["progress"] is mine
+
+
+def test_a_finished_stage_reported_again_is_not_the_one_in_flight(capsys):
+    """convert reports its last write step twice (write, then verify); the heartbeat during the next pipeline stage
+    once repeated 'write 16/16 ... still running' for a minute of validate. A finished stage is never current, and
+    the pipeline names the stage it starts."""
+    clock = _Clock()
+    with StageBar("demo", json_mode=True, clock=clock, heartbeat=False) as bar:
+        bar("write", 16, 16)
+        bar("write", 16, 16)
+        capsys.readouterr()
+        clock.now += 11
+        bar.tick()
+        err = capsys.readouterr().err
+        assert "write 16/16" not in err and "still running (11 s; write done)" in err
+        bar("validate", 0, None)
+        clock.now += 11
+        bar.tick()
+        assert "demo: validate 0 (22 s) still running" in capsys.readouterr().err
+
+
+def test_the_pipeline_reports_each_stage_it_starts(tmp_path):
+    from eagle_migrate.pipeline import Pipeline, Stage
+
+    seen = []
+    stages = [Stage(name=n, fn=lambda ctx: {}, inputs={"n": n}) for n in ("a", "b")]
+    Pipeline(tmp_path / "run", stages, progress=lambda *a: seen.append(a)).run()
+    assert seen == [("a", 0, None, ""), ("b", 0, None, "")]

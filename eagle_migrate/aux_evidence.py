@@ -1,0 +1,330 @@
+"""The evidence that decides what a checkpoint does not say: which convention its aux-layer ids were written in, and
+(when the config does not state it) ``norm_before_residual`` -- by running the drafter's step 0 on the target
+(docs/formats.md section 4, "The measurement").
+
+Two readings (the two conventions; the flag's two values) are compared on the *same* positions: at every position
+i of the calibration sequences, the log-likelihood of the target's own next token under the drafter's step-0
+distribution (draft logits through ``d2t``), ``d_i = log p_first(t_i) - log p_second(t_i)``. The whole distribution
+enters, not only its top-1, so a weak drafter on a target with similar adjacent layers still separates them.
+Positions within a sequence are not independent: the standard error is clustered by sequence. Sampling is
+sequential: sequences are added until, at one of the fixed looks (:data:`LOOKS`), one reading wins by more than
+:data:`WIN_Z` standard errors, or the readings are shown equivalent (``|d| + WIN_Z * SE <= EQUIVALENCE_NATS``), or
+the budget is spent (inconclusive). The target runs once per sequence for both readings; the states it captured are
+kept on the :class:`~eagle_migrate.target.LazyTarget` for the statistics pass that follows in convert.
+
+Layer: beside ``judge`` (may run a drafter on a target): imports aux_ids, corpora, drafter, target. ``aux_ids``
+keeps vLLM's rule, the fingerprints and the convention type, and imports none of these.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from .aux_ids import CONVENTIONS, AuxIds, Convention, Measurement, from_stored, resolve
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .formats.base import Checkpoint
+    from .target import LazyTarget
+
+WIN_Z = 3.0
+# Equivalence bound (nats per position). exp(difference) is the ratio of the two readings' geometric-mean
+# probabilities of the target's token, so |d| <= 0.01 bounds that ratio within 1 %: half the 2 % the project
+# accepts as "the same AL" (quantize's gate, docs/quantization.md). Measured adjacent-layer readings of a real drafter
+# differ by far more (docs/benchmarks.md, aux-id evidence); identical states give d = 0 exactly.
+EQUIVALENCE_NATS = 0.01
+# Sequential looks (after this many sequences); at most 7 looks, so 3 SE per look keeps the chance of a wrong winner
+# under 7 x 0.00135 = 1 % (Bonferroni, one-sided) when the readings are truly equal.
+LOOKS = (8, 12, 16, 24, 32, 48, 64)
+BUDGET_SEQUENCES = LOOKS[-1]
+BUDGET_POSITIONS = 16384
+# tokens per measured sequence: convert's --max-length default, so the statistics pass finds the states of the
+# measured sequences kept (LazyTarget.keep) and does not run the target on them again. The target's forward is the
+# cost (SmolLM2-135M: about 10 CPU-seconds per 512 tokens on the loaded 2-core box, docs/benchmarks.md).
+MAX_LENGTH = 512
+LOGP_FLOOR = -50.0  # a draft probability that underflows counts as e^-50, never -inf
+
+
+# ----- the statistic -------------------------------------------------------------------------------------------------
+class Paired:
+    """Per-sequence sums of the paired difference and of each reading's statistic and top-1 hits."""
+
+    def __init__(self, readings: list[str]):
+        self.readings = readings
+        self.d_sums: list[float] = []
+        self.sizes: list[int] = []
+        self.sums = {r: 0.0 for r in readings}
+        self.hits = {r: 0 for r in readings}
+        self.excluded = 0
+
+    def add(self, logp: dict[str, torch.Tensor], hit: dict[str, torch.Tensor], excluded: int = 0) -> None:
+        a, b = self.readings
+        n = int(logp[a].numel())
+        self.excluded += excluded
+        if n == 0:
+            return
+        self.d_sums.append(float((logp[a].double() - logp[b].double()).sum()))
+        self.sizes.append(n)
+        for r in self.readings:
+            self.sums[r] += float(logp[r].double().sum())
+            self.hits[r] += int(hit[r].sum())
+
+    @property
+    def positions(self) -> int:
+        return sum(self.sizes)
+
+    def difference(self) -> tuple[float, float]:
+        """(mean paired difference, its standard error clustered by sequence: G/(G-1) sum_g (S_g - d n_g)^2 / N^2)."""
+        n, g = self.positions, len(self.sizes)
+        if n == 0:
+            return 0.0, math.inf
+        d = sum(self.d_sums) / n
+        if g < 2:
+            return d, math.inf
+        var = g / (g - 1) * sum((s - d * k) ** 2 for s, k in zip(self.d_sums, self.sizes)) / n**2
+        return d, math.sqrt(var)
+
+    def verdict(self) -> str:
+        d, se = self.difference()
+        if not math.isfinite(se):
+            return "inconclusive"
+        if se == 0.0:
+            return "equivalent" if d == 0.0 else ("first" if d > 0 else "second")
+        if abs(d) > WIN_Z * se:
+            return "first" if d > 0 else "second"
+        if abs(d) + WIN_Z * se <= EQUIVALENCE_NATS:
+            return "equivalent"
+        return "inconclusive"
+
+    def measurement(self, verdict: str, looks: int, seconds: float) -> Measurement:
+        d, se = self.difference()
+        n = self.positions
+        a, b = self.readings
+        rule = (f"a winner = the paired difference beyond {WIN_Z:g} standard errors (clustered by sequence); equivalent = "
+                f"|difference| + {WIN_Z:g} SE <= {EQUIVALENCE_NATS:g} nats; looks after {', '.join(map(str, LOOKS))} "
+                f"sequences, at most {BUDGET_POSITIONS} positions. Measured {a} - {b} = {d:+.4f} +- {se:.4f} nats over "
+                f"{n} positions in {len(self.sizes)} sequences: "
+                + {"first": f"{a} wins", "second": f"{b} wins", "equivalent": "equivalent",
+                   "inconclusive": "inconclusive"}[verdict])
+        return Measurement(readings=[a, b], positions=n, sequences=len(self.sizes),
+                           mean={r: self.sums[r] / n if n else float("nan") for r in self.readings},
+                           agreement={r: self.hits[r] / n if n else float("nan") for r in self.readings},
+                           difference=d, standard_error=se if math.isfinite(se) else 1e9, equivalence_bound=EQUIVALENCE_NATS,
+                           verdict=verdict, looks=looks, excluded=self.excluded, seconds=round(seconds, 2), rule=rule)
+
+
+def sequential(readings: list[str], sequences: Iterable[list[int]],
+               score: Callable[[list[int]], tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], int] | None],
+               *, budget_sequences: int = BUDGET_SEQUENCES, budget_positions: int = BUDGET_POSITIONS,
+               progress: Callable[[int, int], None] | None = None) -> Measurement:
+    """Score sequences one at a time (``score(seq) -> ({reading: logp [n]}, {reading: top-1 hit [n]}, excluded)``)
+    and stop at the first look with a verdict, or at the budget (inconclusive)."""
+    t0 = time.perf_counter()
+    acc = Paired(readings)
+    looks, done = 0, 0
+    for seq in sequences:
+        if done >= budget_sequences or acc.positions >= budget_positions:
+            break
+        r = score(seq)
+        if r is None:
+            continue
+        acc.add(*r)
+        done += 1
+        if progress:
+            progress(done, budget_sequences)
+        if done in LOOKS or acc.positions >= budget_positions:
+            looks += 1
+            v = acc.verdict()
+            if v != "inconclusive":
+                return acc.measurement(v, looks, time.perf_counter() - t0)
+    if done not in LOOKS:  # the data ran out between looks: one last look
+        looks += 1
+        v = acc.verdict()
+        if v != "inconclusive":
+            return acc.measurement(v, looks, time.perf_counter() - t0)
+    return acc.measurement("inconclusive", looks, time.perf_counter() - t0)
+
+
+class Step0:
+    """The drafter's step 0 on the target's states: log-probability of the target's next token and top-1 hit."""
+
+    def __init__(self, m: Any, target_vocab: int, device: Any, dtype: torch.dtype):
+        self.m, self.device, self.dtype = m, device, dtype
+        vd = m.cfg.draft_vocab_size
+        d2t = m.to_target_ids(torch.arange(vd, device=device)).cpu()
+        self.t2d = torch.full((target_vocab,), -1, dtype=torch.long)
+        self.t2d[d2t] = torch.arange(vd)
+
+    @torch.no_grad()
+    def __call__(self, aux: torch.Tensor, ids: list[int], want: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """aux [T-1, K*Ht] at positions 0..T-2, tokens ids[1:], ``want`` [T-1] the target's next tokens ->
+        (logp [n], hit [n], kept mask [T-1]) over the positions whose target token is in the draft vocabulary."""
+        m = self.m
+        t = len(ids)
+        x = torch.tensor(ids[1:], device=self.device).unsqueeze(0)
+        pos = torch.arange(t - 1, device=self.device).unsqueeze(0)
+        o = m.forward_step(x, m.combine(aux.to(device=self.device, dtype=self.dtype)).unsqueeze(0), pos)
+        logits = m.logits(o.h_post)[0].float()
+        lp = torch.log_softmax(logits, dim=-1).cpu()
+        d = self.t2d[want]
+        keep = d >= 0
+        logp = lp[keep].gather(1, d[keep].unsqueeze(1)).squeeze(1).clamp_min(LOGP_FLOOR)
+        hit = m.to_target_ids(logits.argmax(-1)).cpu()[keep] == want[keep]
+        return logp, hit, keep
+
+
+# ----- the target's states, once per sequence ------------------------------------------------------------------------
+def measurement_sequences(target: LazyTarget, data: Any, seed: int, first: list[list[int]] | None = None,
+                          max_length: int = MAX_LENGTH) -> Iterator[list[int]]:
+    """``first`` (convert: the statistics pass's own sequences, so their states are reused), then more from the same
+    data up to the budget; a tokenizer-less target without data: its own greedy continuations of random first tokens
+    (text it would write: a drafter trained on it predicts it)."""
+    from .corpora import calibration_sequences
+
+    seen: set[tuple[int, ...]] = set()
+    for s in first or []:
+        s = s[:max_length]
+        if tuple(s) not in seen:
+            seen.add(tuple(s))
+            yield s
+    if data is None and target.tokenizer is None:
+        more = _own_sequences(target, BUDGET_SEQUENCES, min(max_length, 48), seed)
+    else:
+        more = calibration_sequences(data, target.tokenizer, target.info.vocab_size, BUDGET_SEQUENCES, max_length, seed)
+    for s in more:
+        if tuple(s) not in seen:
+            seen.add(tuple(s))
+            yield s
+
+
+def _own_sequences(target: LazyTarget, n: int, length: int, seed: int, batch: int = 8) -> Iterator[list[int]]:
+    """The target's greedy continuations of random first tokens, ``batch`` at a time (made only when needed)."""
+    g = torch.Generator().manual_seed(seed)
+    model = target.loaded.model
+    for _ in range(0, n, batch):
+        x = torch.randint(0, target.info.vocab_size, (batch, 1), generator=g)
+        with torch.no_grad():
+            for _ in range(length - 1):
+                nxt = model(input_ids=x.to(target.loaded.device), use_cache=False).logits[:, -1].argmax(-1, keepdim=True)
+                x = torch.cat([x, nxt.cpu()], dim=1)
+        yield from x.tolist()
+
+
+def _states(target: LazyTarget, seq: list[int], ids: list[int]) -> tuple[dict[int, torch.Tensor], torch.Tensor]:
+    """{vLLM id: state [T, Ht]} and the target's greedy next token at every position [T] (one forward)."""
+    tg = target.loaded
+    union = sorted(set(ids))
+    aux, logits = tg.forward(torch.tensor([seq]), union)
+    ht = target.info.hidden_size
+    states = {i: aux[0, :, j * ht:(j + 1) * ht].float().cpu() for j, i in enumerate(union)}
+    return states, logits[0].argmax(-1).cpu()
+
+
+def measure(ck: Checkpoint, target: LazyTarget, candidates: list[list[int]], *, seed: int = 0, data: Any = None,
+            sequences: list[list[int]] | None = None, max_length: int = MAX_LENGTH, keep_states: bool = True,
+            progress: Callable[[int, int], None] | None = None) -> Measurement:
+    """The aux-id measurement: ``candidates`` (vLLM ids of each reading, in the order of :data:`CONVENTIONS`)
+    compared by :func:`sequential`. ``sequences``: the statistics pass's sequences, measured first; their states are
+    kept on ``target`` (``keep_states``) so convert does not run the target on them again."""
+    from .drafter.load import load_drafter
+
+    t0 = time.perf_counter()
+    m = load_drafter(ck, target.loaded, device=target.device, dtype=target.dtype)
+    step = Step0(m, target.info.vocab_size, target.device, target.dtype)
+    union = sorted({i for c in candidates for i in c})
+    reused = {tuple(s) for s in sequences or []}  # only the statistics pass's sequences are kept (memory)
+
+    def score(seq: list[int]):
+        if len(seq) < 3:
+            return None
+        states, nxt = _states(target, seq, union)
+        if keep_states and tuple(seq) in reused:
+            target.keep(seq, states, nxt)
+        want = nxt[1:]
+        logp, hit, excl = {}, {}, 0
+        for conv, cand in zip(CONVENTIONS, candidates):
+            aux = torch.cat([states[i] for i in sorted(cand)], dim=-1)[: len(seq) - 1]
+            logp[conv], hit[conv], keep = step(aux, seq, want)
+            excl = int((~keep).sum())
+        return logp, hit, excl
+
+    res = sequential(list(CONVENTIONS), measurement_sequences(target, data, seed, sequences, max_length), score,
+                     progress=progress)
+    return res.model_copy(update={"seconds": round(time.perf_counter() - t0, 2)})  # target and drafter load included
+
+
+def measure_norm_before_residual(ck: Checkpoint, target: LazyTarget, ids: list[int], *, seed: int = 0, data: Any = None,
+                                 sequences: list[list[int]] | None = None, max_length: int = MAX_LENGTH,
+                                 progress: Callable[[int, int], None] | None = None) -> Measurement:
+    """``norm_before_residual`` true vs false (step 0's layer 0 takes ``hidden_norm(g)`` or ``g`` as its residual),
+    compared by :func:`sequential` on the aux states at ``ids`` (vLLM ids, decided). Reuses kept states."""
+    from .drafter.load import load_drafter
+
+    m = load_drafter(ck, target.loaded, device=target.device, dtype=target.dtype)
+    step = Step0(m, target.info.vocab_size, target.device, target.dtype)
+    layer0 = m.layers[0]
+    ids = sorted(ids)
+
+    def score(seq: list[int]):
+        if len(seq) < 3:
+            return None
+        kept = target.kept(seq)
+        if kept is not None and kept[1] is not None and all(i in kept[0] for i in ids):
+            states, nxt = kept
+        else:
+            states, nxt = _states(target, seq, ids)
+        want = nxt[1:]
+        aux = torch.cat([states[i] for i in ids], dim=-1)[: len(seq) - 1]
+        logp, hit = {}, {}
+        excl = 0
+        for r in ("true", "false"):
+            layer0.norm_before_residual = r == "true"
+            logp[r], hit[r], keep = step(aux, seq, want)
+            excl = int((~keep).sum())
+        return logp, hit, excl
+
+    try:
+        return sequential(["true", "false"], measurement_sequences(target, data, seed, sequences, max_length), score,
+                          progress=progress)
+    finally:
+        layer0.norm_before_residual = ck.config.norm_before_residual
+
+
+# ----- deciding ------------------------------------------------------------------------------------------------------
+def resolve_for_target(ck: Checkpoint, target: LazyTarget, *, override: Convention | None = None, seed: int = 0,
+                       data: Any = None, sequences: list[list[int]] | None = None,
+                       progress: Callable[[int, int], None] | None = None) -> AuxIds:
+    """:func:`eagle_migrate.aux_ids.resolve` for a checkpoint and a target: measures only when nothing else decides."""
+    a: AuxIds | None = getattr(ck, "aux", None)
+    if a is None or ck.config.generation != "eagle3":
+        return a if a is not None else from_stored(None, "none")
+    return resolve(a, ck.config.num_aux, target.info.num_layers, override=override,
+                   measure_fn=lambda cands: measure(ck, target, cands, seed=seed, data=data, sequences=sequences,
+                                                    progress=progress))
+
+
+def norm_before_residual_open(ck: Checkpoint) -> bool:
+    """True when the config does not state ``norm_before_residual`` (the reader took its layout's default) and the
+    drafter is one step 0 can run (EAGLE-3 llama / qwen3 family, unquantized)."""
+    return (ck.config.generation == "eagle3" and not ck.meta.get("norm_before_residual_stated", True)
+            and not ck.quantization)
+
+
+def decide_norm_before_residual(ck: Checkpoint, target: LazyTarget, ids: list[int], *, seed: int = 0, data: Any = None,
+                                sequences: list[list[int]] | None = None,
+                                progress: Callable[[int, int], None] | None = None) -> Measurement | None:
+    """When the config does not state ``norm_before_residual``: measure it, and on a winner set it on ``ck.config``
+    (``ck.meta['norm_before_residual_measurement']`` keeps the evidence). None when nothing was measured."""
+    if not norm_before_residual_open(ck):
+        return None
+    m = measure_norm_before_residual(ck, target, ids, seed=seed, data=data, sequences=sequences, progress=progress)
+    ck.meta["norm_before_residual_measurement"] = m.model_dump()
+    if m.winner is not None:
+        ck.config = ck.config.model_copy(update={"norm_before_residual": m.winner == "true"})
+        ck.meta["norm_before_residual_stated"] = True
+        ck.meta["norm_before_residual_decided_by"] = "measurement"
+    return m
