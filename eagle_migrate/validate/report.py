@@ -215,7 +215,7 @@ def _server_markdown(r: ValidationReport) -> list[str]:
     lines: list[str] = []
     if any(s.new.acceptance_length_se is not None for s in r.suites):
         lines += ["", "Standard errors across blocks of requests (server engine): "
-                  + ", ".join(f"{s.name} AL {s.new.acceptance_length:.3f} ± {_fmt(s.new.acceptance_length_se)} "
+                  + ", ".join(f"{s.name} AL {s.new.acceptance_length:.3f} ± {fmt_value(s.new.acceptance_length_se)} "
                               f"({s.new.num_blocks} blocks)" for s in r.suites)]
     if r.server is not None:
         sv = r.server
@@ -243,7 +243,7 @@ def _server_markdown(r: ValidationReport) -> list[str]:
 
             lines.append(f"| {lv.concurrency} | {med(lv.speculative, lambda x: x.per_user_tokens_per_second):.1f} | "
                          f"{med(lv.baseline, lambda x: x.per_user_tokens_per_second):.1f} | {lv.speedup:.3f}x | "
-                         f"{lv.speedup_min:.3f}-{lv.speedup_max:.3f} | {_fmt(lv.speedup_se)} | "
+                         f"{lv.speedup_min:.3f}-{lv.speedup_max:.3f} | {fmt_value(lv.speedup_se)} | "
                          f"{lat(lambda x: x.ttft_ms)} | {lat(lambda x: x.itl_ms)} | {lat(lambda x: x.tpot_ms)} |")
     return lines
 
@@ -327,6 +327,6 @@ def single_bucket_line(r: ValidationReport) -> str | None:
     if long is None or len(long.groups) != 1:
         return None
     g = long.groups[0]
-    base = f", baseline {_fmt(g.baseline.acceptance_length)}" if g.baseline else ""
+    base = f", baseline {fmt_value(g.baseline.acceptance_length)}" if g.baseline else ""
     return (f"AL vs context length: one bucket only ({g.name}, {g.mean_prompt_tokens:.0f} prompt tokens): "
-            f"new {_fmt(g.new.acceptance_length)}{base}; no plot over a single point")
+            f"new {fmt_value(g.new.acceptance_length)}{base}; no plot over a single point")

@@ -45,17 +45,22 @@ def test_fixed_findings_are_listed_as_fixed_with_one_label(tmp_path, monkeypatch
     assert any(ln.split("│")[1].strip() == "warning" and "a plain line" in ln for ln in lines if ln.count("│") >= 3)
 
 
-def test_the_ambiguity_hint_after_a_measurement_asks_only_for_the_convention(tmp_path):
-    """After measuring on a target (which could not decide), the ambiguity's hint no longer says "pass --target"."""
-    from eagle_migrate import aux_ids
+def test_the_ambiguity_hint_after_a_measurement_asks_only_for_the_convention(tmp_path, monkeypatch):
+    """After measuring on a target (which could not decide), the ambiguity's hint no longer says "pass --target".
+    The paired log-likelihood decides this toy, so the measurement's budget is cut to one sequence (too few for a
+    clustered standard error: inconclusive)."""
+    from eagle_migrate import aux_evidence, aux_ids
     from eagle_migrate.target import LazyTarget
+
+    sequential = aux_evidence.sequential
+    monkeypatch.setattr(aux_evidence, "sequential", lambda *a, **kw: sequential(*a, **{**kw, "budget_sequences": 1}))
 
     toy.write_target(tmp_path / "target", layers=LAYERS)
     ck = read_checkpoint(write_layout("specforge", toy_cfg(), toy_layout_sd(), tmp_path / "sf"))
     plain = next(f.message for f in ck.findings if f.code == "aux_ids_convention_ambiguous")
     assert "pass --target" in plain
-    b = aux_ids.resolve_for_target(ck, LazyTarget(str(tmp_path / "target"), "cpu", torch.float32))
-    assert not b.decided and b.measurement is not None  # the successor toy's layers differ only in scale
+    b = aux_evidence.resolve_for_target(ck, LazyTarget(str(tmp_path / "target"), "cpu", torch.float32))
+    assert not b.decided and b.measurement is not None and b.measurement.verdict == "inconclusive"
     (f,) = aux_ids.findings(b, ck.producer)
     assert f.code == "aux_ids_convention_ambiguous"
     assert "pass --target" not in f.message and "--aux-ids-convention" in f.message
