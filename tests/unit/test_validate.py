@@ -132,3 +132,12 @@ def test_quantize_gate_default_suites_are_the_validate_suites(pair):
     expect = {n: corpora.suite(n, None, info, num_prompts=3, max_tokens=8) for n in ("chat", "code")}
     assert out == {n: {"prompts": s.prompts, "max_tokens": 8} for n, s in expect.items()}
     assert all(len(v["prompts"]) == 3 for v in out.values())
+
+
+def test_report_markdown_with_a_speedup_renders(toy_target, toy_oracle, tmp_path):
+    """report.md's speed-up column and verdict line format every number (a merge once left their formatter
+    undefined: validate --speedup --report raised NameError after measuring)."""
+    r = validate(toy_oracle, str(toy_target), engine="reference", suites=["chat"], num_prompts=1, max_tokens=8,
+                 speedup=True, diagnostics=False, report_dir=tmp_path / "rep")
+    md = (tmp_path / "rep" / "report.md").read_text()
+    assert r.suites[0].speedup is not None and "4.000" in md
