@@ -137,7 +137,8 @@ def test_quantize_gate_default_suites_are_the_validate_suites(pair):
 def test_report_markdown_with_a_speedup_renders(toy_target, toy_oracle, tmp_path):
     """report.md's speed-up column and verdict line format every number (a merge once left their formatter
     undefined: validate --speedup --report raised NameError after measuring)."""
-    r = validate(toy_oracle, str(toy_target), engine="reference", suites=["chat"], num_prompts=1, max_tokens=8,
-                 speedup=True, diagnostics=False, report_dir=tmp_path / "rep")
+    r = validate(toy_oracle, str(toy_target), engine="reference", suites=["chat", "long"], num_prompts=2, max_tokens=8,
+                 baseline=toy_oracle, speedup=True, diagnostics=False, report_dir=tmp_path / "rep")
     md = (tmp_path / "rep" / "report.md").read_text()
     assert r.suites[0].speedup is not None and "4.000" in md
+    assert "no plot over a single point" in md  # the toy's long suite has one bucket: its line, with its numbers
