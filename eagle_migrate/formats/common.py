@@ -300,8 +300,6 @@ def derive(
     meta: dict[str, Any] = {"aux_ids_stored": view.aux_ids, "aux_ids_source": view.aux_ids_source,
                             "prefix_stripped": scan.prefix, "midlayer": scan.midlayer, "logical_shapes": shapes,
                             "ignored_tensors": scan.ignored, "vocab_size_declared": s.vocab_size,
-                            # not visible in the weights: stated in the config, or the layout's default (measured
-                            # with a target: eagle_migrate.aux_evidence.decide_norm_before_residual)
                             "norm_before_residual_stated": cfg_flag(flat, "norm_before_residual") is not None}
     return Checkpoint(
         path=root, config=cfg, producer=producer, store=store, name_map=dict(nm), raw_config=raw_config,

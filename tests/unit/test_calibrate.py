@@ -286,7 +286,6 @@ def test_vllm_continuations_are_cached_by_target_content(tmp_path, monkeypatch):
     import json
 
     from eagle_migrate import calibration_data as cal
-    from eagle_migrate.validate import vllm_engine
 
     calls = []
 
@@ -294,7 +293,9 @@ def test_vllm_continuations_are_cached_by_target_content(tmp_path, monkeypatch):
         calls.append(target)
         return {n: (None, {"outputs": [[7, 8] for _ in s["prompts"]]}) for n, s in suites.items()}
 
-    monkeypatch.setattr(vllm_engine, "measure", fake_measure)
+    from eagle_migrate.validate import engine
+
+    monkeypatch.setattr(engine, "measure", fake_measure)  # where calibration_data looks it up
     target = tmp_path / "target"
     target.mkdir()
     (target / "config.json").write_text(json.dumps({"hidden_size": 8}))
