@@ -25,38 +25,11 @@ from __future__ import annotations
 
 from .calibrate_acts import CalibrationReport, activation_ranges, calibrate_activations
 from .gate import AcceptanceReport, SuiteDrop, ValidateMode, default_suites
-from ..quant import schemes
-from ..quant.handlers import activation_hook
-from ..quant.linears import LAYER_LINEARS, fused_groups, linear_prefixes
-from ..quant.numerics import (
-    decompress_layer,
-    err_stats,
-    fp8_weight,
-    nvfp4_global_scale,
-    nvfp4_weight,
-)
-from ..quant.pack import LayerReport, dequantize_state_dict, quantize_state_dict
-from ..quant.schemes import (
-    FC_IGNORE,
-    LM_HEAD,
-    SCHEMES,
-    SchemeConfig,
-    SchemeHandler,
-    SchemeName,
-    get_scheme,
-    handler_for,
-    ignore_list,
-    quantization_config,
-    register_handler,
-    scheme_from_config,
-)
+from ..quant import *  # noqa: F401,F403  (the format's names, re-exported: quant.__all__)
+from ..quant import __all__ as _QUANT_NAMES
 from .stage import QuantizeResult, quantize, write_quantized
 
 __all__ = [
-    "FC_IGNORE", "LAYER_LINEARS", "LM_HEAD", "SCHEMES", "AcceptanceReport", "CalibrationReport", "LayerReport",
-    "QuantizeResult", "SchemeConfig", "SchemeHandler", "SchemeName", "SuiteDrop", "ValidateMode", "activation_hook",
-    "activation_ranges", "calibrate_activations", "decompress_layer", "default_suites", "dequantize_state_dict",
-    "err_stats", "fp8_weight", "fused_groups", "get_scheme", "handler_for", "ignore_list", "linear_prefixes",
-    "nvfp4_global_scale", "nvfp4_weight", "quantization_config", "quantize", "quantize_state_dict", "register_handler",
-    "scheme_from_config", "schemes", "write_quantized",
+    *_QUANT_NAMES, "AcceptanceReport", "CalibrationReport", "QuantizeResult", "SuiteDrop", "ValidateMode",
+    "activation_ranges", "calibrate_activations", "default_suites", "quantize", "write_quantized",
 ]
