@@ -78,6 +78,14 @@ class FeatureBatch:
             raise ValueError("a batch needs target_logits, or final states plus a TargetHead")
         return head.logits(self.final)
 
+    def labels_where(self, head: TargetHead | None, where: torch.Tensor) -> torch.Tensor:
+        """:meth:`labels` at the positions where ``where`` [B, T] is true only, as [M, Vd] in row-major order."""
+        if self.target_logits is not None:
+            return self.target_logits[where].float()
+        if self.final is None or head is None:
+            raise ValueError("a batch needs target_logits, or final states plus a TargetHead")
+        return head.logits(self.final[where])
+
 
 def pad_batch(seqs: Sequence[Sequence[int]], masks: Sequence[Sequence[bool]] | None, seq_len: int, pad_id: int = 0):
     seqs = [list(s)[:seq_len] for s in seqs]

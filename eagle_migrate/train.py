@@ -152,9 +152,14 @@ def unrolled_loss(
     k: int,
     decay: float = STEP_DECAY,
 ) -> LossOutput:
-    """Weighted (decay^j) soft cross-entropy of the k unrolled steps against the target's draft-vocab distribution."""
+    """Weighted (decay^j) soft cross-entropy of the k unrolled steps against the target's draft-vocab distribution.
+    Output layers run only at the trained positions (prompt and padding positions are a third of a typical batch;
+    the draft and target heads over the draft vocabulary cost more than the decoder layer itself)."""
     outs = unrolled_forward(model, fb.input_ids, fb.aux, k)
-    tl = fb.labels(head)
+    lm = fb.loss_mask.to(fb.aux.device)
+    tl = fb.labels_where(head, lm)  # [M, Vd] at the trained positions, row-major
+    row = torch.full(lm.shape, -1, dtype=torch.long, device=lm.device)
+    row[lm] = torch.arange(tl.shape[0], device=lm.device)
     t = fb.input_ids.shape[1]
     total = torch.zeros((), device=fb.aux.device)
     wsum = 0.0
@@ -164,18 +169,23 @@ def unrolled_loss(
         n = t - 1 - j
         if n <= 0:
             break
-        dl = model.logits(o.h_post[:, :n]).float()
-        tj = tl[:, 1 + j : 1 + j + n]
-        m = fb.loss_mask[:, 1 + j : 1 + j + n].to(dl.device)
-        cnt = m.sum()
-        ce = -(tj.softmax(-1) * dl.log_softmax(-1)).sum(-1)
-        lj = (ce * m).sum() / cnt.clamp(min=1)
+        m = lm[:, 1 + j : 1 + j + n]
+        cnt = int(m.sum())
+        if cnt == 0:
+            lj = o.h_post.sum() * 0.0  # keeps the graph (and the step's weight) when a batch has nothing to train
+            acc = 0.0
+        else:
+            dl = model.logits(o.h_post[:, :n][m]).float()
+            tj = tl[row[:, 1 + j : 1 + j + n][m]]
+            ce = -(tj.softmax(-1) * dl.log_softmax(-1)).sum(-1)
+            lj = ce.sum() / cnt
+            acc = float((dl.argmax(-1) == tj.argmax(-1)).sum()) / cnt
         total = total + w * lj
         wsum += w
         sl.append(float(lj.detach()))
-        sa.append(float(((dl.argmax(-1) == tj.argmax(-1)) & m).sum() / cnt.clamp(min=1)))
+        sa.append(acc)
         if j == 0:
-            tokens = int(cnt)
+            tokens = cnt
     return LossOutput(total / max(wsum, 1e-9), sl, sa, tokens)
 
 

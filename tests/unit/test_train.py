@@ -122,6 +122,38 @@ def test_loss_covers_every_step():
     assert m.layers[0].hidden_norm.weight.grad is not None and m.layers[0].hidden_norm.weight.grad.abs().sum() > 0
 
 
+def test_loss_at_trained_positions_equals_the_dense_masked_loss():
+    """The loss gathers the trained positions before the output layers; the value and the gradient are the
+    masked mean over the whole batch (prompt and padding positions excluded), as written out densely here."""
+    m = _model(False)
+    fb = _toy_batches(_model(False, seed=3), n=1, t=14)[0]
+    mask = torch.ones_like(fb.loss_mask)
+    mask[0, :5] = False  # a prompt
+    mask[1, 9:] = False  # padding
+    fb = FeatureBatch(fb.input_ids, fb.aux, mask, target_logits=fb.target_logits)
+    out = unrolled_loss(m, fb, None, 3)
+    out.loss.backward()
+    g = {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}
+    m.zero_grad()
+    outs = unrolled_forward(m, fb.input_ids, fb.aux, 3)
+    dense, ws = [], [1.0, 0.8, 0.64]
+    for j, o in enumerate(outs):
+        n = 14 - 1 - j
+        dl = m.logits(o.h_post[:, :n]).float()
+        tj = fb.target_logits[:, 1 + j : 1 + j + n].float()
+        mj = mask[:, 1 + j : 1 + j + n]
+        ce = -(tj.softmax(-1) * dl.log_softmax(-1)).sum(-1)
+        dense.append((ce * mj).sum() / mj.sum())
+    ref = sum(w * x for w, x in zip(ws, dense)) / sum(ws)
+    ref.backward()
+    assert out.step_loss == pytest.approx([float(x.detach()) for x in dense], rel=1e-5)
+    assert float(out.loss.detach()) == pytest.approx(float(ref.detach()), rel=1e-5)
+    assert out.tokens == int(mask[:, 1:].sum())
+    for n, p in m.named_parameters():
+        if p.grad is not None:
+            assert torch.allclose(g[n], p.grad, rtol=1e-4, atol=1e-6), n
+
+
 class _Interrupt(Exception):
     pass
 
