@@ -8,9 +8,9 @@ distribution (draft logits through ``d2t``), ``d_i = log p_first(t_i) - log p_se
 enters, not only its top-1, so a weak drafter on a target with similar adjacent layers still separates them.
 Positions within a sequence are not independent: the standard error is clustered by sequence. Sampling is
 sequential: sequences are added until, at one of the fixed looks (:data:`LOOKS`), one reading wins by more than
-:data:`WIN_Z` standard errors, or the readings are shown equivalent (``|d| + WIN_Z * SE <= EQUIVALENCE_NATS``), or
-the budget is spent (inconclusive). The target runs once per sequence for both readings; the states it captured are
-kept on the :class:`~eagle_migrate.target.LazyTarget` for the statistics pass that follows in convert.
+t standard errors (:func:`critical`: Student's t with sequences - 1 degrees of freedom), or the readings are shown
+equivalent (``|d| + t * SE <= EQUIVALENCE_NATS``), or the budget is spent (inconclusive). The target runs once per
+sequence for both readings; the states it captured are kept on the :class:`~eagle_migrate.target.LazyTarget` for the statistics pass that follows in convert.
 
 Layer: beside ``judge`` (may run a drafter on a target): imports aux_ids, corpora, drafter, target. ``aux_ids``
 keeps vLLM's rule, the fingerprints and the convention type, and imports none of these.
@@ -18,6 +18,7 @@ keeps vLLM's rule, the fingerprints and the convention type, and imports none of
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -31,14 +32,17 @@ if TYPE_CHECKING:  # pragma: no cover
     from .formats.base import Checkpoint
     from .target import LazyTarget
 
-WIN_Z = 3.0
+# A wrong winner's chance per look (one-sided): the normal tail beyond 3 sigma. The threshold is Student's t with
+# (sequences - 1) degrees of freedom at this level (:func:`critical`), not a fixed 3: the standard error is clustered
+# by sequence, so after 8 sequences it rests on 7 degrees of freedom and 3 SE would be crossed ~1 % of the time.
+ALPHA_PER_LOOK = 0.00135
 # Equivalence bound (nats per position). exp(difference) is the ratio of the two readings' geometric-mean
 # probabilities of the target's token, so |d| <= 0.01 bounds that ratio within 1 %: half the 2 % the project
 # accepts as "the same AL" (quantize's gate, docs/quantization.md). Measured adjacent-layer readings of a real drafter
 # differ by far more (docs/benchmarks.md, aux-id evidence); identical states give d = 0 exactly.
 EQUIVALENCE_NATS = 0.01
-# Sequential looks (after this many sequences); at most 7 looks, so 3 SE per look keeps the chance of a wrong winner
-# under 7 x 0.00135 = 1 % (Bonferroni, one-sided) when the readings are truly equal.
+# Sequential looks (after this many sequences); at most 7 looks at ALPHA_PER_LOOK each keep the chance of a wrong
+# winner under 7 x 0.00135 = 1 % (Bonferroni, one-sided) when the readings are truly equal.
 LOOKS = (8, 12, 16, 24, 32, 48, 64)
 BUDGET_SEQUENCES = LOOKS[-1]
 BUDGET_POSITIONS = 16384
@@ -47,6 +51,28 @@ BUDGET_POSITIONS = 16384
 # cost (SmolLM2-135M: about 10 CPU-seconds per 512 tokens on the loaded 2-core box, docs/benchmarks.md).
 MAX_LENGTH = 512
 LOGP_FLOOR = -50.0  # a draft probability that underflows counts as e^-50, never -inf
+
+
+@functools.lru_cache(maxsize=None)
+def critical(df: int, alpha: float = ALPHA_PER_LOOK) -> float:
+    """Student's t quantile: P(T_df > x) = alpha (bisection on the tail, Simpson's rule on the density; 3.0075 at
+    1,000 df, 4.530 at 7). No SciPy dependency for one number per look."""
+
+    def tail(x: float) -> float:
+        n = 2 * max(1000, int(50 * x))
+        c = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+        h = x / n
+        f = [math.exp(c - (df + 1) / 2 * math.log1p((i * h) ** 2 / df)) for i in range(n + 1)]
+        return 0.5 - h / 3 * (f[0] + f[-1] + 4 * sum(f[1:-1:2]) + 2 * sum(f[2:-1:2]))
+
+    hi = 4.0
+    while tail(hi) > alpha:
+        hi *= 2
+    lo = hi / 2 if hi > 4.0 else 0.0
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if tail(mid) > alpha else (lo, mid)
+    return hi
 
 
 # ----- the statistic -------------------------------------------------------------------------------------------------
@@ -94,9 +120,10 @@ class Paired:
             return "inconclusive"
         if se == 0.0:
             return "equivalent" if d == 0.0 else ("first" if d > 0 else "second")
-        if abs(d) > WIN_Z * se:
+        t = critical(len(self.sizes) - 1)
+        if abs(d) > t * se:
             return "first" if d > 0 else "second"
-        if abs(d) + WIN_Z * se <= EQUIVALENCE_NATS:
+        if abs(d) + t * se <= EQUIVALENCE_NATS:
             return "equivalent"
         return "inconclusive"
 
@@ -104,10 +131,13 @@ class Paired:
         d, se = self.difference()
         n = self.positions
         a, b = self.readings
-        rule = (f"a winner = the paired difference beyond {WIN_Z:g} standard errors (clustered by sequence); equivalent = "
-                f"|difference| + {WIN_Z:g} SE <= {EQUIVALENCE_NATS:g} nats; looks after {', '.join(map(str, LOOKS))} "
-                f"sequences, at most {BUDGET_POSITIONS} positions. Measured {a} - {b} = {d:+.4f} +- {se:.4f} nats over "
-                f"{n} positions in {len(self.sizes)} sequences: "
+        g = len(self.sizes)
+        t = f"{critical(g - 1):.2f}" if g >= 2 else "inf"
+        rule = (f"a winner = the paired difference beyond t standard errors (clustered by sequence; t = Student's t at "
+                f"one-sided {ALPHA_PER_LOOK:g} with sequences - 1 degrees of freedom); equivalent = |difference| + t SE "
+                f"<= {EQUIVALENCE_NATS:g} nats; looks after {', '.join(map(str, LOOKS))} sequences, at most "
+                f"{BUDGET_POSITIONS} positions. Measured {a} - {b} = {d:+.4f} +- {se:.4f} nats over {n} positions in "
+                f"{g} sequences (t = {t}): "
                 + {"first": f"{a} wins", "second": f"{b} wins", "equivalent": "equivalent",
                    "inconclusive": "inconclusive"}[verdict])
         return Measurement(readings=[a, b], positions=n, sequences=len(self.sizes),

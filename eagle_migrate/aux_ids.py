@@ -159,7 +159,7 @@ class Measurement(BaseModel):
     agreement: dict[str, float] = Field(default_factory=dict, description="reading -> step-0 top-1 agreement (reported, not deciding)")
     difference: float = Field(..., description="first minus second, mean over the paired positions")
     standard_error: float = Field(..., description="of the difference, clustered by sequence")
-    equivalence_bound: float = Field(0.0, description="|difference| + 3 SE below this: the readings are equivalent")
+    equivalence_bound: float = Field(0.0, description="|difference| + t SE below this (t: Student's t, aux_evidence.critical): the readings are equivalent")
     verdict: Verdict = "inconclusive"
     looks: int = Field(0, description="sequential looks taken")
     excluded: int = Field(0, description="positions whose target token is outside the draft vocabulary (both readings -inf)")

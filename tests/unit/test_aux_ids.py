@@ -96,8 +96,8 @@ def _paired(a: list[list[float]], b: list[list[float]]):
 
 
 def test_paired_log_likelihood_verdicts():
-    """Winner beyond 3 clustered SE; equivalent when |d| + 3 SE <= the bound; otherwise inconclusive."""
-    from eagle_migrate.aux_evidence import EQUIVALENCE_NATS
+    """Winner beyond t clustered SE; equivalent when |d| + t SE <= the bound; otherwise inconclusive."""
+    from eagle_migrate.aux_evidence import EQUIVALENCE_NATS, critical
 
     win = _paired([[-1.0, -1.2] * 20] * 8, [[-1.5, -1.6] * 20] * 8)
     assert win.verdict() == "first" and win.difference()[0] == pytest.approx(0.45)
@@ -107,15 +107,44 @@ def test_paired_log_likelihood_verdicts():
     # a lead carried by one of eight sequences is not beyond three clustered standard errors, nor equivalent
     one = _paired([[-0.5] * 40] + [[-1.0] * 40] * 7, [[-1.0] * 40] * 8)
     assert one.difference()[0] == pytest.approx(0.0625) and one.verdict() == "inconclusive"
-    # a tiny difference with noise: equivalent only when its 3-SE interval lies inside the bound
+    # a tiny difference with noise: equivalent only when its t-SE interval lies inside the bound
     import random
 
     r = random.Random(0)
     noise = [[r.gauss(0, 0.002) for _ in range(40)] for _ in range(16)]
     tiny = _paired([[-1.0 + e for e in s] for s in noise], [[-1.0] * 40] * 16)
     d, se = tiny.difference()
-    assert abs(d) + 3 * se <= EQUIVALENCE_NATS and tiny.verdict() == "equivalent"
+    assert abs(d) + critical(15) * se <= EQUIVALENCE_NATS and tiny.verdict() == "equivalent"
     assert _paired([[-1.0]] * 1, [[-2.0]] * 1).verdict() == "inconclusive"  # one sequence: no clustered SE
+
+
+def test_critical_values_are_students_t():
+    """The per-look threshold: Student's t at one-sided 0.00135 (3 sigma) with sequences - 1 degrees of freedom;
+    known quantiles (t_7 at 0.975 = 2.3646, t_1 at 0.975 = 12.706) and the normal limit."""
+    from eagle_migrate.aux_evidence import critical
+
+    assert critical(7, 0.025) == pytest.approx(2.3646, abs=1e-3)
+    assert critical(1, 0.025) == pytest.approx(12.706, abs=1e-2)
+    assert critical(10_000) == pytest.approx(3.0, abs=0.01)
+    assert critical(7) == pytest.approx(4.53, abs=0.01) and critical(7) > critical(63) > 3.0
+
+
+def test_eight_sequences_need_more_than_three_standard_errors():
+    """After 8 sequences the clustered SE has 7 degrees of freedom: a 3.5-SE lead is not a winner yet."""
+    import random
+
+    r = random.Random(1)
+    base = [r.gauss(0, 1) for _ in range(8)]
+    mean = sum(base) / 8
+    sd = (sum((x - mean) ** 2 for x in base) / 7) ** 0.5
+    # standardised per-sequence differences (sd 1, so the clustered SE is 1/sqrt(8)) shifted to a 3.5-SE mean: not
+    # a winner under t_7 (4.53); a 4.6-SE lead is
+    diffs = [(x - mean) / sd + 3.5 / 8**0.5 for x in base]
+    p = _paired([[d] * 10 for d in diffs], [[0.0] * 10] * 8)
+    d, se = p.difference()
+    assert d / se == pytest.approx(3.5) and p.verdict() == "inconclusive"
+    win = _paired([[(x - mean) / sd + 4.6 / 8**0.5] * 10 for x in base], [[0.0] * 10] * 8)
+    assert win.verdict() == "first"
 
 
 def test_sequential_stops_at_the_first_look_with_a_verdict():
