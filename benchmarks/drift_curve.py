@@ -16,15 +16,9 @@ other, k draft tokens, greedy). Per cell and drafter: AL = 1 + accepted / drafts
 draft position, number of drafts and of requests, and the standard error of AL; for every drafter after the first,
 the paired ratio AL / AL(first) with its standard error. The first drafter is the reference (the source).
 
-Standard errors. The independent unit is the request, not the draft: drafts within one request share its text and
-are correlated, so a binomial SE over drafts would be too small. Each request i contributes its drafts D_i and
-accepted tokens A_i (vLLM's per-request spec-decode histogram; the reference engine counts per prompt), and
-AL - 1 = sum(A) / sum(D) is a ratio estimator whose linearised (delta-method, cluster-robust) variance is
-n / (n - 1) * sum((A_i - r D_i)^2) / sum(D)^2 with r = sum(A) / sum(D); per-position rates likewise. The ratio of two
-drafters is paired (the same requests; under greedy decoding the target writes the same text for both): with
-T_i = D_i + A_i, log(ratio) = log sum(T') - log sum(D') - log sum(T) + log sum(D), whose per-request influence
-z_i = T'_i / sum(T') - D'_i / sum(D') - T_i / sum(T) + D_i / sum(D) gives var(log ratio) = n / (n - 1) * sum(z_i^2)
-and SE(ratio) = ratio * sqrt(var). The pairing removes the between-prompt variance that two independent SEs would
+Standard errors (``eagle_migrate.validate.metrics``, whose docstring derives them; ``validate`` uses the same): the
+request is the unit, AL's SE is the cluster-robust delta-method SE of a ratio estimator, and the ratio of two drafters
+is paired over the same requests, which removes the between-prompt variance that two independent SEs would
 carry. With a handful of requests per cell (the long buckets) the SE itself is rough: the JSON keeps every
 request's counters so a later analysis can bootstrap instead.
 
@@ -39,19 +33,20 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
-import math
 import os
 import platform
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 ROOT = Path(__file__).resolve().parents[1]
+
+from eagle_migrate.validate.metrics import RequestCounts, cell_stats, paired_ratio, verdict  # noqa: E402
+
 BUCKETS = (1024, 2048, 4096, 7680)
 LONG_KINDS = ("pydoc", "stdlib", "chat")
 # the issue's goal for a converted drafter vs its source: ratio - 2 SE must reach the threshold
@@ -61,64 +56,8 @@ FULL = {"chat": 32, "shift_requests": 4, "long_per_bucket": 6, "max_tokens": 128
 QUICK = {"chat": 8, "shift_requests": 1, "long_per_bucket": 3, "max_tokens": 64, "long_max_tokens": 64}
 
 
-# ----- statistics ----------------------------------------------------------------------------------------------------
-@dataclass
-class Req:
-    """One request's spec-decode counters."""
-
-    drafts: int
-    accepted: int
-    per_position: list[int] = field(default_factory=list)
-
-    @classmethod
-    def from_counts(cls, d: dict[str, Any]) -> Req:
-        return cls(int(d["num_drafts"]), int(d["num_accepted_tokens"]), [int(x) for x in d.get("accepted_per_position", [])])
-
-    def counts(self) -> dict[str, Any]:
-        return {"num_drafts": self.drafts, "num_accepted_tokens": self.accepted, "accepted_per_position": self.per_position}
-
-
-def _ratio_se(num: list[float], den: list[float]) -> float | None:
-    """Delta-method (cluster) SE of sum(num) / sum(den) over independent units; None below 2 units or no data."""
-    n, sd = len(num), sum(den)
-    if n < 2 or sd <= 0:
-        return None
-    r = sum(num) / sd
-    return math.sqrt(n / (n - 1) * sum((a - r * d) ** 2 for a, d in zip(num, den))) / sd
-
-
-def cell_stats(reqs: list[Req], k: int) -> dict[str, Any]:
-    """AL, its SE, per-position acceptance (rate and SE), drafts and requests of one cell."""
-    d = [float(r.drafts) for r in reqs]
-    drafts = int(sum(d))
-    accepted = sum(r.accepted for r in reqs)
-    pos = [[float(r.per_position[i]) if i < len(r.per_position) else 0.0 for r in reqs] for i in range(k)]
-    return {
-        "requests": len(reqs), "drafts": drafts, "accepted": accepted,
-        "al": 1.0 + accepted / drafts if drafts else 1.0,
-        "al_se": _ratio_se([float(r.accepted) for r in reqs], d),
-        "per_position": [sum(p) / drafts if drafts else 0.0 for p in pos],
-        "per_position_se": [_ratio_se(p, d) for p in pos],
-    }
-
-
-def paired_ratio(ref: list[Req], new: list[Req]) -> dict[str, Any]:
-    """AL(new) / AL(ref) over the same requests, with the paired delta-method SE (module docstring)."""
-    if len(ref) != len(new):
-        raise ValueError(f"paired ratio needs the same requests ({len(ref)} vs {len(new)})")
-    t0 = [float(r.drafts + r.accepted) for r in ref]
-    d0 = [float(r.drafts) for r in ref]
-    t1 = [float(r.drafts + r.accepted) for r in new]
-    d1 = [float(r.drafts) for r in new]
-    s = [sum(x) for x in (t0, d0, t1, d1)]
-    if min(s) <= 0:
-        return {"ratio": None, "se": None, "requests": len(ref)}
-    ratio = (s[2] / s[3]) / (s[0] / s[1])
-    n = len(ref)
-    if n < 2:
-        return {"ratio": ratio, "se": None, "requests": n}
-    z = [a / s[2] - b / s[3] - c / s[0] + e / s[1] for a, b, c, e in zip(t1, d1, t0, d0)]
-    return {"ratio": ratio, "se": ratio * math.sqrt(n / (n - 1) * sum(x * x for x in z)), "requests": n}
+# ----- statistics (eagle_migrate/validate/metrics.py: the library's one copy, documented there) ----------------------
+Req = RequestCounts  # one request's counters (the name this script and its tests use)
 
 
 def analyse(labels: list[str], per_request: dict[str, dict[str, list[Req]]], k: int,
@@ -135,7 +74,7 @@ def analyse(labels: list[str], per_request: dict[str, dict[str, list[Req]]], k: 
                 pr = paired_ratio(per_request[labels[0]][c], per_request[lab][c])
                 st["ratio"], st["ratio_se"] = pr["ratio"], pr["se"]
                 if pr["ratio"] is not None and pr["se"] is not None:
-                    st["ratio_beyond_2se"] = abs(pr["ratio"] - 1.0) > 2 * pr["se"]
+                    st["ratio_beyond_2se"] = verdict(pr["ratio"], pr["se"]) != "within noise"
                 if c in goals:
                     lower = None if pr["ratio"] is None or pr["se"] is None else pr["ratio"] - 2 * pr["se"]
                     st["goal"] = {"threshold": goals[c], "ratio_minus_2se": lower,

@@ -1,8 +1,25 @@
-"""Acceptance metrics shared by both engines (vLLM's conventions, vllm/v1/spec_decode/metrics.py)."""
+"""Acceptance metrics shared by the engines (vLLM's conventions, vllm/v1/spec_decode/metrics.py), and their
+standard errors.
+
+Standard errors. The independent unit is the request, not the draft: drafts within one request share its text and
+are correlated, so a binomial SE over drafts would be too small. Each request i contributes its drafts D_i and
+accepted tokens A_i (vLLM's per-request spec-decode histogram; the reference engine counts per prompt), and
+AL - 1 = sum(A) / sum(D) is a ratio estimator whose linearised (delta-method, cluster-robust) variance is
+n / (n - 1) * sum((A_i - r D_i)^2) / sum(D)^2 with r = sum(A) / sum(D) (:func:`ratio_se`); per-position rates
+likewise (:func:`cell_stats`). The ratio of two drafters is paired (the same requests; under greedy decoding the
+target writes the same text for both): with T_i = D_i + A_i, log(ratio) = log sum(T') - log sum(D') - log sum(T)
++ log sum(D), whose per-request influence z_i = T'_i / sum(T') - D'_i / sum(D') - T_i / sum(T) + D_i / sum(D) gives
+var(log ratio) = n / (n - 1) * sum(z_i^2) and SE(ratio) = ratio * sqrt(var) (:func:`paired_ratio`). The pairing
+removes the between-prompt variance that two independent SEs would carry. :func:`verdict` calls a ratio improved /
+worse only beyond 2 SE of 1.0.
+"""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
 
 from pydantic import BaseModel, Field
 
@@ -76,11 +93,80 @@ class AcceptanceStats(BaseModel):
 def ratio_se(num: list[float], den: list[float]) -> float | None:
     """Standard error of sum(num) / sum(den) with each (num_i, den_i) pair a cluster (the delta method: residuals
     num_i - r * den_i). None with fewer than two clusters or nothing in the denominator."""
-    import math
-
     n, total = len(num), float(sum(den))
     if n < 2 or total <= 0:
         return None
     r = sum(num) / total
     ss = sum((a - r * d) ** 2 for a, d in zip(num, den))
     return math.sqrt(n / (n - 1) * ss) / total
+
+
+@dataclass
+class RequestCounts:
+    """One request's spec-decode counters (the unit of every standard error here)."""
+
+    drafts: int
+    accepted: int
+    per_position: list[int] = field(default_factory=list)
+
+    @classmethod
+    def from_counts(cls, d: dict[str, Any]) -> RequestCounts:
+        """From vllm_worker's per-request dict (``num_drafts``, ``num_accepted_tokens``, ``accepted_per_position``)."""
+        return cls(int(d["num_drafts"]), int(d["num_accepted_tokens"]),
+                   [int(x) for x in d.get("accepted_per_position", [])])
+
+    @classmethod
+    def from_stats(cls, s: AcceptanceStats) -> RequestCounts:
+        return cls(s.num_drafts, s.num_accepted_tokens, list(s.accepted_per_position))
+
+    def counts(self) -> dict[str, Any]:
+        return {"num_drafts": self.drafts, "num_accepted_tokens": self.accepted, "accepted_per_position": self.per_position}
+
+
+def cell_stats(reqs: list[RequestCounts], k: int) -> dict[str, Any]:
+    """AL and its SE, per-position acceptance rates and their SEs, drafts, accepted and requests of one prompt set
+    (module docstring; an SE is None below two requests)."""
+    d = [float(r.drafts) for r in reqs]
+    drafts = int(sum(d))
+    accepted = sum(r.accepted for r in reqs)
+    pos = [[float(r.per_position[i]) if i < len(r.per_position) else 0.0 for r in reqs] for i in range(k)]
+    return {
+        "requests": len(reqs), "drafts": drafts, "accepted": accepted,
+        "al": 1.0 + accepted / drafts if drafts else 1.0,
+        "al_se": ratio_se([float(r.accepted) for r in reqs], d),
+        "per_position": [sum(p) / drafts if drafts else 0.0 for p in pos],
+        "per_position_se": [ratio_se(p, d) for p in pos],
+    }
+
+
+def paired_ratio(ref: list[RequestCounts], new: list[RequestCounts]) -> dict[str, Any]:
+    """AL(new) / AL(ref) over the same requests (``ref[i]`` and ``new[i]`` are one prompt), with the paired
+    delta-method SE (module docstring): ``{ratio, se, requests}``; ratio None when either drafted nothing, se None
+    below two requests. Raises ValueError when the lists differ in length (not the same requests)."""
+    if len(ref) != len(new):
+        raise ValueError(f"paired ratio needs the same requests ({len(ref)} vs {len(new)})")
+    t0 = [float(r.drafts + r.accepted) for r in ref]
+    d0 = [float(r.drafts) for r in ref]
+    t1 = [float(r.drafts + r.accepted) for r in new]
+    d1 = [float(r.drafts) for r in new]
+    s = [sum(x) for x in (t0, d0, t1, d1)]
+    n = len(ref)
+    if n == 0 or min(s) <= 0:
+        return {"ratio": None, "se": None, "requests": n}
+    ratio = (s[2] / s[3]) / (s[0] / s[1])
+    if n < 2:
+        return {"ratio": ratio, "se": None, "requests": n}
+    z = [a / s[2] - b / s[3] - c / s[0] + e / s[1] for a, b, c, e in zip(t1, d1, t0, d0)]
+    return {"ratio": ratio, "se": ratio * math.sqrt(n / (n - 1) * sum(x * x for x in z)), "requests": n}
+
+
+def verdict(ratio: float | None, se: float | None) -> str | None:
+    """``improved`` / ``worse`` when the ratio lies beyond 2 SE of 1.0, else ``within noise``; None without a ratio
+    or an SE (fewer than two requests): no claim without its noise."""
+    if ratio is None or se is None:
+        return None
+    if ratio - 2.0 * se > 1.0:
+        return "improved"
+    if ratio + 2.0 * se < 1.0:
+        return "worse"
+    return "within noise"
