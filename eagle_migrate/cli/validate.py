@@ -15,7 +15,7 @@ from .render import log, print_json, stdout
 def render(r) -> None:
     from rich.table import Table
 
-    from ..validate.report import fmt_value, verdict_line
+    from ..validate.report import al_text, comparison_line, fmt_value, overall_line, verdict_line
 
     has_base = any(s.baseline for s in r.suites)
     has_speed = any(s.speedup is not None for s in r.suites)
@@ -28,10 +28,9 @@ def render(r) -> None:
         t.add_column(c, justify="left" if c in ("suite", "per pos.", "gate") else "right",
                      no_wrap=c in ("per pos.", "AL", "base AL", "Δ%"))
     for s in r.suites:
-        se = f" ± {s.new.acceptance_length_se:.3f}" if s.new.acceptance_length_se is not None else ""
-        row = [s.name, str(s.prompt_set["size"]), f"{s.new.acceptance_length:.3f}{se}"]
+        row = [s.name, str(s.prompt_set["size"]), al_text(s.new)]
         if has_base:
-            row += [f"{s.baseline.acceptance_length:.3f}" if s.baseline else "–",
+            row += [al_text(s.baseline),
                     fmt_value(-s.regression_pct, 1, sign=True) if s.regression_pct is not None else "–"]
         row += [f"{s.new.draft_acceptance_rate:.2f}", " ".join(f"{x:.2f}" for x in s.new.per_position_rate)]
         if has_speed:
@@ -39,6 +38,11 @@ def render(r) -> None:
         row += [("[green]pass[/]" if r.gates else "–") if s.passed else "[red]FAIL[/] " + "; ".join(s.failures)]
         t.add_row(*row)
     stdout.print(t)
+    if has_base:  # each suite's comparison in words: AL ± SE of both, the paired ratio ± SE and its verdict
+        for s in r.suites:
+            stdout.print(f"  {s.name}: {comparison_line(s.new, s.baseline, s.paired)}", highlight=False)
+    if overall_line(r) and (has_base or len(r.suites) > 1):
+        stdout.print(f"  overall: {overall_line(r)}", highlight=False)
     for s in r.suites:
         if s.groups:
             parts = [f"{g.name} {g.new.acceptance_length:.2f}" + (f"/{g.baseline.acceptance_length:.2f}" if g.baseline else "")

@@ -16,8 +16,9 @@ from ..devices import cuda_available, resolve_device, resolve_dtype
 from ..target import load_tokenizer
 from .engine import EngineRun, resolve_engine, run_engine
 from .vllm_engine import DrafterRefused
-from .metrics import AcceptanceStats
-from .report import Diagnostics, Gate, GroupResult, Metrics, SuiteResult, ValidationReport, write_report
+from .metrics import AcceptanceStats, RequestCounts, cell_stats, paired_ratio, verdict
+from .report import (Diagnostics, Gate, GroupResult, Metrics, PairedComparison, SuiteResult, ValidationReport,
+                     write_report)
 
 GROUPED_SUITES = ("long", "template-shift")  # measured per group (own counters) for the breakdown tables/plots
 
@@ -83,13 +84,11 @@ def validate(
     base_r = run.results[1] if inp.baseline else None
     plain_r = run.results[-1] if speedup else None
 
-    suite_results = [_suite_result(s, jobs, new_r, base_r, plain_r) for s in built] if new_r is not None else []
+    suite_results = ([_suite_result(s, jobs, new_r, base_r, plain_r, k=k, log=say) for s in built]
+                     if new_r is not None else [])
     gates, failures = _apply_gates(suite_results, min_acceptance_length,
                                    max_regression_pct if base_r is not None else None)
-    overall = ({"new": round(AcceptanceStats.total([new_r[x][0] for x in jobs]).acceptance_length, 4)}
-               if new_r is not None else {})
-    if base_r is not None:
-        overall["baseline"] = round(AcceptanceStats.total([base_r[x][0] for x in jobs]).acceptance_length, 4)
+    overall = _overall(jobs, new_r, base_r, k)
     failures += [refusal] if refusal else []
     diag = None
     if diagnostics and refusal is None:
@@ -120,7 +119,7 @@ def _measure(inp: _Inputs, target: str, drafters: list[str | None], jobs: dict[s
     others' counters are kept: the report records what was measured)."""
     try:
         return run_engine(inp.engine, target, drafters, jobs, dtype=dtype, max_model_len=inp.mml,
-                          skip_tokenizer_init=inp.tokenizer is None, **kw), None
+                          skip_tokenizer_init=inp.tokenizer is None, per_request=True, **kw), None
     except DrafterRefused as e:
         role = "checkpoint" if e.index == 0 else ("baseline" if inp.baseline and e.index == 1 else "target alone")
         dt = dtype if dtype != "auto" else ("auto" if cuda_available() else "float32")
@@ -185,6 +184,76 @@ def _resolve_inputs(checkpoint: str | os.PathLike, target: str, engine: str, bas
     return _Inputs(ckpt, str(baseline) if baseline else None, eng, weights_sha, info, tok, mml)
 
 
+def _requests(r: dict | None, keys: list[str]) -> tuple[list[RequestCounts] | None, str | None]:
+    """The per-request counters of the jobs ``keys``, in job and prompt order (the pairing order), or None and why
+    not: the engine returned none, missed some requests, or their sums disagree with its totals."""
+    if r is None:
+        return None, None
+    out: list[RequestCounts] = []
+    for x in keys:
+        stats, extra = r[x]
+        pr = extra.get("per_request")
+        if pr is None:
+            return None, "the engine returned no per-request counters"
+        if len(pr) != stats.num_prompts or any(q is None for q in pr):
+            return None, f"{x}: per-request counters for {sum(q is not None for q in pr)} of {stats.num_prompts} requests"
+        reqs = [RequestCounts.from_counts(q) for q in pr]
+        tot = (sum(q.drafts for q in reqs), sum(q.accepted for q in reqs))
+        if tot != (stats.num_drafts, stats.num_accepted_tokens):
+            return None, (f"{x}: per-request counters (drafts, accepted) {tot} disagree with the engine's totals "
+                          f"{(stats.num_drafts, stats.num_accepted_tokens)}")
+        out += reqs
+    return out, None
+
+
+def _with_se(m: Metrics, reqs: list[RequestCounts] | None, k: int) -> Metrics:
+    """``m`` with the standard errors of its AL and per-position rates, the request as the unit (validate/metrics.py);
+    None without per-request counters or below two requests."""
+    st = cell_stats(reqs, max(k, len(m.per_position_rate))) if reqs else None
+    if st is not None and st["al_se"] is not None:
+        m.acceptance_length_se = round(st["al_se"], 4)
+        m.per_position_rate_se = [round(x or 0.0, 4) for x in st["per_position_se"]][:len(m.per_position_rate)]
+    return m
+
+
+def _paired(new: tuple[list[RequestCounts] | None, str | None],
+            base: tuple[list[RequestCounts] | None, str | None]) -> PairedComparison:
+    """AL(new) / AL(baseline) paired on the same requests (prompt index), its SE and the verdict; with a note when
+    it cannot be paired (no per-request counters, or different request counts)."""
+    (nr, nwhy), (br, bwhy) = new, base
+    if nr is None or br is None:
+        return PairedComparison(requests=0, note=f"not paired: {nwhy or bwhy}")
+    if len(nr) != len(br):
+        return PairedComparison(requests=0, note=f"not paired: {len(nr)} requests measured for the new drafter, "
+                                                  f"{len(br)} for the baseline")
+    pr = paired_ratio(br, nr)
+    ratio, se = pr["ratio"], pr["se"]
+    note = ("nothing drafted" if ratio is None else "fewer than 2 requests" if se is None else None)
+    return PairedComparison(ratio=None if ratio is None else round(ratio, 4), se=None if se is None else round(se, 4),
+                            requests=pr["requests"], verdict=verdict(ratio, se), note=note)
+
+
+def _overall(jobs: dict[str, Any], new_r: dict | None, base_r: dict | None, k: int) -> dict[str, Any]:
+    """AL over every suite's counters together (new, baseline), their SEs and the paired comparison over all the
+    requests, where the engine counted per request."""
+    if new_r is None:
+        return {}
+    keys = list(jobs)
+    out: dict[str, Any] = {}
+    reqs = {}
+    for role, r in (("new", new_r), ("baseline", base_r)):
+        if r is None:
+            continue
+        reqs[role] = _requests(r, keys)
+        m = _with_se(Metrics.from_stats(AcceptanceStats.total([r[x][0] for x in keys])), reqs[role][0], k)
+        out[role] = m.acceptance_length
+        if m.acceptance_length_se is not None:
+            out[f"{role}_se"] = m.acceptance_length_se
+    if base_r is not None:
+        out["paired"] = _paired(reqs["new"], reqs["baseline"]).model_dump()
+    return out
+
+
 def _build_suites(inp: _Inputs, suites: list[str] | tuple[str, ...] | None, prompts_file: str | os.PathLike | None,
                   *, num_prompts: int | None, max_tokens: int | None, seed: int) -> tuple[list[Any], dict[str, dict[str, Any]]]:
     """Step 2: the suites (corpora) and what the engines run: ``{job: {"prompts", "max_tokens"}}``, a grouped suite
@@ -210,19 +279,27 @@ def _build_suites(inp: _Inputs, suites: list[str] | tuple[str, ...] | None, prom
 
 
 def _suite_result(s: Any, jobs: dict[str, dict[str, Any]], new_r: dict, base_r: dict | None,
-                  plain_r: dict | None) -> SuiteResult:
-    """Step 3: one suite's metrics from the engines' counters: the new drafter, the baseline (and the regression),
-    the speed-up over the target alone, and per group for a grouped suite."""
+                  plain_r: dict | None, *, k: int = 0, log: Callable[[str], None] | None = None) -> SuiteResult:
+    """Step 3: one suite's metrics from the engines' counters: the new drafter, the baseline (and the regression,
+    and the paired ratio with its SE where the engine counted per request), the speed-up over the target alone, and
+    per group for a grouped suite."""
     keys = [k_ for k_ in jobs if k_ == s.name or k_.startswith(s.name + "/")]
     new_stats = AcceptanceStats.total([new_r[x][0] for x in keys])
     new_secs = sum(new_r[x][1]["seconds"] for x in keys)
+    new_q = _requests(new_r, keys)
     res = SuiteResult(name=s.name, description=s.description, prompt_set=s.manifest(),
-                      new=Metrics.from_stats(new_stats, new_secs))
+                      new=_with_se(Metrics.from_stats(new_stats, new_secs), new_q[0], k))
+    if new_q[1] and log:
+        log(f"{s.name}: no standard errors ({new_q[1]})")
     if base_r is not None:
         bs = AcceptanceStats.total([base_r[x][0] for x in keys])
-        res.baseline = Metrics.from_stats(bs, sum(base_r[x][1]["seconds"] for x in keys))
+        base_q = _requests(base_r, keys)
+        res.baseline = _with_se(Metrics.from_stats(bs, sum(base_r[x][1]["seconds"] for x in keys)), base_q[0], k)
         b_al = res.baseline.acceptance_length
         res.regression_pct = round(100.0 * (b_al - res.new.acceptance_length) / b_al, 2) if b_al else None
+        res.paired = _paired(new_q, base_q)
+        if res.paired.note and log:
+            log(f"{s.name}: paired comparison: {res.paired.note}")
     if plain_r is not None:
         ps = AcceptanceStats.total([plain_r[x][0] for x in keys])
         psecs = sum(plain_r[x][1]["seconds"] for x in keys)
@@ -233,10 +310,13 @@ def _suite_result(s: Any, jobs: dict[str, dict[str, Any]], new_r: dict, base_r: 
         for x in keys:
             g = x.split("/", 1)[1]
             ps_ = by_group[g]
+            gq = _requests(new_r, [x])
             gr = GroupResult(name=g, mean_prompt_tokens=sum(map(len, ps_)) / len(ps_),
-                             new=Metrics.from_stats(new_r[x][0], new_r[x][1]["seconds"]))
+                             new=_with_se(Metrics.from_stats(new_r[x][0], new_r[x][1]["seconds"]), gq[0], k))
             if base_r is not None:
-                gr.baseline = Metrics.from_stats(base_r[x][0], base_r[x][1]["seconds"])
+                gbq = _requests(base_r, [x])
+                gr.baseline = _with_se(Metrics.from_stats(base_r[x][0], base_r[x][1]["seconds"]), gbq[0], k)
+                gr.paired = _paired(gq, gbq)
             res.groups.append(gr)
     return res
 
@@ -252,7 +332,9 @@ def _apply_gates(suite_results: list[SuiteResult], min_acceptance_length: float 
             gates.append(Gate(name="min_acceptance_length", threshold=min_acceptance_length, suite=res.name,
                               value=res.new.acceptance_length, passed=ok))
             if not ok:
-                res.failures.append(f"AL {res.new.acceptance_length:.3f} < {min_acceptance_length}")
+                se = res.new.acceptance_length_se
+                res.failures.append(f"AL {res.new.acceptance_length:.3f} < {min_acceptance_length}"
+                                    + (f" (AL's SE {se:.3f})" if se is not None else ""))
         if max_regression_pct is not None:
             ok = res.regression_pct is not None and res.regression_pct <= max_regression_pct
             gates.append(Gate(name="max_regression_pct", threshold=max_regression_pct, suite=res.name,
@@ -260,7 +342,8 @@ def _apply_gates(suite_results: list[SuiteResult], min_acceptance_length: float 
             if not ok:
                 res.failures.append(f"regression {_pct(res.regression_pct)} > {max_regression_pct}% "
                                     f"(AL {res.new.acceptance_length:.3f} vs baseline "
-                                    f"{res.baseline.acceptance_length if res.baseline else float('nan'):.3f})")
+                                    f"{res.baseline.acceptance_length if res.baseline else float('nan'):.3f}"
+                                    + _paired_text(res.paired) + ")")
         res.passed = not res.failures
     return gates, [f"suite {r.name}: {'; '.join(r.failures)}" for r in suite_results if r.failures]
 
@@ -274,6 +357,13 @@ def _quiet_transformers() -> None:
         hf_logging.set_verbosity_error()
     except Exception:
         pass
+
+
+def _paired_text(p: PairedComparison | None) -> str:
+    """``; paired ratio 0.987 ± 0.004 (worse)`` for a gate's message, or nothing without a paired SE."""
+    if p is None or p.ratio is None or p.se is None:
+        return ""
+    return f"; paired ratio {p.ratio:.3f} ± {p.se:.3f} ({p.verdict})"
 
 
 def _pct(x: float | None) -> str:

@@ -47,13 +47,15 @@ class EngineRun:
 def run_engine(engine: str, target: str, drafters: list[Any], jobs: dict[str, dict[str, Any]], *, k: int = 3,
                temperature: float = 0.0, seed: int = 0, dtype: str = "auto", max_model_len: int,
                tensor_parallel_size: int = 1, vllm_python: str | None = None, skip_tokenizer_init: bool = False,
-               device: str = "auto", target_obj: Any = None, attention_backend: str | None = None) -> EngineRun:
+               device: str = "auto", target_obj: Any = None, attention_backend: str | None = None,
+               per_request: bool = False) -> EngineRun:
     """Acceptance counters of each drafter (a checkpoint path, or None for the target alone) on each job
     (``{"prompts": [...], "max_tokens": n}``) in ``engine`` (``vllm`` or ``reference``, as :func:`resolve_engine`
     returns): the one measurement behind :func:`validate` and quantize's acceptance gate. ``dtype`` ``auto``: float32
     on CPU (both engines agree bit for bit there), the model's own on GPU. ``target_obj``: a target already loaded
     (reference engine; its device and dtype are used). ``attention_backend``: the vLLM attention backend for MLA
-    models (default: chosen for this host, validate/attention_backend.py)."""
+    models (default: chosen for this host, validate/attention_backend.py). ``per_request``: vLLM also returns each
+    request's counters (``extra["per_request"]``, what a standard error needs; the reference engine always does)."""
     cuda = cuda_available()
     if engine == "vllm":
         vdtype = dtype if dtype != "auto" else ("auto" if cuda else "float32")
@@ -61,7 +63,8 @@ def run_engine(engine: str, target: str, drafters: list[Any], jobs: dict[str, di
         results = vllm_engine.measure_many(
             target, drafters, jobs, num_speculative_tokens=k, dtype=vdtype, max_model_len=max_model_len,
             temperature=temperature, skip_tokenizer_init=skip_tokenizer_init, tensor_parallel_size=tensor_parallel_size,
-            python=vllm_python, seed=seed, max_num_seqs=64 if cuda else 8, attention=attention)
+            python=vllm_python, seed=seed, max_num_seqs=64 if cuda else 8, attention=attention,
+            **({"per_request_metrics": True} if per_request else {}))
         version = next((e.get("vllm_version") for r in results for _, e in r.values()), None)
         return EngineRun(results, str(version) if version else None, vdtype, attention=attention.as_settings())
     import torch

@@ -273,7 +273,7 @@ def measure(
     """The reference engine's answer in vllm_engine.measure_many's shape: per drafter, {suite: (stats, extra)}.
 
     ``target``: a path / hub id (loaded here) or a loaded :class:`eagle_migrate.target.Target`. ``extra`` holds
-    ``outputs`` and ``seconds``.
+    ``outputs``, ``seconds`` and, for a drafter, ``per_request``: each prompt's counters in vllm_worker's shape.
     """
     if isinstance(target, (str, Path)):
         from ..target import load_target
@@ -287,14 +287,18 @@ def measure(
         per: dict[str, tuple[AcceptanceStats, dict[str, Any]]] = {}
         for name, s in suites.items():
             total = AcceptanceStats(accepted_per_position=[0] * num_speculative_tokens if drafter is not None else [])
-            outs, secs = [], 0.0
+            outs, secs, per_request = [], 0.0, []
             for i, p in enumerate(s["prompts"]):  # one random stream per prompt (seed, index)
                 r = eng.generate(list(p), s.get("max_tokens", 64), s.get("ignore_eos", False), seed=seed * 100003 + i)
                 total = total.plus(r.stats)
+                per_request.append({"num_drafts": r.stats.num_drafts, "num_draft_tokens": r.stats.num_draft_tokens,
+                                    "num_accepted_tokens": r.stats.num_accepted_tokens,
+                                    "accepted_per_position": list(r.stats.accepted_per_position)})
                 outs.append(r.output)
                 secs += r.seconds
                 if progress is not None:
                     progress(1)
-            per[name] = (total, {"outputs": outs, "seconds": secs})
+            per[name] = (total, {"outputs": outs, "seconds": secs}
+                         | ({"per_request": per_request} if drafter is not None else {}))
         results.append(per)
     return results

@@ -32,8 +32,9 @@ class Metrics(BaseModel):
     num_output_tokens: int
     seconds: float | None = Field(None, description="wall time of generation (engine-side)")
     output_tokens_per_second: float | None = None
-    acceptance_length_se: float | None = Field(None, description="standard error of the AL across blocks of "
-                                               "requests (server engine; ratio estimator, blocks as clusters)")
+    acceptance_length_se: float | None = Field(None, description="standard error of the AL (ratio estimator, "
+                                               "delta method): each request a cluster (vllm / reference engines), "
+                                               "each block of requests (server engine); None below two")
     per_position_rate_se: list[float] | None = Field(None, description="standard error of each per-position rate")
     num_blocks: int | None = Field(None, description="blocks of requests the counters were read around (server)")
 
@@ -48,6 +49,26 @@ class Metrics(BaseModel):
                    output_tokens_per_second=None if tps is None else round(tps, 2))
 
 
+class PairedComparison(BaseModel):
+    """AL(new) / AL(baseline) on the same requests (paired by prompt), its standard error and what it means."""
+
+    ratio: float | None = Field(None, description="AL(new) / AL(baseline); > 1 = the new drafter accepts more")
+    se: float | None = Field(None, description="paired delta-method standard error of the ratio, the request as "
+                             "the unit (validate/metrics.py)")
+    requests: int = Field(..., description="requests paired")
+    verdict: str | None = Field(None, description="improved | worse (beyond 2 SE of 1.0) | within noise; null "
+                                "without an SE")
+    note: str | None = Field(None, description="why there is no ratio or no SE (not paired, < 2 requests)")
+
+    def text(self) -> str:
+        """``paired ratio 1.004 ± 0.006 (within noise)``, or why there is none."""
+        if self.ratio is None:
+            return f"paired ratio n/a ({self.note})"
+        if self.se is None:
+            return f"paired ratio {self.ratio:.3f} (no SE: {self.note})"
+        return f"paired ratio {self.ratio:.3f} ± {self.se:.3f} ({self.verdict})"
+
+
 class GroupResult(BaseModel):
     """One slice of a suite: a context-length bucket (long) or a template variant (template-shift)."""
 
@@ -55,6 +76,7 @@ class GroupResult(BaseModel):
     mean_prompt_tokens: float
     new: Metrics
     baseline: Metrics | None = None
+    paired: PairedComparison | None = None
 
 
 class SuiteResult(BaseModel):
@@ -64,6 +86,7 @@ class SuiteResult(BaseModel):
     new: Metrics
     baseline: Metrics | None = None
     regression_pct: float | None = Field(None, description="100 * (baseline AL - new AL) / baseline AL; > 0 = worse")
+    paired: PairedComparison | None = Field(None, description="with a baseline: the paired ratio, its SE and verdict")
     speedup: float | None = Field(None, description="output tokens/s with the new drafter / without speculation")
     groups: list[GroupResult] = Field(default_factory=list)
     passed: bool = True
@@ -163,7 +186,8 @@ class ValidationReport(BaseModel):
     engine_version: str | None
     settings: dict[str, Any]
     suites: list[SuiteResult]
-    overall: dict[str, Any] = Field(default_factory=dict, description="AL over every suite's counters, new and baseline")
+    overall: dict[str, Any] = Field(default_factory=dict, description="AL over every suite's counters, new and "
+                                    "baseline; their SEs (new_se, baseline_se) and the paired comparison (paired)")
     gates: list[Gate] = Field(default_factory=list)
     passed: bool = True
     failures: list[str] = Field(default_factory=list)
@@ -201,6 +225,41 @@ def fmt_value(x: float | None, nd: int = 3, sign: bool = False) -> str:
     return f"{0.0:.{nd}f}" if float(s) == 0 else s
 
 
+def al_text(m: Metrics | None, nd: int = 3) -> str:
+    """``1.519 ± 0.021`` (the AL and its standard error; the AL alone when there is no SE)."""
+    if m is None:
+        return "–"
+    se = m.acceptance_length_se
+    return fmt_value(m.acceptance_length, nd) + (f" ± {se:.{nd}f}" if se is not None else "")
+
+
+def comparison_line(new: Metrics, base: Metrics | None, paired: PairedComparison | None) -> str:
+    """``AL 1.519 ± 0.021 vs baseline 1.513 ± 0.020; paired ratio 1.004 ± 0.006 (within noise)``."""
+    line = f"AL {al_text(new)}"
+    if base is not None:
+        line += f" vs baseline {al_text(base)}"
+    if paired is not None:
+        line += f"; {paired.text()}"
+    return line
+
+
+def overall_line(r: ValidationReport) -> str | None:
+    """The overall comparison (all suites' requests together), in :func:`comparison_line`'s words."""
+    o = r.overall
+    if o.get("new") is None:
+        return None
+
+    def m(role: str) -> Metrics | None:
+        if o.get(role) is None:
+            return None
+        return Metrics(acceptance_length=o[role], acceptance_length_se=o.get(f"{role}_se"), draft_acceptance_rate=0.0,
+                       per_position_rate=[], num_drafts=0, num_draft_tokens=0, num_accepted_tokens=0,
+                       accepted_per_position=[], num_prompts=0, num_output_tokens=0)
+
+    paired = PairedComparison.model_validate(o["paired"]) if o.get("paired") else None
+    return comparison_line(m("new"), m("baseline"), paired)
+
+
 def verdict_line(r: ValidationReport) -> str:
     """The report's verdict: "PASSED" only when a gate was set, "MEASURED" when none was, "FAILED" with reasons."""
     if not r.passed:
@@ -213,7 +272,7 @@ def verdict_line(r: ValidationReport) -> str:
 def _server_markdown(r: ValidationReport) -> list[str]:
     """The server engine's lines: standard errors across blocks, what the server reported, the speed-up table."""
     lines: list[str] = []
-    if any(s.new.acceptance_length_se is not None for s in r.suites):
+    if any(s.new.num_blocks is not None and s.new.acceptance_length_se is not None for s in r.suites):
         lines += ["", "Standard errors across blocks of requests (server engine): "
                   + ", ".join(f"{s.name} AL {s.new.acceptance_length:.3f} ± {fmt_value(s.new.acceptance_length_se)} "
                               f"({s.new.num_blocks} blocks)" for s in r.suites)]
@@ -259,32 +318,38 @@ def render_markdown(r: ValidationReport) -> str:
               f"- created: {r.created} by {r.tool} in {r.seconds:.0f} s", ""]
     has_base = any(s.baseline for s in r.suites)
     has_speed = any(s.speedup is not None for s in r.suites)
-    hdr = ["suite", "prompts", "AL new"] + (["AL baseline", "regression % (> 0 = worse)"] if has_base else []) + \
+    hdr = ["suite", "prompts", "AL new ± SE"] + (["AL baseline ± SE", "regression % (> 0 = worse)",
+                                                   "paired ratio ± SE (verdict)"] if has_base else []) + \
           ["draft acc. rate", "per-position rate"] + (["speedup"] if has_speed else []) + ["gate"]
     lines += ["## Acceptance length per suite", "", "| " + " | ".join(hdr) + " |", "|" + "---|" * len(hdr)]
     for s in r.suites:
-        row = [s.name, str(s.prompt_set.get("size")), fmt_value(s.new.acceptance_length)]
+        row = [s.name, str(s.prompt_set.get("size")), al_text(s.new)]
         if has_base:
-            row += [fmt_value(s.baseline.acceptance_length if s.baseline else None), fmt_value(s.regression_pct, 1)]
+            row += [al_text(s.baseline), fmt_value(s.regression_pct, 1),
+                    s.paired.text().removeprefix("paired ratio ") if s.paired else "–"]
         row += [fmt_value(s.new.draft_acceptance_rate), " / ".join(f"{x:.2f}" for x in s.new.per_position_rate)]
         if has_speed:
             row += [fmt_value(s.speedup, 2) + ("x" if s.speedup is not None else "")]
         row += [("pass" if r.gates else "–") if s.passed else "**fail**: " + "; ".join(s.failures)]
         lines.append("| " + " | ".join(row) + " |")
     lines += _server_markdown(r)
-    if r.overall:
-        o = r.overall
-        lines += ["", f"Overall (all suites' counters): AL {fmt_value(o.get('new'))}"
-                  + (f", baseline {fmt_value(o.get('baseline'))}" if o.get("baseline") is not None else "")]
+    if overall_line(r):
+        lines += ["", f"Overall (all suites' requests): {overall_line(r)}"]
+    if has_base:
+        lines += ["", "Standard errors take the request as the unit (drafts within a request are correlated); the "
+                  "ratio is paired over the same prompts; improved / worse = beyond 2 SE of 1.0 (docs/validate.md)."]
     for s in r.suites:
         if not s.groups:
             continue
         lines += ["", f"### {s.name} by {'context length' if s.name == 'long' else 'group'}", "",
-                  "| group | prompts | mean prompt tokens | AL new" + (" | AL baseline" if has_base else "") + " |",
-                  "|---|---|---|---|" + ("---|" if has_base else "")]
+                  "| group | prompts | mean prompt tokens | AL new ± SE"
+                  + (" | AL baseline ± SE | paired ratio ± SE (verdict)" if has_base else "") + " |",
+                  "|---|---|---|---|" + ("---|---|" if has_base else "")]
         for g in s.groups:
-            lines.append(f"| {g.name} | {g.new.num_prompts} | {g.mean_prompt_tokens:.0f} | {fmt_value(g.new.acceptance_length)}"
-                         + (f" | {fmt_value(g.baseline.acceptance_length if g.baseline else None)}" if has_base else "") + " |")
+            lines.append(f"| {g.name} | {g.new.num_prompts} | {g.mean_prompt_tokens:.0f} | {al_text(g.new)}"
+                         + (f" | {al_text(g.baseline)} | "
+                            + (g.paired.text().removeprefix("paired ratio ") if g.paired else "–") if has_base else "")
+                         + " |")
     if r.diagnostics and (r.diagnostics.new or r.diagnostics.error):
         d = r.diagnostics
         lines += ["", "## Drift diagnostics", "",

@@ -41,7 +41,10 @@ def test_api_report_folder_and_exact_acceptance(pair, tmp_path):
     shift = rep.suite("template-shift")
     assert len(shift.groups) == 8 and all(g.new.acceptance_length == 4.0 for g in shift.groups)
     assert rep.suite("long").groups  # AL per context bucket
-    assert rep.overall == {"new": 4.0, "baseline": 2.0}
+    n = sum(s.prompt_set["size"] for s in rep.suites)  # every request of every suite, paired
+    assert rep.overall == {"new": 4.0, "new_se": 0.0, "baseline": 2.0, "baseline_se": 0.0,  # exact: no spread
+                           "paired": {"ratio": 2.0, "se": 0.0, "requests": n, "verdict": "improved", "note": None}}
+    assert all(s.paired.verdict == "improved" and s.new.per_position_rate_se == [0.0] * 3 for s in rep.suites)
     d = rep.diagnostics
     assert d.error is None and set(d.new) == {"chat", "long", "template-shift"}
     assert [st.match_rate for st in d.new["chat"].steps] == [1.0, 1.0, 1.0]
@@ -52,7 +55,7 @@ def test_api_report_folder_and_exact_acceptance(pair, tmp_path):
     doc = json.loads((tmp_path / "rep" / "report.json").read_text())
     assert doc["schema_version"] == 1 and ValidationReport.model_validate(doc).suites[0].new.acceptance_length == 4.0
     md = (tmp_path / "rep" / "report.md").read_text()
-    assert "| chat | 2 | 4.000 | 2.000 |" in md and "drift.png" in md and "AL vs context length: one bucket only" in md
+    assert "| chat | 2 | 4.000 ± 0.000 | 2.000 ± 0.000 | -100.0 | 2.000 ± 0.000 (improved) |" in md and "drift.png" in md and "AL vs context length: one bucket only" in md
 
 
 def test_gates_name_the_failing_suite(pair):
