@@ -11,6 +11,7 @@ GPU run of the same command (documented in docs/validate.md):
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -39,6 +40,15 @@ def test_validate_vllm_predicted_al_gate_and_reference_agreement(toy_target, toy
         assert s["new"]["acceptance_length"] == 2.0  # aux-only: exactly 2
         assert s["baseline"]["acceptance_length"] == 4.0  # oracle: exactly k + 1
         assert s["regression_pct"] == 50.0 and s["speedup"] is not None and s["speedup"] > 0
+        # vLLM's per-request counters give the SEs (request = unit) and the paired ratio with a consistent verdict
+        for role in ("new", "baseline"):
+            se = s[role]["acceptance_length_se"]
+            assert se is not None and math.isfinite(se) and len(s[role]["per_position_rate_se"]) == 3
+        p = s["paired"]
+        assert p["requests"] == s["prompt_set"]["size"] and p["ratio"] == 0.5 and math.isfinite(p["se"])
+        assert p["verdict"] == ("worse" if p["ratio"] + 2 * p["se"] < 1 else
+                                "improved" if p["ratio"] - 2 * p["se"] > 1 else "within noise")
+    assert doc["overall"]["paired"]["verdict"] == "worse" and "paired ratio 0.500" in err  # in the gate's message
     assert (tmp_path / "rep" / "report.json").exists()
 
     # the reference engine on the same suites: the same counters, not just the same AL
@@ -52,3 +62,4 @@ def test_validate_vllm_predicted_al_gate_and_reference_agreement(toy_target, toy
                         "num_output_tokens"):
                 assert got[key] == v[role][key], (s.name, role, key)
         assert s.prompt_set["hash"] == v["prompt_set"]["hash"]
+        assert s.paired.model_dump() == v["paired"]  # the same per-request counters give the same paired ratio
