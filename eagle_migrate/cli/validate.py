@@ -13,6 +13,7 @@ from .render import log, print_json, stdout
 
 
 def render(r) -> None:
+    from rich.console import Console
     from rich.table import Table
 
     from ..validate.report import al_text, comparison_line, fmt_value, overall_line, verdict_line
@@ -35,9 +36,13 @@ def render(r) -> None:
         row += [f"{s.new.draft_acceptance_rate:.2f}", " ".join(f"{x:.2f}" for x in s.new.per_position_rate)]
         if has_speed:
             row += [f"{s.speedup:.2f}x" if s.speedup is not None else "–"]
-        row += [("[green]pass[/]" if r.gates else "–") if s.passed else "[red]FAIL[/] " + "; ".join(s.failures)]
+        row += [("[green]pass[/]" if r.gates else "–") if s.passed else "[red]FAIL[/]"]
         t.add_row(*row)
-    stdout.print(t)
+    # AL ± SE of both drafters: not squeezed into rich's 80 columns in a log or pipe (a terminal keeps its width)
+    (stdout if stdout.is_terminal else Console(width=max(stdout.width, 120), soft_wrap=True)).print(t)
+    for s in r.suites:  # the failures under the table, in full
+        if s.failures:
+            stdout.print(f"  [red]FAIL[/] {s.name}: " + "; ".join(s.failures), highlight=False)
     if has_base:  # each suite's comparison in words: AL ± SE of both, the paired ratio ± SE and its verdict
         for s in r.suites:
             stdout.print(f"  {s.name}: {comparison_line(s.new, s.baseline, s.paired)}", highlight=False)
