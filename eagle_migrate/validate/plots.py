@@ -62,15 +62,22 @@ def plot_acceptance(r: Any) -> Any:
     fig, ax = plt.subplots(figsize=(1.6 + 1.3 * len(names), 3.6))
     w = 0.38 if has_base else 0.6
     xs = range(len(names))
-    ax.bar([x - (w / 2 if has_base else 0) for x in xs], [s.new.acceptance_length for s in r.suites], w, label="new", color="#2b7bba")
+    se = any(m is not None and m.acceptance_length_se is not None for s in r.suites for m in (s.new, s.baseline))
+
+    def err(ms: list[Any]) -> list[float] | None:  # +-1 SE whiskers where the engine gave SEs
+        return [(m.acceptance_length_se or 0.0) if m is not None else 0.0 for m in ms] if se else None
+
+    ax.bar([x - (w / 2 if has_base else 0) for x in xs], [s.new.acceptance_length for s in r.suites], w, label="new",
+           color="#2b7bba", yerr=err([s.new for s in r.suites]), capsize=3)
     if has_base:
         ax.bar([x + w / 2 for x in xs], [s.baseline.acceptance_length if s.baseline else 0 for s in r.suites], w,
-               label="baseline", color="#bbbbbb", hatch="//", edgecolor="#666666")
+               label="baseline", color="#bbbbbb", hatch="//", edgecolor="#666666",
+               yerr=err([s.baseline for s in r.suites]), capsize=3)
     k = r.settings.get("num_speculative_tokens")
     if k:
         ax.axhline(k + 1, color="#999999", lw=0.8, ls=":")
     ax.set_xticks(list(xs), names)
-    ax.set_ylabel("acceptance length")
+    ax.set_ylabel("acceptance length" + (" (±1 SE)" if se else ""))
     top = max([k + 1 if k else 0] + [s.new.acceptance_length for s in r.suites]
               + [s.baseline.acceptance_length for s in r.suites if s.baseline])
     ax.set_ylim(1.0, max(top, 2.0) * 1.25)  # AL >= 1; room for the legend above the bars

@@ -123,6 +123,11 @@ def test_report_carries_ses_and_the_paired_ratio(world, faked, tmp_path):
     assert doc["suites"][0]["paired"]["verdict"] == "improved" and doc["overall"]["paired"]["ratio"] == 1.04
     md = (tmp_path / "r" / "report.md").read_text()
     assert f"| 2.600 ± 0.577 | 2.500 ± 0.577 | -4.0 | 1.040 ± {PAIRED_SE:.3f} (improved) |" in md
+    from eagle_migrate.validate.plots import plot_acceptance
+
+    bars = [c for c in plot_acceptance(rep).axes[0].containers if getattr(c, "errorbar", None) is not None]
+    lo, hi = bars[0].errorbar.lines[2][0].get_segments()[0]  # the new drafter's chat bar: +-1 SE whisker
+    assert hi[1] - lo[1] == pytest.approx(2 * rep.suites[0].new.acceptance_length_se) and len(bars) == 2
 
 
 def test_unpaired_when_a_request_lacks_its_counters(world, faked):
