@@ -238,8 +238,8 @@ def findings(a: AuxIds, producer: str) -> list[Finding]:
     both = f"vLLM ids {v.ids if v else '?'} if written in vLLM's convention, {o.ids if o else '?'} if output-of-layer"
     if a.decided_by == "undecided":
         # the hint knows what was tried: after a measurement on a target, only the explicit convention is left
-        ask = ("measuring on the target did not decide: pass --aux-ids-convention vllm|output-of-layer"
-               if a.measurement is not None else
+        ask = (f"measuring on the target did not decide ({a.measurement.summary()}, {a.measurement.verdict}): pass "
+               "--aux-ids-convention vllm|output-of-layer" if a.measurement is not None else
                "pass --target to measure, or --aux-ids-convention vllm|output-of-layer")
         return [finding("warning", "aux_ids_convention_ambiguous",
                         f"aux layer ids {a.stored} ({producer}): {both}; vLLM reads them literally. Nothing in the checkpoint "

@@ -241,7 +241,8 @@ def _sizes_pair(ck: Checkpoint, ti: Any) -> bool:
 
 def _resolve_aux(ck: Checkpoint, target: str | None, ti: Any, override: Convention | None, device: str) -> None:
     """Decide the aux-id convention where the checkpoint does not: the override, else (with a target) the readings
-    valid on it, else a measurement. An undecided measurement is PairingError (exit 2) naming both readings."""
+    valid on it, else a measurement. An inconclusive measurement is reported (a warning with the measurement and the
+    flag), never refused: inspect changes nothing."""
     a: AuxIds | None = ck.aux
     lt = None
     if a is None or a.stored is None or ck.config.generation != "eagle3":
@@ -264,10 +265,8 @@ def _resolve_aux(ck: Checkpoint, target: str | None, ti: Any, override: Conventi
             ck.findings = [f for f in ck.findings if f.code not in _AUX_CODES] + [
                 f.model_copy(update={"message": f.message + f" (not measured: {e.message})"}) for f in _aux.findings(a, ck.producer)]
             return
-        if not b.decided and b.measurement is not None:  # undecided without a measurement: neither reading fits (errors below)
-            from .errors import PairingError
-
-            raise PairingError(_aux.undecided_message(b, ti.num_layers), _aux.UNDECIDED_HINT)
+        # measured but inconclusive: inspect changes nothing, so it reports (a warning naming both readings, the
+        # measurement and the flag; the literal reading is what vLLM serves) and never refuses; convert stops there
     else:
         b = _aux.resolve(a, ck.config.num_aux, ti.num_layers, override=override)
     if b is not a:

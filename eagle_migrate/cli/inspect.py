@@ -19,10 +19,10 @@ def inspect(ckpt: CheckpointArg, target: TargetOpt = None, deep: DeepOpt = False
 
     Reads any layout: SafeAILab EAGLE-1/2/3, SpecForge, speculators, ModelOpt, TorchSpec, vLLM, sharded or not.
     The input is never modified; safetensors are read through their headers only. With --target, stored aux layer
-    ids that can be read two ways and carry no deciding fingerprint are measured on the target (it is loaded).
+    ids that can be read two ways and carry no deciding fingerprint are measured on the target (it is loaded); an
+    inconclusive measurement is a warning that names both readings and --aux-ids-convention.
 
-    Exit codes: 0 no error finding, 1 a finding of severity error, 2 unreadable input (or aux ids whose convention
-    measuring on --target leaves inconclusive: pass --aux-ids-convention).
+    Exit codes: 0 no error finding, 1 a finding of severity error, 2 unreadable input.
 
     Example: eagle-migrate inspect ./EAGLE3-LLaMA3.1-Instruct-8B --target meta-llama/Llama-3.1-8B-Instruct
     """

@@ -263,8 +263,9 @@ def test_equivalent_readings_proceed_with_the_stored_ids_and_a_warning(world, ta
     assert any(f["code"] == "aux_ids_equivalent" for f in doc["findings"])
 
 
-def test_inconclusive_stops_with_exit_2_naming_both_readings_and_the_flag(world, target, monkeypatch):
-    """Merely inconclusive (here: a budget of one sequence, too few for a clustered SE) is exit 2, as before."""
+def test_inconclusive_stops_convert_with_exit_2_and_inspect_reports_it(world, target, monkeypatch):
+    """Merely inconclusive (here: a budget of one sequence, too few for a clustered SE): convert stops with exit 2;
+    inspect reports it."""
     from eagle_migrate import aux_evidence
 
     import torch
@@ -280,6 +281,12 @@ def test_inconclusive_stops_with_exit_2_naming_both_readings_and_the_flag(world,
     assert "[1, 2, 3]" in ei.value.message and "[2, 3, 4]" in ei.value.message and "inconclusive" in ei.value.message
     assert "--aux-ids-convention vllm|output-of-layer" in ei.value.hint
     assert not (world / "inc-31").exists()
+    # inspect changes nothing: it reports the inconclusive measurement and the flag, and never refuses
+    r = inspect_checkpoint(src, target=target)
+    assert r.aux_layer_ids_convention == "undecided" and r.aux_layer_ids == [1, 2, 3]  # the literal reading (vLLM's)
+    assert r.aux_ids_evidence.measurement.verdict == "inconclusive"
+    f = next(x for x in r.findings if x.code == "aux_ids_convention_ambiguous")
+    assert f.severity == "warning" and "inconclusive" in f.message and "--aux-ids-convention" in f.message
 
 
 def _one_sequence(seq_fn):
