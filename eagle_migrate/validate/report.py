@@ -227,20 +227,16 @@ def fmt_value(x: float | None, nd: int = 3, sign: bool = False) -> str:
 
 def al_text(m: Metrics | None, nd: int = 3) -> str:
     """``1.519 ± 0.021`` (the AL and its standard error; the AL alone when there is no SE)."""
-    if m is None:
-        return "–"
-    se = m.acceptance_length_se
-    return fmt_value(m.acceptance_length, nd) + (f" ± {se:.{nd}f}" if se is not None else "")
+    return "–" if m is None else value_se(m.acceptance_length, m.acceptance_length_se, nd)
+
+
+def value_se(x: float | None, se: float | None, nd: int = 3) -> str:
+    return fmt_value(x, nd) + (f" ± {se:.{nd}f}" if x is not None and se is not None else "")
 
 
 def comparison_line(new: Metrics, base: Metrics | None, paired: PairedComparison | None) -> str:
     """``AL 1.519 ± 0.021 vs baseline 1.513 ± 0.020; paired ratio 1.004 ± 0.006 (within noise)``."""
-    line = f"AL {al_text(new)}"
-    if base is not None:
-        line += f" vs baseline {al_text(base)}"
-    if paired is not None:
-        line += f"; {paired.text()}"
-    return line
+    return _comparison(al_text(new), al_text(base) if base is not None else None, paired)
 
 
 def overall_line(r: ValidationReport) -> str | None:
@@ -248,16 +244,13 @@ def overall_line(r: ValidationReport) -> str | None:
     o = r.overall
     if o.get("new") is None:
         return None
-
-    def m(role: str) -> Metrics | None:
-        if o.get(role) is None:
-            return None
-        return Metrics(acceptance_length=o[role], acceptance_length_se=o.get(f"{role}_se"), draft_acceptance_rate=0.0,
-                       per_position_rate=[], num_drafts=0, num_draft_tokens=0, num_accepted_tokens=0,
-                       accepted_per_position=[], num_prompts=0, num_output_tokens=0)
-
+    base = value_se(o["baseline"], o.get("baseline_se")) if o.get("baseline") is not None else None
     paired = PairedComparison.model_validate(o["paired"]) if o.get("paired") else None
-    return comparison_line(m("new"), m("baseline"), paired)
+    return _comparison(value_se(o["new"], o.get("new_se")), base, paired)
+
+
+def _comparison(new: str, base: str | None, paired: PairedComparison | None) -> str:
+    return f"AL {new}" + (f" vs baseline {base}" if base is not None else "") + (f"; {paired.text()}" if paired else "")
 
 
 def verdict_line(r: ValidationReport) -> str:
