@@ -20,7 +20,8 @@ Prompts are then generated one at a time so each proposal belongs to exactly one
 
 ``per_request_metrics: true`` turns on vLLM's per-request spec-decode metrics and returns, per suite,
 ``per_request``: per prompt {"num_drafts", "num_draft_tokens", "num_accepted_tokens", "accepted_per_position"}
-(the unit a standard error needs; their sums are the suite's counters).
+(the unit a standard error needs; their sums are the suite's counters), null entries on a vLLM without
+``per_request_spec_decode_metrics``.
 
 A run vLLM refuses (its engine does not build, e.g. a drafter it cannot load) gets {"drafter", "error": "Class:
 message", "suites": {}} and the next run still runs.
@@ -101,6 +102,17 @@ def _install_draft_recorder() -> None:
     SpecDecodeBaseProposer.propose = propose
 
 
+def engine_arg_exists(name: str) -> bool:
+    """Whether this vLLM's ``EngineArgs`` has the field ``name`` (an older vLLM lacks per-request spec-decode metrics:
+    its ``per_request`` entries are then null and validate reports no standard error, saying why, instead of
+    failing to build the engine)."""
+    import dataclasses
+
+    from vllm.engine.arg_utils import EngineArgs
+
+    return name in {f.name for f in dataclasses.fields(EngineArgs)}
+
+
 def _engine_kwargs(req: dict, drafter: str | None, k: int, draft_backend: str | None = None) -> dict:
     kw = dict(
         model=req["target"],
@@ -119,8 +131,8 @@ def _engine_kwargs(req: dict, drafter: str | None, k: int, draft_backend: str | 
         kw["max_num_batched_tokens"] = req["max_num_batched_tokens"]
     if req.get("attention_backend"):
         kw["attention_config"] = {"backend": req["attention_backend"]}
-    if drafter and req.get("per_request_metrics"):  # each output then carries its own acceptance histogram
-        kw["per_request_spec_decode_metrics"] = "summary"
+    if drafter and req.get("per_request_metrics") and engine_arg_exists("per_request_spec_decode_metrics"):
+        kw["per_request_spec_decode_metrics"] = "summary"  # each output then carries its own acceptance histogram
     if drafter:
         kw["speculative_config"] = {
             "model": drafter,

@@ -156,3 +156,17 @@ def test_cli_prints_al_se_and_the_paired_verdict(world, faked, capsys):
     out, _ = capsys.readouterr()
     doc = json.loads(out)  # still exactly one JSON document
     assert doc["suites"][0]["paired"]["ratio"] == 1.04
+
+
+def test_the_worker_asks_for_per_request_metrics_only_where_vllm_has_them(monkeypatch):
+    """An older vLLM without ``per_request_spec_decode_metrics`` still builds its engine (validate then reports no SE,
+    saying why) instead of failing on an unknown engine argument."""
+    pytest.importorskip("vllm")
+    from eagle_migrate.validate import vllm_worker as w
+
+    req = {"target": "t", "per_request_metrics": True}
+    assert w.engine_arg_exists("per_request_spec_decode_metrics") and not w.engine_arg_exists("no_such_argument")
+    assert w._engine_kwargs(req, "d", 3)["per_request_spec_decode_metrics"] == "summary"
+    assert "per_request_spec_decode_metrics" not in w._engine_kwargs(req, None, 3)  # the target alone: nothing to count
+    monkeypatch.setattr(w, "engine_arg_exists", lambda name: False)  # as on an older vLLM
+    assert "per_request_spec_decode_metrics" not in w._engine_kwargs(req, "d", 3)
