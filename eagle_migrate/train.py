@@ -14,10 +14,8 @@ drafts 0..j-1 were accepted, i.e. equal to the true tokens. ``tests/unit/test_tr
 forward equals :meth:`EagleDrafter.draft_with_cache` (the multi-step drafting forward) on the same inputs.
 
 Loss: cross-entropy of the drafter's distribution over the draft vocabulary against the target's distribution
-restricted to the draft-vocabulary ids (target id = draft id + d2t[draft id]), at every step, weighted 0.8^j.
-
-Target features (aux states, the target's post-norm last hidden state for the labels) come from
-:mod:`eagle_migrate.features` (:class:`FeatureStore`, :class:`PrecomputedFeatures`).
+restricted to the draft-vocabulary ids (target id = draft id + d2t[draft id]), at every step, weighted 0.8^j; the
+features (aux states, the target's post-norm last state for the labels) come from :mod:`eagle_migrate.features`.
 
 :func:`fit` is the optimisation loop shared by plain EAGLE-3 training (``benchmarks/train_smollm2_eagle3.py``) and
 calibration (``eagle_migrate/calibrate/``): AdamW (fused on CUDA), warm-up + cosine/linear/constant schedule,
@@ -27,6 +25,7 @@ evaluation with best-checkpoint keeping and early stopping, and exact resume fro
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -152,9 +151,8 @@ def unrolled_loss(
     k: int,
     decay: float = STEP_DECAY,
 ) -> LossOutput:
-    """Weighted (decay^j) soft cross-entropy of the k unrolled steps against the target's draft-vocab distribution.
-    Output layers run only at the trained positions (prompt and padding positions are a third of a typical batch;
-    the draft and target heads over the draft vocabulary cost more than the decoder layer itself)."""
+    """Weighted (decay^j) soft cross-entropy of the k unrolled steps against the target's draft-vocab distribution;
+    the output layers (dearer than the decoder layer) run only at the trained positions, not prompt or padding."""
     outs = unrolled_forward(model, fb.input_ids, fb.aux, k)
     lm = fb.loss_mask.to(fb.aux.device)
     tl = fb.labels_where(head, lm)  # [M, Vd] at the trained positions, row-major
@@ -171,15 +169,10 @@ def unrolled_loss(
             break
         m = lm[:, 1 + j : 1 + j + n]
         cnt = int(m.sum())
-        if cnt == 0:
-            lj = o.h_post.sum() * 0.0  # keeps the graph (and the step's weight) when a batch has nothing to train
-            acc = 0.0
-        else:
-            dl = model.logits(o.h_post[:, :n][m]).float()
-            tj = tl[row[:, 1 + j : 1 + j + n][m]]
-            ce = -(tj.softmax(-1) * dl.log_softmax(-1)).sum(-1)
-            lj = ce.sum() / cnt
-            acc = float((dl.argmax(-1) == tj.argmax(-1)).sum()) / cnt
+        dl = model.logits(o.h_post[:, :n][m]).float()  # [cnt, Vd]; empty (loss 0, graph kept) when nothing trains
+        tj = tl[row[:, 1 + j : 1 + j + n][m]]
+        lj = -(tj.softmax(-1) * dl.log_softmax(-1)).sum() / max(cnt, 1)
+        acc = float((dl.argmax(-1) == tj.argmax(-1)).sum()) / max(cnt, 1)
         total = total + w * lj
         wsum += w
         sl.append(float(lj.detach()))
@@ -190,12 +183,8 @@ def unrolled_loss(
 
 
 def _autocast(device: torch.device | str, enabled: bool):
-    dev = torch.device(device)
-    if enabled and dev.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    import contextlib
-
-    return contextlib.nullcontext()
+    on = enabled and torch.device(device).type == "cuda"
+    return torch.autocast("cuda", dtype=torch.bfloat16) if on else contextlib.nullcontext()
 
 
 # ----- the optimisation loop -----------------------------------------------------------------------------------------
