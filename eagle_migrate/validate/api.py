@@ -66,6 +66,9 @@ def validate(
     _quiet_transformers()
     inp = _resolve_inputs(checkpoint, target, engine, baseline, max_regression_pct, k, report_dir, prompts_file,
                           max_model_len, vllm_python)
+    aux, warnings = aux_ids_status({"new": inp.ckpt, "baseline": inp.baseline})
+    for w in warnings:
+        say("warning: " + w)
     built, jobs = _build_suites(inp, suites, prompts_file, num_prompts=num_prompts, max_tokens=max_tokens, seed=seed)
     say("suites: " + ", ".join(f"{s.name} ({s.size} prompts)" for s in built))
     drafters: list[str | None] = [inp.ckpt] + ([inp.baseline] if inp.baseline else []) + ([None] if speedup else [])
@@ -99,7 +102,8 @@ def validate(
         tool=f"eagle-migrate {__version__}", created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         checkpoint=inp.ckpt, weights_sha256=inp.weights_sha, baseline=inp.baseline, target=str(target),
         engine=inp.engine, engine_version=run.engine_version, settings=settings, suites=suite_results,
-        overall=overall, gates=gates, passed=not failures, failures=failures, diagnostics=diag,
+        overall=overall, gates=gates, passed=not failures, failures=failures, diagnostics=diag, aux_ids=aux,
+        warnings=warnings,
     )
     report.seconds = round(time.perf_counter() - t_start, 1)
     if report_dir is not None:
@@ -154,6 +158,37 @@ class _Inputs:
     info: Any
     tokenizer: Any
     mml: int
+
+
+def aux_ids_status(drafters: dict[str, str | None]) -> tuple[dict[str, Any], list[str]]:
+    """How each drafter's aux layer ids are served (validate changes nothing, so it never decides or refuses): the
+    stored ids, the ids vLLM reads, their convention and why; a warning for ids whose convention nothing decided
+    (vLLM reads them literally, which is what is measured; if written output-of-layer they are one layer off)."""
+    from ..errors import EagleMigrateError
+    from ..formats import read_checkpoint
+
+    out: dict[str, Any] = {}
+    warnings: list[str] = []
+    for label, path in drafters.items():
+        if path is None:
+            continue
+        try:
+            ck = read_checkpoint(path)
+        except EagleMigrateError:  # the engine says what is wrong with it
+            continue
+        a = ck.aux
+        if a is None or a.stored is None or ck.config.generation != "eagle3":
+            continue
+        out[label] = {"stored": a.stored, "served": list(ck.config.aux_layer_ids or []),
+                      "convention": a.convention or "undecided", "decided_by": a.decided_by}
+        if not a.decided:
+            o = a.candidate("output-of-layer")
+            warnings.append(f"{label} drafter {path}: aux layer ids {a.stored} carry nothing that says which convention "
+                            f"they were written in; vLLM reads them literally and that is what is measured here (if the "
+                            f"drafter was trained on layer outputs, SpecForge / ModelOpt style, it is served one layer "
+                            f"off: vLLM ids {o.ids if o else '?'} were meant). `eagle-migrate inspect {path} --target "
+                            f"TARGET` measures which")
+    return out, warnings
 
 
 def _resolve_inputs(checkpoint: str | os.PathLike, target: str, engine: str, baseline: str | os.PathLike | None,

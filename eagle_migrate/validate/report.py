@@ -192,6 +192,9 @@ class ValidationReport(BaseModel):
     passed: bool = True
     failures: list[str] = Field(default_factory=list)
     diagnostics: Diagnostics | None = None
+    aux_ids: dict[str, Any] = Field(default_factory=dict, description="per drafter (new, baseline): stored aux layer "
+                                    "ids, the ids vLLM serves, their convention (undecided: read literally) and why")
+    warnings: list[str] = Field(default_factory=list)
     server: ServerInfo | None = Field(None, description="engine server: what the server reported about itself")
     serving_speed: ServingSpeed | None = Field(None, description="--baseline-server: speed-up at each concurrency")
     report_dir: str | None = None
@@ -309,6 +312,7 @@ def render_markdown(r: ValidationReport) -> str:
               f"- engine: {r.engine} {r.engine_version or ''}".rstrip(),
               "- settings: " + ", ".join(f"{k}={v}" for k, v in r.settings.items() if v is not None),
               f"- created: {r.created} by {r.tool} in {r.seconds:.0f} s", ""]
+    lines += [f"- warning: {w}" for w in r.warnings] + ([""] if r.warnings else [])
     has_base = any(s.baseline for s in r.suites)
     has_speed = any(s.speedup is not None for s in r.suites)
     hdr = ["suite", "prompts", "AL new ± SE"] + (["AL baseline ± SE", "regression % (> 0 = worse)",

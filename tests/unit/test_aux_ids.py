@@ -442,3 +442,19 @@ def test_one_target_pass_serves_both_readings_and_the_statistics_pass(world, tar
     assert len(recs) == 8 and recs[0].aux.shape == (40, 3 * W.H)
     want, _ = fwd(torch.tensor([text[0]]), [1, 2, 3])
     assert torch.allclose(recs[0].aux, want[0].float())
+
+
+def test_validate_serves_undecided_ids_literally_records_them_and_warns(world, target):
+    """validate changes nothing: undecided ids are served as vLLM reads them (literally), recorded per drafter in the
+    report, with a warning naming the other reading and how to decide; decided ids carry no warning."""
+    from eagle_migrate.validate import validate
+
+    und = write_layout("vllm-plain", W.drafter_config(), W.drafter_state_dict("right"), world / "val-und", aux_convention="vllm")
+    ours = convert(und, target, world / "val-31", **KW).output  # decided by measurement: written with our mark
+    logs: list[str] = []
+    rep = validate(und, target, engine="reference", suites=["chat"], num_prompts=1, max_tokens=4, baseline=ours,
+                   diagnostics=False, log=logs.append)
+    assert rep.aux_ids["new"] == {"stored": [1, 2, 3], "served": [1, 2, 3], "convention": "undecided", "decided_by": "undecided"}
+    assert rep.aux_ids["baseline"]["convention"] == "vllm" and rep.aux_ids["baseline"]["decided_by"] == "fingerprint"
+    assert len(rep.warnings) == 1 and "[1, 2, 3]" in rep.warnings[0] and "[2, 3, 4]" in rep.warnings[0]
+    assert "inspect" in rep.warnings[0] and any(x.startswith("warning: new drafter") for x in logs)
