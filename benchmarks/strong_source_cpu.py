@@ -286,18 +286,35 @@ def capture_shard(a, s: int, regen_sha: str, target) -> dict[str, Any]:
 
 
 class StoredBatches:
-    """fit's data: the captured batch files of every captured shard, in shard then batch order."""
+    """fit's data: the captured batch files of every captured shard, in shard then batch order; with ``rows`` > 0
+    each stored batch is served as chunks of at most that many sequences (more, smaller optimizer steps over the
+    same tokens; --rows-per-step)."""
 
-    def __init__(self, files: list[Path]):
-        self.files = files
+    def __init__(self, files: list[Path], rows: int = 0):
+        from safetensors import safe_open
+
+        self.items: list[tuple[Path, int, int]] = []
+        for f in files:
+            if rows <= 0:
+                self.items.append((f, 0, 0))
+                continue
+            with safe_open(str(f), "pt") as h:
+                b = h.get_slice("input_ids").get_shape()[0]
+            self.items += [(f, r, min(r + rows, b)) for r in range(0, b, rows)]
 
     def __len__(self) -> int:
-        return len(self.files)
+        return len(self.items)
 
     def __getitem__(self, i: int):
-        from eagle_migrate.features import read_feature_file
+        from eagle_migrate.features import FeatureBatch, read_feature_file
 
-        return read_feature_file(self.files[i])
+        f, lo, hi = self.items[i]
+        fb = read_feature_file(f)
+        if hi == 0:
+            return fb
+        cut = (lambda x: None if x is None else x[lo:hi])
+        return FeatureBatch(fb.input_ids[lo:hi], fb.aux[lo:hi], fb.loss_mask[lo:hi], cut(fb.final), cut(fb.target_logits),
+                            cut(fb.lengths), cut(fb.reference))
 
 
 # ----- the drafter and the committed state ------------------------------------------------------------------------------
@@ -456,6 +473,8 @@ def parse(argv: list[str] | None):
     ap.add_argument("--draft-vocab", type=int, default=8192)
     ap.add_argument("--vocab-sample", type=int, default=1500)
     ap.add_argument("--batch-tokens", type=int, default=4096, help="padded tokens per training batch")
+    ap.add_argument("--rows-per-step", type=int, default=0,
+                    help="optimizer steps over at most this many sequences of a stored batch (0: the whole batch)")
     ap.add_argument("--k", type=int, default=3, help="training-time test depth")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--warmup", type=int, default=30)
@@ -472,7 +491,7 @@ def parse(argv: list[str] | None):
 
 
 SETTINGS = ("max_prompt", "max_new", "train_start", "shard_records", "draft_vocab", "vocab_sample", "batch_tokens",
-            "k", "lr", "warmup", "epochs_per_token", "regen_engine", "heldout_start")
+            "k", "lr", "warmup", "epochs_per_token", "regen_engine", "heldout_start", "rows_per_step")
 
 
 def curve_table(state: Path) -> str:
@@ -530,6 +549,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     pfile = a.state / "progress.json"
     if pfile.exists():
         progress = json.loads(pfile.read_text())
+        progress["settings"] = {"rows_per_step": 0, **progress["settings"]}  # states from before the flag
         if progress["settings"] != settings:
             diff = {k: (progress["settings"].get(k), v) for k, v in settings.items() if progress["settings"].get(k) != v}
             raise SystemExit(f"{a.state}: the committed run used other settings {diff}; pass the same flags or another --state")
@@ -657,7 +677,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if stored == 0:
             stop = "no data"
             break
-        data = StoredBatches(files)
+        data = StoredBatches(files, a.rows_per_step)
         seg_step = progress["step"] - progress["segment_base_step"]
         left = deadline - clock()
         to_eval = a.eval_minutes * 60 - (time.perf_counter() - last_eval)
