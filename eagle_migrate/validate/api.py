@@ -66,7 +66,7 @@ def validate(
     _quiet_transformers()
     inp = _resolve_inputs(checkpoint, target, engine, baseline, max_regression_pct, k, report_dir, prompts_file,
                           max_model_len, vllm_python)
-    aux, warnings = aux_ids_status({"new": inp.ckpt, "baseline": inp.baseline})
+    aux, warnings = aux_ids_status({"new": inp.ckpt, "baseline": inp.baseline}, str(target))
     for w in warnings:
         say("warning: " + w)
     built, jobs = _build_suites(inp, suites, prompts_file, num_prompts=num_prompts, max_tokens=max_tokens, seed=seed)
@@ -160,7 +160,7 @@ class _Inputs:
     mml: int
 
 
-def aux_ids_status(drafters: dict[str, str | None]) -> tuple[dict[str, Any], list[str]]:
+def aux_ids_status(drafters: dict[str, str | None], target: str) -> tuple[dict[str, Any], list[str]]:
     """How each drafter's aux layer ids are served (validate changes nothing, so it never decides or refuses): the
     stored ids, the ids vLLM reads, their convention and why; a warning for ids whose convention nothing decided
     (vLLM reads them literally, which is what is measured; if written output-of-layer they are one layer off)."""
@@ -187,7 +187,7 @@ def aux_ids_status(drafters: dict[str, str | None]) -> tuple[dict[str, Any], lis
                             f"they were written in; vLLM reads them literally and that is what is measured here (if the "
                             f"drafter was trained on layer outputs, SpecForge / ModelOpt style, it is served one layer "
                             f"off: vLLM ids {o.ids if o else '?'} were meant). `eagle-migrate inspect {path} --target "
-                            f"TARGET` measures which")
+                            f"{target}` measures which")
     return out, warnings
 
 

@@ -457,4 +457,4 @@ def test_validate_serves_undecided_ids_literally_records_them_and_warns(world, t
     assert rep.aux_ids["new"] == {"stored": [1, 2, 3], "served": [1, 2, 3], "convention": "undecided", "decided_by": "undecided"}
     assert rep.aux_ids["baseline"]["convention"] == "vllm" and rep.aux_ids["baseline"]["decided_by"] == "fingerprint"
     assert len(rep.warnings) == 1 and "[1, 2, 3]" in rep.warnings[0] and "[2, 3, 4]" in rep.warnings[0]
-    assert "inspect" in rep.warnings[0] and any(x.startswith("warning: new drafter") for x in logs)
+    assert f"inspect {und} --target {target}" in rep.warnings[0] and any(x.startswith("warning: new drafter") for x in logs)
