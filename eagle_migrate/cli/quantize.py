@@ -28,8 +28,15 @@ def _fmt_bytes(n: int) -> str:
     return str(n)
 
 
+def _al(x: float, se: float | None) -> str:
+    """``4.000 ± 0.051``, the AL alone without an SE (never a made-up one)."""
+    return f"{x:.3f}" + (f" ± {se:.3f}" if se is not None else "")
+
+
 def render(result) -> None:
     from rich.table import Table
+
+    from ..quantize.gate import paired_words
 
     r = result
     stdout.print(f"[bold]{r.scheme}[/] ({r.scheme_description})")
@@ -57,10 +64,12 @@ def render(result) -> None:
         stdout.print(f"calibration: {c.num_sequences} sequences, {c.num_tokens} tokens, {c.draft_steps} draft steps ({c.source})")
     a = r.acceptance
     if a:
-        stdout.print(f"acceptance length ({a.engine}, k={a.num_speculative_tokens}): {a.before:.3f} -> {a.after:.3f} "
-                     f"({-a.drop_pct:+.2f}%)" + ("" if a.passed is None else (" [green]ok[/]" if a.passed else " [red]FAILED[/]")))
+        stdout.print(f"acceptance length ({a.engine}, k={a.num_speculative_tokens}): {_al(a.before, a.before_se)} -> "
+                     f"{_al(a.after, a.after_se)} ({-a.drop_pct:+.2f}%; {a.paired_text()})"
+                     + ("" if a.passed is None else (" [green]ok[/]" if a.passed else " [red]FAILED[/]")), highlight=False)
         for name, s in a.suites.items():
-            stdout.print(f"  {name}: {s.before:.3f} -> {s.after:.3f} ({-s.drop_pct:+.2f}%)")
+            stdout.print(f"  {name}: {_al(s.before, s.before_se)} -> {_al(s.after, s.after_se)} ({-s.drop_pct:+.2f}%; "
+                         f"{paired_words(s.paired)})", highlight=False)
         if a.note:
             stdout.print(f"  ({a.note})")
     for n in r.notes:

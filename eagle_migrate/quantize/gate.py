@@ -1,7 +1,9 @@
 """quantize's acceptance gate: which engine measures the drafter before and after quantization, the default suites,
-the measurement (through ``validate.engine.run_engine``, the one measurement) and the drop report.
+the measurement (through ``validate.engine.run_engine``, the one measurement, with per-request counters) and the
+drop report: each AL with its standard error and the paired ratio AL(after) / AL(before) with its SE and verdict.
 
-Imports: pydantic, ``choices``, ``devices``, ``errors``, ``drafter.config``, ``quant.schemes``; lazily ``corpora``,
+Imports: pydantic, ``choices``, ``devices``, ``errors``, ``drafter.config``, ``quant.schemes``, ``validate.metrics``
+(stdlib + pydantic: the SEs and the paired ratio); lazily ``corpora``,
 ``target``, ``formats.write``, ``validate.engine`` (never validate's stage).
 """
 
@@ -19,6 +21,7 @@ from ..devices import cuda_available
 from ..drafter.config import DrafterConfig
 from ..errors import InputError
 from ..quant.schemes import SchemeConfig
+from ..validate.metrics import AcceptanceStats, PairedComparison, cell_stats, paired_comparison, per_request_counts
 
 ValidateMode = Literal[QuantizeValidate, "off"]  # "off" = "none"
 
@@ -29,6 +32,13 @@ class SuiteDrop(BaseModel):
     drop_pct: float = Field(..., description="100 (before - after) / before; negative = the quantized drafter is better")
     num_drafts_before: int = 0
     num_drafts_after: int = 0
+    before_se: float | None = Field(None, description="standard error of ``before``, the request as the unit "
+                                    "(validate/metrics.py); null without per-request counters (``paired.note`` says why)")
+    after_se: float | None = Field(None, description="standard error of ``after``")
+    paired: PairedComparison | None = Field(None, description="AL(after) / AL(before) on the same requests, its "
+                                            "paired SE and verdict (improved / worse beyond 2 SE of 1.0, within noise)")
+    drop_beyond_noise: bool | None = Field(None, description="the change lies beyond 2 paired SEs of none (verdict "
+                                           "improved or worse); null without a paired SE")
 
 
 class AcceptanceReport(BaseModel):
@@ -39,8 +49,29 @@ class AcceptanceReport(BaseModel):
     after: float = Field(..., description="acceptance length of the quantized drafter, all suites pooled")
     drop_pct: float
     max_drop_pct: float | None = None
-    passed: bool | None = Field(None, description="null when no --max-al-drop gate was given")
+    passed: bool | None = Field(None, description="null when no --max-al-drop gate was given; the gate compares "
+                                "drop_pct with max_drop_pct (a point estimate): drop_beyond_noise says what the noise allows")
     note: str | None = None
+    before_se: float | None = Field(None, description="standard error of ``before`` over every suite's requests")
+    after_se: float | None = Field(None, description="standard error of ``after`` over every suite's requests")
+    paired: PairedComparison | None = Field(None, description="AL(after) / AL(before) over every suite's requests, "
+                                            "paired by prompt: ratio, SE, verdict, or a note saying why there is none")
+    drop_beyond_noise: bool | None = Field(None, description="the pooled change lies beyond 2 paired SEs of none; "
+                                           "null without a paired SE")
+
+    def paired_text(self) -> str:
+        """The pooled comparison in words: ``paired ratio 0.875 ± 0.010 (worse, beyond 2 SE)``, ``... (within
+        noise)``, or why there is no ratio or no SE."""
+        return paired_words(self.paired)
+
+
+def paired_words(p: PairedComparison | None) -> str:
+    """:meth:`PairedComparison.text` with "beyond 2 SE" spelled out for a verdict of improved / worse."""
+    if p is None:
+        return "paired ratio n/a (not measured)"
+    if p.ratio is not None and p.se is not None and p.verdict in ("improved", "worse"):
+        return f"paired ratio {p.ratio:.3f} ± {p.se:.3f} ({p.verdict}, beyond 2 SE)"
+    return p.text()
 
 
 def gate_engine(spec: SchemeConfig, validate: str, target: str | None, max_al_drop_pct: float | None,
@@ -94,27 +125,44 @@ def default_suites(target_spec: str, target=None, *, names: tuple[str, ...] = ("
     return out
 
 
-def _pooled(stats: dict[str, Any]) -> float:
-    drafts = sum(s.num_drafts for s in stats.values())
-    acc = sum(s.num_accepted_tokens for s in stats.values())
-    return 1.0 + acc / drafts if drafts else 1.0
+def _side(run: dict[str, tuple[Any, dict[str, Any]]], keys: list[str], k: int) -> tuple[float, float | None, tuple]:
+    """(AL, its SE or None, the per-request counters and why not) of one drafter over the jobs ``keys`` pooled."""
+    stats = AcceptanceStats.total([run[x][0] for x in keys])
+    q = per_request_counts(run, keys)
+    st = cell_stats(q[0], k) if q[0] else None
+    return stats.acceptance_length, None if st is None or st["al_se"] is None else round(st["al_se"], 4), q
 
 
-def acceptance_report(engine: str, k: int, before: dict[str, Any], after: dict[str, Any], max_drop: float | None,
+def _drop(bal: float, aal: float) -> float:
+    return 100 * (bal - aal) / bal if bal else 0.0
+
+
+def acceptance_report(engine: str, k: int, before: dict[str, tuple[Any, dict[str, Any]]],
+                      after: dict[str, tuple[Any, dict[str, Any]]], max_drop: float | None,
                       note: str | None = None) -> AcceptanceReport:
-    """The drop per suite and pooled, from the engine's per-suite counters of the drafter before and after."""
+    """The drop per suite and pooled, from the engine's results (``{suite: (stats, extra)}``) of the drafter before
+    and after: each AL with its SE and the paired ratio AL(after) / AL(before) with its SE and verdict, the request as
+    the unit (validate/metrics.py), where the engine returned per-request counters (``extra["per_request"]``). The
+    gate itself stays the point estimate ``drop_pct <= max_drop`` (docs/quantization.md)."""
     suites = {}
-    for name, b in before.items():
-        a = after[name]
-        bal, aal = b.acceptance_length, a.acceptance_length
-        suites[name] = SuiteDrop(before=round(bal, 4), after=round(aal, 4),
-                                 drop_pct=round(100 * (bal - aal) / bal, 3) if bal else 0.0,
-                                 num_drafts_before=b.num_drafts, num_drafts_after=a.num_drafts)
-    bal, aal = _pooled(before), _pooled(after)
-    drop = 100 * (bal - aal) / bal if bal else 0.0
+    for name in before:
+        (bal, bse, bq), (aal, ase, aq) = _side(before, [name], k), _side(after, [name], k)
+        p = paired_comparison(aq, bq)
+        suites[name] = SuiteDrop(before=round(bal, 4), after=round(aal, 4), drop_pct=round(_drop(bal, aal), 3),
+                                 num_drafts_before=before[name][0].num_drafts, num_drafts_after=after[name][0].num_drafts,
+                                 before_se=bse, after_se=ase, paired=p, drop_beyond_noise=_beyond(p))
+    keys = list(before)
+    (bal, bse, bq), (aal, ase, aq) = _side(before, keys, k), _side(after, keys, k)
+    p = paired_comparison(aq, bq)
+    drop = _drop(bal, aal)
     return AcceptanceReport(engine=engine, num_speculative_tokens=k, suites=suites, before=round(bal, 4),
                             after=round(aal, 4), drop_pct=round(drop, 3), max_drop_pct=max_drop,
-                            passed=None if max_drop is None else drop <= max_drop, note=note)
+                            passed=None if max_drop is None else drop <= max_drop, note=note, before_se=bse,
+                            after_se=ase, paired=p, drop_beyond_noise=_beyond(p))
+
+
+def _beyond(p: PairedComparison) -> bool | None:
+    return None if p.verdict is None else p.verdict != "within noise"
 
 
 def measure_acceptance(engine: str, spec: SchemeConfig, *, source: Path, quantized: Path, work_parent: Path,
@@ -142,8 +190,8 @@ def measure_acceptance(engine: str, spec: SchemeConfig, *, source: Path, quantiz
         run = engines.run_engine(engine, target, [str(before), str(quantized)], sts, k=k,
                              max_model_len=int(vopts.pop("max_model_len", mp)), vllm_python=vopts.pop("python", None),
                              skip_tokenizer_init=all(isinstance(x, list) for st in sts.values() for x in st["prompts"]),
-                             target_obj=target_obj if engine == "reference" else None, **vopts)
-    before_s, after_s = ({n: st for n, (st, _) in r.items()} for r in run.results)
+                             target_obj=target_obj if engine == "reference" else None, per_request=True, **vopts)
+    before_s, after_s = run.results
     note = None
     if engine == "reference":
         acts = spec.ct_scheme().input_activations is not None

@@ -268,7 +268,7 @@ def quantize(
             result.seconds = round(time.perf_counter() - t0, 2)
             err = CheckFailed(
                 f"acceptance length dropped {acceptance.drop_pct:.2f}% ({acceptance.before:.3f} -> {acceptance.after:.3f}), "
-                f"more than --max-al-drop {max_al_drop_pct}%; nothing was written",
+                f"more than --max-al-drop {max_al_drop_pct}%; {acceptance.paired_text()}; nothing was written",
                 "try fp8-dynamic, keep fc unquantized, or calibrate on data closer to the traffic (--data)",
             )
             err.result = result  # type: ignore[attr-defined]

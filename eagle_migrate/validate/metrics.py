@@ -170,3 +170,65 @@ def verdict(ratio: float | None, se: float | None) -> str | None:
     if ratio + 2.0 * se < 1.0:
         return "worse"
     return "within noise"
+
+
+class PairedComparison(BaseModel):
+    """AL(new) / AL(baseline) on the same requests (paired by prompt), its standard error and what it means."""
+
+    ratio: float | None = Field(None, description="AL(new) / AL(baseline); > 1 = the new drafter accepts more")
+    se: float | None = Field(None, description="paired delta-method standard error of the ratio, the request as "
+                             "the unit (validate/metrics.py)")
+    requests: int = Field(..., description="requests paired")
+    verdict: str | None = Field(None, description="improved | worse (beyond 2 SE of 1.0) | within noise; null "
+                                "without an SE")
+    note: str | None = Field(None, description="why there is no ratio or no SE (not paired, < 2 requests)")
+
+    def text(self) -> str:
+        """``paired ratio 1.004 ± 0.006 (within noise)``, or why there is none."""
+        if self.ratio is None:
+            return f"paired ratio n/a ({self.note})"
+        if self.se is None:
+            return f"paired ratio {self.ratio:.3f} (no SE: {self.note})"
+        return f"paired ratio {self.ratio:.3f} ± {self.se:.3f} ({self.verdict})"
+
+
+def per_request_counts(results: dict[str, tuple[AcceptanceStats, dict[str, Any]]] | None,
+                       keys: Iterable[str]) -> tuple[list[RequestCounts] | None, str | None]:
+    """The per-request counters of the jobs ``keys`` of one drafter's engine results (``{job: (stats, extra)}``), in
+    job and prompt order (the pairing order), or None and why not: the engine returned none, missed some requests,
+    or their sums disagree with its totals (never an SE from counters that do not add up)."""
+    if results is None:
+        return None, None
+    out: list[RequestCounts] = []
+    for x in keys:
+        stats, extra = results[x]
+        pr = extra.get("per_request")
+        if pr is None:
+            return None, "the engine returned no per-request counters"
+        if len(pr) != stats.num_prompts or any(q is None for q in pr):
+            return None, f"{x}: per-request counters for {sum(q is not None for q in pr)} of {stats.num_prompts} requests"
+        reqs = [RequestCounts.from_counts(q) for q in pr]
+        tot = (sum(q.drafts for q in reqs), sum(q.accepted for q in reqs))
+        if tot != (stats.num_drafts, stats.num_accepted_tokens):
+            return None, (f"{x}: per-request counters (drafts, accepted) {tot} disagree with the engine's totals "
+                          f"{(stats.num_drafts, stats.num_accepted_tokens)}")
+        out += reqs
+    return out, None
+
+
+def paired_comparison(new: tuple[list[RequestCounts] | None, str | None],
+                      base: tuple[list[RequestCounts] | None, str | None]) -> PairedComparison:
+    """AL(new) / AL(baseline) paired on the same requests (prompt index), its SE and the verdict, from two
+    :func:`per_request_counts` answers; with a note when it cannot be paired (no per-request counters, or different
+    request counts) or has no SE."""
+    (nr, nwhy), (br, bwhy) = new, base
+    if nr is None or br is None:
+        return PairedComparison(requests=0, note=f"not paired: {nwhy or bwhy}")
+    if len(nr) != len(br):
+        return PairedComparison(requests=0, note=f"not paired: {len(nr)} requests measured for the new drafter, "
+                                                  f"{len(br)} for the baseline")
+    pr = paired_ratio(br, nr)
+    ratio, se = pr["ratio"], pr["se"]
+    note = ("nothing drafted" if ratio is None else "fewer than 2 requests" if se is None else None)
+    return PairedComparison(ratio=None if ratio is None else round(ratio, 4), se=None if se is None else round(se, 4),
+                            requests=pr["requests"], verdict=verdict(ratio, se), note=note)

@@ -13,7 +13,7 @@ from pydantic import BaseModel, Field
 
 from ..formats.output import atomic_write_text
 from .diagnostics import DriftDiagnostics
-from .metrics import AcceptanceStats
+from .metrics import AcceptanceStats, PairedComparison  # noqa: F401  (PairedComparison: re-exported, api.py)
 
 SCHEMA_VERSION = 1
 
@@ -47,26 +47,6 @@ class Metrics(BaseModel):
                    accepted_per_position=list(s.accepted_per_position), num_prompts=s.num_prompts,
                    num_output_tokens=s.num_output_tokens, seconds=None if seconds is None else round(seconds, 3),
                    output_tokens_per_second=None if tps is None else round(tps, 2))
-
-
-class PairedComparison(BaseModel):
-    """AL(new) / AL(baseline) on the same requests (paired by prompt), its standard error and what it means."""
-
-    ratio: float | None = Field(None, description="AL(new) / AL(baseline); > 1 = the new drafter accepts more")
-    se: float | None = Field(None, description="paired delta-method standard error of the ratio, the request as "
-                             "the unit (validate/metrics.py)")
-    requests: int = Field(..., description="requests paired")
-    verdict: str | None = Field(None, description="improved | worse (beyond 2 SE of 1.0) | within noise; null "
-                                "without an SE")
-    note: str | None = Field(None, description="why there is no ratio or no SE (not paired, < 2 requests)")
-
-    def text(self) -> str:
-        """``paired ratio 1.004 ± 0.006 (within noise)``, or why there is none."""
-        if self.ratio is None:
-            return f"paired ratio n/a ({self.note})"
-        if self.se is None:
-            return f"paired ratio {self.ratio:.3f} (no SE: {self.note})"
-        return f"paired ratio {self.ratio:.3f} ± {self.se:.3f} ({self.verdict})"
 
 
 class GroupResult(BaseModel):

@@ -367,28 +367,45 @@ def test_errors(qdir, random_bf16, outputs, toy_target):
     assert not any((qdir / e).exists() for e in ("e1", "e3", "e5", "e6"))
 
 
-def _fake_stats(al: float, drafts: int = 100):
+def _fake_run(al: float, requests: int = 4, drafts: int = 20):
+    """One suite's engine result: ``requests`` (even) requests of ``drafts`` drafts each at AL ``al`` in total, with
+    the per-request counters the gate asks for, one accepted token more or fewer in turn so the SE is not zero."""
     from eagle_migrate.validate.metrics import AcceptanceStats
 
-    return AcceptanceStats(num_drafts=drafts, num_draft_tokens=3 * drafts, num_accepted_tokens=round((al - 1) * drafts))
+    acc = [round((al - 1) * drafts) + (-1) ** (i + 1) for i in range(requests)]
+    stats = AcceptanceStats(num_drafts=requests * drafts, num_draft_tokens=3 * requests * drafts,
+                            num_accepted_tokens=sum(acc), num_prompts=requests)
+    return stats, {"per_request": [{"num_drafts": drafts, "num_accepted_tokens": a} for a in acc]}
 
 
 def test_max_al_drop_gate(monkeypatch, qdir, toy_oracle, toy_target):
-    """A drop above --max-al-drop raises CheckFailed with the report and writes nothing; within it, writes."""
+    """A drop above --max-al-drop raises CheckFailed with the report (the paired ratio and its SE in the message) and
+    writes nothing; within it, writes. The gate asks the engine for per-request counters."""
     from eagle_migrate.validate import engine as api
 
     suites = {"toy": {"prompts": toy.prompts(2), "max_tokens": 8}}
-    monkeypatch.setattr(api, "run_engine", lambda *a, **k: api.EngineRun(
-        [{"toy": (_fake_stats(4.0), {})}, {"toy": (_fake_stats(3.5), {})}], None, "float32"))
+    asked = []
+
+    def fake(*a, **k):
+        asked.append(k.get("per_request"))
+        return api.EngineRun([{"toy": _fake_run(4.0)}, {"toy": _fake_run(3.5)}], None, "float32")
+
+    monkeypatch.setattr(api, "run_engine", fake)
     with pytest.raises(CheckFailed) as ei:
         quantize(toy_oracle, qdir / "gated", "fp8-dynamic", target=str(toy_target), suites=suites, max_al_drop_pct=5.0)
     res = ei.value.result
     assert isinstance(res.acceptance, AcceptanceReport) and res.acceptance.passed is False
-    assert res.acceptance.drop_pct == pytest.approx(12.5)
+    assert res.acceptance.drop_pct == pytest.approx(12.5) and asked == [True]
+    p = res.acceptance.paired
+    assert p.ratio == pytest.approx(0.875) and p.se is not None and p.verdict == "worse"
+    assert f"paired ratio 0.875 ± {p.se:.3f} (worse, beyond 2 SE)" in str(ei.value)
     assert not (qdir / "gated").exists()
     ok = quantize(toy_oracle, qdir / "gated", "fp8-dynamic", target=str(toy_target), suites=suites, max_al_drop_pct=15.0)
     assert ok.acceptance.passed is True and (qdir / "gated" / "model.safetensors").exists()
     assert ok.acceptance.suites["toy"].before == 4.0 and ok.acceptance.engine == "vllm"
+    assert ok.acceptance.suites["toy"].before_se is not None and ok.acceptance.drop_beyond_noise is True
+    prov = json.loads((qdir / "gated" / "provenance.json").read_text())
+    assert prov["result"]["acceptance"]["paired"]["ratio"] == pytest.approx(0.875)
 
 
 def test_sqnr_is_null_only_when_exact():
@@ -410,6 +427,9 @@ def test_nvfp4_acceptance_through_reference_engine(qdir, toy_oracle, toy_target)
     a = r.acceptance
     assert a.engine == "reference" and "fake-quantized" in a.note
     assert a.before == pytest.approx(4.0) and a.after == pytest.approx(4.0) and a.passed is True
+    # the reference engine counts per prompt: each request paired, no change and no noise (the oracle drafts exactly)
+    assert a.paired.requests == 3 and a.paired.ratio == pytest.approx(1.0) and a.paired.verdict == "within noise"
+    assert a.before_se == 0.0 and a.drop_beyond_noise is False
 
 
 @pytest.mark.parametrize("scheme", ["fp8", "nvfp4"])

@@ -100,20 +100,59 @@ def test_existing_output_needs_force(tmp_path, toy_random, capsys, no_debug):
     assert _main(["quantize", str(toy_random), "-o", str(out), "--scheme", "fp8-dynamic", "--force", "--json"]) == 0
 
 
-def test_gate_failure_exits_1_with_report(tmp_path, toy_oracle, toy_target, capsys, monkeypatch, no_debug):
+def _fake_engine(per_request: bool = True):
+    """run_engine's stand-in: the source at AL 4.0 and the quantized drafter at 3.0 over two requests (one draft
+    more or fewer each, so the paired SE is not zero), with or without per-request counters."""
     from eagle_migrate.validate import engine as api
     from eagle_migrate.validate.metrics import AcceptanceStats
 
-    def fake(engine, *_a, **_k):  # quantize's gate measures through validate.engine.run_engine
-        return api.EngineRun([{"chat": (AcceptanceStats(num_drafts=10, num_accepted_tokens=30), {})},
-                              {"chat": (AcceptanceStats(num_drafts=10, num_accepted_tokens=20), {})}], None, "float32")
+    def side(accepted: list[int]):
+        stats = AcceptanceStats(num_drafts=10, num_accepted_tokens=sum(accepted), num_prompts=len(accepted))
+        pr = [{"num_drafts": 5, "num_accepted_tokens": a} for a in accepted]
+        return {"chat": (stats, {"per_request": pr} if per_request else {})}
 
-    monkeypatch.setattr(api, "run_engine", fake)
+    def fake(engine, *_a, **_k):  # quantize's gate measures through validate.engine.run_engine
+        return api.EngineRun([side([14, 16]), side([9, 11])], None, "float32")
+
+    return fake
+
+
+def test_gate_failure_exits_1_with_report(tmp_path, toy_oracle, toy_target, capsys, monkeypatch, no_debug):
+    from eagle_migrate.validate import engine as api
+
+    monkeypatch.setattr(api, "run_engine", _fake_engine())
     code = _main(["quantize", str(toy_oracle), "-o", str(tmp_path / "q"), "--scheme", "fp8-dynamic", "--target",
                   str(toy_target), "--max-al-drop", "2", "--json"])
     assert code == 1
     out = capsys.readouterr()
     doc = json.loads(out.out)
     assert doc["acceptance"]["passed"] is False and doc["acceptance"]["before"] == 4.0 and doc["acceptance"]["after"] == 3.0
+    paired = doc["acceptance"]["paired"]
+    assert paired["ratio"] == 0.75 and paired["se"] > 0 and paired["verdict"] == "worse"
+    assert doc["acceptance"]["drop_beyond_noise"] is True and doc["acceptance"]["before_se"] > 0
+    assert doc["acceptance"]["suites"]["chat"]["paired"]["ratio"] == 0.75
     assert "error:" in out.err and "--max-al-drop" in out.err
+    assert f"paired ratio 0.750 ± {paired['se']:.3f} (worse, beyond 2 SE)" in out.err
     assert not (tmp_path / "q").exists()
+
+
+@pytest.mark.parametrize("per_request", [True, False])
+def test_text_output_shows_al_se_and_the_paired_ratio(tmp_path, toy_oracle, toy_target, capsys, monkeypatch, no_debug,
+                                                      per_request):
+    """The acceptance lines: each AL ± SE, the drop, the paired ratio ± SE and its verdict; without per-request
+    counters the ALs alone and why there is no ratio (never a made-up SE)."""
+    from eagle_migrate.validate import engine as api
+
+    monkeypatch.setattr(api, "run_engine", _fake_engine(per_request))
+    code = _main(["quantize", str(toy_oracle), "-o", str(tmp_path / "q"), "--scheme", "fp8-dynamic", "--target",
+                  str(toy_target), "--max-al-drop", "30"])
+    assert code == 0
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith("acceptance length"))
+    chat = next(x for x in out.splitlines() if x.strip().startswith("chat:"))
+    if per_request:
+        assert "4.000 ± " in line and "-> 3.000 ± " in line and "(-25.00%; paired ratio 0.750 ± " in line
+        assert "(worse, beyond 2 SE)" in line and "ok" in line and "paired ratio 0.750 ± " in chat
+    else:
+        assert "±" not in line + chat
+        assert "4.000 -> 3.000 (-25.00%; paired ratio n/a (not paired: the engine returned no per-request counters))" in line
