@@ -45,6 +45,7 @@ class ValidationInfo(BaseModel):
     gates: list[GateRow] = Field(default_factory=list)
     columns: list[str] = Field(default_factory=list)
     rows: list[list[str]] = Field(default_factory=list)
+    legend: str | None = Field(None, description="how to read the table's ± and paired ratio (only when it shows an SE)")
     details: list[tuple[str, str]] = Field(default_factory=list, description="engine, k, temperature, ... as shown")
     images: list[str] = Field(default_factory=list, description="plot paths inside the repo")
     report_path: str | None = Field(None, description="the report's path inside the repo")
@@ -264,30 +265,7 @@ def render_body(info: CardInfo) -> str:
         out += [f"Replace `{TARGET_PLACEHOLDER}` with the target model this drafter was made for.", ""]
 
     # -- validation
-    out += ["## Validation", ""]
-    v = info.validation
-    if v is None:
-        out += ["No validation report was published with this drafter"
-                + (f" (`{info.forced_by}`): its acceptance length was not measured." if info.forced_by else "."), ""]
-    else:
-        if v.passed is True and v.gated:
-            verdict = f"{'the gate' if len(v.gates) == 1 else f'all {len(v.gates)} gates'} passed"
-        elif v.passed is True:
-            verdict = "measured only: no acceptance gate was set"
-        else:
-            verdict = {False: "gates did not pass", None: "no verdict recorded"}[v.passed]
-        out += [f"Acceptance length (AL = 1 + accepted draft tokens per draft step) measured by eagle-migrate; {verdict}.", ""]
-        if v.details:
-            out += [", ".join(f"{a}: {b}" for a, b in v.details) + ".", ""]
-        if v.rows:
-            out += [_table(v.columns, v.rows), ""]
-        if v.gates:
-            gate_rows = [[g.name, {True: "pass", False: "FAIL", None: "?"}[g.passed], g.detail or ""] for g in v.gates]
-            out += [_table(["gate", "result", "detail"], gate_rows), ""]
-        for img in v.images:
-            out += [f"![{img.rsplit('/', 1)[-1].rsplit('.', 1)[0]}]({img})", ""]
-        if v.report_path:
-            out += [f"The full report is in [`{v.report_path}`]({v.report_path}).", ""]
+    out += _validation_section(info)
 
     # -- lineage
     out += ["## Lineage", "", f"Made with eagle-migrate {info.tool_version}."]
@@ -310,6 +288,37 @@ def render_body(info: CardInfo) -> str:
     else:
         out += ["Not recorded. A drafter trained on a model's outputs usually falls under that model's license.", ""]
     return "\n".join(out)
+
+
+def _validation_section(info: CardInfo) -> list[str]:
+    """The card's "Validation" section: the verdict, how it was measured, the suite table (AL ± SE, the paired ratio
+    ± SE and its verdict where the report has them) and its legend, the gates, the plots, the report's path."""
+    out = ["## Validation", ""]
+    v = info.validation
+    if v is None:
+        return out + ["No validation report was published with this drafter"
+                      + (f" (`{info.forced_by}`): its acceptance length was not measured." if info.forced_by else "."), ""]
+    if v.passed is True and v.gated:
+        verdict = f"{'the gate' if len(v.gates) == 1 else f'all {len(v.gates)} gates'} passed"
+    elif v.passed is True:
+        verdict = "measured only: no acceptance gate was set"
+    else:
+        verdict = {False: "gates did not pass", None: "no verdict recorded"}[v.passed]
+    out += [f"Acceptance length (AL = 1 + accepted draft tokens per draft step) measured by eagle-migrate; {verdict}.", ""]
+    if v.details:
+        out += [", ".join(f"{a}: {b}" for a, b in v.details) + ".", ""]
+    if v.rows:
+        out += [_table(v.columns, v.rows), ""]
+    if v.legend:
+        out += [v.legend, ""]
+    if v.gates:
+        gate_rows = [[g.name, {True: "pass", False: "FAIL", None: "?"}[g.passed], g.detail or ""] for g in v.gates]
+        out += [_table(["gate", "result", "detail"], gate_rows), ""]
+    for img in v.images:
+        out += [f"![{img.rsplit('/', 1)[-1].rsplit('.', 1)[0]}]({img})", ""]
+    if v.report_path:
+        out += [f"The full report is in [`{v.report_path}`]({v.report_path}).", ""]
+    return out
 
 
 def _forced_note(info: CardInfo) -> str:

@@ -2,7 +2,8 @@
 the conversion and its verdict, the quantization, the validation), read from the provenance records each stage wrote
 (quantize keeps convert's record under ``parent``) and the validation report. One line per stage, no local path.
 
-Imports: ``publish.provenance`` (the record chain, hub ids), ``publish.card`` (LineageStep, number formatting).
+Imports: ``publish.provenance`` (the record chain, hub ids), ``publish.card`` (LineageStep, number formatting),
+``publish.report`` (AL ± SE and the paired ratio as the card writes them).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import Any
 
 from .card import LineageStep, fixed, scalar_str
 from .provenance import chain, hub_id
+from .report import al_cell, paired_cells, paired_of
 
 
 _GENERATIONS = {"eagle1": "EAGLE-1", "eagle2": "EAGLE-2", "eagle3": "EAGLE-3", "eagle3.1": "EAGLE-3.1"}
@@ -69,7 +71,8 @@ def _quantize_step(node: dict[str, Any]) -> LineageStep:
         parts.append(f"lowest SQNR {sq:.1f} dB")
     acc = r.get("acceptance")
     if isinstance(acc, dict) and _num(acc.get("before")) is not None and _num(acc.get("after")) is not None:
-        parts.append(f"AL {fixed(acc['before'])} -> {fixed(acc['after'])} ({acc.get('engine', '?')})")
+        parts.append(f"AL {al_cell(acc['before'], acc.get('before_se'))} -> {al_cell(acc['after'], acc.get('after_se'))} "
+                     f"({acc.get('engine', '?')}{_paired_words(acc.get('paired'))})")
     return LineageStep(stage="quantize", summary="; ".join(parts))
 
 
@@ -85,8 +88,16 @@ def _other_steps(node: dict[str, Any]) -> list[LineageStep]:
     return out
 
 
-def suite_acceptance(raw: Any) -> list[tuple[str, float | None, float | None]]:
-    """(suite, AL, baseline AL) from a report's suites (validate's layout, or flat ``acceptance_length`` keys)."""
+def _paired_words(d: Any) -> str:
+    """``; paired ratio 0.875 ± 0.006, worse`` (the ratio's cells as the card's table has them), or nothing when
+    the record has no paired comparison (older records)."""
+    ratio, verdict = paired_cells(paired_of(d))
+    return f"; paired ratio {ratio}" + (f", {verdict}" if verdict else "") if ratio else ""
+
+
+def suite_acceptance(raw: Any) -> list[tuple[str, str, str | None]]:
+    """(suite, AL, the baseline comparison) as text from a report's suites (validate's layout, with each AL's SE and
+    the paired ratio where the report has them, or flat ``acceptance_length`` keys); suites without an AL left out."""
     suites = raw.get("suites") if isinstance(raw, dict) else None
     if isinstance(suites, dict):
         entries = [(str(k), v) for k, v in suites.items() if isinstance(v, dict)]
@@ -98,8 +109,10 @@ def suite_acceptance(raw: Any) -> list[tuple[str, float | None, float | None]]:
     for name, d in entries:
         new = d.get("new") if isinstance(d.get("new"), dict) else {}
         base = d.get("baseline") if isinstance(d.get("baseline"), dict) else {}
-        out.append((name, _num(new.get("acceptance_length", d.get("acceptance_length"))),
-                    _num(base.get("acceptance_length", d.get("baseline_acceptance_length")))))
+        al = al_cell(new.get("acceptance_length", d.get("acceptance_length")), new.get("acceptance_length_se"))
+        b = al_cell(base.get("acceptance_length", d.get("baseline_acceptance_length")), base.get("acceptance_length_se"))
+        if al:
+            out.append((name, al, (b + _paired_words(d.get("paired"))) if b else None))
     return out
 
 
@@ -114,8 +127,7 @@ def _validate_step(report: Any, forced_by: str | None, reason: str | None) -> Li
     head = f"engine {m.engine or 'unknown'}" + (f" {version}" if version else "")
     if m.num_speculative_tokens:
         head += f", k={m.num_speculative_tokens}"
-    als = [f"{n} AL {fixed(a)}" + (f" (baseline {fixed(b)})" if b is not None else "")
-           for n, a, b in suite_acceptance(report.raw)[:6] if a is not None]
+    als = [f"{n} AL {a}" + (f" (baseline {b})" if b is not None else "") for n, a, b in suite_acceptance(report.raw)[:6]]
     if report.passed is True and report.gated:
         n = len(report.info.gates)
         verdict = "the gate passed" if n == 1 else f"all {n} gates passed"

@@ -1,7 +1,10 @@
 """The validation report as publish reads it (``report.json`` written by ``validate``, read defensively): its verdict,
-its gate rows and suite table for the card, its plots, and the sha256 of the weights it measured.
+its gate rows and suite table for the card (validate's own layout: each AL with its standard error and, with a
+baseline, the paired ratio with its SE and verdict; other layouts: whatever numbers their suites hold), its plots,
+and the sha256 of the weights it measured.
 
-Imports: pydantic, ``errors``, ``formats.io``, ``publish.models``, ``publish.card`` (row types, cell text).
+Imports: pydantic, ``errors``, ``formats.io``, ``validate.metrics`` (PairedComparison), ``publish.models``,
+``publish.card`` (row types, cell text).
 """
 
 from __future__ import annotations
@@ -13,7 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import CheckpointError, InputError
 from ..formats.io import read_json
-from .card import GateRow, ValidationInfo, scalar_str
+from ..validate.metrics import PairedComparison
+from .card import GateRow, ValidationInfo, fixed, scalar_str
 from .models import MAX_PLOTS, REPORT_FILE, VALIDATION_DIR
 
 _SHA_KEYS = ("drafter_sha256", "checkpoint_sha256", "weights_sha256")
@@ -151,6 +155,80 @@ def suite_table(raw: Any, max_cols: int = 8, verdicts: bool = True) -> tuple[lis
     return ["suite"] + [_pretty_col(c) for c in cols], [[name] + [f.get(c, "") for c in cols] for name, f in flat]
 
 
+# ----- validate's own layout: AL ± SE, the paired ratio ± SE and its verdict ------------------------------------------
+def _num(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def al_cell(x: Any, se: Any) -> str:
+    """``1.519 ± 0.021``; the AL alone when the report has no SE for it (an older report: never a made-up one)."""
+    if _num(x) is None:
+        return ""
+    return fixed(float(x)) + (f" ± {fixed(float(se))}" if _num(se) is not None else "")
+
+
+def paired_of(d: Any) -> PairedComparison | None:
+    """A report's ``paired`` object, or None when there is none (older reports) or it is not one."""
+    if not isinstance(d, dict):
+        return None
+    try:
+        return PairedComparison.model_validate(d)
+    except ValidationError:
+        return None
+
+
+def paired_cells(p: PairedComparison | None) -> tuple[str, str]:
+    """(``1.004 ± 0.006``, ``within noise``) for the card's table; without a ratio or an SE, what there is and why."""
+    if p is None:
+        return "", ""
+    if p.ratio is None:
+        return "n/a", p.note or ""
+    if p.se is None:
+        return fixed(p.ratio), f"no SE ({p.note})" if p.note else "no SE"
+    return f"{fixed(p.ratio)} ± {fixed(p.se)}", p.verdict or ""
+
+
+def _is_validate_layout(raw: Any) -> bool:
+    return (isinstance(raw, list) and bool(raw)
+            and all(isinstance(v, dict) and isinstance(v.get("new"), dict) and _num(v["new"].get("acceptance_length")) is not None
+                    for v in raw))
+
+
+def se_table(raw: Any, overall: Any, verdicts: bool = True) -> tuple[list[str], list[list[str]], str | None] | None:
+    """(header, rows, legend) of validate's suites (``SuiteResult``: ``new`` / ``baseline`` metrics, ``paired``), each
+    AL with its SE and, with a baseline, the paired ratio with its SE and verdict, then "all suites" from ``overall``;
+    None for another layout (:func:`suite_table` reads those). Columns without a value in any row are left out, so an
+    older report (no SEs, no ``paired``) shows its ALs alone; the legend is given only when some SE is shown."""
+    if not _is_validate_layout(raw):
+        return None
+    base = {i: v["baseline"] for i, v in enumerate(raw) if isinstance(v.get("baseline"), dict)}
+    rows = []
+    for i, v in enumerate(raw):
+        new, b = v["new"], base.get(i, {})
+        ratio, verdict = paired_cells(paired_of(v.get("paired")))
+        pos = new.get("per_position_rate")
+        rows.append([str(v.get("name") or v.get("suite") or i + 1), al_cell(new.get("acceptance_length"), new.get("acceptance_length_se")),
+                     al_cell(b.get("acceptance_length"), b.get("acceptance_length_se")), ratio, verdict,
+                     "" if _num(v.get("regression_pct")) is None else fixed(float(v["regression_pct"])),
+                     " / ".join(fixed(float(x)) for x in pos if _num(x) is not None) if isinstance(pos, list) else "",
+                     scalar_str(v["passed"]) if verdicts and isinstance(v.get("passed"), bool) else ""])
+    o = overall if isinstance(overall, dict) else {}
+    if len(raw) > 1 and _num(o.get("new")) is not None:
+        rows.append(["all suites", al_cell(o["new"], o.get("new_se")), al_cell(o.get("baseline"), o.get("baseline_se")),
+                     *paired_cells(paired_of(o.get("paired"))), "", "", ""])
+    header = ["suite", "AL", "baseline AL", "paired ratio (AL / baseline AL)", "verdict", "regression % (> 0 = worse)",
+              "per-position rate", "passed"]
+    keep = [0] + [j for j in range(1, len(header)) if any(r[j] for r in rows)]
+    se_shown = any("±" in r[j] for r in rows for j in (1, 2, 3))
+    blocks = any(_num(v["new"].get("num_blocks")) is not None for v in raw)
+    legend = None
+    if se_shown:
+        legend = (f"AL ± its standard error ({'blocks of requests' if blocks else 'the request'} as the unit)"
+                  + ("; paired ratio = AL / baseline AL on the same prompts ± its paired standard error: improved or "
+                     "worse only beyond 2 SE of 1.0, else within noise" if base else "") + ".")
+    return [header[j] for j in keep], [[r[j] for j in keep] for r in rows], legend
+
+
 # ----- reading it ----------------------------------------------------------------------------------------------------
 def _verdict(model: ReportView, gates: list[GateRow]) -> tuple[bool | None, str | None]:
     explicit = next((x for x in (model.passed, model.ok) if x is not None), None)
@@ -190,7 +268,9 @@ def load_report(report_dir: Path) -> LoadedReport:
         model.temperature = float(st["temperature"])
     gates = gate_rows(model.gates)
     passed, reason = _verdict(model, gates)
-    cols, rows = suite_table(model.suites if model.suites is not None else model.results, verdicts=bool(gates))
+    suites = model.suites if model.suites is not None else model.results
+    table = se_table(suites, raw.get("overall"), verdicts=bool(gates))
+    (cols, rows), legend = (table[:2], table[2]) if table else (suite_table(suites, verdicts=bool(gates)), None)
     details: list[tuple[str, str]] = []
     if model.engine:
         version = model.vllm_version or model.engine_version
@@ -207,7 +287,7 @@ def load_report(report_dir: Path) -> LoadedReport:
     md = folder / "report.md"
     files = [path] + ([md] if md.is_file() else []) + plots
     info = ValidationInfo(
-        passed=passed, gated=bool(gates), gates=gates, columns=cols, rows=rows, details=details,
+        passed=passed, gated=bool(gates), gates=gates, columns=cols, rows=rows, legend=legend, details=details,
         images=[f"{VALIDATION_DIR}/{p.name}" for p in plots], report_path=f"{VALIDATION_DIR}/{REPORT_FILE}",
     )
     return LoadedReport(path=path, raw=raw, model=model, passed=passed, reason=reason, gated=bool(gates), info=info, files=files)

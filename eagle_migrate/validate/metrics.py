@@ -11,7 +11,9 @@ target writes the same text for both): with T_i = D_i + A_i, log(ratio) = log su
 + log sum(D), whose per-request influence z_i = T'_i / sum(T') - D'_i / sum(D') - T_i / sum(T) + D_i / sum(D) gives
 var(log ratio) = n / (n - 1) * sum(z_i^2) and SE(ratio) = ratio * sqrt(var) (:func:`paired_ratio`). The pairing
 removes the between-prompt variance that two independent SEs would carry. :func:`verdict` calls a ratio improved /
-worse only beyond 2 SE of 1.0.
+worse only beyond 2 SE of 1.0. :func:`per_request_counts` reads an engine's per-request counters (checked against its
+totals) and :func:`paired_comparison` turns two of them into a :class:`PairedComparison` (ratio, SE, verdict, or
+why there is none): validate's report, quantize's gate and publish's card share them.
 """
 
 from __future__ import annotations

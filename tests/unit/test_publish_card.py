@@ -173,3 +173,117 @@ def test_no_negative_zero():
 
     assert scalar_str(-0.0001) == "0.000" and fixed(-0.04, 1, sign=True) == "0.0" and fixed(0.25, 1, sign=True) == "+0.2"
     assert fmt_value(-0.04, 1) == "0.0" and fmt_value(-0.04, 1, sign=True) == "0.0" and fmt_value(-1.26, 1) == "-1.3"
+
+
+# ----- AL ± SE and the paired ratio from validate's report.json --------------------------------------------------------
+def _validate_report(folder: Path, *, ses: bool = True, paired: dict | None = None, baseline: bool = True) -> Path:
+    """report.json as ``validate`` writes it (its own models and writer): two suites, each AL with its SE and, with a
+    baseline, the paired ratio, and ``overall``; ``ses=False``: as validate wrote it before SEs (no ``*_se``, no
+    ``paired``, no ``overall`` SEs)."""
+    from eagle_migrate.validate.metrics import AcceptanceStats, PairedComparison
+    from eagle_migrate.validate.report import Gate, Metrics, SuiteResult, ValidationReport, write_report as write
+
+    def m(drafts: int, accepted: int, se: float) -> Metrics:
+        out = Metrics.from_stats(AcceptanceStats(num_drafts=drafts, num_draft_tokens=3 * drafts, num_accepted_tokens=accepted,
+                                                 accepted_per_position=[accepted // 2, accepted // 3, accepted - accepted // 2 - accepted // 3],
+                                                 num_prompts=8, num_output_tokens=drafts + accepted), 1.0)
+        out.acceptance_length_se = se if ses else None
+        return out
+
+    pairs = paired or {"chat": PairedComparison(ratio=1.0588, se=0.0204, requests=8, verdict="improved"),
+                       "code": PairedComparison(ratio=0.9950, se=0.0100, requests=8, verdict="within noise")}
+    suites = [SuiteResult(name=n, description=n, prompt_set={"name": n, "size": 8}, new=m(100, a, 0.05),
+                          baseline=m(100, b, 0.04) if baseline else None,
+                          regression_pct=round(100 * (b - a) / (100 + b), 2) if baseline else None,
+                          paired=PairedComparison.model_validate(pairs[n]) if ses and baseline else None)
+              for n, a, b in (("chat", 80, 70), ("code", 199, 200))]
+    overall = {"new": 2.395, "new_se": 0.06, "baseline": 2.35, "baseline_se": 0.05,
+               "paired": PairedComparison(ratio=1.0191, se=0.012, requests=16, verdict="within noise").model_dump()}
+    if not ses:
+        overall = {"new": 2.395, "baseline": 2.35}
+    if not baseline:
+        overall = {"new": 2.395, "new_se": 0.06} if ses else {"new": 2.395}
+    rep = ValidationReport(tool="eagle-migrate", created="now", checkpoint="c", baseline="b" if baseline else None,
+                           target="t", engine="vllm", engine_version="0.32.0",
+                           settings={"num_speculative_tokens": 3, "temperature": 0.0}, suites=suites, overall=overall,
+                           gates=[Gate(name="min_acceptance_length", threshold=1.5, suite="chat", value=1.8, passed=True)])
+    write(rep, folder)
+    return folder
+
+
+def _validation_of(card: str) -> str:
+    return card.split("## Validation", 1)[1].split("\n## ", 1)[0]
+
+
+def test_card_shows_al_se_and_the_paired_ratio(toy_oracle, tmp_path):
+    rep = _validate_report(tmp_path / "rep")
+    publish(toy_oracle, "o/n", report_dir=rep, dry_run=True, out_dir=tmp_path / "out")
+    card = (tmp_path / "out" / "README.md").read_text()
+    v = _validation_of(card)
+    assert "| suite | AL | baseline AL | paired ratio (AL / baseline AL) | verdict |" in v
+    assert "| chat | 1.800 ± 0.050 | 1.700 ± 0.040 | 1.059 ± 0.020 | improved |" in v
+    assert "| code | 2.990 ± 0.050 | 3.000 ± 0.040 | 0.995 ± 0.010 | within noise |" in v
+    assert "| all suites | 2.395 ± 0.060 | 2.350 ± 0.050 | 1.019 ± 0.012 | within noise |" in v
+    assert "AL ± its standard error (the request as the unit); paired ratio = AL / baseline AL" in v
+    assert "beyond 2 SE of 1.0" in v
+    lineage = card.split("## Lineage", 1)[1].split("\n## ", 1)[0]
+    assert "chat AL 1.800 ± 0.050 (baseline 1.700 ± 0.040; paired ratio 1.059 ± 0.020, improved)" in lineage
+
+
+def test_card_without_a_baseline_shows_al_se_and_no_ratio(toy_oracle, tmp_path):
+    rep = _validate_report(tmp_path / "rep", baseline=False)
+    publish(toy_oracle, "o/n", report_dir=rep, dry_run=True, out_dir=tmp_path / "out")
+    v = _validation_of((tmp_path / "out" / "README.md").read_text())
+    assert "| suite | AL | per-position rate | passed |" in v and "| chat | 1.800 ± 0.050 |" in v
+    assert "| all suites | 2.395 ± 0.060 |" in v
+    assert "AL ± its standard error (the request as the unit)." in v and "paired" not in v
+
+
+def test_an_older_report_without_ses_still_renders_and_shows_no_se(toy_oracle, tmp_path):
+    """report.json from before SEs: the ALs alone, no ± and no legend, never a made-up SE."""
+    rep = _validate_report(tmp_path / "rep", ses=False)
+    raw = json.loads((rep / "report.json").read_text())
+    assert "acceptance_length_se" not in json.dumps(raw).replace('"acceptance_length_se": null', "")
+    for s in raw["suites"]:  # as the older writer left them: no such keys at all
+        for role in ("new", "baseline"):
+            s[role].pop("acceptance_length_se")
+            s[role].pop("per_position_rate_se")
+        s.pop("paired")
+    (rep / "report.json").write_text(json.dumps(raw))
+    res = publish(toy_oracle, "o/n", report_dir=rep, dry_run=True, out_dir=tmp_path / "out")
+    card = (tmp_path / "out" / "README.md").read_text()
+    v = _validation_of(card)
+    assert "| suite | AL | baseline AL | regression % (> 0 = worse) | per-position rate | passed |" in v
+    assert "| chat | 1.800 | 1.700 |" in v and "| all suites | 2.395 | 2.350 |" in v
+    assert "±" not in card and "standard error" not in v and "paired" not in v and res.validation.passed is True
+
+
+def test_counters_missing_say_why_in_the_card(toy_oracle, tmp_path):
+    why = "not paired: the engine returned no per-request counters"
+    pairs = {n: {"requests": 0, "note": why} for n in ("chat", "code")}
+    rep = _validate_report(tmp_path / "rep", paired=pairs)
+    raw = json.loads((rep / "report.json").read_text())
+    for s in raw["suites"]:
+        for role in ("new", "baseline"):
+            s[role]["acceptance_length_se"] = None
+    raw["overall"] = {"new": 2.395, "baseline": 2.35, "paired": {"requests": 0, "note": why}}
+    (rep / "report.json").write_text(json.dumps(raw))
+    publish(toy_oracle, "o/n", report_dir=rep, dry_run=True, out_dir=tmp_path / "out")
+    v = _validation_of((tmp_path / "out" / "README.md").read_text())
+    assert f"| chat | 1.800 | 1.700 | n/a | {why} |" in v and f"| all suites | 2.395 | 2.350 | n/a | {why} |" in v
+    assert "±" not in v and "standard error" not in v
+
+
+def test_quantize_lineage_carries_the_gate_ses(tmp_path):
+    rec = quantize_record(convert_record("meta-llama/Llama-3.1-8B-Instruct"), "meta-llama/Llama-3.1-8B-Instruct")
+    rec["result"]["acceptance"] = {"engine": "vllm", "before": 4.0, "after": 3.5, "before_se": 0.031, "after_se": 0.03,
+                                   "paired": {"ratio": 0.875, "se": 0.006, "requests": 16, "verdict": "worse"}}
+    ck = write_eagle31(tmp_path / "ck", rec)
+    publish(ck, "o/n", report_dir=write_report(tmp_path / "rep"), dry_run=True, out_dir=tmp_path / "out")
+    lineage = (tmp_path / "out" / "README.md").read_text().split("## Lineage", 1)[1]
+    assert "AL 4.000 ± 0.031 -> 3.500 ± 0.030 (vllm; paired ratio 0.875 ± 0.006, worse)" in lineage
+    old = quantize_record(convert_record("meta-llama/Llama-3.1-8B-Instruct"), "meta-llama/Llama-3.1-8B-Instruct")
+    old["result"]["acceptance"] = {"engine": "vllm", "before": 4.0, "after": 3.5}  # a record from before the SEs
+    ck2 = write_eagle31(tmp_path / "ck2", old)
+    publish(ck2, "o/n", report_dir=write_report(tmp_path / "rep"), dry_run=True, out_dir=tmp_path / "out2")
+    assert "AL 4.000 -> 3.500 (vllm)" in (tmp_path / "out2" / "README.md").read_text()
