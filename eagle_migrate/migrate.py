@@ -99,10 +99,13 @@ def engine_note(asked: str, used: str) -> str | None:
 
 
 def validate_message(rep: Any, note: str | None = None) -> str:
-    """The validate stage's line: engine, AL per suite against the source, and the verdict, which says "passed"
-    only when a gate was set."""
+    """The validate stage's line: engine, AL ± SE per suite against the source with the paired ratio ± SE and its
+    verdict (where the engine counted per request), and the verdict, which says "passed" only when a gate was set."""
+    from .validate.report import al_text
+
     head = f"{rep.engine}{' ' + rep.engine_version if rep.engine_version else ''}" + (" (vLLM not importable)" if note else "")
-    als = [f"{s.name} AL {s.new.acceptance_length:.3f}" + (f" (source {s.baseline.acceptance_length:.3f})" if s.baseline else "")
+    als = [f"{s.name} AL {al_text(s.new)}" + (f" (source {al_text(s.baseline)}" + (f"; {s.paired.text()}" if s.paired else "")
+                                              + ")" if s.baseline else "")
            for s in rep.suites]
     if rep.failures:
         verdict = "; ".join(rep.failures)

@@ -39,6 +39,9 @@ def test_fp8_dynamic_with_fc_measured_and_gated_in_vllm(tmp_path, toy_target, to
     a = r.acceptance
     assert a is not None and a.engine == "vllm" and a.passed is True
     assert a.before == pytest.approx(4.0) and a.after == pytest.approx(4.0, rel=0.02)
+    # vLLM's per-request counters reach the gate: every prompt paired, each AL with its SE
+    assert a.paired is not None and a.paired.note is None and a.paired.requests == len(SUITES["toy"]["prompts"])
+    assert a.paired.ratio == pytest.approx(a.after / a.before, abs=1e-3) and a.before_se is not None
     prov = json.loads((tmp_path / "fp8-fc" / "provenance.json").read_text())
     assert prov["result"]["acceptance"]["after"] == pytest.approx(a.after)
 

@@ -67,7 +67,15 @@ def test_migrate_publish_dry_run_card(pair, tmp_path):
     assert "measured only: no acceptance gate was set" in card
     md = (tmp_path / "run" / "validate" / "report" / "report.md").read_text()
     assert "**MEASURED: no gate was set" in md and "PASSED" not in md and "| pass |" not in md
+    # the reference engine counts per request: the stage line, the card's table and its lineage carry each AL's SE
+    # and the paired ratio against the source, measured on the same prompts
+    assert "chat AL " in msg and " ± " in msg and "paired ratio " in msg, msg
+    validation = card.split("## Validation", 1)[1].split("\n## ", 1)[0]
+    assert "| suite | AL | baseline AL | paired ratio (AL / baseline AL) | verdict |" in validation, validation
+    row = next(ln for ln in validation.splitlines() if ln.startswith("| chat |"))
+    assert row.count(" ± ") == 3 and "AL ± its standard error (the request as the unit)" in validation
     lineage = card.split("## Lineage", 1)[1].split("##", 1)[0]
+    assert "paired ratio " in lineage.split("| validate |", 1)[1]
     for stage in ("| source | EAGLE-3 drafter from eagle-migrate", "| convert | EAGLE-3 -> EAGLE-3.1", "| quantize | fp8-dynamic",
                   "| validate | engine reference"):
         assert stage in lineage, lineage
@@ -118,8 +126,15 @@ def test_the_validate_line_says_when_vllm_was_missing():
     note = engine_note("auto", "reference")
     assert note and "vLLM is not importable" in note
     assert engine_note("reference", "reference") is None and engine_note("auto", "vllm") is None
-    suite = NS(name="chat", new=NS(acceptance_length=2.9558465286), baseline=NS(acceptance_length=3.0))
+    from eagle_migrate.validate.metrics import PairedComparison
+
+    suite = NS(name="chat", new=NS(acceptance_length=2.9558465286, acceptance_length_se=None),
+               baseline=NS(acceptance_length=3.0, acceptance_length_se=None), paired=None)
     rep = NS(engine="reference", engine_version="torch 2.13.0", suites=[suite], failures=[], gates=[])
     assert validate_message(rep, note) == ("reference torch 2.13.0 (vLLM not importable); no gate set "
                                            "(--min-acceptance-length / --max-regression): measured only; "
                                            "chat AL 2.956 (source 3.000)")
+    # counted per request: each AL's SE and the paired ratio against the source, with its verdict
+    suite.new.acceptance_length_se, suite.baseline.acceptance_length_se = 0.0214, 0.02
+    suite.paired = PairedComparison(ratio=0.9853, se=0.0061, requests=16, verdict="worse")
+    assert validate_message(rep).endswith("chat AL 2.956 ± 0.021 (source 3.000 ± 0.020; paired ratio 0.985 ± 0.006 (worse))")
