@@ -16,7 +16,7 @@ from ..devices import cuda_available, resolve_device, resolve_dtype
 from ..target import load_tokenizer
 from .engine import EngineRun, resolve_engine, run_engine
 from .vllm_engine import DrafterRefused
-from .metrics import AcceptanceStats, RequestCounts, cell_stats, paired_ratio, verdict
+from .metrics import AcceptanceStats, RequestCounts, cell_stats, paired_comparison, per_request_counts
 from .report import (Diagnostics, Gate, GroupResult, Metrics, PairedComparison, SuiteResult, ValidationReport,
                      write_report)
 
@@ -219,28 +219,6 @@ def _resolve_inputs(checkpoint: str | os.PathLike, target: str, engine: str, bas
     return _Inputs(ckpt, str(baseline) if baseline else None, eng, weights_sha, info, tok, mml)
 
 
-def _requests(r: dict | None, keys: list[str]) -> tuple[list[RequestCounts] | None, str | None]:
-    """The per-request counters of the jobs ``keys``, in job and prompt order (the pairing order), or None and why
-    not: the engine returned none, missed some requests, or their sums disagree with its totals."""
-    if r is None:
-        return None, None
-    out: list[RequestCounts] = []
-    for x in keys:
-        stats, extra = r[x]
-        pr = extra.get("per_request")
-        if pr is None:
-            return None, "the engine returned no per-request counters"
-        if len(pr) != stats.num_prompts or any(q is None for q in pr):
-            return None, f"{x}: per-request counters for {sum(q is not None for q in pr)} of {stats.num_prompts} requests"
-        reqs = [RequestCounts.from_counts(q) for q in pr]
-        tot = (sum(q.drafts for q in reqs), sum(q.accepted for q in reqs))
-        if tot != (stats.num_drafts, stats.num_accepted_tokens):
-            return None, (f"{x}: per-request counters (drafts, accepted) {tot} disagree with the engine's totals "
-                          f"{(stats.num_drafts, stats.num_accepted_tokens)}")
-        out += reqs
-    return out, None
-
-
 def _with_se(m: Metrics, reqs: list[RequestCounts] | None, k: int) -> Metrics:
     """``m`` with the standard errors of its AL and per-position rates, the request as the unit (validate/metrics.py);
     None without per-request counters or below two requests."""
@@ -249,23 +227,6 @@ def _with_se(m: Metrics, reqs: list[RequestCounts] | None, k: int) -> Metrics:
         m.acceptance_length_se = round(st["al_se"], 4)
         m.per_position_rate_se = [round(x or 0.0, 4) for x in st["per_position_se"]][:len(m.per_position_rate)]
     return m
-
-
-def _paired(new: tuple[list[RequestCounts] | None, str | None],
-            base: tuple[list[RequestCounts] | None, str | None]) -> PairedComparison:
-    """AL(new) / AL(baseline) paired on the same requests (prompt index), its SE and the verdict; with a note when
-    it cannot be paired (no per-request counters, or different request counts)."""
-    (nr, nwhy), (br, bwhy) = new, base
-    if nr is None or br is None:
-        return PairedComparison(requests=0, note=f"not paired: {nwhy or bwhy}")
-    if len(nr) != len(br):
-        return PairedComparison(requests=0, note=f"not paired: {len(nr)} requests measured for the new drafter, "
-                                                  f"{len(br)} for the baseline")
-    pr = paired_ratio(br, nr)
-    ratio, se = pr["ratio"], pr["se"]
-    note = ("nothing drafted" if ratio is None else "fewer than 2 requests" if se is None else None)
-    return PairedComparison(ratio=None if ratio is None else round(ratio, 4), se=None if se is None else round(se, 4),
-                            requests=pr["requests"], verdict=verdict(ratio, se), note=note)
 
 
 def _overall(jobs: dict[str, Any], new_r: dict | None, base_r: dict | None, k: int) -> dict[str, Any]:
@@ -279,13 +240,13 @@ def _overall(jobs: dict[str, Any], new_r: dict | None, base_r: dict | None, k: i
     for role, r in (("new", new_r), ("baseline", base_r)):
         if r is None:
             continue
-        reqs[role] = _requests(r, keys)
+        reqs[role] = per_request_counts(r, keys)
         m = _with_se(Metrics.from_stats(AcceptanceStats.total([r[x][0] for x in keys])), reqs[role][0], k)
         out[role] = m.acceptance_length
         if m.acceptance_length_se is not None:
             out[f"{role}_se"] = m.acceptance_length_se
     if base_r is not None:
-        out["paired"] = _paired(reqs["new"], reqs["baseline"]).model_dump()
+        out["paired"] = paired_comparison(reqs["new"], reqs["baseline"]).model_dump()
     return out
 
 
@@ -321,18 +282,18 @@ def _suite_result(s: Any, jobs: dict[str, dict[str, Any]], new_r: dict, base_r: 
     keys = [k_ for k_ in jobs if k_ == s.name or k_.startswith(s.name + "/")]
     new_stats = AcceptanceStats.total([new_r[x][0] for x in keys])
     new_secs = sum(new_r[x][1]["seconds"] for x in keys)
-    new_q = _requests(new_r, keys)
+    new_q = per_request_counts(new_r, keys)
     res = SuiteResult(name=s.name, description=s.description, prompt_set=s.manifest(),
                       new=_with_se(Metrics.from_stats(new_stats, new_secs), new_q[0], k))
     if new_q[1] and log:
         log(f"{s.name}: no standard errors ({new_q[1]})")
     if base_r is not None:
         bs = AcceptanceStats.total([base_r[x][0] for x in keys])
-        base_q = _requests(base_r, keys)
+        base_q = per_request_counts(base_r, keys)
         res.baseline = _with_se(Metrics.from_stats(bs, sum(base_r[x][1]["seconds"] for x in keys)), base_q[0], k)
         b_al = res.baseline.acceptance_length
         res.regression_pct = round(100.0 * (b_al - res.new.acceptance_length) / b_al, 2) if b_al else None
-        res.paired = _paired(new_q, base_q)
+        res.paired = paired_comparison(new_q, base_q)
         if res.paired.note and log:
             log(f"{s.name}: paired comparison: {res.paired.note}")
     if plain_r is not None:
@@ -345,13 +306,13 @@ def _suite_result(s: Any, jobs: dict[str, dict[str, Any]], new_r: dict, base_r: 
         for x in keys:
             g = x.split("/", 1)[1]
             ps_ = by_group[g]
-            gq = _requests(new_r, [x])
+            gq = per_request_counts(new_r, [x])
             gr = GroupResult(name=g, mean_prompt_tokens=sum(map(len, ps_)) / len(ps_),
                              new=_with_se(Metrics.from_stats(new_r[x][0], new_r[x][1]["seconds"]), gq[0], k))
             if base_r is not None:
-                gbq = _requests(base_r, [x])
+                gbq = per_request_counts(base_r, [x])
                 gr.baseline = _with_se(Metrics.from_stats(base_r[x][0], base_r[x][1]["seconds"]), gbq[0], k)
-                gr.paired = _paired(gq, gbq)
+                gr.paired = paired_comparison(gq, gbq)
             res.groups.append(gr)
     return res
 
