@@ -38,7 +38,7 @@ if TYPE_CHECKING:  # pragma: no cover
 ALPHA_PER_LOOK = 0.00135
 # Equivalence bound (nats per position). exp(difference) is the ratio of the two readings' geometric-mean
 # probabilities of the target's token, so |d| <= 0.01 bounds that ratio within 1 %: half the 2 % the project
-# accepts as "the same AL" (quantize's gate, docs/quantization.md). Measured adjacent-layer readings of a real drafter
+# accepts as "the same AL" (quantize's gate, docs/quantize.md). Measured adjacent-layer readings of a real drafter
 # differ by far more (docs/benchmarks.md, aux-id evidence); identical states give d = 0 exactly.
 EQUIVALENCE_NATS = 0.01
 # Sequential looks (after this many sequences); at most 7 looks at ALPHA_PER_LOOK each keep the chance of a wrong

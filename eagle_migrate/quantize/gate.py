@@ -143,7 +143,7 @@ def acceptance_report(engine: str, k: int, before: dict[str, tuple[Any, dict[str
     """The drop per suite and pooled, from the engine's results (``{suite: (stats, extra)}``) of the drafter before
     and after: each AL with its SE and the paired ratio AL(after) / AL(before) with its SE and verdict, the request as
     the unit (validate/metrics.py), where the engine returned per-request counters (``extra["per_request"]``). The
-    gate itself stays the point estimate ``drop_pct <= max_drop`` (docs/quantization.md)."""
+    gate itself stays the point estimate ``drop_pct <= max_drop`` (docs/quantize.md)."""
     suites = {}
     for name in before:
         (bal, bse, bq), (aal, ase, aq) = _side(before, [name], k), _side(after, [name], k)
