@@ -28,15 +28,11 @@ def _fmt_bytes(n: int) -> str:
     return str(n)
 
 
-def _al(x: float, se: float | None) -> str:
-    """``4.000 ± 0.051``, the AL alone without an SE (never a made-up one)."""
-    return f"{x:.3f}" + (f" ± {se:.3f}" if se is not None else "")
-
-
 def render(result) -> None:
     from rich.table import Table
 
     from ..quantize.gate import paired_words
+    from ..validate.report import value_se as _al  # AL ± SE; the AL alone without an SE (never a made-up one)
 
     r = result
     stdout.print(f"[bold]{r.scheme}[/] ({r.scheme_description})")

@@ -12,7 +12,7 @@ from typing import Any
 
 from .card import LineageStep, fixed, scalar_str
 from .provenance import chain, hub_id
-from .report import al_cell, paired_cells, paired_of
+from .report import al_cell, as_number, paired_cells, paired_of
 
 
 _GENERATIONS = {"eagle1": "EAGLE-1", "eagle2": "EAGLE-2", "eagle3": "EAGLE-3", "eagle3.1": "EAGLE-3.1"}
@@ -41,17 +41,13 @@ def _source_of(node: dict[str, Any]) -> tuple[Any, Any, Any, str | None]:
     return None, None, None, None
 
 
-def _num(v: Any) -> float | None:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
-
-
 def _convert_step(node: dict[str, Any]) -> LineageStep:
     fmt = node.get("source_format")
     parts = ["already EAGLE-3.1: re-written as it is" if fmt == "eagle3.1"
              else f"{_gen(fmt)} -> EAGLE-3.1 (`fc_norm` before `fc`, post-norm feedback `norm_output`)"]
     if node.get("norm_init"):
         parts.append(f"`fc_norm` initialised by {node['norm_init']}")
-    if (a := _num(node.get("step0_agreement"))) is not None:
+    if (a := as_number(node.get("step0_agreement"))) is not None:
         parts.append(f"step-0 agreement with the source {fixed(a)}")
     cal = node.get("calibration")
     if isinstance(cal, str) and cal:
@@ -65,12 +61,12 @@ def _quantize_step(node: dict[str, Any]) -> LineageStep:
     r = node.get("result") if isinstance(node.get("result"), dict) else {}
     scheme = o.get("scheme") or r.get("scheme") or "quantized"
     parts = [f"{scheme}" + (f" ({r['scheme_description']})" if isinstance(r.get("scheme_description"), str) else "")]
-    if (ratio := _num(r.get("checkpoint_ratio"))) is not None:
+    if (ratio := as_number(r.get("checkpoint_ratio"))) is not None:
         parts.append(f"checkpoint {ratio:.2f}x smaller")
-    if (sq := _num(r.get("min_sqnr_db"))) is not None:
+    if (sq := as_number(r.get("min_sqnr_db"))) is not None:
         parts.append(f"lowest SQNR {sq:.1f} dB")
     acc = r.get("acceptance")
-    if isinstance(acc, dict) and _num(acc.get("before")) is not None and _num(acc.get("after")) is not None:
+    if isinstance(acc, dict) and as_number(acc.get("before")) is not None and as_number(acc.get("after")) is not None:
         parts.append(f"AL {al_cell(acc['before'], acc.get('before_se'))} -> {al_cell(acc['after'], acc.get('after_se'))} "
                      f"({acc.get('engine', '?')}{_paired_words(acc.get('paired'))})")
     return LineageStep(stage="quantize", summary="; ".join(parts))

@@ -156,15 +156,16 @@ def suite_table(raw: Any, max_cols: int = 8, verdicts: bool = True) -> tuple[lis
 
 
 # ----- validate's own layout: AL ± SE, the paired ratio ± SE and its verdict ------------------------------------------
-def _num(v: Any) -> float | None:
+def as_number(v: Any) -> float | None:
+    """``v`` as a float when the report holds a number there (never a bool), else None (reports are read defensively)."""
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
 def al_cell(x: Any, se: Any) -> str:
     """``1.519 ± 0.021``; the AL alone when the report has no SE for it (an older report: never a made-up one)."""
-    if _num(x) is None:
+    if as_number(x) is None:
         return ""
-    return fixed(float(x)) + (f" ± {fixed(float(se))}" if _num(se) is not None else "")
+    return fixed(float(x)) + (f" ± {fixed(float(se))}" if as_number(se) is not None else "")
 
 
 def paired_of(d: Any) -> PairedComparison | None:
@@ -190,7 +191,7 @@ def paired_cells(p: PairedComparison | None) -> tuple[str, str]:
 
 def _is_validate_layout(raw: Any) -> bool:
     return (isinstance(raw, list) and bool(raw)
-            and all(isinstance(v, dict) and isinstance(v.get("new"), dict) and _num(v["new"].get("acceptance_length")) is not None
+            and all(isinstance(v, dict) and isinstance(v.get("new"), dict) and as_number(v["new"].get("acceptance_length")) is not None
                     for v in raw))
 
 
@@ -209,18 +210,18 @@ def se_table(raw: Any, overall: Any, verdicts: bool = True) -> tuple[list[str], 
         pos = new.get("per_position_rate")
         rows.append([str(v.get("name") or v.get("suite") or i + 1), al_cell(new.get("acceptance_length"), new.get("acceptance_length_se")),
                      al_cell(b.get("acceptance_length"), b.get("acceptance_length_se")), ratio, verdict,
-                     "" if _num(v.get("regression_pct")) is None else fixed(float(v["regression_pct"])),
-                     " / ".join(fixed(float(x)) for x in pos if _num(x) is not None) if isinstance(pos, list) else "",
+                     "" if as_number(v.get("regression_pct")) is None else fixed(float(v["regression_pct"])),
+                     " / ".join(fixed(float(x)) for x in pos if as_number(x) is not None) if isinstance(pos, list) else "",
                      scalar_str(v["passed"]) if verdicts and isinstance(v.get("passed"), bool) else ""])
     o = overall if isinstance(overall, dict) else {}
-    if len(raw) > 1 and _num(o.get("new")) is not None:
+    if len(raw) > 1 and as_number(o.get("new")) is not None:
         rows.append(["all suites", al_cell(o["new"], o.get("new_se")), al_cell(o.get("baseline"), o.get("baseline_se")),
                      *paired_cells(paired_of(o.get("paired"))), "", "", ""])
     header = ["suite", "AL", "baseline AL", "paired ratio (AL / baseline AL)", "verdict", "regression % (> 0 = worse)",
               "per-position rate", "passed"]
     keep = [0] + [j for j in range(1, len(header)) if any(r[j] for r in rows)]
     se_shown = any("±" in r[j] for r in rows for j in (1, 2, 3))
-    blocks = any(_num(v["new"].get("num_blocks")) is not None for v in raw)
+    blocks = any(as_number(v["new"].get("num_blocks")) is not None for v in raw)
     legend = None
     if se_shown:
         legend = (f"AL ± its standard error ({'blocks of requests' if blocks else 'the request'} as the unit)"

@@ -357,9 +357,7 @@ def _quiet_transformers() -> None:
 
 def _paired_text(p: PairedComparison | None) -> str:
     """``; paired ratio 0.987 ± 0.004 (worse)`` for a gate's message, or nothing without a paired SE."""
-    if p is None or p.ratio is None or p.se is None:
-        return ""
-    return f"; paired ratio {p.ratio:.3f} ± {p.se:.3f} ({p.verdict})"
+    return f"; {p.text()}" if p is not None and p.ratio is not None and p.se is not None else ""
 
 
 def _pct(x: float | None) -> str:
