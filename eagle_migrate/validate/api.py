@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .. import __version__
-from ..errors import CheckFailed, DataError, EngineError, InputError
+from ..errors import CheckFailed, DataError, EagleMigrateError, EngineError, InputError
 from ..devices import cuda_available, resolve_device, resolve_dtype
 from ..target import load_tokenizer
 from .engine import EngineRun, resolve_engine, run_engine
@@ -164,7 +164,6 @@ def aux_ids_status(drafters: dict[str, str | None], target: str) -> tuple[dict[s
     """How each drafter's aux layer ids are served (validate changes nothing, so it never decides or refuses): the
     stored ids, the ids vLLM reads, their convention and why; a warning for ids whose convention nothing decided
     (vLLM reads them literally, which is what is measured; if written output-of-layer they are one layer off)."""
-    from ..errors import EagleMigrateError
     from ..formats import read_checkpoint
 
     out: dict[str, Any] = {}
