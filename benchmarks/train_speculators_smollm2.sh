@@ -8,6 +8,8 @@
 # Environment: SPEC_VENV (default ../judge-venv: a separate venv with speculators; never eagle-migrate's),
 # EM_PY (eagle-migrate's python, default .venv/bin/python), N (ShareGPT conversations rendered and counted for the
 # draft vocabulary, default 400), HS_LIMIT (the first rows that get hidden states and are trained on, default 200),
+# REGEN (a folder of regenerated shards from benchmarks/strong_source_cpu.py --regen-only: train on the target's own
+# answers to the first user turns instead of ShareGPT's replies; REGEN_LOSS_TOKENS caps the rows by loss tokens),
 # EPOCHS (default 3), LR (default 1e-3, speculators' default), PLAIN (1: a plain EAGLE-3 drafter, --no-norm-before-fc
 # --no-norm-output; default 0: speculators 0.9.0's eagle3 defaults, norm_before_fc + norm_output, which
 # eagle-migrate reads as EAGLE-3.1 and converts as a passthrough), MAX_STEPS (speculators' --max-steps: stop after
@@ -67,7 +69,8 @@ if at venv; then
   "$SPEC_VENV/bin/pip" uninstall -q -y torchvision torchaudio || true
 fi
 if at data; then
-  "$EM_PY" benchmarks/speculators_smollm2_prep.py data --out "$W/sharegpt.jsonl" --n "$N" --start "$START" --seq-len 256
+  if [ -n "${REGEN:-}" ]; then DATA_SRC=(--regen "$REGEN" --loss-tokens "${REGEN_LOSS_TOKENS:-0}"); else DATA_SRC=(); fi
+  "$EM_PY" benchmarks/speculators_smollm2_prep.py data --out "$W/sharegpt.jsonl" --n "$N" --start "$START" --seq-len 256 "${DATA_SRC[@]}"
   "$SPEC_VENV/bin/speculators" prepare-data --model "$TARGET" --data "$W/sharegpt.jsonl" --output "$W/ds" \
     --seq-length 256 --no-skip-token-freq --token-freq-path "$W/token_freq.pt" --num-preprocessing-workers 1 --overwrite
 fi

@@ -74,3 +74,30 @@ def test_curve_table_shows_simulated_and_served_rows(ss, tmp_path):
     assert len(lines) == 4
     assert "68,783" in lines[2] and "1.145 +- 0.008" in lines[2] and "0.129 / 0.016 / 0.000" in lines[2]
     assert "1.210 +- 0.020 (900)" in lines[3]
+
+
+def test_regenerated_answers_become_speculators_rows(tmp_path):
+    """The target's own answers as speculators' rows: prompt + answer cut at seq_len, loss on the answer only,
+    rows with < 16 answer tokens left out, record order, stop at the loss-token cap."""
+    spec = importlib.util.spec_from_file_location("speculators_smollm2_prep", ROOT / "benchmarks" / "speculators_smollm2_prep.py")
+    prep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(prep)
+    regen = tmp_path / "regen"
+    regen.mkdir()
+    shard1 = [{"record": 7, "prompt": list(range(10)), "output": list(range(100, 140))},      # 30 kept of 40
+              {"record": 9, "prompt": list(range(36)), "output": list(range(100, 120))}]      # 4 answer tokens: out
+    shard0 = [{"record": 3, "prompt": list(range(5)), "output": list(range(200, 220))}]
+    (regen / "shard-00001.jsonl").write_text("".join(json.dumps(r) + "\n" for r in shard1))
+    (regen / "shard-00000.jsonl").write_text("".join(json.dumps(r) + "\n" for r in shard0))
+
+    def run(loss_tokens):
+        out = tmp_path / f"rows-{loss_tokens}.jsonl"
+        prep.make_data(prep.argparse.Namespace(regen=str(regen), out=str(out), n=100, seq_len=40, loss_tokens=loss_tokens))
+        return [json.loads(x) for x in out.read_text().splitlines()]
+
+    rows = run(0)
+    assert [r["input_ids"][:5] for r in rows] == [list(range(5)), list(range(5))]   # record 3, then 7
+    assert rows[0]["input_ids"] == list(range(5)) + list(range(200, 220))
+    assert rows[0]["loss_mask"] == [0] * 5 + [1] * 20
+    assert len(rows[1]["input_ids"]) == 40 and rows[1]["loss_mask"] == [0] * 10 + [1] * 30
+    assert len(run(15)) == 1                                                         # 20 loss tokens reach 15
