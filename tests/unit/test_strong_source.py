@@ -101,3 +101,42 @@ def test_regenerated_answers_become_speculators_rows(tmp_path):
     assert rows[0]["loss_mask"] == [0] * 5 + [1] * 20
     assert len(rows[1]["input_ids"]) == 40 and rows[1]["loss_mask"] == [0] * 10 + [1] * 30
     assert len(run(15)) == 1                                                         # 20 loss tokens reach 15
+
+
+def test_best_source_packs_without_embedding_and_unpacks_tensor_for_tensor(tmp_path, monkeypatch):
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    spec = importlib.util.spec_from_file_location("strong_source_best", ROOT / "benchmarks" / "strong_source_best.py")
+    best = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(best)
+    g = torch.Generator().manual_seed(0)
+    target_emb = torch.randn(32, 8, generator=g)                       # the target's fp32 embedding
+    monkeypatch.setattr(best, "_target_embedding", lambda dtype: ("toy-target", target_emb.to(dtype)))
+    src = tmp_path / "src"
+    src.mkdir()
+    w = {"embed_tokens.weight": target_emb.to(torch.bfloat16), "fc.weight": torch.randn(8, 24, generator=g).to(torch.bfloat16),
+         "d2t": torch.arange(16)}
+    save_file(w, str(src / "model.safetensors"))
+    (src / "config.json").write_text('{"speculators_model_type": "eagle3"}')
+    state = tmp_path / "state"
+    best.pack(src, state)
+    assert "embed_tokens.weight" not in load_file(str(state / "model.safetensors"))
+    out = best.unpack(tmp_path / "out", state, force=False)
+    back = load_file(str(out / "model.safetensors"))
+    assert set(back) == set(w) and all(torch.equal(back[k], w[k]) for k in w)
+    assert (out / "config.json").read_text() == (src / "config.json").read_text()
+    with pytest.raises(SystemExit, match="exists"):
+        best.unpack(out, state, force=False)
+    # a stored tensor changed after packing: refused
+    t = load_file(str(state / "model.safetensors"))
+    t["fc.weight"] = t["fc.weight"] + 1
+    save_file(t, str(state / "model.safetensors"))
+    with pytest.raises(SystemExit, match="differ from provenance"):
+        best.unpack(tmp_path / "out2", state, force=False)
+    # an embedding that is not the target's is never dropped
+    w["embed_tokens.weight"] = w["embed_tokens.weight"] + 1
+    save_file(w, str(src / "model.safetensors"))
+    with pytest.raises(SystemExit, match="not the target's"):
+        best.pack(src, tmp_path / "state2")
+    assert not (tmp_path / "state2").exists()
