@@ -121,3 +121,32 @@ def test_trained_source_drafter_is_served_with_acceptance_above_one(smollm2):
                   max_model_len=1024)
     stats, _ = res["chat"]
     assert stats.num_drafts > 0 and stats.acceptance_length > 1.1
+
+
+@pytest.mark.ci
+@pytest.mark.vllm
+@requires_vllm
+def test_committed_best_source_unpacks_and_serves_with_its_acceptance(smollm2, tmp_path):
+    """benchmarks/strong_source/best (issue 25's best CPU source, committed without the target's embedding) is
+    written back whole and served by vLLM: a drafter with a wrong or missing embedding would accept almost nothing."""
+    import importlib.util
+    from pathlib import Path
+
+    from transformers import AutoTokenizer
+
+    from eagle_migrate.validate.vllm_engine import measure
+
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("strong_source_best", root / "benchmarks" / "strong_source_best.py")
+    best = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(best)
+    drafter = best.unpack(tmp_path / "best", best.STATE, force=False)
+    tok = AutoTokenizer.from_pretrained(str(smollm2))
+    prompts = [list(tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
+                                            tokenize=True, return_dict=True)["input_ids"])
+               for q in ("Explain what a hash table is.", "Give me three tips for a job interview.",
+                         "Write a short poem about the sea.", "How do I reverse a list in Python?")]
+    res = measure(str(smollm2), str(drafter), {"chat": {"prompts": prompts, "max_tokens": 48}}, num_speculative_tokens=3,
+                  max_model_len=1024)
+    stats, _ = res["chat"]
+    assert stats.num_drafts > 0 and stats.acceptance_length > 1.2, stats
