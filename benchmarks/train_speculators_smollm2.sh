@@ -10,7 +10,8 @@
 # draft vocabulary, default 400), HS_LIMIT (the first rows that get hidden states and are trained on, default 200),
 # REGEN (a folder of regenerated shards from benchmarks/strong_source_cpu.py --regen-only: train on the target's own
 # answers to the first user turns instead of ShareGPT's replies; REGEN_LOSS_TOKENS caps the rows by loss tokens),
-# EPOCHS (default 3), LR (default 1e-3, speculators' default), PLAIN (1: a plain EAGLE-3 drafter, --no-norm-before-fc
+# RESUME (1: resume from the newest checkpoint under the save path, speculators' own resume: a run stopped between
+# sessions goes on with its optimizer and schedule), EPOCHS (default 3), LR (default 1e-3, speculators' default), PLAIN (1: a plain EAGLE-3 drafter, --no-norm-before-fc
 # --no-norm-output; default 0: speculators 0.9.0's eagle3 defaults, norm_before_fc + norm_output, which
 # eagle-migrate reads as EAGLE-3.1 and converts as a passthrough), MAX_STEPS (speculators' --max-steps: stop after
 # that many optimizer steps, with --scheduler-total-steps SCHED_STEPS, default 537 = 3 epochs x 179 steps, so the
@@ -90,7 +91,7 @@ if at train; then
     --verifier-name-or-path "$TARGET" --data-path dsA --hidden-states-path dsA/hidden_states --on-missing raise \
     --target-layer-ids 2 15 27 --token-freq-path token_freq.pt --draft-vocab-size 8192 --norm-before-residual "${FLAGS[@]}" \
     --draft-attn-impl sdpa --total-seq-len 256 --hidden-states-dtype float32 --num-workers 0 --ttt-steps 3 --loss-implementation eager \
-    --lr "$LR" --epochs "$EPOCHS" --save-path "$CK" --no-resume-from-checkpoint)
+    --lr "$LR" --epochs "$EPOCHS" --save-path "$CK" $([ "${RESUME:-0}" = 1 ] || echo --no-resume-from-checkpoint))
 fi
 if [ "$STOP" = train ]; then exit 0; fi
 # the last epoch's checkpoint (CK/0, CK/1, CK/2, ...; not checkpoint_best or epochN_end) is the source drafter;
