@@ -7,7 +7,8 @@
 ``train_command.txt``, ``val_metrics.json``]) whose ``embed_tokens.weight`` is the target's own embedding matrix in
 the checkpoint's dtype (speculators freezes it: ``embed_requires_grad: false``), checks that it is, and writes the
 checkpoint without it (about 20 MB instead of 76) into the committed folder, replaced in place, with
-``provenance.json`` (sha256 of the source file and of the packed one, the target, the dropped tensor's shape).
+``provenance.json`` (sha256 of the source file and of every kept tensor, the target, the dropped tensor's shape,
+dtype and sha256). ``--state`` must not be or hold the source (the folder is replaced).
 
 ``unpack`` writes the whole checkpoint back (the embedding re-read from the target of ``eagle_migrate.assets`` and
 cast to the stored dtype): the sha256 of every stored tensor is checked against provenance.json, and the restored
@@ -57,6 +58,8 @@ def _target_embedding(dtype):
 def pack(src: Path, state: Path) -> dict:
     from safetensors.torch import load_file, save_file
 
+    if src.resolve() == state.resolve() or state.resolve() in src.resolve().parents:
+        raise SystemExit(f"{state}: the folder to replace is or holds the source {src}; choose another --state")
     w = load_file(str(src / "model.safetensors"))
     emb = w.pop(EMBED)
     tpath, temb = _target_embedding(emb.dtype)

@@ -140,3 +140,6 @@ def test_best_source_packs_without_embedding_and_unpacks_tensor_for_tensor(tmp_p
     with pytest.raises(SystemExit, match="not the target's"):
         best.pack(src, tmp_path / "state2")
     assert not (tmp_path / "state2").exists()
+    with pytest.raises(SystemExit, match="holds the source"):                       # never replaces its own input
+        best.pack(src, tmp_path)
+    assert (src / "model.safetensors").exists()
