@@ -8,7 +8,8 @@
 the checkpoint's dtype (speculators freezes it: ``embed_requires_grad: false``), checks that it is, and writes the
 checkpoint without it (about 20 MB instead of 76) into the committed folder, replaced in place, with
 ``provenance.json`` (sha256 of the source file and of every kept tensor, the target, the dropped tensor's shape,
-dtype and sha256). ``--state`` must not be or hold the source (the folder is replaced).
+dtype and sha256). The folder replaced (``--state``, ``OUT``) may not be, hold or lie inside an input (the source,
+the committed folder, the target), ``--force`` included.
 
 ``unpack`` writes the whole checkpoint back (the embedding re-read from the target of ``eagle_migrate.assets`` and
 cast to the stored dtype): the sha256 of every stored tensor is checked against provenance.json, and the restored
@@ -42,75 +43,80 @@ def _sha(t) -> str:
 
 
 def _target_embedding(dtype):
-    from safetensors import safe_open
-
+    """The target's path and its embedding matrix in ``dtype`` (eagle_migrate.target's weight reader)."""
     from eagle_migrate import assets
+    from eagle_migrate.target import TargetWeights
 
-    tpath = assets.smollm2_target()
-    for f in sorted(Path(tpath).glob("*.safetensors")):
-        with safe_open(str(f), "pt") as g:
-            for k in g.keys():
-                if k.endswith("embed_tokens.weight"):
-                    return str(tpath), g.get_tensor(k).to(dtype)
-    raise SystemExit(f"{tpath}: no embed_tokens.weight in the target")
+    tpath = str(assets.smollm2_target())
+    return tpath, TargetWeights(tpath).embed_weight.to(dtype)
+
+
+def _refuse_overlap(out: Path, inputs: list) -> None:
+    """The project's rule (formats.output.check_no_overlap): a folder this script replaces is, holds or lies inside
+    no input; a one-line exit instead of its exception."""
+    from eagle_migrate.errors import EagleMigrateError
+    from eagle_migrate.formats.output import check_no_overlap
+
+    try:
+        check_no_overlap(out, inputs)
+    except EagleMigrateError as e:
+        raise SystemExit(str(e)) from None
+
+
+def _replace_folder(dest: Path, weights: dict, side_from: Path, extra: dict[str, str] | None = None) -> None:
+    """``weights`` as model.safetensors, the side files of ``side_from`` and ``extra`` (name -> text) written into a
+    temporary sibling folder, which then replaces ``dest``."""
+    from safetensors.torch import save_file
+
+    tmp = dest.with_name(dest.name + ".part")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    for name in SIDE_FILES:
+        if (side_from / name).exists():
+            shutil.copy2(side_from / name, tmp / name)
+    for name, text in (extra or {}).items():
+        (tmp / name).write_text(text)
+    if dest.exists():
+        shutil.rmtree(dest)
+    os.replace(tmp, dest)
 
 
 def pack(src: Path, state: Path) -> dict:
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file
 
-    if src.resolve() == state.resolve() or state.resolve() in src.resolve().parents:
-        raise SystemExit(f"{state}: the folder to replace is or holds the source {src}; choose another --state")
     w = load_file(str(src / "model.safetensors"))
     emb = w.pop(EMBED)
     tpath, temb = _target_embedding(emb.dtype)
+    _refuse_overlap(state, [src, tpath])
     if not (temb.shape == emb.shape and bool((temb == emb).all())):
         raise SystemExit(f"{src}: {EMBED} is not the target's embedding; packing it without would lose it")
-    tmp = state.with_name(state.name + ".part")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    save_file(w, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-    for name in SIDE_FILES:
-        if (src / name).exists():
-            shutil.copy2(src / name, tmp / name)
     prov = {"source": str(src), "source_sha256": hashlib.sha256((src / "model.safetensors").read_bytes()).hexdigest(),
             "dropped": {EMBED: {"shape": list(emb.shape), "dtype": str(emb.dtype), "sha256": _sha(emb),
                                 "restored_from": "the target's model.embed_tokens.weight cast to this dtype"}},
             "target": Path(tpath).name, "tensors": {k: _sha(v) for k, v in sorted(w.items())}}
-    (tmp / "provenance.json").write_text(json.dumps(prov, indent=1) + "\n")
-    if state.exists():
-        shutil.rmtree(state)
-    os.replace(tmp, state)
+    _replace_folder(state, w, src, {"provenance.json": json.dumps(prov, indent=1) + "\n"})
     return prov
 
 
 def unpack(out: Path, state: Path, force: bool) -> Path:
     import torch
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file
 
     if out.exists() and not force:
         raise SystemExit(f"{out} exists; pass --force to replace it")
-    if out.resolve() == state.resolve() or state.resolve() in out.resolve().parents:
-        raise SystemExit(f"{out}: inside the committed folder {state}; choose another output")
     prov = json.loads((state / "provenance.json").read_text())
     w = load_file(str(state / "model.safetensors"))
     bad = [k for k, v in w.items() if prov["tensors"].get(k) != _sha(v)] + sorted(set(prov["tensors"]) - set(w))
     if bad:
         raise SystemExit(f"{state}: tensors differ from provenance.json: {bad[:5]}")
     d = prov["dropped"][EMBED]
-    _, emb = _target_embedding(getattr(torch, d["dtype"].removeprefix("torch.")))
+    tpath, emb = _target_embedding(getattr(torch, d["dtype"].removeprefix("torch.")))
+    _refuse_overlap(out, [state, tpath])
     if _sha(emb) != d["sha256"]:
         raise SystemExit("the target's embedding does not match the one packed away (another target?)")
     w[EMBED] = emb
-    tmp = out.with_name(out.name + ".part")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    save_file(w, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-    for name in SIDE_FILES:
-        if (state / name).exists():
-            shutil.copy2(state / name, tmp / name)
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(tmp, out)
+    _replace_folder(out, w, state)
     return out
 
 

@@ -32,7 +32,7 @@ def render(result) -> None:
     from rich.table import Table
 
     from ..quantize.gate import paired_words
-    from ..validate.report import value_se as _al  # AL ± SE; the AL alone without an SE (never a made-up one)
+    from ..validate.report import value_se as _al  # AL ± SE (here, not at the top: validate.report imports torch)
 
     r = result
     stdout.print(f"[bold]{r.scheme}[/] ({r.scheme_description})")

@@ -128,6 +128,9 @@ def test_best_source_packs_without_embedding_and_unpacks_tensor_for_tensor(tmp_p
     assert (out / "config.json").read_text() == (src / "config.json").read_text()
     with pytest.raises(SystemExit, match="exists"):
         best.unpack(out, state, force=False)
+    with pytest.raises(SystemExit, match="overlaps the input"):                     # nor the committed folder, --force included
+        best.unpack(state / "inner", state, force=True)
+    assert (state / "model.safetensors").exists()
     # a stored tensor changed after packing: refused
     t = load_file(str(state / "model.safetensors"))
     t["fc.weight"] = t["fc.weight"] + 1
@@ -140,6 +143,6 @@ def test_best_source_packs_without_embedding_and_unpacks_tensor_for_tensor(tmp_p
     with pytest.raises(SystemExit, match="not the target's"):
         best.pack(src, tmp_path / "state2")
     assert not (tmp_path / "state2").exists()
-    with pytest.raises(SystemExit, match="holds the source"):                       # never replaces its own input
+    with pytest.raises(SystemExit, match="overlaps the input"):                     # never replaces its own input
         best.pack(src, tmp_path)
     assert (src / "model.safetensors").exists()
