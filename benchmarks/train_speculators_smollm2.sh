@@ -13,7 +13,9 @@
 # RESUME (1: resume from the newest checkpoint under the save path, speculators' own resume: a run stopped between
 # sessions goes on with its optimizer and schedule), EPOCHS (default 3), LR (default 1e-3, speculators' default), PLAIN (1: a plain EAGLE-3 drafter, --no-norm-before-fc
 # --no-norm-output; default 0: speculators 0.9.0's eagle3 defaults, norm_before_fc + norm_output, which
-# eagle-migrate reads as EAGLE-3.1 and converts as a passthrough), MAX_STEPS (speculators' --max-steps: stop after
+# eagle-migrate reads as EAGLE-3.1 and converts as a passthrough), NBR (0: --no-norm-before-residual, the layer-0
+# residual is the fc output itself as SafeAILab's and SpecForge's EAGLE-3 layers keep it; with PLAIN=1 this is the
+# plain test-bed source of issue 38, checkpoints under checkpoints-plain-nbr0; default 1: speculators' default), MAX_STEPS (speculators' --max-steps: stop after
 # that many optimizer steps, with --scheduler-total-steps SCHED_STEPS, default 537 = 3 epochs x 179 steps, so the
 # learning rate follows the full run's schedule up to the stop; default: all steps), STAGE (start at:
 # venv | data | hidden | subset | train | convert | measure), STOP (train: stop after training; the aux-id
@@ -49,6 +51,7 @@ N=${N:-400}
 START=${START:-5000}  # ShareGPT records from here: the validate chat suite samples from the first 3,000
 HS_LIMIT=${HS_LIMIT:-200}
 PLAIN=${PLAIN:-0}
+NBR=${NBR:-1}
 MAX_STEPS=${MAX_STEPS:-}
 EPOCHS=${EPOCHS:-3}
 LR=${LR:-1e-3}
@@ -58,6 +61,7 @@ mkdir -p "$W"
 W=$(cd "$W" && pwd)
 export TOKENIZERS_PARALLELISM=false
 if [ "$PLAIN" = 1 ]; then FLAGS=(--no-norm-before-fc --no-norm-output); CK=checkpoints-plain; else FLAGS=(); CK=checkpoints; fi
+if [ "$NBR" = 0 ]; then NBR_FLAG=--no-norm-before-residual; CK=$CK-nbr0; else NBR_FLAG=--norm-before-residual; fi
 if [ -n "$MAX_STEPS" ]; then FLAGS+=(--max-steps "$MAX_STEPS" --scheduler-total-steps "${SCHED_STEPS:-537}"); fi
 TARGET=$("$EM_PY" -c "from eagle_migrate import assets; print(assets.smollm2_target())")
 at() { case "$STAGE" in venv) return 0;; data) [[ $1 != venv ]];; hidden) [[ $1 =~ ^(hidden|subset|train|convert|measure)$ ]];;
@@ -89,7 +93,7 @@ if at train; then
   # the command the lead ran (checkpoints/train_command.txt), OMP_NUM_THREADS=2 on this 2-core box
   (cd "$W" && OMP_NUM_THREADS=2 "$SPEC_VENV/bin/python" "$ROOT/benchmarks/speculators_train_cpu.py" --speculator-type eagle3 \
     --verifier-name-or-path "$TARGET" --data-path dsA --hidden-states-path dsA/hidden_states --on-missing raise \
-    --target-layer-ids 2 15 27 --token-freq-path token_freq.pt --draft-vocab-size 8192 --norm-before-residual "${FLAGS[@]}" \
+    --target-layer-ids 2 15 27 --token-freq-path token_freq.pt --draft-vocab-size 8192 "$NBR_FLAG" "${FLAGS[@]}" \
     --draft-attn-impl sdpa --total-seq-len 256 --hidden-states-dtype float32 --num-workers 0 --ttt-steps 3 --loss-implementation eager \
     --lr "$LR" --epochs "$EPOCHS" --save-path "$CK" $([ "${RESUME:-0}" = 1 ] || echo --no-resume-from-checkpoint))
 fi
