@@ -7,9 +7,17 @@ i of the calibration sequences, the log-likelihood of the target's own next toke
 distribution (draft logits through ``d2t``), ``d_i = log p_first(t_i) - log p_second(t_i)``. The whole distribution
 enters, not only its top-1, so a weak drafter on a target with similar adjacent layers still separates them.
 Positions within a sequence are not independent: the standard error is clustered by sequence. Sampling is
-sequential: sequences are added until, at one of the fixed looks (:data:`LOOKS`), one reading wins by more than
-t standard errors (:func:`critical`: Student's t with sequences - 1 degrees of freedom), or the readings are shown
-equivalent (``|d| + t * SE <= EQUIVALENCE_NATS``), or the budget is spent (inconclusive). The target runs once per
+sequential: sequences are added until, at one of the fixed looks (:data:`LOOKS`), the readings are shown equivalent
+(``|d| + t * SE <= EQUIVALENCE_NATS``, checked first: a difference too small to matter decides nothing however
+sure it is), or one reading wins by more than t standard errors (:func:`critical`: Student's t with sequences - 1
+degrees of freedom), or the budget is spent (inconclusive).
+
+A measurement decides only where the drafter drafts (:func:`drafts`): under some reading its top-1 agreement with the
+target's next token is above :data:`MIN_AGREEMENT`, its mean beats a uniform guess over the draft vocabulary
+(``-ln Vd``), and most of its positions are off the floor. Where no reading drafts, or the winner does not, or the
+standard error is zero while the difference is not, the verdict is ``no-evidence``: the numbers then say nothing
+about the readings (a dead drafter is equally wrong under both, and a saturated one differs by the same amount at
+every position), and the caller must not decide from them. The target runs once per
 sequence for both readings; the states it captured are kept on the :class:`~eagle_migrate.target.LazyTarget` for the statistics pass that follows in convert.
 
 Layer: beside ``judge`` (may run a drafter on a target): imports aux_ids, corpora, drafter, target. ``aux_ids``
@@ -51,6 +59,16 @@ BUDGET_POSITIONS = 16384
 # cost (SmolLM2-135M: about 10 CPU-seconds per 512 tokens on the loaded 2-core box, docs/benchmarks.md).
 MAX_LENGTH = 512
 LOGP_FLOOR = -50.0  # a draft probability that underflows counts as e^-50, never -inf
+# A reading drafts (:func:`drafts`) when its top-1 agreement with the target's next token is at least MIN_AGREEMENT
+# over at least MIN_HITS hits, its mean beats a uniform guess over the draft vocabulary by UNIFORM_MARGIN nats, and
+# under MAX_CLAMPED of its positions sit at the floor. The weakest real drafter measured here (SmolLM2, docs/
+# benchmarks.md) agrees 0.35 and scores about 5 nats above -ln(8192); a drafter vLLM accepts nothing from agrees 0.
+MIN_AGREEMENT = 0.02
+MIN_HITS = 5
+UNIFORM_MARGIN = 0.1
+MAX_CLAMPED = 0.5
+# "no reading drafts" is said at a look only once this many positions are in (else at the budget's end)
+DEAD_AFTER_POSITIONS = 256
 
 
 @functools.lru_cache(maxsize=None)
@@ -76,15 +94,31 @@ def critical(df: int, alpha: float = ALPHA_PER_LOOK) -> float:
 
 
 # ----- the statistic -------------------------------------------------------------------------------------------------
-class Paired:
-    """Per-sequence sums of the paired difference and of each reading's statistic and top-1 hits."""
+def drafts(hits: int, positions: int, mean: float, clamped: float, uniform: float | None) -> str | None:
+    """None when a reading with these numbers drafts, else why it does not (module docstring)."""
+    if positions == 0:
+        return "no positions"
+    if hits < MIN_HITS or hits / positions < MIN_AGREEMENT:
+        return f"top-1 agreement {hits / positions:.3f} ({hits} of {positions})"
+    if uniform is not None and mean <= uniform + UNIFORM_MARGIN:
+        return f"mean {mean:.3f} nats, no better than a uniform guess ({uniform:.3f})"
+    if clamped >= MAX_CLAMPED:
+        return f"{clamped:.0%} of positions at the floor ({LOGP_FLOOR:g} nats)"
+    return None
 
-    def __init__(self, readings: list[str]):
+
+class Paired:
+    """Per-sequence sums of the paired difference and of each reading's statistic, top-1 hits and floor hits.
+    ``uniform``: the statistic of a uniform guess over the draft vocabulary (-ln Vd)."""
+
+    def __init__(self, readings: list[str], uniform: float | None = None):
         self.readings = readings
+        self.uniform = uniform
         self.d_sums: list[float] = []
         self.sizes: list[int] = []
         self.sums = {r: 0.0 for r in readings}
         self.hits = {r: 0 for r in readings}
+        self.floor = {r: 0 for r in readings}
         self.excluded = 0
 
     def add(self, logp: dict[str, torch.Tensor], hit: dict[str, torch.Tensor], excluded: int = 0) -> None:
@@ -98,6 +132,7 @@ class Paired:
         for r in self.readings:
             self.sums[r] += float(logp[r].double().sum())
             self.hits[r] += int(hit[r].sum())
+            self.floor[r] += int((logp[r] <= LOGP_FLOOR).sum())
 
     @property
     def positions(self) -> int:
@@ -114,17 +149,38 @@ class Paired:
         var = g / (g - 1) * sum((s - d * k) ** 2 for s, k in zip(self.d_sums, self.sizes)) / n**2
         return d, math.sqrt(var)
 
-    def verdict(self) -> str:
+    def why_not(self, r: str) -> str | None:
+        """None when the drafter drafts under reading ``r``, else why not (:func:`drafts`)."""
+        n = self.positions
+        return drafts(self.hits[r], n, self.sums[r] / n if n else float("nan"), self.floor[r] / n if n else 0.0,
+                      self.uniform)
+
+    def no_evidence(self, final: bool = False) -> str:
+        """Why these numbers are no evidence ('' when they are); ``final``: the last look, when a dead drafter is
+        said whatever the number of positions."""
+        d, se = self.difference()
+        dead = {r: self.why_not(r) for r in self.readings}
+        if all(dead.values()) and (final or self.positions >= DEAD_AFTER_POSITIONS):
+            return "the drafter drafts under no reading: " + "; ".join(f"{r}: {w}" for r, w in dead.items())
+        if math.isfinite(se) and len(self.sizes) >= 2 and se <= 1e-9 * max(1.0, abs(d)) and abs(d) > EQUIVALENCE_NATS:
+            return (f"a zero standard error with a difference of {d:+.4f} nats: every sequence differs by the same "
+                    "amount, which a working drafter does not do (saturated or degenerate outputs)")
+        return ""
+
+    def verdict(self, final: bool = False) -> str:
         d, se = self.difference()
         if not math.isfinite(se):
-            return "inconclusive"
-        if se == 0.0:
-            return "equivalent" if d == 0.0 else ("first" if d > 0 else "second")
+            return "no-evidence" if final and self.no_evidence(final) else "inconclusive"
+        if self.no_evidence(final):
+            return "no-evidence"
         t = critical(len(self.sizes) - 1)
+        if abs(d) + t * se <= EQUIVALENCE_NATS:  # first: a difference too small to matter decides nothing
+            return "equivalent" if not all(self.why_not(r) for r in self.readings) else "no-evidence"
         if abs(d) > t * se:
+            win = self.readings[0] if d > 0 else self.readings[1]
+            if self.why_not(win):  # a winner the drafter does not draft under is no evidence
+                return "no-evidence"
             return "first" if d > 0 else "second"
-        if abs(d) + t * se <= EQUIVALENCE_NATS:
-            return "equivalent"
         return "inconclusive"
 
     def measurement(self, verdict: str, looks: int, seconds: float) -> Measurement:
@@ -136,25 +192,33 @@ class Paired:
         rule = (f"a winner = the paired difference beyond t standard errors (clustered by sequence; t = Student's t at "
                 f"one-sided {ALPHA_PER_LOOK:g} with sequences - 1 degrees of freedom); equivalent = |difference| + t SE "
                 f"<= {EQUIVALENCE_NATS:g} nats; looks after {', '.join(map(str, LOOKS))} sequences, at most "
-                f"{BUDGET_POSITIONS} positions. Measured {a} - {b} = {d:+.4f} +- {se:.4f} nats over {n} positions in "
-                f"{g} sequences (t = {t}): "
+                f"{BUDGET_POSITIONS} positions; no evidence where the drafter drafts under no reading or not under the "
+                f"winner. Measured {a} - {b} = {d:+.4f} +- {se:.4f} nats over {n} positions in {g} sequences (t = {t}): "
                 + {"first": f"{a} wins", "second": f"{b} wins", "equivalent": "equivalent",
-                   "inconclusive": "inconclusive"}[verdict])
+                   "inconclusive": "inconclusive", "no-evidence": "no evidence"}[verdict])
+        why = ""
+        if verdict == "no-evidence":
+            why = self.no_evidence(final=True) or (
+                f"the winner by {d:+.4f} nats is a reading the drafter does not draft under: "
+                + (self.why_not(a if d > 0 else b) or ""))
         return Measurement(readings=[a, b], positions=n, sequences=len(self.sizes),
                            mean={r: self.sums[r] / n if n else float("nan") for r in self.readings},
                            agreement={r: self.hits[r] / n if n else float("nan") for r in self.readings},
                            difference=d, standard_error=se if math.isfinite(se) else 1e9, equivalence_bound=EQUIVALENCE_NATS,
-                           verdict=verdict, looks=looks, excluded=self.excluded, seconds=round(seconds, 2), rule=rule)
+                           verdict=verdict, looks=looks, excluded=self.excluded, uniform=self.uniform,
+                           clamped={r: self.floor[r] / n if n else 0.0 for r in self.readings},
+                           drafts={r: self.why_not(r) is None for r in self.readings}, no_evidence=why,
+                           seconds=round(seconds, 2), rule=rule)
 
 
 def sequential(readings: list[str], sequences: Iterable[list[int]],
                score: Callable[[list[int]], tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], int] | None],
                *, budget_sequences: int = BUDGET_SEQUENCES, budget_positions: int = BUDGET_POSITIONS,
-               progress: Callable[[int, int], None] | None = None) -> Measurement:
+               progress: Callable[[int, int], None] | None = None, uniform: float | None = None) -> Measurement:
     """Score sequences one at a time (``score(seq) -> ({reading: logp [n]}, {reading: top-1 hit [n]}, excluded)``)
-    and stop at the first look with a verdict, or at the budget (inconclusive)."""
+    and stop at the first look with a verdict, or at the budget (inconclusive, or no-evidence)."""
     t0 = time.perf_counter()
-    acc = Paired(readings)
+    acc = Paired(readings, uniform)
     looks, done = 0, 0
     for seq in sequences:
         if done >= budget_sequences or acc.positions >= budget_positions:
@@ -173,10 +237,7 @@ def sequential(readings: list[str], sequences: Iterable[list[int]],
                 return acc.measurement(v, looks, time.perf_counter() - t0)
     if done not in LOOKS:  # the data ran out between looks: one last look
         looks += 1
-        v = acc.verdict()
-        if v != "inconclusive":
-            return acc.measurement(v, looks, time.perf_counter() - t0)
-    return acc.measurement("inconclusive", looks, time.perf_counter() - t0)
+    return acc.measurement(acc.verdict(final=True), looks, time.perf_counter() - t0)
 
 
 class Step0:
@@ -190,21 +251,45 @@ class Step0:
         self.t2d[d2t] = torch.arange(vd)
 
     @torch.no_grad()
-    def __call__(self, aux: torch.Tensor, ids: list[int], want: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """aux [T-1, K*Ht] at positions 0..T-2, tokens ids[1:], ``want`` [T-1] the target's next tokens ->
-        (logp [n], hit [n], kept mask [T-1]) over the positions whose target token is in the draft vocabulary."""
+    def logits(self, aux: torch.Tensor, ids: list[int]) -> torch.Tensor:
+        """Step 0's draft logits [T-1, Vd] at positions 0..T-2 (aux [T-1, K*Ht] there, tokens ids[1:])."""
         m = self.m
         t = len(ids)
         x = torch.tensor(ids[1:], device=self.device).unsqueeze(0)
         pos = torch.arange(t - 1, device=self.device).unsqueeze(0)
         o = m.forward_step(x, m.combine(aux.to(device=self.device, dtype=self.dtype)).unsqueeze(0), pos)
-        logits = m.logits(o.h_post)[0].float()
+        return m.logits(o.h_post)[0].float()
+
+    def top1(self, aux: torch.Tensor, ids: list[int]) -> torch.Tensor:
+        """The target id step 0 drafts at positions 0..T-2 [T-1] (what vLLM proposes first there)."""
+        return self.m.to_target_ids(self.logits(aux, ids).argmax(-1)).cpu()
+
+    def __call__(self, aux: torch.Tensor, ids: list[int], want: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """aux [T-1, K*Ht] at positions 0..T-2, tokens ids[1:], ``want`` [T-1] the target's next tokens ->
+        (logp [n], hit [n], kept mask [T-1]) over the positions whose target token is in the draft vocabulary."""
+        logits = self.logits(aux, ids)
         lp = torch.log_softmax(logits, dim=-1).cpu()
         d = self.t2d[want]
         keep = d >= 0
         logp = lp[keep].gather(1, d[keep].unsqueeze(1)).squeeze(1).clamp_min(LOGP_FLOOR)
-        hit = m.to_target_ids(logits.argmax(-1)).cpu()[keep] == want[keep]
+        hit = self.m.to_target_ids(logits.argmax(-1)).cpu()[keep] == want[keep]
         return logp, hit, keep
+
+
+def worse_than_literal(m: Measurement, literal: str) -> str:
+    """'' unless the measurement's winner drafts worse than ``literal`` (the reading vLLM serves the checkpoint
+    with as it is) by more than 3 binomial standard errors of top-1 agreement and 0.02: a likelihood winner with
+    fewer hits than what is served now is never written silently."""
+    w = m.winner
+    if w is None or w == literal or m.positions == 0:
+        return ""
+    aw, al = m.agreement.get(w, 0.0), m.agreement.get(literal, 0.0)
+    se = math.sqrt(max(aw * (1 - aw) + al * (1 - al), 1e-12) / m.positions)
+    if al - aw > max(3 * se, 0.02):
+        return (f"the measurement's winner {w} has a higher likelihood but drafts the target's next token less often "
+                f"than {literal}, the reading vLLM serves now (top-1 agreement {aw:.3f} vs {al:.3f}, 3 SE = "
+                f"{3 * se:.3f})")
+    return ""
 
 
 # ----- the target's states, once per sequence ------------------------------------------------------------------------
@@ -212,23 +297,37 @@ def measurement_sequences(target: LazyTarget, data: Any, seed: int, first: list[
                           max_length: int = MAX_LENGTH) -> Iterator[list[int]]:
     """``first`` (convert: the statistics pass's own sequences, so their states are reused), then more from the same
     data up to the budget; a tokenizer-less target without data: its own greedy continuations of random first tokens
-    (text it would write: a drafter trained on it predicts it)."""
+    (text it would write: a drafter trained on it predicts it). When the data runs out before the budget (a small
+    data set, or a target whose greedy text repeats: many random starts continue alike), the target's own
+    continuations of what it has: a sequence already measured, cut at a random point, one token there replaced at
+    random, and continued greedily (:func:`_continuations`), until the budget is reached."""
     from .corpora import calibration_sequences
 
     seen: set[tuple[int, ...]] = set()
+    have: list[list[int]] = []
+
+    def fresh(s: list[int]) -> bool:
+        if tuple(s) in seen:
+            return False
+        seen.add(tuple(s))
+        have.append(s)
+        return True
+
     for s in first or []:
         s = s[:max_length]
-        if tuple(s) not in seen:
-            seen.add(tuple(s))
+        if fresh(s):
             yield s
     if data is None and target.tokenizer is None:
         more = _own_sequences(target, BUDGET_SEQUENCES, min(max_length, 48), seed)
     else:
         more = calibration_sequences(data, target.tokenizer, target.info.vocab_size, BUDGET_SEQUENCES, max_length, seed)
     for s in more:
-        if tuple(s) not in seen:
-            seen.add(tuple(s))
+        if fresh(s):
             yield s
+    if have:
+        for s in _continuations(target, have, seed, max_length):
+            if fresh(s):
+                yield s
 
 
 def _own_sequences(target: LazyTarget, n: int, length: int, seed: int, batch: int = 8) -> Iterator[list[int]]:
@@ -242,6 +341,34 @@ def _own_sequences(target: LazyTarget, n: int, length: int, seed: int, batch: in
                 nxt = model(input_ids=x.to(target.loaded.device), use_cache=False).logits[:, -1].argmax(-1, keepdim=True)
                 x = torch.cat([x, nxt.cpu()], dim=1)
         yield from x.tolist()
+
+
+def _continuations(target: LazyTarget, have: list[list[int]], seed: int, max_length: int,
+                   batch: int = 8, tries: int = 4 * BUDGET_SEQUENCES) -> Iterator[list[int]]:
+    """The target's own continuations of ``have`` (grows as the caller adds what it keeps): a random sequence of it,
+    cut at a random point (at least 2 tokens kept), the token there replaced by a random one, continued greedily to
+    its length (at most ``max_length``, at least 24 tokens) with the KV cache; ``batch`` prefixes of one length per
+    generate call; at most ``tries`` sequences made. Stops when the caller stops asking (the budget)."""
+    g = torch.Generator().manual_seed(seed + 7919)
+    tg = target.loaded
+    made = 0
+    while made < tries:
+        base = have[int(torch.randint(len(have), (1,), generator=g))]
+        n = max(24, min(len(base), max_length))
+        cut = int(torch.randint(2, max(3, min(len(base), n - 8)), (1,), generator=g))
+        prefixes = []
+        for _ in range(batch):
+            b = have[int(torch.randint(len(have), (1,), generator=g))]
+            p = list(b[:cut]) if len(b) >= cut else list(b)
+            p[-1] = int(torch.randint(target.info.vocab_size, (1,), generator=g))
+            prefixes.append(p[:cut])
+        x = torch.tensor([p for p in prefixes if len(p) == cut] or [prefixes[0][:cut]])
+        with torch.no_grad():
+            out = tg.model.generate(input_ids=x.to(tg.device), attention_mask=torch.ones_like(x).to(tg.device),
+                                    max_new_tokens=n - cut, min_new_tokens=n - cut, do_sample=False, use_cache=True,
+                                    pad_token_id=0)
+        made += len(x)
+        yield from out.cpu().tolist()
 
 
 def _states(target: LazyTarget, seq: list[int], ids: list[int]) -> tuple[dict[int, torch.Tensor], torch.Tensor]:
@@ -283,7 +410,7 @@ def measure(ck: Checkpoint, target: LazyTarget, candidates: list[list[int]], *, 
         return logp, hit, excl
 
     res = sequential(list(CONVENTIONS), measurement_sequences(target, data, seed, sequences, max_length), score,
-                     progress=progress)
+                     progress=progress, uniform=-math.log(m.cfg.draft_vocab_size))
     return res.model_copy(update={"seconds": round(time.perf_counter() - t0, 2)})  # target and drafter load included
 
 
@@ -319,7 +446,7 @@ def measure_norm_before_residual(ck: Checkpoint, target: LazyTarget, ids: list[i
 
     try:
         return sequential(["true", "false"], measurement_sequences(target, data, seed, sequences, max_length), score,
-                          progress=progress)
+                          progress=progress, uniform=-math.log(m.cfg.draft_vocab_size))
     finally:
         layer0.norm_before_residual = ck.config.norm_before_residual
 
@@ -351,6 +478,7 @@ def decide_norm_before_residual(ck: Checkpoint, target: LazyTarget, ids: list[in
     (``ck.meta['norm_before_residual_measurement']`` keeps the evidence). None when nothing was measured."""
     if not norm_before_residual_open(ck):
         return None
+    ck.meta.setdefault("norm_before_residual_layout_default", ck.config.norm_before_residual)  # what vLLM reads
     m = measure_norm_before_residual(ck, target, ids, seed=seed, data=data, sequences=sequences, progress=progress)
     ck.meta["norm_before_residual_measurement"] = m.model_dump()
     if m.winner is not None:

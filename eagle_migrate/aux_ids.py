@@ -12,7 +12,10 @@ error. :func:`vllm_captured` is that rule; :func:`check_aux_ids` turns it into f
 Conventions: ``vllm`` (input-to-layer: the ids as vLLM reads them) and ``output-of-layer`` (SpecForge / SGLang /
 ModelOpt training: stored id ``k`` = output of layer ``k`` = vLLM id ``k + 1``). A producer's layout never decides
 between them; only a fingerprint written by one producer's writer does (:data:`FINGERPRINTS`), or a measurement
-with the target (:mod:`eagle_migrate.aux_evidence`), or the user (``--aux-ids-convention``).
+with the target (:mod:`eagle_migrate.aux_evidence`), or the user (``--aux-ids-convention``). When the measurement
+shows both readings serve the same on the target at hand, a known producer's training convention (read in its code:
+``producer_convention``) is written, recorded as taken from the producer, not measured; and a measurement in which
+the drafter drafts under no reading (verdict ``no-evidence``) decides nothing.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from .errors import a_an
 if TYPE_CHECKING:  # pragma: no cover
     from .formats.base import Checkpoint, Finding
 
-DecidedBy = Literal["fingerprint", "measurement", "equivalent", "override", "unambiguous", "undecided"]
+DecidedBy = Literal["fingerprint", "measurement", "equivalent", "producer", "override", "unambiguous", "undecided"]
 CONVENTIONS: tuple[Convention, ...] = get_args(Convention)
 
 
@@ -143,7 +146,7 @@ class Candidate(BaseModel):
     agreement: float | None = Field(None, description="measured: step-0 top-1 agreement with the target's next token (reported, does not decide)")
 
 
-Verdict = Literal["first", "second", "equivalent", "inconclusive"]
+Verdict = Literal["first", "second", "equivalent", "inconclusive", "no-evidence"]
 
 
 class Measurement(BaseModel):
@@ -163,6 +166,10 @@ class Measurement(BaseModel):
     verdict: Verdict = "inconclusive"
     looks: int = Field(0, description="sequential looks taken")
     excluded: int = Field(0, description="positions whose target token is outside the draft vocabulary (both readings -inf)")
+    uniform: float | None = Field(None, description="the statistic of a uniform guess over the draft vocabulary, -ln(Vd)")
+    clamped: dict[str, float] = Field(default_factory=dict, description="reading -> share of positions at the floor (aux_evidence.LOGP_FLOOR)")
+    drafts: dict[str, bool] = Field(default_factory=dict, description="reading -> whether the drafter drafts under it (aux_evidence.drafts)")
+    no_evidence: str = Field("", description="why the measurement is no evidence (verdict no-evidence)")
     seconds: float = 0.0
     rule: str = ""
 
@@ -177,6 +184,14 @@ class Measurement(BaseModel):
                 f"{self.difference:+.4f} +- {self.standard_error:.4f} (top-1 agreement {self.agreement.get(a, float('nan')):.3f} vs "
                 f"{self.agreement.get(b, float('nan')):.3f})")
 
+    def tried(self, names: dict[str, str] | None = None) -> str:
+        """Each reading as tried: its top-1 agreement, mean statistic, share at the floor; and the uniform guess."""
+        parts = [f"{(names or {}).get(r, r)}: top-1 agreement {self.agreement.get(r, float('nan')):.3f}, mean "
+                 f"{self.mean.get(r, float('nan')):.3f} nats ({self.clamped.get(r, 0.0):.0%} of positions at the floor)"
+                 for r in self.readings]
+        base = f"; a uniform guess over the draft vocabulary scores {self.uniform:.3f}" if self.uniform is not None else ""
+        return "; ".join(parts) + base + f"; {self.positions} positions in {self.sequences} sequences"
+
 
 class AuxIds(BaseModel):
     """Stored aux ids and their convention, kept apart: what the checkpoint says, where, what each reading would be,
@@ -189,6 +204,13 @@ class AuxIds(BaseModel):
     decided_by: DecidedBy = "undecided"
     reason: str = ""
     measurement: Measurement | None = None
+    producer_convention: Convention | None = Field(None, description="the convention the producer trains with, read in its code (used only when the readings are equivalent on the target)")
+    producer_reason: str = ""
+
+    @property
+    def no_evidence(self) -> bool:
+        """Measured, and the drafter drafts under no reading: nothing was decided by it."""
+        return self.measurement is not None and self.measurement.verdict == "no-evidence"
 
     @property
     def decided(self) -> bool:
@@ -209,9 +231,11 @@ class AuxIds(BaseModel):
 
 
 def from_stored(stored: list[int] | None, where: str, *, fingerprint: tuple[Convention, str] | None = None,
-                notes: dict[str, list[str]] | None = None) -> AuxIds:
+                notes: dict[str, list[str]] | None = None, producer: tuple[Convention, str] | None = None) -> AuxIds:
     """The reader's view: both readings of ``stored``; decided only by a writer-unique ``fingerprint``
-    (convention, what was seen), or when nothing is stored (both conventions' defaults name the same tensors)."""
+    (convention, what was seen), or when nothing is stored (both conventions' defaults name the same tensors).
+    ``producer``: (the convention the producer's training code captures, where that is read): kept for the case where
+    a measurement shows both readings serve the same on the target (:func:`resolve`)."""
     if stored is None:
         return AuxIds(stored=None, where="none", convention="vllm", decided_by="unambiguous",
                       reason="no ids stored: vLLM uses its default (2, L//2, L-3); the output-of-layer trainers' default "
@@ -222,7 +246,8 @@ def from_stored(stored: list[int] | None, where: str, *, fingerprint: tuple[Conv
         if fingerprint and fingerprint[0] == conv:
             ev.insert(0, fingerprint[1])
         cands.append(Candidate(convention=conv, ids=sorted(to_vllm(stored, conv)), evidence=ev))
-    a = AuxIds(stored=list(stored), where=where, candidates=cands)
+    a = AuxIds(stored=list(stored), where=where, candidates=cands,
+               producer_convention=producer[0] if producer else None, producer_reason=producer[1] if producer else "")
     if fingerprint:
         a = a.decide(fingerprint[0], "fingerprint", fingerprint[1])
     return a
@@ -236,6 +261,12 @@ def findings(a: AuxIds, producer: str) -> list[Finding]:
         return []  # nothing to say: the ids are what vLLM reads (aux_ids_evidence still says why)
     v, o = a.candidate("vllm"), a.candidate("output-of-layer")
     both = f"vLLM ids {v.ids if v else '?'} if written in vLLM's convention, {o.ids if o else '?'} if output-of-layer"
+    if a.decided_by == "undecided" and a.no_evidence:
+        m = a.measurement
+        return [finding("warning", "aux_evidence_none",
+                        f"aux layer ids {a.stored} ({producer}): {both}. Measuring on the target decided nothing: the "
+                        f"drafter drafts under neither reading ({m.no_evidence}; {m.tried(_reading_names(a))}); the stored "
+                        f"ids are read literally, as vLLM reads them. {NO_EVIDENCE_CAUSES}")]
     if a.decided_by == "undecided":
         # the hint knows what was tried: after a measurement on a target, only the explicit convention is left
         ask = (f"measuring on the target did not decide ({a.measurement.summary()}, {a.measurement.verdict}): pass "
@@ -254,6 +285,14 @@ def findings(a: AuxIds, producer: str) -> list[Finding]:
                         + (f" ({m.summary()}, within +-{m.equivalence_bound:g})" if m is not None else "")
                         + "; the stored ids are kept as they are. On another target the readings may differ: "
                           "pass --aux-ids-convention there if you know it")]
+    if a.decided_by == "producer":
+        m = a.measurement
+        return [finding("warning", "aux_ids_equivalent",
+                        f"aux layer ids {a.stored}: both readings ({both}) serve the same on this target"
+                        + (f" ({m.summary()}, within +-{m.equivalence_bound:g})" if m is not None else "")
+                        + f"; written in the convention {producer} trains with ({a.convention}: {a.producer_reason}) -> "
+                          f"vLLM ids {a.ids}, taken from the producer, not measured. Pass --aux-ids-convention if you know "
+                          "these ids were written otherwise")]
     sev = "warning" if a.convention == "output-of-layer" and a.decided_by != "override" else "info"
     return [finding(sev, "aux_ids_convention",
                     f"aux layer ids {a.stored} are {a.convention} ({a.decided_by}: {a.reason}) -> vLLM ids {a.ids}"
@@ -286,12 +325,35 @@ def resolve(a: AuxIds, num_aux: int, num_target_layers: int, *, override: Conven
     if m.winner is not None:
         return a.decide(m.winner, "measurement", m.rule)  # type: ignore[arg-type]
     if m.verdict == "equivalent":
+        if a.producer_convention is not None:
+            return a.decide(a.producer_convention, "producer",
+                            f"both readings serve the same on this target ({m.rule}); the producer's training convention "
+                            f"is written ({a.producer_reason}), taken from the producer, not measured")
         return a.decide("vllm", "equivalent", "both readings serve the same on this target (" + m.rule + "): the stored "
                         "ids are kept as they are, read literally as vLLM reads them")
+    if m.verdict == "no-evidence":
+        return a.model_copy(update={"reason": f"measurement is no evidence ({m.no_evidence}): {m.rule}"})
     return a.model_copy(update={"reason": f"measurement inconclusive: {m.rule}"})
 
 
+# what a measurement in which the drafter drafts under no reading most likely means (convert's refusal, inspect's warning)
+NO_EVIDENCE_CAUSES = ("Likely causes: the draft-vocabulary mapping (d2t / t2d, draft_vocab_size), a target that is not "
+                      "the one the drafter was trained for, or flags the producer's layout implies (norm_before_residual, "
+                      "norm_output, fc_norm)")
+NO_EVIDENCE_HINT = ("check that --target is the drafter's own target (inspect CKPT --target T shows what was measured); "
+                    "if you know the convention the ids were written in, --aux-ids-convention vllm|output-of-layer")
+
+
+def _reading_names(a: AuxIds) -> dict[str, str]:
+    return {c.convention: f"{c.convention} reading (vLLM ids {c.ids})" for c in a.candidates}
+
+
 def undecided_message(a: AuxIds, num_target_layers: int, num_aux: int = 3) -> str:
+    if a.no_evidence:
+        m = a.measurement
+        return (f"the drafter predicts none of the target's tokens under either reading of its aux layer ids {a.stored} "
+                f"({m.no_evidence}), so the measurement decides nothing. Tried: {m.tried(_reading_names(a))}. "
+                f"{NO_EVIDENCE_CAUSES}")
     v, o = a.candidate("vllm"), a.candidate("output-of-layer")
     if a.measurement is None and v is not None and o is not None:
         ev, eo = pairing_error(v.ids, num_aux, num_target_layers), pairing_error(o.ids, num_aux, num_target_layers)

@@ -287,6 +287,13 @@ def _measure_nbr(ck: Checkpoint, lt: Any, ids: list[int]) -> None:
     m = decide_norm_before_residual(ck, lt, ids)
     if m is None:
         return
+    if m.verdict == "no-evidence":
+        ck.findings.append(finding(
+            "warning", "norm_before_residual_measured",
+            f"norm_before_residual is not in the config, and measuring it on the target decided nothing: the drafter "
+            f"drafts with neither value ({m.no_evidence}; {m.tried()}); the layout's default "
+            f"{ck.config.norm_before_residual} is read, as vLLM reads it. {_aux.NO_EVIDENCE_CAUSES}"))
+        return
     said = (f"{m.winner} by measurement" if m.winner is not None
             else f"measuring did not decide it ({m.verdict}); the layout's default {ck.config.norm_before_residual} is read")
     ck.findings.append(finding("info", "norm_before_residual_measured",

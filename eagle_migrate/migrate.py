@@ -63,6 +63,7 @@ class MigrateOptions:
     dtype: str = "auto"
     seed: int = 0
     aux_ids_convention: str | None = None  # --aux-ids-convention: vllm | output-of-layer (None: fingerprint or measurement)
+    norm_before_residual: bool | None = None  # --(no-)norm-before-residual (None: the config, else measured)
     vllm_python: str | None = None
     verify: bool = False  # identify the target by the sha256 of its weights, not headers + sizes + mtimes
     force_stage: str | None = None  # re-run this stage and every later one, even when done
@@ -159,6 +160,8 @@ def build_stages(source: Path, target: str, opts: MigrateOptions, progress: Stag
                     "calibrate": opts.calibrate, "steps": opts.steps, "train": opts.train, "seed": opts.seed,
                     "num_speculative_tokens": opts.k, "max_minutes": opts.max_minutes,
                     "aux_ids_convention": opts.aux_ids_convention}
+    if opts.norm_before_residual is not None:  # only when given: the stage hashes of earlier runs stay as they were
+        convert_args["norm_before_residual"] = opts.norm_before_residual
     quantize_args = {"scheme": opts.quantize, "target": target, "data": opts.data, "quantize_fc": opts.quantize_fc,
                      "validate": "none"}
     validate_args = {"target": target, "engine": opts.engine, "suites": opts.suites, "prompts_file": opts.prompts_file,

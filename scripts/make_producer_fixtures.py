@@ -204,8 +204,10 @@ def modelopt() -> None:
             sd = toy.drafter_state_dict("oracle")
             sd["fc.weight"] = torch.cat([torch.eye(toy.H) / (len(ids) * toy.aux_rms(i + 1)) for i in ids], dim=1)
             mine = {k: v for k, v in sd.items() if k != "lm_head.weight"}
+            if draft_vocab is not None:  # its own reduced head: the base head's rows of the draft vocabulary
+                mine["lm_head.weight"] = model.lm_head.weight.detach()[used].clone()
             missing, unexpected = em.load_state_dict(mine, strict=False)
-            assert not unexpected and not [k for k in missing if "rotary" not in k], (missing, unexpected)
+            assert not unexpected and not [k for k in missing if "rotary" not in k and k != "d2t"], (missing, unexpected)
         export_speculative_decoding(model, export_dir="export")
         finish(Path("export"), name, "nvidia-modelopt", how, f"Aux ids as ModelOpt's training hook captured them "
                f"(decoder-layer outputs): {ids}.\n" + extra)
@@ -218,6 +220,13 @@ def modelopt() -> None:
                oracle_ids=[1, 3, 4],
                extra="Target: `toy.write_target(path, layers=8)`; served with vLLM ids [2, 4, 5] (the "
                      "output-of-layer reading) vLLM's acceptance length with k = 3 is 4.0 exactly.\n")
+        export("toy-llama8-target", "modelopt-llama-dv32-oracle",
+               "`mtsp.convert` with EAGLE3_DEFAULT_CFG and draft_vocab_size 32 (every other token, d2t set as "
+               "load_draft_vocab_cache would) then `export_speculative_decoding`; draft tensor values = the toy oracle "
+               "for output-of-layer ids (vLLM ids [2, 4, 5]), its own lm_head the base head's rows of the draft "
+               "vocabulary", oracle_ids=[1, 3, 4], draft_vocab=32,
+               extra="Target: `toy.write_target(path, layers=8)`; the target's tokens outside the draft vocabulary "
+                     "(the odd ones) are never drafted.\n")
         export("toy-llama-target", "modelopt-llama-k2-dv32",
                "`mtsp.convert` with EAGLE3_DEFAULT_CFG and draft_vocab_size 32 on a 6-layer target (ModelOpt's "
                "default aux layers collapse to two: sorted({1, 6 // 2 - 1, 6 - 4}) = [1, 2]) then "
@@ -248,7 +257,7 @@ def specforge() -> None:
 
     def draft(name: str, how: str, *, to: str, ids_in_config: list[int] | None, oracle_ids: list[int] | None,
               draft_vocab: int = toy.H, fc_norm: bool = False, norm_output: bool | None = None,
-              extra: str = "") -> None:
+              extra: str = "", mapping: bool = False) -> None:
         # a draft config as SpecForge's configs/*-eagle3.json are written (sizes shrunk to the toy's)
         dc = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_act": "silu",
               "hidden_size": toy.H, "intermediate_size": toy.H, "num_attention_heads": toy.HEADS,
@@ -265,7 +274,7 @@ def specforge() -> None:
         Path("draft.json").write_text(json.dumps(dc))
         model = AutoDraftModel.from_config(AutoDraftModelConfig.from_file("draft.json"), torch_dtype=torch.bfloat16)
         vm = None
-        if draft_vocab != toy.H:
+        if draft_vocab != toy.H or mapping:  # mapping: a vocab mapping file even for the full vocabulary (identity d2t)
             freq = {t: (t * 37) % 101 + 1 for t in range(toy.H)}
             d2t, t2d = process_token_dict_to_mappings(Counter(freq), draft_vocab, toy.H)
             torch.save({"d2t": d2t, "t2d": t2d}, "vocab_mapping.pt")
@@ -299,6 +308,14 @@ def specforge() -> None:
               to="hf", ids_in_config=None, oracle_ids=[1, 3, 4],
               extra="Target: `toy.write_target(path, layers=8)`; with no ids stored vLLM uses its default [2, 4, 5]: "
                     "acceptance length with k = 3 is 4.0 exactly.\n")
+        draft("specforge-llama-sglang-vfull-ids",
+              "draft config with eagle_config ids [1, 3, 4] (the captures its trainer makes on the 8-layer target), the "
+              "full vocabulary with a vocab mapping file (process_token_dict_to_mappings: an identity d2t and a full "
+              "t2d), exported with `export_to_sglang` (`specforge export --to sglang`: no embedding); tensor values = "
+              "the toy oracle for those captures (vLLM ids [2, 4, 5])", to="sglang", ids_in_config=[1, 3, 4],
+              oracle_ids=[1, 3, 4], mapping=True,
+              extra="Target: `toy.write_target(path, layers=8)`. vLLM >= 0.30 refuses the identity d2t as written; "
+                    "without it, and with the ids read as output-of-layer, the acceptance length with k = 3 is 4.0.\n")
         draft("specforge-llama-sglang-fcnorm-dv32",
               "draft config with `fc_norm: true`, `norm_output: false` and eagle_config ids [1, 3, 4], a 32-token "
               "draft vocab (process_token_dict_to_mappings), exported with `export_to_sglang` (`specforge export "

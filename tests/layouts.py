@@ -51,12 +51,17 @@ LAYOUT_NAMES = list(EXPECTED)
 # "unambiguous" (no ids stored), "undecided" (both readings possible: a target measures, or --aux-ids-convention).
 AUX_CONVENTION: dict[str, str] = {n: "vllm" for n in EXPECTED} | {
     "specforge": "output-of-layer", "modelopt": "output-of-layer", "torchspec": "output-of-layer",
-    "quantized-modelopt-nvfp4": "output-of-layer",
+    "torchspec-vllm": "output-of-layer", "quantized-modelopt-nvfp4": "output-of-layer",
 }
 AUX_DECIDED_BY: dict[str, str] = {n: "undecided" for n in EXPECTED} | {
     "vllm": "fingerprint", "speculators": "fingerprint", "speculators-ours": "fingerprint",
+    "torchspec": "fingerprint", "torchspec-vllm": "fingerprint",
     "safeailab-eagle3": "unambiguous", "safeailab-eagle3-noconfig": "unambiguous",
 }
+# the convention a decided layout is read in (TorchSpec's code trains on layer outputs and its exporter shifts
+# kimi_k2 ids only: formats/torchspec.py)
+AUX_DECIDED_CONVENTION: dict[str, str] = {n: "vllm" for n in EXPECTED} | {
+    "torchspec": "output-of-layer", "torchspec-vllm": "output-of-layer"}
 
 
 # ----- canonical state dicts ----------------------------------------------------------------------------------------
@@ -382,12 +387,15 @@ def _torchspec(cfg, sd, out, dtype=torch.bfloat16, **_):
 
 
 def _torchspec_vllm(cfg, sd, out, dtype=torch.bfloat16, **_):
-    """TorchSpec tools/convert_to_hf.py --vllm: layers.0.*, vLLM-convention ids at the top level."""
+    """TorchSpec tools/convert_to_hf.py --vllm: layers.0.*, the training's output-of-layer ids copied unchanged at
+    the top level (its exporter shifts kimi_k2 ids only)."""
     sd = dict(sd)
     if "embed_tokens.weight" not in sd:
         sd["embed_tokens.weight"] = torch.randn(cfg.vocab_size, cfg.hidden_size) * 0.05
     save_safetensors(_cast(sd, dtype), out / "model.safetensors", {"format": "pt", "torchspec_version": "0.2.0"})
     d = hf_config(cfg)
+    if cfg.aux_layer_ids:
+        d["eagle_aux_hidden_state_layer_ids"] = [i - 1 for i in cfg.aux_layer_ids]
     d["_torchspec_version"] = "0.2.0"
     write_json(out / "config.json", d)
 

@@ -11,6 +11,7 @@ from ..choices import OutputFormat
 from . import app
 from .options import (
     AuxIdsConventionOpt,
+    NbrOpt,
     CheckpointArg,
     DeviceOpt,
     DtypeOpt,
@@ -53,6 +54,7 @@ def convert(
     resume: ResumeOpt = None,
     output_format: FormatOpt = "vllm",
     aux_ids_convention: AuxIdsConventionOpt = None,
+    norm_before_residual: NbrOpt = None,
     num_speculative_tokens: NumSpecTokensOpt = 3,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
@@ -87,7 +89,7 @@ def convert(
             output_format=output_format, device=device, dtype=dtype, calibrate=calibrate,
             force=force, seed=seed, progress=prog, steps=steps, train=train, cache_dir=cache_dir,
             resume_dir=resume, num_speculative_tokens=num_speculative_tokens, command=cmd,
-            max_minutes=max_minutes, aux_ids_convention=aux_ids_convention,
+            max_minutes=max_minutes, aux_ids_convention=aux_ids_convention, norm_before_residual=norm_before_residual,
         )
     if json:
         print_json(res)

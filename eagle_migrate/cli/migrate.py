@@ -9,6 +9,7 @@ from ..choices import OutputFormat
 from . import app
 from .options import (
     AuxIdsConventionOpt,
+    NbrOpt,
     CheckpointArg,
     DeviceOpt,
     DtypeOpt,
@@ -72,6 +73,7 @@ def migrate(
     dtype: DtypeOpt = "auto",
     seed: SeedOpt = 0,
     aux_ids_convention: AuxIdsConventionOpt = None,
+    norm_before_residual: NbrOpt = None,
     vllm_python: Annotated[Optional[str], typer.Option("--vllm-python", help="Python that has vLLM (default: this one).")] = None,
     force_stage: Annotated[Optional[str], typer.Option("--force-stage", help="Re-run this stage (inspect, convert, quantize, validate, publish) and every later one, even when finished.")] = None,
     restart: Annotated[bool, typer.Option("--restart", help="Re-run every stage (the folder's manifest is kept).")] = False,
@@ -103,7 +105,7 @@ def migrate(
         min_acceptance_length=min_acceptance_length, max_regression_pct=max_regression, publish=publish,
         publish_dry_run=dry_run, private=private, create_pr=create_pr, revision=revision, device=device,
         dtype=dtype, seed=seed, vllm_python=vllm_python, force_stage=force_stage, restart=restart, verify=verify,
-        aux_ids_convention=aux_ids_convention,
+        aux_ids_convention=aux_ids_convention, norm_before_residual=norm_before_residual,
     )
     with StageBar("migrate", json) as prog:
         res = run_migrate(ckpt, target, output, opts, log=None if json else log_plain, progress=prog)

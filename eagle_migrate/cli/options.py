@@ -31,4 +31,9 @@ AuxIdsConventionOpt = Annotated[Optional[AuxIdsConvention], typer.Option(
     help="How the drafter's stored aux layer ids are meant: vllm (residual stream after i layers, what vLLM reads) or "
          "output-of-layer (SpecForge/ModelOpt training: vLLM id = stored + 1). Overrides fingerprints and measurement; "
          "recorded in provenance.json.")]
+NbrOpt = Annotated[Optional[bool], typer.Option(
+    "--norm-before-residual/--no-norm-before-residual",
+    help="Whether the drafter's layer 0 keeps hidden_norm(g) (true, speculators' default) or g (false: SafeAILab, "
+         "SpecForge) as its residual, when its config does not say. Default: the config, else measured on the "
+         "target; this overrides the measurement and is recorded.", show_default=False)]
 NumSpecTokensOpt = Annotated[int, typer.Option("--num-speculative-tokens", "-k", min=1, max=16, help="Draft tokens per step (k).")]

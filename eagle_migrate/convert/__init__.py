@@ -77,6 +77,7 @@ def convert(
     command: str | None = None,
     max_minutes: float | None = None,
     aux_ids_convention: Convention | None = None,
+    norm_before_residual: bool | None = None,
 ) -> ConvertResult:
     """Convert an EAGLE-2/EAGLE-3 drafter to EAGLE-3.1 (see the module docstring and docs/norm-init.md).
 
@@ -101,4 +102,5 @@ def convert(
         output_format=output_format, device=device, dtype=dtype, calibrate=calibrate, force=force, seed=seed,
         progress=progress, steps=steps, train=train, cache_dir=cache_dir, resume_dir=resume_dir,
         num_speculative_tokens=num_speculative_tokens, held_out=held_out, max_length=max_length, max_cuts=max_cuts,
-        evaluate=evaluate, command=command, max_minutes=max_minutes, aux_ids_convention=aux_ids_convention))
+        evaluate=evaluate, command=command, max_minutes=max_minutes, aux_ids_convention=aux_ids_convention,
+        norm_before_residual=norm_before_residual))

@@ -50,6 +50,7 @@ class ConvertOptions:
     command: str | None = None
     max_minutes: float | None = None
     aux_ids_convention: Convention | None = None
+    norm_before_residual: bool | None = None  # overrides the config and the measurement (--norm-before-residual)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "source", Path(self.source))

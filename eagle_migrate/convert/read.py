@@ -155,10 +155,14 @@ def decide_aux_ids(job: Job, measure: bool = True) -> tuple[AuxIds | None, list[
                                 "aux_ids_convention). Pass --aux-ids-convention to record it")
             return aux, sorted(aux.stored)
         if not aux.decided:
-            hint = _aux.UNDECIDED_HINT if aux.measurement is not None else "a drafter for this target records aux ids within 0..L"
+            hint = (_aux.NO_EVIDENCE_HINT if aux.no_evidence else _aux.UNDECIDED_HINT if aux.measurement is not None
+                    else "a drafter for this target records aux ids within 0..L")
             raise PairingError(_aux.undecided_message(aux, tinfo.num_layers, cfg.num_aux), hint)
+        if aux.decided_by == "measurement" and (worse := ev.worse_than_literal(aux.measurement, "vllm")):
+            raise PairingError(f"aux layer ids {aux.stored}: {worse}; nothing is written",
+                               "pass --aux-ids-convention vllm|output-of-layer if you know the convention")
         _aux.apply(ck, aux)
-        if aux.decided_by == "equivalent":  # the output carries the stored ids: the warning is about it, not the source
+        if aux.decided_by in ("equivalent", "producer"):  # the output carries these ids: the warning is about it
             job.warnings += [f"{f.severity}: {f.message}" for f in _aux.findings(aux, ck.producer)]
         elif aux.decided_by in ("measurement", "unambiguous", "override"):
             job.source_findings += [f for f in _aux.findings(aux, ck.producer) if f.severity in ("error", "warning")]
@@ -168,13 +172,31 @@ def decide_aux_ids(job: Job, measure: bool = True) -> tuple[AuxIds | None, list[
             raise PairingError(f"the drafter fuses K={cfg.num_aux} aux states but records no aux layer ids (vLLM's default has 3)")
         ids = default_aux_ids(tinfo.num_layers)
         job.warnings.append(f"no aux layer ids in the source: vLLM's default {ids} for {a_an(tinfo.num_layers)}-layer target written explicitly")
-    if measure and ev.norm_before_residual_open(ck) and pairing_ok(ck, ids, tinfo):
+    if job.opts.norm_before_residual is not None and ck.config.generation == "eagle3":
+        was = ck.config.norm_before_residual if ck.meta.get("norm_before_residual_stated", True) else None
+        ck.config = ck.config.model_copy(update={"norm_before_residual": job.opts.norm_before_residual})
+        ck.meta.update(norm_before_residual_stated=True, norm_before_residual_decided_by="override")
+        job.changes.append(f"norm_before_residual: {str(job.opts.norm_before_residual).lower()} by --norm-before-residual"
+                           + (f" (the config said {str(was).lower()})" if was is not None else " (not in the config)"))
+    elif measure and ev.norm_before_residual_open(ck) and pairing_ok(ck, ids, tinfo):
         progress("norm_before_residual", 0, 1)
         m = ev.decide_norm_before_residual(ck, job.target, ids, seed=job.opts.seed, data=job.data, sequences=first, progress=
                                            lambda d, t: progress("norm_before_residual", d, t))
         progress("norm_before_residual", 1, 1)
         if m is not None:
             job.nbr_measurement = m
+            literal = str(bool(ck.meta["norm_before_residual_layout_default"])).lower()
+            if m.verdict == "no-evidence":
+                raise PairingError(
+                    f"norm_before_residual is not in the config, and the drafter predicts none of the target's tokens "
+                    f"with it true or false ({m.no_evidence}), so the measurement decides nothing. Tried: "
+                    f"{m.tried({'true': 'norm_before_residual true', 'false': 'norm_before_residual false'})}. "
+                    f"{_aux.NO_EVIDENCE_CAUSES}", _aux.NO_EVIDENCE_HINT.replace(
+                        "if you know the convention the ids were written in, --aux-ids-convention vllm|output-of-layer",
+                        "if you know the flag, pass --norm-before-residual or --no-norm-before-residual"))
+            if worse := ev.worse_than_literal(m, literal):
+                raise PairingError(f"norm_before_residual: {worse}; nothing is written",
+                                   "if you know the flag, pass --norm-before-residual or --no-norm-before-residual")
             if m.winner is not None:
                 job.warnings.append(f"info: norm_before_residual is not in the config: {m.winner} by measurement ({m.summary()})")
             else:

@@ -162,7 +162,8 @@ def aux_id_checks(s: WeightSizes, view: Any, producer: str) -> tuple[Any, list[i
     DrafterConfig carries (None while they are missing or wrong), and their findings."""
     from .. import aux_ids as _aux
 
-    aux = _aux.from_stored(view.aux_ids, view.aux_ids_source, fingerprint=view.aux_fingerprint, notes=view.aux_notes)
+    aux = _aux.from_stored(view.aux_ids, view.aux_ids_source, fingerprint=view.aux_fingerprint, notes=view.aux_notes,
+                           producer=view.aux_producer)
     out: list[Finding] = []
     aux_ids: list[int] | None = None
     if s.generation != "eagle3":

@@ -187,10 +187,14 @@ class ConfigView:
     nested_flags: dict[str, str] = field(default_factory=dict)
     # evidence for each aux-id reading that does not decide it (convention -> remarks), reported by inspect
     aux_notes: dict[str, list[str]] = field(default_factory=dict)
+    # the convention the producer's training code captures, and where that was read (aux_ids.resolve uses it only
+    # when the readings are equivalent on the target)
+    aux_producer: tuple[str, str] | None = None
 
 
 def hf_view(cfg: dict[str, Any] | None, *, aux_fingerprint: tuple[str, str] | None = None,
-            aux_notes: dict[str, list[str]] | None = None, nbr_default: bool = False) -> ConfigView:
+            aux_notes: dict[str, list[str]] | None = None, nbr_default: bool = False,
+            aux_producer: tuple[str, str] | None = None) -> ConfigView:
     """The plain HF-format drafter config (vLLM, SpecForge, ModelOpt, TorchSpec, SafeAILab). Aux ids are where vLLM
     0.32 looks (top level, else ``eagle_config``); their convention is decided only by ``aux_fingerprint``."""
     cfg = dict(cfg or {})
@@ -214,7 +218,7 @@ def hf_view(cfg: dict[str, Any] | None, *, aux_fingerprint: tuple[str, str] | No
         flat["_eagle_config_num_aux"] = len(ec["eagle_aux_hidden_state_layer_ids"])
     if ids is not None and not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
         raise CheckpointError(f"eagle_aux_hidden_state_layer_ids must be a list of integers, found {ids!r}")
-    return ConfigView(flat, ids, src, aux_fingerprint, nbr_default, nested, dict(aux_notes or {}))
+    return ConfigView(flat, ids, src, aux_fingerprint, nbr_default, nested, dict(aux_notes or {}), aux_producer)
 
 
 # ----- our own writer's mark --------------------------------------------------------------------------------------

@@ -12,7 +12,8 @@ Aux ids: ModelOpt's HF plugin captures them with a forward hook on the decoder l
 (default ``[1, L//2 - 1, L - 4]`` via ``list(set(...))``, so possibly unsorted) and the exporter copies them
 unchanged, which speaks for output-of-layer. But the ``eagle_config.use_*`` keys identify the config template, not
 what the ids mean after a hand fix, and NVIDIA's exported drafters are served by vLLM with the ids read literally
-(sglang#32334 disputes one): the convention is measured with a target, not taken from the producer.
+(sglang#32334 disputes one): the convention is measured with a target, not taken from the producer, except where
+the readings are equivalent on that target: then ModelOpt's own training convention is written (:data:`PRODUCER`).
 """
 from __future__ import annotations
 
@@ -29,6 +30,12 @@ NOTES = {
 }
 
 
+# nvidia-modelopt 0.47.0 plugins/hf_eagle.py: register_forward_hook on base_model.layers[i] for i in the ids
+# (_collect_aux_hidden_states_forward_hook keeps the layer's output); default sorted({1, L // 2 - 1, L - 4})
+PRODUCER = ("output-of-layer", "ModelOpt 0.47.0 trains on a forward hook on decoder layer id, i.e. that layer's output "
+                               "(plugins/hf_eagle.py, _collect_aux_hidden_states_forward_hook)")
+
+
 def _sniff(p: Probe) -> int:
     if weights_generation(p) != "eagle3":
         return 0
@@ -42,7 +49,7 @@ def _sniff(p: Probe) -> int:
 
 
 def _read(p: Probe) -> Checkpoint:
-    view = hf_view(p.config, nbr_default=False, aux_notes=NOTES)
+    view = hf_view(p.config, nbr_default=False, aux_notes=NOTES, aux_producer=PRODUCER)
     return derive(p.folder, p.store, p.scan, view, producer="modelopt", layout="modelopt", raw_config=p.config,
                   quantization=quant_scheme(p.config, p.side.get("hf_quant_config.json")))
 

@@ -5,7 +5,8 @@ identity ``d2t`` when Vd = V, which vLLM >= 0.30 rejects); ``embed_tokens`` drop
 ``--to hf``. ``head_dim`` honoured; ``fc_norm`` list fixed at 3. Aux layer ids: SpecForge training captures layer
 outputs (SGLang adds +1 to the config's ids), but nothing SpecForge writes is unique to it: SGLang repacks,
 hand-fixed configs and other converters have the same shape and are served by vLLM, which reads the ids literally.
-So the layout never decides the convention (docs/formats.md, aux-id decision table): a target measures it.
+So the layout never decides the convention (docs/formats.md, aux-id decision table): a target measures it. Where
+the readings are equivalent on that target, SpecForge's own training convention is written (:data:`PRODUCER`).
 ``norm_output`` before SpecForge PR #879 only gated the norm in front of ``lm_head`` (pre-norm state fed back).
 """
 
@@ -22,6 +23,13 @@ NOTES = {
 }
 
 
+# specforge 0.2.0 captures through SGLang (offline_capture/sglang_backend: set_eagle3_layers_to_capture(layer_ids)),
+# whose models set layers_to_capture = [id + 1 for id in layer_ids] and take the input of those layers: stored id k is
+# the output of layer k, vLLM id k + 1; its default (algorithms/model_providers.py) is [1, L // 2 - 1, L - 4]
+PRODUCER = ("output-of-layer", "SpecForge 0.2.0 trains on SGLang's capture, which takes the input of layer id + 1, "
+                               "i.e. the output of layer id (set_eagle3_layers_to_capture)")
+
+
 def _sniff(p: Probe) -> int:
     if not p.scan.midlayer or weights_generation(p) != "eagle3":
         return 0
@@ -34,7 +42,7 @@ def _sniff(p: Probe) -> int:
 
 
 def _read(p: Probe) -> Checkpoint:
-    view = hf_view(p.config, nbr_default=False, aux_notes=NOTES)
+    view = hf_view(p.config, nbr_default=False, aux_notes=NOTES, aux_producer=PRODUCER)
     ck = derive(p.folder, p.store, p.scan, view, producer="specforge", layout="specforge", raw_config=p.config,
                 quantization=quant_scheme(p.config))
     if (p.config or {}).get("norm_output") is False:

@@ -6,10 +6,14 @@
 * ``--vllm`` export: ``midlayer.`` -> ``layers.0.``; ``_fixup_export_config`` adds +1 to the ids **only when
   ``model_type == "kimi_k2"``** ("vLLM uses 1-indexed layer IDs for kimi_k2").
 
-Aux-id convention (docs/formats.md): ``_torchspec_version`` is written by TorchSpec alone, and its exporter's own
-kimi_k2 rule is a fingerprint: native + kimi_k2 = output-of-layer (the exporter adds +1 for vLLM), ``--vllm`` +
-kimi_k2 = vLLM's (already shifted). For other model types the exporter copies the ids unchanged, and whether they
-were meant as vLLM's cannot be read from the files: measured with a target.
+Aux-id convention (docs/formats.md): ``_torchspec_version`` is written by TorchSpec alone (config key and the
+safetensors header's ``torchspec_version``), so what its code does is a fingerprint. TorchSpec trains on layer
+outputs: its vLLM worker extension (``inference/engine/vllm_worker_extension.py``) captures ``hidden_states +
+residual`` after running layer id, its SGLang engine asks ``set_eagle3_layers_to_capture`` (input of layer id + 1),
+and its default ids are ``[1, L // 2 - 1, L - 4]``. ``convert_to_hf.py`` adds +1 only for ``model_type ==
+"kimi_k2"`` with ``--vllm``; every other id list it copies unchanged. So: ``--vllm`` export + kimi_k2 = vLLM's
+convention (already shifted); everything else TorchSpec wrote = output-of-layer (vLLM reads a non-kimi ``--vllm``
+export's ids one layer off: convert writes them shifted).
 """
 
 from __future__ import annotations
@@ -31,9 +35,10 @@ def _sniff_vllm(p: Probe) -> int:
 
 
 NOTES = {
-    "output-of-layer": ["TorchSpec trains with SGLang-style capture (layer outputs)"],
-    "vllm": ["TorchSpec's own --vllm exporter copies these ids unchanged for model types other than kimi_k2"],
+    "output-of-layer": ["TorchSpec trains on layer outputs (vLLM worker extension: after layer id; SGLang: input of id + 1)"],
+    "vllm": ["TorchSpec's --vllm exporter shifts ids for kimi_k2 only"],
 }
+TRAINED = "TorchSpec trains on layer outputs (its vLLM worker extension captures after layer id) and its exporter"
 
 
 def _kimi(p: Probe) -> bool:
@@ -41,7 +46,8 @@ def _kimi(p: Probe) -> bool:
 
 
 def _read_native(p: Probe) -> Checkpoint:
-    fp = ("output-of-layer", "_torchspec_version + model_type kimi_k2: TorchSpec's exporter adds +1 to these ids for vLLM") if _kimi(p) else None
+    fp = ("output-of-layer", "_torchspec_version + model_type kimi_k2: TorchSpec's exporter adds +1 to these ids for vLLM"
+          if _kimi(p) else f"_torchspec_version, native names: {TRAINED} copies the ids unchanged")
     view = hf_view(p.config, aux_fingerprint=fp, aux_notes=NOTES)
     ck = derive(p.folder, p.store, p.scan, view, producer="torchspec", layout="torchspec", raw_config=p.config,
                 quantization=quant_scheme(p.config))
@@ -50,7 +56,9 @@ def _read_native(p: Probe) -> Checkpoint:
 
 
 def _read_vllm(p: Probe) -> Checkpoint:
-    fp = ("vllm", "_torchspec_version + model_type kimi_k2 in a --vllm export: the exporter already added +1") if _kimi(p) else None
+    fp = (("vllm", "_torchspec_version + model_type kimi_k2 in a --vllm export: the exporter already added +1") if _kimi(p)
+          else ("output-of-layer", f"_torchspec_version in a --vllm export (layers.0.* names) of model type "
+                f"{(p.config or {}).get('model_type')!r}: {TRAINED} adds +1 for kimi_k2 only, so these are layer outputs"))
     view = hf_view(p.config, aux_fingerprint=fp, aux_notes=NOTES)
     ck = derive(p.folder, p.store, p.scan, view, producer="torchspec", layout="torchspec-vllm", raw_config=p.config,
                 quantization=quant_scheme(p.config))

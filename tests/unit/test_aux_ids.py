@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -23,8 +24,9 @@ from ..layouts import AUX_DECIDED_BY, write_layout
 
 KW = dict(num_sequences=8, command="test", calibrate=False)
 # layouts whose ids nothing in the files decides (measured), and those a writer's fingerprint decides
-UNDECIDED = ["vllm-plain", "specforge", "modelopt", "torchspec", "torchspec-vllm", "sharded", "model-prefix"]
-FINGERPRINTED = ["vllm", "speculators", "speculators-ours"]
+UNDECIDED = ["vllm-plain", "specforge", "modelopt", "sharded", "model-prefix"]
+FINGERPRINTED = ["vllm", "speculators", "speculators-ours"]  # vLLM's convention
+FINGERPRINTED_OUTPUT = ["torchspec", "torchspec-vllm"]  # TorchSpec's code: layer outputs (kimi_k2 aside)
 
 
 @pytest.fixture(autouse=True)
@@ -82,26 +84,36 @@ def test_one_check_errors_exactly_where_vllm_captures_other_than_k_states():
     assert default_aux_ids(8) == [2, 4, 5]
 
 
-def _paired(a: list[list[float]], b: list[list[float]]):
-    """A Paired accumulator over per-sequence log-likelihoods of two readings."""
+def _paired(a: list[list[float]], b: list[list[float]], hits: float = 1.0, uniform: float | None = None):
+    """A Paired accumulator over per-sequence log-likelihoods of two readings; ``hits``: the share of each sequence's
+    positions where both readings' top-1 is the target's token (1.0: a drafter that drafts)."""
     import torch
 
     from eagle_migrate.aux_evidence import Paired
 
-    p = Paired(["vllm", "output-of-layer"])
+    p = Paired(["vllm", "output-of-layer"], uniform)
     for x, y in zip(a, b):
-        p.add({"vllm": torch.tensor(x), "output-of-layer": torch.tensor(y)},
-              {"vllm": torch.zeros(len(x)), "output-of-layer": torch.zeros(len(y))})
+        h = (torch.arange(len(x)) < round(hits * len(x))).float()
+        p.add({"vllm": torch.tensor(x), "output-of-layer": torch.tensor(y)}, {"vllm": h, "output-of-layer": h})
     return p
 
 
+def _wobble(rows: list[list[float]], sd: float = 0.02, seed: int = 0) -> list[list[float]]:
+    """Each sequence shifted by its own small offset: sequences differ, as real text does (a nonzero clustered SE)."""
+    import random
+
+    r = random.Random(seed)
+    return [[v + o for v in row] for row, o in zip(rows, (r.gauss(0, sd) for _ in rows))]
+
+
 def test_paired_log_likelihood_verdicts():
-    """Winner beyond t clustered SE; equivalent when |d| + t SE <= the bound; otherwise inconclusive."""
+    """Equivalent when |d| + t SE <= the bound (checked first); winner beyond t clustered SE; otherwise inconclusive."""
     from eagle_migrate.aux_evidence import EQUIVALENCE_NATS, critical
 
-    win = _paired([[-1.0, -1.2] * 20] * 8, [[-1.5, -1.6] * 20] * 8)
-    assert win.verdict() == "first" and win.difference()[0] == pytest.approx(0.45)
-    assert _paired([[-1.5] * 40] * 8, [[-1.0] * 40] * 8).verdict() == "second"
+    a = _wobble([[-1.0, -1.2] * 20] * 8)
+    win = _paired(a, _wobble([[-1.5, -1.6] * 20] * 8, seed=1))
+    assert win.verdict() == "first" and win.difference()[0] == pytest.approx(0.45, abs=0.05)
+    assert _paired(_wobble([[-1.5] * 40] * 8), _wobble([[-1.0] * 40] * 8, seed=2)).verdict() == "second"
     same = _paired([[-1.0, -2.0] * 20] * 8, [[-1.0, -2.0] * 20] * 8)
     assert same.verdict() == "equivalent" and same.difference() == (0.0, 0.0)
     # a lead carried by one of eight sequences is not beyond three clustered standard errors, nor equivalent
@@ -116,6 +128,57 @@ def test_paired_log_likelihood_verdicts():
     d, se = tiny.difference()
     assert abs(d) + critical(15) * se <= EQUIVALENCE_NATS and tiny.verdict() == "equivalent"
     assert _paired([[-1.0]] * 1, [[-2.0]] * 1).verdict() == "inconclusive"  # one sequence: no clustered SE
+
+
+def test_a_negligible_difference_is_equivalent_however_sure():
+    """Both readings right everywhere and 2e-5 nats apart with a tiny SE (a toy oracle drafter in bf16): equivalent,
+    never a winner decided by rounding (convert used to write output-of-layer ids from such a measurement)."""
+    a = [[-3.0e-5 + 1e-7 * (i % 3) for i in range(24)] for _ in range(8)]
+    b = [[-1.2e-5 + 1e-7 * ((i + s) % 5) for i in range(24)] for s in range(8)]
+    p = _paired(a, b)
+    d, se = p.difference()
+    assert abs(d) > 10 * se > 0  # "significant"
+    assert p.verdict() == "equivalent"
+
+
+@pytest.mark.parametrize("case", ["dead", "uniform-and-clamp", "clamped-winner", "zero-se"])
+def test_degenerate_measurements_are_no_evidence(case):
+    """Planted degenerate measurements (issue 37): no reading drafts (agreement 0 under both), one reading exactly a
+    uniform guess and the other at the floor (the ModelOpt and SpecForge exports' numbers), a winner that sits at the
+    floor, and a zero SE with a large difference. Each is no-evidence, names why, and is never a winner."""
+    import math
+
+    from eagle_migrate.aux_evidence import LOGP_FLOOR
+
+    n, g = 40, 8
+    uniform = -math.log(1024)
+    if case == "dead":  # the right token's likelihood differs, but neither reading ever drafts it
+        p = _paired(_wobble([[-3.0] * n] * g), _wobble([[-9.0] * n] * g, seed=3), hits=0.0, uniform=uniform)
+        why = "drafts under no reading"
+    elif case == "uniform-and-clamp":
+        p = _paired([[uniform] * n] * g, [[-47.9] * n] * g, hits=0.0, uniform=uniform)
+        why = "drafts under no reading"
+    elif case == "clamped-winner":  # agreement looks fine, but most positions of the winner are at the floor
+        uniform = None  # the floor alone (the uniform rule would also catch these means)
+        p = _paired([[LOGP_FLOOR] * 30 + [-0.1 - 0.01 * s] * 10 for s in range(g)],
+                    [[LOGP_FLOOR] * 39 + [-0.2 + 0.01 * s] for s in range(g)], hits=0.25, uniform=uniform)
+        why = "at the floor"
+    else:
+        p = _paired([[-1.0] * n] * g, [[-1.5] * n] * g, uniform=uniform)
+        why = "zero standard error"
+    assert p.verdict() == "no-evidence"
+    m = p.measurement(p.verdict(), 1, 0.0)
+    assert m.winner is None and m.verdict == "no-evidence" and why in m.no_evidence
+    assert m.uniform == (pytest.approx(uniform) if uniform is not None else None)
+
+
+def test_no_evidence_is_said_only_with_enough_positions_or_at_the_end():
+    """A dead drafter whose readings are not told apart after few positions: keep measuring (inconclusive at a
+    look); at the budget's end: no-evidence. A winner it does not draft under is no evidence at once."""
+    p = _paired(_wobble([[-3.0] * 10] * 8, sd=1.0), _wobble([[-3.0] * 10] * 8, sd=1.0, seed=5), hits=0.0)
+    assert p.positions < 256 and p.verdict() == "inconclusive" and p.verdict(final=True) == "no-evidence"
+    p = _paired(_wobble([[-3.0] * 10] * 8), _wobble([[-9.0] * 10] * 8, seed=5), hits=0.0)
+    assert p.positions < 256 and p.verdict() == "no-evidence"
 
 
 def test_critical_values_are_students_t():
@@ -203,6 +266,24 @@ def test_fingerprint_decides_without_running_the_target(world, name):
     assert r.aux_layer_ids == W.IDS and r.aux_ids_evidence.measurement is None
 
 
+@pytest.mark.parametrize("name", FINGERPRINTED_OUTPUT)
+def test_torchspec_fingerprint_reads_layer_outputs(world, name):
+    """A TorchSpec export (native or --vllm) of a non-kimi model: _torchspec_version is TorchSpec's alone, its code
+    trains on layer outputs and its exporter shifts kimi_k2 ids only, so stored [0, 1, 2] are vLLM ids [1, 2, 3],
+    decided without running the target; with model_type kimi_k2 the --vllm export is already shifted."""
+    p = write_layout(name, W.drafter_config(), W.drafter_state_dict("right"), world / f"fp-{name}",
+                     aux_convention="output-of-layer")
+    ck = read_checkpoint(p)
+    assert (ck.aux.convention, ck.aux.decided_by, ck.aux.ids) == ("output-of-layer", "fingerprint", W.IDS)
+    assert "layer outputs" in ck.aux.reason
+    cfg = json.loads((p / "config.json").read_text())
+    kimi = world / f"fp-{name}-kimi"
+    shutil.copytree(p, kimi)
+    (kimi / "config.json").write_text(json.dumps({**cfg, "model_type": "kimi_k2"}))
+    got = read_checkpoint(kimi).aux
+    assert (got.convention, got.decided_by) == ("output-of-layer" if name == "torchspec" else "vllm", "fingerprint")
+
+
 def test_without_a_target_inspect_reports_the_ambiguity(world):
     p = write_layout("specforge", W.drafter_config(), W.drafter_state_dict("right"), world / "noT", aux_convention="vllm")
     r = inspect_checkpoint(p)
@@ -243,16 +324,28 @@ def test_output_of_layer_ids_reaching_the_last_layer_convert(world, target):
 
 def test_equivalent_readings_proceed_with_the_stored_ids_and_a_warning(world, target):
     """A drafter that reads only the embedding block (present in every state): both readings give the same step-0
-    distribution at every position, so they are shown equivalent; convert keeps the stored ids and says so."""
-    src = write_layout("specforge", W.drafter_config(), W.drafter_state_dict("blind"), world / "tie", aux_convention="vllm")
+    distribution at every position, so they are shown equivalent. A layout no producer's code speaks for (plain
+    vLLM names): convert keeps the stored ids and says so. A SpecForge export: the ids are written in the convention
+    SpecForge trains with (layer outputs), recorded as taken from the producer, not measured (issue 37)."""
+    src = write_layout("vllm-plain", W.drafter_config(), W.drafter_state_dict("blind"), world / "tie", aux_convention="vllm")
     res = convert(src, target, world / "tie-31", **KW)
     e = res.aux_ids_evidence
     assert (e.decided_by, e.convention, res.aux_layer_ids) == ("equivalent", "vllm", [1, 2, 3])
     assert e.measurement.verdict == "equivalent" and e.measurement.difference == 0.0 and e.measurement.positions > 0
+    assert e.measurement.drafts == {"vllm": True, "output-of-layer": True}
     assert any("serve the same here" in w for w in res.warnings)
     prov = json.loads((world / "tie-31" / "provenance.json").read_text())
     assert prov["aux_ids"]["decided_by"] == "equivalent" and prov["aux_ids"]["measurement"]["verdict"] == "equivalent"
     assert json.loads((world / "tie-31" / "config.json").read_text())["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
+    sf = write_layout("specforge", W.drafter_config(), W.drafter_state_dict("blind"), world / "tie-sf", aux_convention="vllm")
+    res = convert(sf, target, world / "tie-sf-31", **KW)
+    e = res.aux_ids_evidence
+    assert (e.decided_by, e.convention, res.aux_layer_ids) == ("producer", "output-of-layer", [2, 3, 4])
+    assert e.measurement.verdict == "equivalent" and "SGLang" in e.producer_reason
+    assert any("taken from the producer, not measured" in w for w in res.warnings)
+    prov = json.loads((world / "tie-sf-31" / "provenance.json").read_text())
+    assert prov["aux_ids"]["decided_by"] == "producer"
+    assert json.loads((world / "tie-sf-31" / "config.json").read_text())["eagle_aux_hidden_state_layer_ids"] == [2, 3, 4]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(Path(__file__).resolve().parents[2]))
     plain = write_layout("vllm-plain", W.drafter_config(), W.drafter_state_dict("blind"), world / "tie-i", aux_convention="vllm")
     r = subprocess.run([sys.executable, "-m", "eagle_migrate", "inspect", str(plain), "--target", target, "--json"],
@@ -458,3 +551,29 @@ def test_validate_serves_undecided_ids_literally_records_them_and_warns(world, t
     assert rep.aux_ids["baseline"]["convention"] == "vllm" and rep.aux_ids["baseline"]["decided_by"] == "fingerprint"
     assert len(rep.warnings) == 1 and "[1, 2, 3]" in rep.warnings[0] and "[2, 3, 4]" in rep.warnings[0]
     assert f"inspect {und} --target {target}" in rep.warnings[0] and any(x.startswith("warning: new drafter") for x in logs)
+
+
+def test_when_the_data_runs_out_the_targets_own_continuations_fill_the_budget(tmp_path):
+    """Issue 37, item 3: a tokenizer-less target without data is measured on its own greedy continuations of random
+    first tokens; on the successor toy (next token = x + 1) those repeat (64 starts, about 40 distinct), so the
+    measurement stopped short of its budget. Now more come from the target: a measured sequence cut at a random point,
+    the token there replaced, continued greedily. Every sequence is distinct, and past the cut each is the target's
+    own greedy text."""
+    import torch
+
+    from eagle_migrate import aux_evidence as ev
+    from eagle_migrate import toy
+    from eagle_migrate.target import LazyTarget
+
+    lt = LazyTarget(str(toy.write_target(tmp_path / "t")), "cpu", torch.float32)
+    seqs = []
+    for s in ev.measurement_sequences(lt, None, seed=0):
+        seqs.append(s)
+        if len(seqs) == ev.BUDGET_SEQUENCES:
+            break
+    assert len(seqs) == ev.BUDGET_SEQUENCES and len({tuple(s) for s in seqs}) == len(seqs)
+    own = len({tuple(s) for s in ev._own_sequences(lt, ev.BUDGET_SEQUENCES, 48, 0)})
+    assert own < ev.BUDGET_SEQUENCES  # the starts alone do not reach the budget here
+    for s in seqs[own:]:  # continuations: the target's greedy successor text after some point
+        tail = s[-8:]
+        assert len(s) >= 24 and all(b == (a + 1) % toy.H for a, b in zip(tail, tail[1:])), s

@@ -16,7 +16,7 @@ from eagle_migrate import toy
 from eagle_migrate.formats.output import write_json
 from eagle_migrate.inspection import InspectReport, inspect_checkpoint
 
-from ..layouts import AUX_CONVENTION, AUX_DECIDED_BY, EXPECTED, LAYOUT_NAMES, canonical_state_dict, write_layout
+from ..layouts import AUX_CONVENTION, AUX_DECIDED_BY, AUX_DECIDED_CONVENTION, EXPECTED, LAYOUT_NAMES, canonical_state_dict, write_layout
 from .test_formats import BIG, NO_BIG
 
 
@@ -83,8 +83,10 @@ def test_report_every_layout_every_size(tmp_path, name):
         "mla": None,
     }
     if not name.startswith("safeailab"):  # undecided ids are reported as vLLM reads them (literally)
-        assert r.aux_layer_ids == ([1, 4, 8] if AUX_CONVENTION[name] == "output-of-layer" else [2, 5, 9])
-        assert r.aux_layer_ids_convention == ("undecided" if AUX_DECIDED_BY[name] == "undecided" else "vllm")
+        undecided = AUX_DECIDED_BY[name] == "undecided"
+        literal = [1, 4, 8] if AUX_CONVENTION[name] == "output-of-layer" else [2, 5, 9]
+        assert r.aux_layer_ids == (literal if undecided else [2, 5, 9])
+        assert r.aux_layer_ids_convention == ("undecided" if undecided else AUX_DECIDED_CONVENTION[name])
 
 
 def test_parameter_count_and_dtype(tmp_path):

@@ -10,7 +10,10 @@ the tensors it should keep.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -69,6 +72,18 @@ EXPECTED = {
         "flags": {"fc_norm": False, "norm_output": False, "norm_before_fc": False, "norm_before_residual": False},
         "d2t": True, "codes": {"aux_ids_convention_ambiguous", "aux_ids_nested_only"}, "target": "t6",
         "convention": "output-of-layer"},
+    "modelopt-llama-dv32-oracle": {
+        "layout": "modelopt", "producer": "modelopt", "format": "eagle3", "family": "llama",
+        "sizes": (64, 3, 64, 32, 2, 1, 32), "stored": [1, 3, 4], "decided": None,
+        "flags": {"fc_norm": False, "norm_output": False, "norm_before_fc": False, "norm_before_residual": False},
+        "d2t": True, "codes": {"aux_ids_convention_ambiguous", "aux_ids_nested_only"}, "target": "t8",
+        "convention": "output-of-layer"},
+    "specforge-llama-sglang-vfull-ids": {
+        "layout": "specforge", "producer": "specforge", "format": "eagle3", "family": "llama",
+        "sizes": (64, 3, 64, 64, 2, 1, 32), "stored": [1, 3, 4], "decided": None,
+        "flags": {"fc_norm": False, "norm_output": False, "norm_before_fc": False, "norm_before_residual": False},
+        "d2t": True, "codes": {"d2t_with_full_vocab", "aux_ids_convention_ambiguous", "aux_ids_nested_only"},
+        "target": "t8", "convention": "output-of-layer"},
     "specforge-llama-hf": {
         "layout": "specforge", "producer": "specforge", "format": "eagle3", "family": "llama",
         "sizes": (64, 3, 64, 64, 2, 1, 32), "stored": None, "decided": "none",
@@ -226,7 +241,45 @@ def test_speculators_convert_output_without_fc_norm_weights_is_refused(targets, 
 
 
 CONVERTIBLE = [n for n in NAMES if "fc_norm_weights_missing" not in EXPECTED[n]["codes"]]
-ORACLES = {"speculators-llama", "speculators-llama-eagle3", "speculators-qwen3", "modelopt-llama", "specforge-llama-hf"}
+ORACLES = {"speculators-llama", "speculators-llama-eagle3", "speculators-qwen3", "modelopt-llama", "specforge-llama-hf",
+           "modelopt-llama-dv32-oracle", "specforge-llama-sglang-vfull-ids"}
+
+
+def _flags_for(name: str) -> dict:
+    """A random-init fixture drafts nothing, so nothing it does not state can be measured: pass what the refusal
+    names (the ids' convention and norm_before_residual as the producer's code trains them)."""
+    e = EXPECTED[name]
+    kw = {"aux_ids_convention": e["convention"]}
+    if name not in ORACLES and not read_checkpoint(FIXTURES / name).meta.get("norm_before_residual_stated", True):
+        kw["norm_before_residual"] = e["flags"]["norm_before_residual"]
+    return kw
+
+
+@pytest.mark.parametrize("name", [n for n in CONVERTIBLE if n not in ORACLES and EXPECTED[n]["family"] != "mla"
+                                  and EXPECTED[n]["format"] == "eagle3"])  # a 3.1 source passes through unmeasured
+def test_a_drafter_that_drafts_nothing_is_refused_naming_the_flags(name, targets, tmp_path):
+    """Issue 37: a random-init export predicts none of the target's tokens under any reading. Where the checkpoint
+    leaves a question open (ids' convention, norm_before_residual) convert measures, gets no evidence, and stops
+    with exit 2, listing what was tried and naming the flags; nothing is written. Given the flags, it converts."""
+    e = EXPECTED[name]
+    ck = read_checkpoint(FIXTURES / name)
+    open_ids = e["decided"] is None
+    open_nbr = not ck.meta.get("norm_before_residual_stated", True)
+    if not (open_ids or open_nbr):
+        pytest.skip("the checkpoint states everything: nothing is measured")
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, "-m", "eagle_migrate", "convert", str(FIXTURES / name), "--target",
+                        str(targets[e["target"]]), "-o", str(out), "--no-calibrate", "-n", "8", "--json"],
+                       capture_output=True, text=True, timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert r.returncode == 2, r.stderr
+    doc = json.loads(r.stdout)
+    msg = doc["error"]["message"] + " " + (doc["error"].get("hint") or "")
+    assert "predicts none of the target's tokens" in msg and "top-1 agreement" in msg and "uniform guess" in msg
+    assert ("--aux-ids-convention" if open_ids else "--norm-before-residual") in msg
+    assert not out.exists()
+    convert(FIXTURES / name, str(targets[e["target"]]), out, num_sequences=8, calibrate=False, command="test",
+            **_flags_for(name))
+    assert (out / "config.json").is_file()
 
 
 @pytest.mark.parametrize("name", CONVERTIBLE)
@@ -234,7 +287,7 @@ def test_convert_keeps_the_producers_tensors(name, targets, tmp_path):
     e = EXPECTED[name]
     src = FIXTURES / name
     res = convert(src, str(targets[e["target"]]), tmp_path / "out", num_sequences=8, calibrate=False,
-                  command="test", aux_ids_convention=e["convention"])
+                  command="test", **_flags_for(name))
     if name in ORACLES:  # the toy oracle's values: the converted drafter drafts exactly what the source does
         assert res.agreement.step0 == 1.0 or res.agreement.step0 is None  # None: an EAGLE-3.1 source passes through
     a, b = read_checkpoint(src), read_checkpoint(tmp_path / "out")
