@@ -17,6 +17,7 @@ validate.{server_client, watch_models, watch_reference, watch_stats}.
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -26,6 +27,8 @@ from .watch_models import (POOLED, RULES, Alert, BreakEven, ScopeWindow, WatchOp
                            WindowResult, break_even_of, scope_window)
 from .watch_reference import Reference, read_reference
 from .watch_stats import AlertTracker, Slice, break_even_measured, difference
+
+BREAK_EVEN_WINDOWS = 10  # the measured break-even AL: ITL sums over this many windows (the last ones)
 
 
 def watch(opts: WatchOptions, *, scrape: Callable[[str], Scrape] | None = None,
@@ -125,7 +128,7 @@ class Watcher:
         self.all_slices: dict[str, list[Slice]] = {u: [] for u in opts.servers}
         self.ever: dict[str, bool] = {u: False for u in opts.servers}
         self.down: set[str] = set()
-        self.cum_itl = [0.0, 0.0, 0.0, 0.0]  # speculative sum, count; baseline sum, count (since the start)
+        self.itl: deque[tuple[float, ...]] = deque(maxlen=BREAK_EVEN_WINDOWS)  # spec sum, count; base sum, count
         self.current: _Window | None = None
         self.ref: Reference | None = None
 
@@ -231,22 +234,18 @@ class Watcher:
                             partial=partial, replicas=reps, pooled=pooled, break_even=self.break_even, alerts=alerts)
 
     def _break_even(self, cur: _Window) -> BreakEven:
+        """The formula, or measured over the last BREAK_EVEN_WINDOWS windows' ITL sums (one window is noisy)."""
         if not self.o.baseline_server:
             return self.break_even
-        spec = [sum(x.itl_sum for u in self.o.servers for x in cur.slices[u]),
-                sum(x.itl_count for u in self.o.servers for x in cur.slices[u])]
-        base = [sum(x.itl_sum for x in cur.base), sum(x.itl_count for x in cur.base)]
-        for i, v in enumerate(spec + base):
-            self.cum_itl[i] += v
-        m = break_even_measured(*spec, *base)
-        if m is not None:
-            return break_even_of(self.k, self.o.draft_cost, m, (*spec, *base), None)
-        m = break_even_measured(*self.cum_itl)
-        if m is not None:
-            return break_even_of(self.k, self.o.draft_cost, m, tuple(self.cum_itl),
-                                 "from every window so far (this one served nothing on one side)")
-        return break_even_of(self.k, self.o.draft_cost, None, None,
-                             "the formula: the servers have not both served yet")
+        self.itl.append((sum(x.itl_sum for u in self.o.servers for x in cur.slices[u]),
+                         sum(x.itl_count for u in self.o.servers for x in cur.slices[u]),
+                         sum(x.itl_sum for x in cur.base), sum(x.itl_count for x in cur.base)))
+        tot = tuple(sum(w[i] for w in self.itl) for i in range(4))
+        m = break_even_measured(*tot)
+        if m is None:
+            return break_even_of(self.k, self.o.draft_cost, None, None,
+                                 "the formula: the speculative and baseline servers have not both served yet")
+        return break_even_of(self.k, self.o.draft_cost, m, tot, f"ITL over the last {len(self.itl)} window(s)")
 
     def _alerts(self, scopes: list[ScopeWindow]) -> list[Alert]:
         out: list[Alert] = []

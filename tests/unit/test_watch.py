@@ -328,7 +328,9 @@ def test_break_even_formula_and_measured_from_a_baseline_server():
     res, wins = w.run(servers=["a"], baseline_server="base", window=2.0, scrape_every=0.5, duration=4.0)
     be = wins[0].break_even
     assert be.source == "baseline-server" and be.al == pytest.approx(1.5) and be.itl_ms_baseline == pytest.approx(20)
-    assert "so far" in wins[1].break_even.note and wins[1].break_even.al == pytest.approx(1.5)  # no new baseline ITL
+    assert wins[0].break_even.note == "ITL over the last 1 window(s)"
+    assert wins[1].break_even.al == pytest.approx(1.5)  # no baseline ITL in window 2: the trailing windows' sums
+    assert wins[1].break_even.itl_ms_speculative == pytest.approx(30) and "last 2 window(s)" in wins[1].break_even.note
     assert ws.break_even_measured(0.3, 10, 0.0, 0) is None
 
 
