@@ -44,8 +44,8 @@ def watch(opts: WatchOptions, *, scrape: Callable[[str], Scrape] | None = None,
             clients[u] = ServerClient(u, opts.api_key, timeout=max(5.0, opts.slice_seconds * 2))
         scrape = lambda u: clients[u].metrics()  # noqa: E731
     try:
-        w = Watcher(opts, scrape, log or (lambda m: None), clock, sleep, wall,
-                    {u: (c.url if c is not None else u) for u, c in ((u, clients.get(u)) for u in opts.servers)})
+        names = {u: clients[u].url if u in clients else u for u in opts.servers}  # the API URL, credentials out
+        w = Watcher(opts, scrape, log or (lambda m: None), clock, sleep, wall, names)
         w.begin()
         if on_start:
             on_start(w.start_info())

@@ -177,6 +177,8 @@ def test_refusals_before_watching(tmp_path):
                      (dict(servers=[]), "servers"), (dict(servers=["a"], window=0), "window")):
         with pytest.raises(InputError, match=msg):
             WatchOptions.parse(**bad)
+    key = WatchOptions.parse(servers=["a"], api_key="sk-not-shown-4242")
+    assert "sk-not-shown" not in key.model_dump_json() and "sk-not-shown" not in repr(key)
     rep = _report(tmp_path, k=5)
     with pytest.raises(InputError, match="k=5, the deployment drafts k=3"):
         World(a=Replica()).run(window=1.0, duration=1.0, reference=rep)
