@@ -229,7 +229,7 @@ def test_drifting_traffic_alerts_within_two_windows_and_exits_1(replicas, refere
 
     def client(url: str, seed: int) -> None:
         rng = random.Random(seed)
-        t_short = time.monotonic() + 5.0
+        t_short = time.monotonic() + 8.0
         while not stop.is_set():
             if time.monotonic() < t_short:
                 chat(url, rng.choice(SHORT), MAX_TOKENS)

@@ -57,6 +57,7 @@ class World:
         self.t = 0.0
         self.events: list[tuple[float, object]] = []
         self.wall0 = 1.7e9
+        self.scrape_cost = 0.0
 
     def at(self, t: float, fn) -> None:
         self.events.append((t, fn))
@@ -75,6 +76,8 @@ class World:
             fn()
 
     def scrape(self, url: str) -> sc.Scrape:
+        if self.scrape_cost:  # a reading takes time (a loaded server answers /metrics late); traffic goes on
+            self.sleep(self.scrape_cost)
         rep = self.r[url]
         if rep.down:
             raise ServerError(f"cannot reach the server at {url} (ConnectError)")
@@ -125,6 +128,19 @@ def test_idle_window_says_no_drafts_never_al_1():
     assert idle.pooled.status == "no drafts" and idle.pooled.al is None and idle.replicas[0].al is None
     assert idle.pooled.al_text() == "no drafts" and idle.alerts == []
     assert json.loads(idle.model_dump_json())["pooled"]["al"] is None
+
+
+def test_slow_readings_keep_windows_on_schedule():
+    """Readings slower than a slice (0.8 s for two replicas, slices of 0.5 s) skip the points they overran: each
+    window still ends on schedule (plus one reading at most), so the lag never accumulates."""
+    w = World(a=Replica(), b=Replica())
+    w.scrape_cost = 0.4
+    steady(w, "a", 1.0, 12.0, requests=1, drafts=4, per_pos=[4, 4, 4])
+    res, wins = w.run(window=2.0, scrape_every=0.5, duration=12.0)
+    assert len(wins) == 6 and res.ended_by == "duration"
+    for i, x in enumerate(wins):
+        assert x.t_start == pytest.approx(wins[0].t_start + 2.0 * i) and 2.0 <= x.seconds <= 2.0 + 0.8 + 1e-9
+    assert res.replicas[0].drafts == 48  # nothing lost between readings
 
 
 # ----- restarts and unreachable replicas ------------------------------------------------------------------------------
