@@ -44,12 +44,12 @@ class Server:
 def start(model: str | os.PathLike, log: Path, *, drafter: str | os.PathLike | None = None, k: int = 3,
           api_key: str | None = None, skip_tokenizer_init: bool = False, max_model_len: int = 512,
           max_num_seqs: int = 8, dtype: str = "float32", timeout: float = 420.0, extra: list[str] | None = None,
-          env: dict[str, str] | None = None) -> Server:
+          env: dict[str, str] | None = None, port: int | None = None) -> Server:
     """Start the server and wait until GET /health answers 200 (raises with the log's tail if it dies or times
-    out; the process is stopped then)."""
+    out; the process is stopped then). ``port``: a given one (a restart on the same URL), else a free one."""
     import httpx
 
-    port = free_port()
+    port = port or free_port()
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--host", "127.0.0.1",
            "--port", str(port), "--dtype", dtype, "--max-model-len", str(max_model_len), "--enforce-eager",
            "--max-num-seqs", str(max_num_seqs), "--seed", "0", "--disable-uvicorn-access-log"]

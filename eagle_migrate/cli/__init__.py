@@ -34,7 +34,7 @@ def _register() -> None:
     missing command."""
     from importlib import import_module
 
-    for mod in ("inspect", "convert", "quantize", "validate", "publish", "migrate", "demo", "version"):
+    for mod in ("inspect", "convert", "quantize", "validate", "watch", "publish", "migrate", "demo", "version"):
         import_module(f"{__name__}.{mod}")
 
 

@@ -14,6 +14,9 @@ import typer
 from ..choices import AuxIdsConvention, Device, Dtype, TrainMode
 
 CheckpointArg = Annotated[Path, typer.Argument(metavar="CKPT", help="Drafter checkpoint folder (or a single weights file).", show_default=False)]
+OptionalCheckpointArg = Annotated[Optional[Path], typer.Argument(
+    metavar="CKPT", show_default=False, help="Drafter checkpoint folder (or a single weights file); with --server "
+    "optional, read only to record its aux ids, flags and hashes.")]
 TargetOpt = Annotated[
     Optional[str], typer.Option("--target", "-t", metavar="MODEL", help="Target model: local folder or hub id (HF_HUB_OFFLINE honoured).")
 ]

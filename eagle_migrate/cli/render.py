@@ -69,6 +69,14 @@ def print_json(obj: Any) -> None:
     sys.stdout.flush()
 
 
+def print_json_line(obj: Any) -> None:
+    """One JSON document on one line of stdout (a stream of them: ``watch --json``), credentials redacted."""
+    global json_documents_printed
+    json_documents_printed += 1
+    sys.stdout.write(json.dumps(_redacted(to_jsonable(obj)), default=str) + "\n")
+    sys.stdout.flush()
+
+
 def print_error(message: str, hint: str | None) -> None:
     from rich.markup import escape
 

@@ -8,7 +8,7 @@ import typer
 from ..choices import Engine
 from ..errors import CheckFailed
 from . import app
-from .options import CheckpointArg, JsonOpt, RequiredTargetOpt, SeedOpt
+from .options import JsonOpt, OptionalCheckpointArg, SeedOpt, TargetOpt
 from .render import log, print_json, stdout
 
 
@@ -20,7 +20,7 @@ def render(r) -> None:
 
     has_base = any(s.baseline for s in r.suites)
     has_speed = any(s.speedup is not None for s in r.suites)
-    stdout.print(f"[bold]{r.checkpoint}[/] on {r.target} ({r.engine} {r.engine_version or ''}, k={r.settings['num_speculative_tokens']}, "
+    stdout.print(f"[bold]{r.checkpoint or 'the served drafter'}[/] on {r.target} ({r.engine} {r.engine_version or ''}, k={r.settings['num_speculative_tokens']}, "
                  f"T={r.settings['temperature']})", highlight=False)
     t = Table(show_header=True, header_style="bold")
     cols = ["suite", "n", "AL"] + (["base AL", "Δ%"] if has_base else []) + \
@@ -97,8 +97,8 @@ def render(r) -> None:
 
 @app.command(short_help="Measure acceptance length per suite (vLLM or reference).")
 def validate(
-    checkpoint: CheckpointArg,
-    target: RequiredTargetOpt,
+    checkpoint: OptionalCheckpointArg = None,
+    target: TargetOpt = None,
     engine: Annotated[Engine, typer.Option("--engine", help="vllm (real vLLM in a subprocess), reference (pure PyTorch), "
                                                  "auto: vllm when importable.")] = "auto",
     suite: Annotated[Optional[str], typer.Option("--suite", help="Comma-separated: chat, code, long, template-shift "
@@ -131,8 +131,8 @@ def validate(
                                                              "MLA models, e.g. CPU_MLA or AMX_MLA (default: chosen "
                                                              "for this host; see docs/validate.md).")] = None,
     server: Annotated[Optional[str], typer.Option("--server", help="Measure a running OpenAI-compatible vLLM server "
-                                                  "instead (its API URL, e.g. http://HOST:8000/v1): acceptance from its "
-                                                  "/metrics counters; CHECKPOINT = the drafter it serves, as you state it.",
+                                                  "instead (its API URL, e.g. http://HOST:8000/v1), from /metrics; CKPT "
+                                                  "and --target optional (it tokenises, /v1/models names the model).",
                                                   rich_help_panel="Live server")] = None,
     api_key_env: Annotated[Optional[str], typer.Option("--api-key-env", help="Name of the environment variable that "
                                                        "holds the server's API key (never printed or stored).",
@@ -181,6 +181,8 @@ def validate(
         )
     elif baseline_server is not None or api_key_env is not None:
         raise InputError("--baseline-server and --api-key-env need --server URL")
+    elif checkpoint is None or target is None:
+        raise InputError("validate needs CKPT and --target", "or --server URL: a running vLLM server needs neither")
     else:
         r = run(
             checkpoint, target, engine=engine, suites=names, prompts_file=prompts, k=k if k is not None else 3,
@@ -190,9 +192,6 @@ def validate(
             vllm_python=vllm_python, speedup=speedup, diagnostics=diagnostics, log=say,
             attention_backend=attention_backend,
         )
-    if json:
-        print_json(r)
-    else:
-        render(r)
+    print_json(r) if json else render(r)
     if not r.passed:
         raise CheckFailed("; ".join(r.failures))

@@ -105,6 +105,9 @@ class ServerInfo(BaseModel):
                                     "from: metrics, server_info or user")
     chat_template_matches: bool | None = Field(None, description="the server's /tokenize renders built-in chat "
                                                "requests to the suites' token ids (None: not checkable)")
+    drafter: dict[str, Any] | None = Field(None, description="what the server does not report: the drafter's "
+                                           "aux_layer_ids, flags, weights_sha256, config_sha256 from CKPT's folder, "
+                                           "or null and named in `unknown` (validate/server_tokenizer.py)")
 
 
 class LatencyStats(BaseModel):
@@ -158,7 +161,8 @@ class ValidationReport(BaseModel):
     schema_version: int = SCHEMA_VERSION
     tool: str
     created: str
-    checkpoint: str
+    checkpoint: str | None = Field(..., description="the drafter as given; null: validate --server with no CKPT and "
+                                   "a server that does not name it")
     weights_sha256: str | None = Field(None, description="sha256 of the weights measured (formats.io.sha256_files): publish checks it")
     baseline: str | None
     target: str
@@ -284,10 +288,10 @@ def _server_markdown(r: ValidationReport) -> list[str]:
 
 
 def render_markdown(r: ValidationReport) -> str:
-    lines = [f"# Validation report: `{Path(r.checkpoint).name}`", ""]
+    lines = [f"# Validation report: `{Path(r.checkpoint).name if r.checkpoint else 'drafter not named'}`", ""]
     verdict = verdict_line(r)
     lines += [f"**{verdict}**", "",
-              f"- target: `{r.target}`", f"- drafter: `{r.checkpoint}`"
+              f"- target: `{r.target}`", (f"- drafter: `{r.checkpoint}`" if r.checkpoint else "- drafter: not named (the server does not say)")
               + (f"\n- baseline: `{r.baseline}`" if r.baseline else ""),
               f"- engine: {r.engine} {r.engine_version or ''}".rstrip(),
               "- settings: " + ", ".join(f"{k}={v}" for k, v in r.settings.items() if v is not None),

@@ -10,8 +10,9 @@ at each concurrency, speculative and baseline server measured in alternation.
 
 The engine is pluggable beside the in-process one: :func:`validate_server` builds the same suites and the same
 :class:`ValidationReport` (engine ``server``) through ``api``'s steps (the CLI calls it for ``--server``). The
-server's HTTP API and metrics are ``server_client.py``'s, the speed runs ``server_speed.py``'s. Imports: errors,
-target, corpora, formats, validate.{api, metrics, report, server_client, server_speed}.
+server's HTTP API and metrics are ``server_client.py``'s, the speed runs ``server_speed.py``'s, the URL-only
+tokenisation ``server_tokenizer.py``'s. Imports: errors, target, corpora, formats, validate.{api, metrics, report,
+server_client, server_speed, server_tokenizer}.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from .server_client import (  # noqa: F401  (re-exported: the engine's public na
     parse_metrics,
 )
 from .server_speed import load_run, serving_speed  # noqa: F401
+from .server_tokenizer import ServedModel, ServerTokenizer, drafter_record
 
 _SETTLE_SECONDS = 30.0  # how long the counters may lag the last response (vLLM records stats after streaming it)
 
@@ -179,7 +181,7 @@ def block_errors(blocks: list[dict[str, Any]]) -> tuple[float | None, list[float
 # ----- validate --server ---------------------------------------------------------------------------------------------
 def validate_server(
     checkpoint: str | os.PathLike | None,
-    target: str,
+    target: str | None,
     server: str,
     *,
     api_key: str | None = None,
@@ -200,9 +202,10 @@ def validate_server(
     log: Callable[[str], None] | None = None,
 ) -> ValidationReport:
     """``validate`` against a running vLLM server (engine ``server``): the same suites (token ids, built with the
-    target's tokenizer: ``target`` needs its tokenizer and config only, no weights), the same gates and report.
-    ``checkpoint``: the drafter as the user states it (recorded; its weights' sha256 when it is a local folder),
-    used where the server does not name its drafter. ``api_key``: the server's key (send-only)."""
+    target's tokenizer: ``target`` needs its tokenizer and config only, no weights; ``target`` None: tokenised by
+    the server's own ``/tokenize``, the model from ``/v1/models``), the same gates and report. ``checkpoint``: the
+    drafter as the user states it, or None; a local folder is read only to record its aux ids, flags and hashes
+    (``server.drafter``), never to measure. ``api_key``: the server's key (send-only)."""
     from . import api
 
     t_start = time.perf_counter()
@@ -224,17 +227,12 @@ def validate_server(
         say(f"server: {info.url} vLLM {info.vllm_version or '?'}, model {info.model}, k={kk}"
             + (f", drafter {info.speculative_config.get('model')} ({info.sources.get('model')})"
                if info.speculative_config.get("model") else ""))
-        from ..target import load_tokenizer, target_info
-
-        tinfo = target_info(target)
-        tok = load_tokenizer(target)
-        info.chat_template_matches = template_check(client, tok)
-        if info.chat_template_matches is False:
-            say("warning: the server renders chat requests differently from the target's tokenizer here (its "
-                "--chat-template?); the suites use the target's template")
+        tinfo, tok = _tokenizer(client, info, target, say)
         mml = info.max_model_len or int(tinfo.max_position_embeddings or 8192)
-        inp = api._Inputs(str(checkpoint or info.speculative_config.get("model") or "?"), None, "server",
-                          weights_sha or "", tinfo, tok, mml)
+        named = info.speculative_config.get("model") if info.sources.get("model") == "server_info" else None
+        info.drafter = drafter_record(checkpoint, named)
+        ckpt = str(checkpoint) if checkpoint is not None else (str(named) if named else None)
+        inp = api._Inputs(ckpt or "", None, "server", weights_sha or "", tinfo, tok, mml)
         built, jobs = api._build_suites(inp, suites, prompts_file, num_prompts=num_prompts, max_tokens=max_tokens,
                                         seed=seed)
         say("suites: " + ", ".join(f"{s.name} ({s.size} prompts)" for s in built))
@@ -249,18 +247,43 @@ def validate_server(
     overall = {"new": round(AcceptanceStats.total(new_r[x][0] for x in jobs).acceptance_length, 4)}
     settings = {"num_speculative_tokens": kk, "temperature": temperature, "seed": seed, "dtype": None,
                 "max_model_len": mml, "tensor_parallel_size": None, "speedup": bool(baseline_server),
-                "block_size": block_size, "concurrency": conc if baseline_server else None}
+                "block_size": block_size, "concurrency": conc if baseline_server else None,
+                "tokenizer": "target" if target is not None else "server"}
+    aux, warnings = ({}, []) if info.drafter.get("source") is None else \
+        api.aux_ids_status({"new": str(checkpoint)}, str(target or info.model_root or info.model))
+    for w in warnings:
+        say("warning: " + w)
     report = ValidationReport(
         tool=f"eagle-migrate {__version__}", created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        checkpoint=inp.ckpt, weights_sha256=weights_sha, baseline=None, target=str(target), engine="server",
+        checkpoint=inp.ckpt or None, weights_sha256=weights_sha, baseline=None,
+        target=str(target) if target is not None else str(info.model_root or info.model), engine="server",
         engine_version=info.vllm_version, settings=settings, suites=suite_results, overall=overall, gates=gates,
-        passed=not failures, failures=failures, diagnostics=None, server=info, serving_speed=speed)
+        passed=not failures, failures=failures, diagnostics=None, aux_ids=aux, warnings=warnings, server=info,
+        serving_speed=speed)
     report.seconds = round(time.perf_counter() - t_start, 1)
     if report_dir is not None:
         write_report(report, Path(report_dir))
     if check and not report.passed:
         raise CheckFailed("; ".join(failures))
     return report
+
+
+def _tokenizer(client: ServerClient, info: ServerInfo, target: str | None, say: Callable[[str], None]) -> tuple[Any, Any]:
+    """(the target's config view, the tokenizer) the suites are built with: the target's own when ``target`` is
+    given (its chat template checked against the server's), else the server's (/tokenize, /detokenize)."""
+    if target is None:
+        info.chat_template_matches = True  # the server renders every chat request itself
+        say("suites: tokenised by the server (/tokenize; no --target)")
+        return ServedModel(info.max_model_len), ServerTokenizer(client)
+    from ..target import load_tokenizer, target_info
+
+    tinfo = target_info(target)
+    tok = load_tokenizer(target)
+    info.chat_template_matches = template_check(client, tok)
+    if info.chat_template_matches is False:
+        say("warning: the server renders chat requests differently from the target's tokenizer here (its "
+            "--chat-template?); the suites use the target's template")
+    return tinfo, tok
 
 
 def _weights_sha(checkpoint: str | os.PathLike | None) -> str | None:

@@ -28,6 +28,8 @@ TRAFFIC_COUNTERS = {
     "vllm:prompt_tokens": "prompt_tokens",
 }
 SPEC_PREFIX = "vllm:spec_decode"
+ITL = "vllm:inter_token_latency_seconds"  # a histogram: one sample per request per engine step (watch's break-even)
+START_TIME = "process_start_time_seconds"  # prometheus_client's process collector: a restart changes it (watch)
 
 
 # ----- metrics ---------------------------------------------------------------------------------------------------
@@ -42,6 +44,9 @@ class Scrape:
     prompt_tokens: float = 0.0
     num_positions: int = 0
     names: set[str] = field(default_factory=set)
+    itl_sum: float = 0.0  # vllm:inter_token_latency_seconds: seconds and samples (engine steps of a request)
+    itl_count: float = 0.0
+    start_time: float | None = None  # process_start_time_seconds, when the server exports it
 
 
 def parse_metrics(text: str) -> Scrape:
@@ -53,6 +58,8 @@ def parse_metrics(text: str) -> Scrape:
     spec = {v: 0.0 for v in SPEC_COUNTERS.values()}
     per_pos: dict[int, float] = {}
     traffic = {v: 0.0 for v in TRAFFIC_COUNTERS.values()}
+    itl = {"_sum": 0.0, "_count": 0.0}
+    start_time = None
     try:
         families = list(text_string_to_metric_families(text))
     except Exception as e:  # not Prometheus text (a proxy's HTML page, ...)
@@ -70,13 +77,18 @@ def parse_metrics(text: str) -> Scrape:
                 per_pos[pos] = per_pos.get(pos, 0.0) + s.value
             elif fam.name in TRAFFIC_COUNTERS:
                 traffic[TRAFFIC_COUNTERS[fam.name]] += s.value
+            elif fam.name == ITL and s.name[len(ITL):] in itl:
+                itl[s.name[len(ITL):]] += s.value
+            elif fam.name == START_TIME:
+                start_time = s.value if start_time is None else max(start_time, s.value)
     has_spec = any(n in names for n in SPEC_COUNTERS)
     n_pos = max(per_pos) + 1 if per_pos else 0
     stats = AcceptanceStats(num_drafts=int(spec["num_drafts"]), num_draft_tokens=int(spec["num_draft_tokens"]),
                             num_accepted_tokens=int(spec["num_accepted_tokens"]),
                             accepted_per_position=[int(per_pos.get(i, 0)) for i in range(n_pos)]) if has_spec else None
     return Scrape(spec=stats, requests=traffic["requests"], generation_tokens=traffic["generation_tokens"],
-                  prompt_tokens=traffic["prompt_tokens"], num_positions=n_pos, names=names)
+                  prompt_tokens=traffic["prompt_tokens"], num_positions=n_pos, names=names, itl_sum=itl["_sum"],
+                  itl_count=itl["_count"], start_time=start_time)
 
 
 def check_metric_names(s: Scrape, url: str, version: str | None, *, speculative: bool = True) -> None:
@@ -236,6 +248,23 @@ class ServerClient:
             return [int(x) for x in r.json().get("tokens") or []] or None
         except Exception:
             return None
+
+    def tokenize_text(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """``POST /tokenize`` with a prompt: the server's own tokenizer (validate --server without --target)."""
+        r = self._call("POST", self.root + "/tokenize", json={"model": self.model, "prompt": text,
+                                                                "add_special_tokens": bool(add_special_tokens)})
+        return [int(x) for x in r.json().get("tokens") or []]
+
+    def tokenize_messages(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
+        """``POST /tokenize`` with chat messages (its chat template), raising where :meth:`tokenize_chat` says None."""
+        r = self._call("POST", self.root + "/tokenize", json={"model": self.model, "messages": messages,
+                                                                "add_generation_prompt": bool(add_generation_prompt)})
+        return [int(x) for x in r.json().get("tokens") or []]
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        """``POST /detokenize``: token ids back to text with the server's tokenizer."""
+        r = self._call("POST", self.root + "/detokenize", json={"model": self.model, "tokens": [int(x) for x in ids]})
+        return str(r.json().get("prompt") or "")
 
     def metrics(self) -> Scrape:
         return parse_metrics(self._call("GET", self.root + "/metrics").text)

@@ -115,7 +115,7 @@ def test_dash_h_and_version():
     assert r.returncode == 0 and r.stdout.strip() == f"eagle-migrate {__version__}"
 
 
-@pytest.mark.parametrize("command", ["convert", "migrate", "validate", "quantize", "publish", "inspect", "demo"])
+@pytest.mark.parametrize("command", ["convert", "migrate", "validate", "quantize", "publish", "inspect", "demo", "watch"])
 def test_help_at_80_columns_keeps_every_option_name_whole(command):
     """At 80 columns: no line wider than 80, every option's full name printed, no `<bool>` placeholder, and the
     root listing's one-line summaries are not cut."""

@@ -67,7 +67,8 @@ sys.stderr.write("\\nIMPORTED " + json.dumps({"rc": rc, "heavy": [m for m in hea
     return r, json.loads(line[-1].removeprefix("IMPORTED "))
 
 
-@pytest.mark.parametrize("argv", [("--help",), ("inspect", "--help"), ("convert", "--help"), ("migrate", "--help")])
+@pytest.mark.parametrize("argv", [("--help",), ("inspect", "--help"), ("convert", "--help"), ("migrate", "--help"),
+                                  ("watch", "--help")])
 def test_help_does_not_import_torch(argv):
     r, seen = _imported_by_cli(*argv)
     assert seen["rc"] == 0 and "Usage" in r.stdout
