@@ -7,6 +7,8 @@
 * :mod:`.suites`: the validation suites (chat, code, template-shift, long, a prompts file) and
   :func:`prompt_set_hash`; :mod:`.long` builds the long-context suite's prompts.
 * :mod:`.sequences`: calibration sequences for convert, quantize and calibrate.
+* :mod:`.drift`: calibration data shaped like serving under drift (long contexts, other templates and system
+  prompts, plain chat), disjoint from the texts the validation suites measure on (:func:`drift_sequences`).
 
 Every name callers use is re-exported here (``corpora.suite``, ``from eagle_migrate.corpora import ...``), except
 ``suites(names, ...)``: ``corpora.suites`` is now the module (the function is ``corpora.suites.suites``).
@@ -19,7 +21,8 @@ The data-set lookups :func:`sharegpt_file`, :func:`humaneval_file` and :func:`lo
 from __future__ import annotations
 
 
-from . import long, sequences, sources, suites, templates
+from . import drift, long, sequences, sources, suites, templates
+from .drift import DRIFT_KINDS, DriftSequence, drift_sequences
 from .long import (  # noqa: F401  (used by tests and benchmarks/drift_curve.py)
     CODE_QUESTIONS,
     LONG_BUCKETS,

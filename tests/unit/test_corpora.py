@@ -330,3 +330,50 @@ def test_package_data_and_data_set_stubs_after_the_split(tmp_path, monkeypatch, 
     monkeypatch.setattr(corpora.sources, "humaneval_file", lambda fetch=False: he)
     s = corpora.suite("code", tok, INFO, num_prompts=1)
     assert s.description == "coding requests (HumanEval)" and s.sources == ["humaneval"]
+
+
+# ----- drift-shaped calibration data (issue 38) ------------------------------------------------------------------------
+def _numbered_sharegpt(tmp_path, n: int):
+    recs = [{"id": f"sg{i}", "conversations": [{"from": "human", "value": f"Question of record {i}: " + "word " * 30},
+                                               {"from": "gpt", "value": f"Answer of record {i}. " + "text " * 60}]}
+            for i in range(n)]
+    p = tmp_path / "sg.json"
+    p.write_text(json.dumps(recs))
+    return p
+
+
+def test_drift_sequences_never_use_the_suites_texts(tmp_path, monkeypatch, tok):
+    """Every kind round-robin, long lengths rotating; chat texts only from ShareGPT records at SHAREGPT_START and on
+    (validate's suites sample the first 3,000), code only from modules the long suite does not use, no pydoc."""
+    from eagle_migrate.corpora import drift
+
+    p = _numbered_sharegpt(tmp_path, drift.SHAREGPT_START + 300)
+    monkeypatch.setattr(corpora.sources, "sharegpt_file", lambda fetch=False: p)
+    seqs = corpora.drift_sequences(tok, 16, seed=0, lengths=(64, 128), chat_len=96)
+    assert [s.kind for s in seqs[:4]] == list(corpora.DRIFT_KINDS) and len(seqs) == 16
+    for s in seqs:
+        text = tok.decode(s.ids)
+        recs = [int(x) for x in __import__("re").findall(r"record (\d+)", text)]
+        assert all(r >= drift.SHAREGPT_START for r in recs), (s.kind, recs)
+        if s.kind == "long-code":
+            mod = s.source.split(":", 1)[1]
+            assert mod in drift.TRAIN_STDLIB and mod not in corpora.STDLIB_MODULES
+            assert len(s.ids) in (64, 128)
+        elif s.kind == "long-chat":
+            assert recs and len(s.ids) <= 128
+        else:
+            assert recs and len(s.ids) <= 96
+    assert {len(s.ids) for s in seqs if s.kind == "long-code"} == {64, 128}
+    assert any(s.source.startswith("sharegpt:") for s in seqs if s.kind == "shift")  # a template / system variant
+    assert not any(corpora.long_document()[:200] in tok.decode(s.ids) for s in seqs)
+
+
+def test_drift_sequences_without_sharegpt_and_bad_kinds(tok):
+    """No ShareGPT here (the autouse fixture): the chat kinds are left out and said so by the sources; nothing at all
+    usable, or an unknown kind, is a DataError."""
+    seqs = corpora.drift_sequences(tok, 4, seed=1, lengths=(64,))
+    assert {s.kind for s in seqs} == {"long-code"} and all(s.source.startswith("stdlib:") for s in seqs)
+    with pytest.raises(DataError, match="no drift calibration data"):
+        corpora.drift_sequences(tok, 4, seed=1, kinds=("chat",))
+    with pytest.raises(DataError, match="unknown drift data kind"):
+        corpora.drift_sequences(tok, 4, seed=1, kinds=("poetry",))
