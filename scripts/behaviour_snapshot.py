@@ -37,7 +37,8 @@ def _norm(x: Any, root: str) -> Any:
     if isinstance(x, list):
         return [_norm(v, root) for v in x]
     if isinstance(x, str):
-        return re.sub(r"\.tmp-\d+-[0-9a-f]+", ".tmp", x.replace(root, "<ROOT>"))
+        x = re.sub(r"\.tmp-\d+-[0-9a-f]+", ".tmp", x.replace(root, "<ROOT>"))
+        return re.sub(r"(?m)^- created: .*$", "- created: <TIME>", x)  # report.md's creation line
     if isinstance(x, float):
         return round(x, 9)
     return x
