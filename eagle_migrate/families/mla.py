@@ -90,10 +90,10 @@ def attention_class() -> type:
     """``MLAAttention`` (torch), built on first use. The absorbed form vLLM's decode kernels use is the same product
     reassociated. The cache holds the per-head keys [B, nh, T, nope + rope] and values [B, nh, T, v_head_dim]."""
     import torch  # lazy: torch stays out of inspect
-    import torch.nn.functional as F
-    from torch import nn
+    import torch.nn.functional as F  # lazy: as torch
+    from torch import nn  # lazy: as torch
 
-    from . import layers
+    from . import layers  # lazy: imports torch
 
     class MLAAttention(nn.Module):
         def __init__(self, cfg: Any, in_features: int):
