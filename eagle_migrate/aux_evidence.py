@@ -466,7 +466,7 @@ def resolve_for_target(ck: Checkpoint, target: LazyTarget, *, override: Conventi
 
 def norm_before_residual_open(ck: Checkpoint) -> bool:
     """True when the config does not state ``norm_before_residual`` (the reader took its layout's default) and the
-    drafter is one step 0 can run (EAGLE-3 llama / qwen3 family, unquantized)."""
+    drafter is one step 0 can run (EAGLE-3, unquantized)."""
     return (ck.config.generation == "eagle3" and not ck.meta.get("norm_before_residual_stated", True)
             and not ck.quantization)
 

@@ -44,7 +44,7 @@ class UnsafeInputError(CheckpointError):
 
 
 class UnsupportedError(InputError):
-    """Recognised, but not something this version can convert (e.g. MLA drafters)."""
+    """Recognised, but not something this version can convert (e.g. a drafter its family's vLLM class cannot load)."""
 
     default_hint = "open an issue with `eagle-migrate inspect PATH --json` attached"
 

@@ -18,8 +18,8 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from . import aux_ids as _aux
+from . import families
 from .aux_ids import AuxIds, Convention
-from .drafter.config import MLA_FIELDS
 from .formats.base import Checkpoint, Finding
 from .formats.common import QUANT_SUFFIXES
 from .formats.traps import finding
@@ -28,8 +28,8 @@ from .pairing import pairing_findings
 SMALL_NUMEL = 1 << 16
 
 
-class ReportSizes(BaseModel):
-    """H, Ht, K, V, Vd, I, heads and layers of the drafter (from its weights)."""
+class _CommonSizes(BaseModel):
+    """The sizes every family has."""
 
     hidden_size: int = Field(..., description="H")
     target_hidden_size: int = Field(..., description="Ht (fc input is K*Ht)")
@@ -41,7 +41,11 @@ class ReportSizes(BaseModel):
     num_key_value_heads: int
     head_dim: int
     num_layers: int = Field(..., description="decoder layers, counted from the weights")
-    mla: dict[str, int | None] | None = Field(None, description="MLA drafters: q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim (from the weights)")
+
+
+class ReportSizes(families.report_fields_model(), _CommonSizes):
+    """H, Ht, K, V, Vd, I, heads and layers of the drafter (from its weights), then each family's own sizes
+    (``Family.report_fields``: None unless the drafter is of that family)."""
 
 
 class Flags(BaseModel):
@@ -81,7 +85,7 @@ class InspectReport(BaseModel):
     format: str = Field(..., description="eagle2 (EAGLE-1/2 weights), eagle3 or eagle3.1")
     producer: str = Field(..., description="safeailab, specforge, speculators, modelopt, torchspec, vllm, eagle-migrate or unknown")
     layout: str = Field(..., description="the reader that parsed it, e.g. safeailab-eagle3, torchspec-vllm")
-    architecture: str = Field(..., description="the drafter family: llama, qwen3 or mla")
+    architecture: str = Field(..., description=f"the drafter family: {families.names_text()}")
     sizes: ReportSizes
     aux_layer_ids: list[int] | None = Field(..., description="in vLLM's convention (residual stream after i layers), ascending")
     aux_layer_ids_stored: list[int] | None = Field(..., description="as written in the checkpoint's config")
@@ -239,6 +243,12 @@ def _sizes_pair(ck: Checkpoint, ti: Any) -> bool:
     return cfg.target_hidden_size == ti.hidden_size and ck.meta.get("vocab_size_declared", cfg.vocab_size) == ti.vocab_size
 
 
+def _measures_aux(ck: Checkpoint) -> bool:
+    """inspect measures undecided aux ids on the target for this family (``Family.inspect_measures_aux_ids``)."""
+    fam = families.find(ck.config.architecture)
+    return fam is not None and fam.inspect_measures_aux_ids
+
+
 def _resolve_aux(ck: Checkpoint, target: str | None, ti: Any, override: Convention | None, device: str) -> None:
     """Decide the aux-id convention where the checkpoint does not: the override, else (with a target) the readings
     valid on it, else a measurement. An inconclusive measurement is reported (a warning with the measurement and the
@@ -249,7 +259,7 @@ def _resolve_aux(ck: Checkpoint, target: str | None, ti: Any, override: Conventi
         return
     if ti is None:
         b = _aux.resolve(a, ck.config.num_aux, 0, override=override) if override else a
-    elif (override or not a.decided) and _sizes_pair(ck, ti) and ck.config.architecture == "llama" and not ck.quantization:
+    elif (override or not a.decided) and _sizes_pair(ck, ti) and _measures_aux(ck) and not ck.quantization:
         from .devices import resolve_device, resolve_dtype
 
         from .errors import TargetError
@@ -341,7 +351,7 @@ def report_from_checkpoint(ck: Checkpoint, target: str | None = None, deep: bool
             vocab_size=ck.meta.get("vocab_size_declared", cfg.vocab_size), draft_vocab_size=cfg.draft_vocab_size,
             intermediate_size=cfg.intermediate_size, num_attention_heads=cfg.num_attention_heads,
             num_key_value_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim, num_layers=cfg.num_layers,
-            mla={k: getattr(cfg, k) for k in MLA_FIELDS} if cfg.mla else None,
+            **(fam.report_sizes(cfg) if (fam := families.find(cfg.architecture)) else {}),
         ),
         aux_layer_ids=cfg.aux_layer_ids,
         aux_layer_ids_stored=ck.meta.get("aux_ids_stored"),

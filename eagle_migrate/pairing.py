@@ -2,7 +2,7 @@
 findings (:func:`pairing_findings`), ``convert`` refuses a pair that breaks one (:func:`check_pairing`,
 PairingError, exit 2); both read the same size rules (:func:`size_mismatches`). Reads the target's config
 (:class:`~eagle_migrate.target.TargetInfo`) only, never its weights, and imports no torch.
-Imports: ``errors``, ``aux_ids``, ``drafter.config``, ``formats.base`` / ``traps``.
+Imports: ``errors``, ``aux_ids``, ``families``, ``drafter.config``, ``formats.base`` / ``traps``.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import aux_ids as _aux
+from . import families
 from .drafter.config import DrafterConfig
 from .errors import PairingError
 from .formats.traps import finding
@@ -69,22 +70,17 @@ def check_pairing(cfg: DrafterConfig, tinfo: TargetInfo, aux_ids: list[int] | No
             raise PairingError(err + " (vLLM convention)")
 
 
-# a drafter family that is built for one kind of target: (what is specific, target model_type prefixes of that family)
-_FAMILY_TARGETS = {
-    "qwen3": ("per-head `q_norm` / `k_norm`", ("qwen3",)),
-    "mla": ("MLA attention", ("deepseek", "kimi")),
-}
-
-
 def target_family_note(architecture: str, target_model_type: str | None) -> str | None:
-    """A note when a drafter of a target-specific family (Qwen3, MLA) is paired with a target of another family
-    (``model_type``), None otherwise. Llama-layer drafters are the generic EAGLE-3 layer, trained for targets of
-    every family (speculators, SpecForge): no note for them."""
-    fam = _FAMILY_TARGETS.get(architecture)
+    """A note when a drafter of a target-specific family (``Family.target_note``: what is specific, the target
+    model_type prefixes it is built for) is paired with a target of another family (``model_type``), None
+    otherwise. Llama-layer drafters are the generic EAGLE-3 layer, trained for targets of every family
+    (speculators, SpecForge): no note for them."""
+    family = families.find(architecture)
+    note = family.target_note if family is not None else None
     mt = (target_model_type or "").lower()
-    if fam is None or not mt or mt.startswith(fam[1]):
+    if note is None or not mt or mt.startswith(note[1]):
         return None
-    what, prefixes = fam
+    what, prefixes = note
     return (f"a {architecture} drafter ({what}, built for {' / '.join(p.capitalize() for p in prefixes)} targets) on "
             f"a target of model_type {mt!r}: the sizes fit, but a drafter trained on another model's hidden states "
             "rarely has a draft accepted; check that it was made for this target (validate measures it)")

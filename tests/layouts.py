@@ -81,7 +81,7 @@ def canonical_state_dict(cfg: DrafterConfig, seed: int = 0, *, embed: bool | Non
         sd[p + "self_attn.k_proj.weight"] = r(kvd, din)
         sd[p + "self_attn.v_proj.weight"] = r(kvd, din)
         sd[p + "self_attn.o_proj.weight"] = r(h, qd)
-        if cfg.qk_norm:  # Qwen3 layer
+        if cfg.architecture == "qwen3":  # the Qwen3 layer: per-head q/k norms
             sd[p + "self_attn.q_norm.weight"] = 1 + r(cfg.head_dim)
             sd[p + "self_attn.k_norm.weight"] = 1 + r(cfg.head_dim)
         if cfg.attention_bias:

@@ -1,16 +1,19 @@
 """EAGLE-1/2 drafters as SafeAILab runs them (``cnets1.py``), for one purpose: measuring how closely the converted
 EAGLE-3.1 drafter drafts like its EAGLE-2 source (convert's agreement). vLLM does not run EAGLE-2 drafters; every
-other stage uses :class:`eagle_migrate.drafter.model.EagleDrafter`. The layers are that module's (attention, MLP,
-norms, rope); only the EAGLE-2 wiring differs. Imports: torch, :mod:`eagle_migrate.drafter.model`, errors."""
+other stage uses :class:`eagle_migrate.drafter.model.EagleDrafter`. The layers are that module's (the family's
+attention, MLP, norms, rope); only the EAGLE-2 wiring differs. Imports: torch, :mod:`eagle_migrate.drafter.model`,
+families, errors."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
+from .. import families
 from ..errors import InputError
+from ..families.layers import RMSNorm
 from .config import DrafterConfig
-from .model import MLP, Attention, KVCache, RMSNorm
+from .model import MLP, KVCache
 from .rope import rope_cos_sin, rope_inv_freq
 
 
@@ -26,7 +29,7 @@ class Eagle2Reference(nn.Module):
         self.layers = nn.ModuleList()
         for i in range(cfg.num_layers):
             layer = nn.Module()
-            layer.self_attn = Attention(cfg, h)
+            layer.self_attn = families.get(cfg.architecture).attention(cfg, h)
             layer.mlp = MLP(cfg)
             layer.post_attention_layernorm = RMSNorm(h, cfg.rms_norm_eps)
             if i > 0:

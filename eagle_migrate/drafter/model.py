@@ -1,11 +1,10 @@
-"""The EAGLE-3 / EAGLE-3.1 drafter as vLLM runs it (``vllm/model_executor/models/llama_eagle3.py`` and, for
-``cfg.architecture == "qwen3"``, ``qwen3_eagle3.py``: the same layer with per-head ``q_norm`` / ``k_norm``
-[head_dim] RMSNorms on queries and keys before rope and no o_proj bias; for ``cfg.architecture == "mla"``,
-``deepseek_eagle3.py``: the same decoder layer around DeepseekV2MLAAttention, see ``MLAAttention``), in plain torch.
+"""The EAGLE-3 / EAGLE-3.1 drafter as vLLM runs it (``vllm/model_executor/models/llama_eagle3.py`` and its
+per-family variants), in plain torch: the Llama decoder layer around the family's attention
+(``families.get(cfg.architecture).attention``: eagle_migrate/families/).
 
 Parameter names are the canonical (vLLM-layout) checkpoint names, so ``load_state_dict`` takes a vLLM-layout
 state dict as is: ``fc.weight``, ``fc_norm.{k}.weight``, ``input_norm.weight``, ``layers.{i}.self_attn.q_proj.weight``,
-``layers.{i}.hidden_norm.weight``, ``layers.{i}.self_attn.q_norm.weight`` (Qwen3), ``norm.weight``, ``lm_head.weight``, ``embed_tokens.weight`` and the ``d2t`` buffer.
+``layers.{i}.hidden_norm.weight``, the family's own attention tensors, ``norm.weight``, ``lm_head.weight``, ``embed_tokens.weight`` and the ``d2t`` buffer.
 
 Math (docs/architecture.md):
   g = fc(fc_norm(input_norm(cat(a_1..a_K))))                     # step 0 only
@@ -18,30 +17,16 @@ Math (docs/architecture.md):
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .. import families
+from ..families.layers import RMSNorm
 from .config import DrafterConfig
-from .rope import mla_softmax_scale, rope_cos_sin, rope_interleaved, rope_inv_freq, rotate_half
-
-
-class RMSNorm(nn.Module):
-    """RMSNorm as vLLM's ``forward_native``: normalise in fp32, cast back, then scale by the weight."""
-
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return xf.to(dtype) * self.weight.to(dtype)
+from .rope import rope_cos_sin, rope_inv_freq
 
 
 @dataclass
@@ -66,143 +51,6 @@ class KVCache:
         return 0 if not self.keys or self.keys[0] is None else self.keys[0].shape[2]
 
 
-def o_proj_has_bias(cfg: DrafterConfig) -> bool:
-    """vLLM's Llama attention has an o_proj bias iff ``attention_bias``; its Qwen3 attention never has one."""
-    return cfg.attention_bias and not cfg.qk_norm
-
-
-class Attention(nn.Module):
-    def __init__(self, cfg: DrafterConfig, in_features: int):
-        super().__init__()
-        self.nh, self.nkv, self.hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        self.q_proj = nn.Linear(in_features, self.nh * self.hd, bias=cfg.attention_bias)
-        self.k_proj = nn.Linear(in_features, self.nkv * self.hd, bias=cfg.attention_bias)
-        self.v_proj = nn.Linear(in_features, self.nkv * self.hd, bias=cfg.attention_bias)
-        # vLLM's LlamaAttention gives o_proj a bias whenever attention_bias is set; checkpoints that carry only
-        # q/k/v biases (Qwen2-style) mean a zero o_proj bias, so it starts at zero here and is written as zeros.
-        # vLLM's Qwen3Attention never has an o_proj bias.
-        o_bias = o_proj_has_bias(cfg)
-        self.o_proj = nn.Linear(self.nh * self.hd, cfg.hidden_size, bias=o_bias)
-        if o_bias:
-            nn.init.zeros_(self.o_proj.bias)
-            self.register_load_state_dict_pre_hook(self._zero_o_proj_bias)
-        # Qwen3: per-head RMSNorm [head_dim] on queries and keys, before rope (vLLM's Qwen3Attention.forward)
-        self.qk_norm = cfg.qk_norm
-        if self.qk_norm:
-            self.q_norm = RMSNorm(self.hd, cfg.rms_norm_eps)
-            self.k_norm = RMSNorm(self.hd, cfg.rms_norm_eps)
-
-    def _zero_o_proj_bias(self, module, state_dict, prefix, *args) -> None:
-        """A state dict without ``o_proj.bias`` (q/k/v biases only) means a zero o_proj bias, as written on disk."""
-        w = state_dict.get(prefix + "o_proj.weight")
-        if prefix + "o_proj.bias" not in state_dict and w is not None:
-            state_dict[prefix + "o_proj.bias"] = torch.zeros(w.shape[0], dtype=w.dtype, device=w.device)
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        mask: torch.Tensor | None,
-        cache: KVCache | None,
-        layer: int,
-        want_probs: bool = False,
-        extra_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None, tuple[torch.Tensor, torch.Tensor]]:
-        b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.nh, self.hd).transpose(1, 2)
-        k = self.k_proj(x).view(b, t, self.nkv, self.hd).transpose(1, 2)
-        v = self.v_proj(x).view(b, t, self.nkv, self.hd).transpose(1, 2)
-        if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [B,1,T,hd]
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
-        new_kv = (k, v)
-        k, v = _with_past(k, v, layer, cache, extra_kv)
-        rep = self.nh // self.nkv
-        if rep > 1:
-            k = k.repeat_interleave(rep, dim=1)
-            v = v.repeat_interleave(rep, dim=1)
-        probs = None
-        if want_probs:
-            scores = (q.float() @ k.float().transpose(-1, -2)) / math.sqrt(self.hd)
-            if mask is not None:
-                scores = scores.masked_fill(~mask, float("-inf"))
-            probs = scores.softmax(-1)
-            out = (probs @ v.float()).to(q.dtype)
-        else:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0 / math.sqrt(self.hd))
-        out = out.transpose(1, 2).reshape(b, t, self.nh * self.hd)
-        return self.o_proj(out), probs, new_kv
-
-
-def _with_past(k: torch.Tensor, v: torch.Tensor, layer: int, cache: KVCache | None,
-               extra_kv: tuple[torch.Tensor, torch.Tensor] | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """This step's keys/values [B, heads, T, d] appended to the cache (when given), then preceded by ``extra_kv``."""
-    if cache is not None:
-        k, v = cache.update(layer, k, v)
-    if extra_kv is not None:
-        k = torch.cat([extra_kv[0], k], dim=2)
-        v = torch.cat([extra_kv[1], v], dim=2)
-    return k, v
-
-
-class MLAAttention(nn.Module):
-    """Multi-head latent attention as vLLM's DeepseekV2MLAAttention computes it (``layers/mla.py``), unabsorbed:
-
-      q = q_b_proj(q_a_layernorm(q_a_proj(x)))  (or q_proj(x) without q_lora)  -> per head [nope | rope]
-      [c | k_pe] = kv_a_proj_with_mqa(x);  [k_nope | v] per head = kv_b_proj(kv_a_layernorm(c))
-      rope (interleaved) on q's rope part and on k_pe (one per token, shared by all heads)
-      out = o_proj(softmax(q . [k_nope | k_pe] * (nope + rope)^-0.5) v)
-
-    The absorbed form vLLM's decode kernels use is the same product reassociated. The cache holds the per-head
-    keys [B, nh, T, nope + rope] and values [B, nh, T, v_head_dim]."""
-
-    def __init__(self, cfg: DrafterConfig, in_features: int):
-        super().__init__()
-        self.nh = cfg.num_attention_heads
-        self.nope, self.rope, self.vd = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
-        self.kv_lora = cfg.kv_lora_rank
-        self.scale = mla_softmax_scale(cfg)
-        self.q_lora = cfg.q_lora_rank
-        if self.q_lora is not None:
-            self.q_a_proj = nn.Linear(in_features, self.q_lora, bias=False)
-            self.q_a_layernorm = RMSNorm(self.q_lora, cfg.rms_norm_eps)
-            self.q_b_proj = nn.Linear(self.q_lora, self.nh * (self.nope + self.rope), bias=False)
-        else:
-            self.q_proj = nn.Linear(in_features, self.nh * (self.nope + self.rope), bias=False)
-        self.kv_a_proj_with_mqa = nn.Linear(in_features, self.kv_lora + self.rope, bias=False)
-        self.kv_a_layernorm = RMSNorm(self.kv_lora, cfg.rms_norm_eps)
-        self.kv_b_proj = nn.Linear(self.kv_lora, self.nh * (self.nope + self.vd), bias=False)
-        self.o_proj = nn.Linear(self.nh * self.vd, cfg.hidden_size, bias=False)
-
-    def forward(self, x, cos, sin, mask, cache, layer, want_probs=False, extra_kv=None):
-        b, t, _ = x.shape
-        qx = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x))) if self.q_lora is not None else self.q_proj(x)
-        q = qx.view(b, t, self.nh, self.nope + self.rope).transpose(1, 2)  # [B,nh,T,nope+rope]
-        c, k_pe = self.kv_a_proj_with_mqa(x).split([self.kv_lora, self.rope], dim=-1)
-        kv = self.kv_b_proj(self.kv_a_layernorm(c)).view(b, t, self.nh, self.nope + self.vd).transpose(1, 2)
-        k_nope, v = kv.split([self.nope, self.vd], dim=-1)
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [B,1,T,rope]
-        q = torch.cat([q[..., : self.nope], rope_interleaved(q[..., self.nope:], cos, sin)], dim=-1)
-        k_pe = rope_interleaved(k_pe.unsqueeze(1), cos, sin).expand(b, self.nh, t, self.rope)
-        k = torch.cat([k_nope, k_pe], dim=-1)
-        new_kv = (k, v)
-        k, v = _with_past(k, v, layer, cache, extra_kv)
-        probs = None
-        if want_probs:
-            scores = (q.float() @ k.float().transpose(-1, -2)) * self.scale
-            if mask is not None:
-                scores = scores.masked_fill(~mask, float("-inf"))
-            probs = scores.softmax(-1)
-            out = (probs @ v.float()).to(q.dtype)
-        else:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)
-        out = out.transpose(1, 2).reshape(b, t, self.nh * self.vd)
-        return self.o_proj(out), probs, new_kv
-
-
 class MLP(nn.Module):
     def __init__(self, cfg: DrafterConfig):
         super().__init__()
@@ -219,7 +67,7 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.index = index
         h = cfg.hidden_size
-        self.self_attn = (MLAAttention if cfg.mla else Attention)(cfg, 2 * h if index == 0 else h)
+        self.self_attn = families.get(cfg.architecture).attention(cfg, 2 * h if index == 0 else h)
         self.mlp = MLP(cfg)
         self.input_layernorm = RMSNorm(h, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(h, cfg.rms_norm_eps)

@@ -1,8 +1,9 @@
-"""All rope math of the drafter, as vLLM's ``get_rope`` computes it (vllm/model_executor/layers/rotary_embedding): the
+"""The drafter's rope math, as vLLM's ``get_rope`` computes it (vllm/model_executor/layers/rotary_embedding): the
 rope parameters vLLM reads from the config, inverse frequencies and the cos/sin scale per rope type (default,
-linear, dynamic, yarn, llama3, longrope), the cos/sin tables, the rotate-half (neox) and interleaved (DeepSeek)
-rotations, and MLA's rope type and softmax scale.
-Imports: torch, ``errors``, ``drafter.config``.
+linear, dynamic, yarn, llama3, longrope) over the width the family rotates, and the cos/sin tables. A family whose
+vLLM attention runs its own rope type says which of these it is (``Family.rope``, ``Family.rope_dim``); the
+rotations themselves (rotate-half / neox, interleaved) are the family's attention's (``families/layers.py``).
+Imports: torch, ``families``, ``drafter.config``.
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ import math
 
 import torch
 
-from ..errors import UnsupportedError
-from .config import DrafterConfig, mla_rope_type_of, rope_parameters_of
+from .. import families
+from ..families import rope_parameters_of
+from .config import DrafterConfig
 
 
 #: the rope types the drafter computes, each as vLLM's ``get_rope`` does (vllm/model_executor/layers/rotary_embedding)
@@ -22,28 +24,6 @@ ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3", "longrope")
 def rope_parameters(cfg: DrafterConfig) -> dict:
     """The drafter's rope parameters as vLLM sees them (:func:`eagle_migrate.drafter.config.rope_parameters_of`)."""
     return rope_parameters_of(cfg.rope_scaling, cfg.rope_theta, cfg.max_position_embeddings)
-
-
-def mla_rope_type(cfg: DrafterConfig) -> str:
-    """The rope type vLLM 0.32 runs for an MLA drafter (:func:`eagle_migrate.drafter.config.mla_rope_type_of`):
-    ``default``, ``deepseek_yarn`` or ``deepseek_llama_scaling``; UnsupportedError for what eagle-migrate refuses."""
-    try:
-        return mla_rope_type_of(rope_parameters(cfg))
-    except ValueError as e:
-        raise UnsupportedError(str(e), "only yarn / deepseek_yarn rope scaling (with factor and "
-                               "original_max_position_embeddings) is supported for MLA drafters") from None
-
-
-def mla_softmax_scale(cfg: DrafterConfig) -> float:
-    """The MLA softmax scale as vLLM's DeepseekV2MLAAttention sets it: ``(nope + rope) ** -0.5``, times
-    ``yarn_get_mscale(factor, mscale_all_dim) ** 2`` under deepseek_yarn (1 when ``mscale_all_dim`` is absent or 0)."""
-    scale = (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim) ** -0.5
-    if mla_rope_type(cfg) == "deepseek_yarn":
-        rp = rope_parameters(cfg)
-        factor, all_dim = float(rp["factor"]), float(rp.get("mscale_all_dim") or 0)
-        m = 1.0 if factor <= 1 else 0.1 * all_dim * math.log(factor) + 1.0
-        scale = scale * m * m
-    return scale
 
 
 def rope_inv_freq(cfg: DrafterConfig) -> tuple[torch.Tensor, float]:
@@ -57,15 +37,15 @@ def rope_inv_freq(cfg: DrafterConfig) -> tuple[torch.Tensor, float]:
     * ``longrope``: vLLM uses the long factors when its ``max_model_len`` exceeds
       ``original_max_position_embeddings``; its default ``max_model_len`` is the model's ``max_position_embeddings``,
       which is what decides here (a server started with a smaller ``--max-model-len`` uses the short factors).
-    * MLA (``qk_rope_head_dim`` rotated, interleaved pairs): vLLM's DeepSeek attention runs any scaled rope as
-      ``deepseek_yarn`` (:func:`mla_rope_type`): the YaRN ramp with cos/sin times ``mscale(factor, mscale) /
-      mscale(factor, mscale_all_dim)`` (DeepseekScalingRotaryEmbedding; the softmax scale: :func:`mla_softmax_scale`).
+    * a family whose vLLM attention runs its own rope (``Family.rope``) gives the parameters of the type above it
+      amounts to, over its rotated width (``Family.rope_dim``); its module says which vLLM class that is.
     """
-    rp = rope_parameters(cfg)
-    rope_type = mla_rope_type(cfg) if cfg.mla else rp["rope_type"]  # MLA: default / deepseek_yarn / deepseek_llama_scaling
-    if rope_type not in ROPE_TYPES and not cfg.mla:
+    fam = families.get(cfg.architecture)
+    rp = fam.rope(cfg, rope_parameters(cfg))
+    rope_type = rp["rope_type"]
+    if rope_type not in ROPE_TYPES:
         raise ValueError(f"rope type {rope_type!r} is not supported (supported: {', '.join(ROPE_TYPES)})")
-    d = cfg.rope_dim  # the rotated width: head_dim, or qk_rope_head_dim for MLA
+    d = fam.rope_dim(cfg)  # the rotated width
     base = float(rp["rope_theta"])
     max_pos = cfg.max_position_embeddings
     with torch.device("cpu"):
@@ -94,9 +74,7 @@ def rope_inv_freq(cfg: DrafterConfig) -> tuple[torch.Tensor, float]:
             smooth = (orig / wave - lo) / (hi - lo) if lo != hi else 0
             mid = (1 - smooth) * inv0 / factor + smooth * inv0
             inv = torch.where(wave < orig / hi, inv0, torch.where(wave > orig / lo, inv0 / factor, mid))
-        elif rope_type in ("yarn", "deepseek_yarn", "deepseek_llama_scaling"):
-            # yarn: YaRNScalingRotaryEmbedding; deepseek_*: DeepseekScalingRotaryEmbedding (MLA), the same ramp over
-            # original_max_position_embeddings with truncated correction bounds, a different cos/sin scale below
+        elif rope_type == "yarn":  # YaRNScalingRotaryEmbedding
             factor = float(rp["factor"])
             orig = rp["original_max_position_embeddings"]
             beta_fast, beta_slow = rp.get("beta_fast", 32), rp.get("beta_slow", 1)
@@ -106,7 +84,7 @@ def rope_inv_freq(cfg: DrafterConfig) -> tuple[torch.Tensor, float]:
                 return (d * math.log(orig / (rot * 2 * math.pi))) / (2 * math.log(base))
 
             low, high = corr(beta_fast), corr(beta_slow)
-            if rp.get("truncate", True) or rope_type != "yarn":  # DeepseekScalingRotaryEmbedding always truncates
+            if rp.get("truncate", True):
                 low, high = math.floor(low), math.ceil(high)
             low, high = max(low, 0), min(high, d - 1)
             if low == high:
@@ -118,9 +96,7 @@ def rope_inv_freq(cfg: DrafterConfig) -> tuple[torch.Tensor, float]:
             def mscale(s: float, m: float = 1.0) -> float:
                 return 1.0 if s <= 1 else 0.1 * m * math.log(s) + 1.0
 
-            if rope_type != "yarn":  # DeepseekScalingRotaryEmbedding: mscale / mscale_all_dim (defaults 1 and 0)
-                scale = float(mscale(factor, float(rp.get("mscale", 1))) / mscale(factor, float(rp.get("mscale_all_dim", 0))))
-            elif rp.get("attention_factor") is not None:
+            if rp.get("attention_factor") is not None:
                 scale = float(rp["attention_factor"])
             elif rp.get("mscale") and rp.get("mscale_all_dim"):
                 scale = float(mscale(factor, rp["mscale"]) / mscale(factor, rp["mscale_all_dim"]))
@@ -143,17 +119,3 @@ def rope_cos_sin(inv_freq: torch.Tensor, scale: float, positions: torch.Tensor, 
     freqs = positions.float().unsqueeze(-1) * inv_freq  # [B,T,hd/2]
     emb = torch.cat([freqs, freqs], dim=-1)
     return (emb.cos() * scale).to(dtype), (emb.sin() * scale).to(dtype)
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
-def rope_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """vLLM's rope with ``is_neox_style=False`` (DeepSeek): pairs (x[2i], x[2i+1]) rotate by frequency i.
-    ``cos`` / ``sin`` are the neox-layout tables [.., d] (two copies of the d/2 frequencies)."""
-    half = x.shape[-1] // 2
-    c, s = cos[..., :half], sin[..., :half]
-    x1, x2 = x[..., 0::2], x[..., 1::2]
-    return torch.stack((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).flatten(-2)

@@ -1,20 +1,18 @@
 """The traps ``derive`` finds in a drafter checkpoint, one small check per topic, in the order they are reported.
 
 Each check reads the derived :class:`~eagle_migrate.formats.sizes.WeightSizes` (what the weights say) and the config, and
-returns findings made by :func:`~eagle_migrate.formats.traps.finding` (the one table of codes and severities).
+returns findings made by :func:`~eagle_migrate.formats.traps.finding` (the one table of codes and severities). The
+family's own checks are its module's (``Family.head_checks``, ``Family.vllm_checks``; eagle_migrate/families/).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..drafter.config import mla_rope_type_of, rope_parameters_of
+from .. import families
 from .base import Finding
 from .sizes import ConfigValues, WeightSizes, cfg_flag, cfg_int
 from .traps import finding
-
-QWEN3_DEFAULT_HEAD_DIM = 128  # transformers' Qwen3Config default, which vLLM uses when the config has no head_dim
-CPU_MLA_WIDTH = 576  # vLLM's CPU MLA kernels: kv_lora_rank + qk_rope_head_dim must be 512 + 64
 
 
 def hidden_size_checks(s: WeightSizes, flat: dict[str, Any]) -> list[Finding]:
@@ -43,49 +41,8 @@ def hidden_size_checks(s: WeightSizes, flat: dict[str, Any]) -> list[Finding]:
 
 
 def head_checks(s: WeightSizes, flat: dict[str, Any]) -> list[Finding]:
-    """config head sizes against the weights (MLA: every MLA size)."""
-    out: list[Finding] = []
-    if s.mla:
-        for k, v in {"num_attention_heads": s.num_heads, **s.mla_sizes}.items():
-            c = cfg_int(flat, k)
-            if c is not None and v is not None and c != v:
-                out.append(finding("error", "mla_size_mismatch", f"config {k}={c} but the weights say {v}: vLLM builds the drafter from the config"))
-        return out
-    hd_cfg, nh_cfg, nkv_cfg = cfg_int(flat, "head_dim"), cfg_int(flat, "num_attention_heads"), cfg_int(flat, "num_key_value_heads")
-    if s.head_dim_guessed:
-        out.append(finding("info", "head_dim_guessed", f"no usable head_dim / num_attention_heads in the config: head_dim={s.head_dim} guessed from q/k widths {s.q_proj_rows}/{s.kv_proj_rows}"))
-    if hd_cfg and hd_cfg != s.head_dim:
-        out.append(finding("error", "head_dim_mismatch", f"config head_dim={hd_cfg} does not fit q/k widths {s.q_proj_rows}/{s.kv_proj_rows} (head_dim {s.head_dim} does)"))
-    if nh_cfg and nh_cfg != s.num_heads:
-        out.append(finding("error", "num_heads_mismatch", f"config num_attention_heads={nh_cfg} but the weights have {s.num_heads} heads of {s.head_dim}"))
-    if nkv_cfg and nkv_cfg != s.num_kv_heads:
-        out.append(finding("error", "num_kv_heads_mismatch", f"config num_key_value_heads={nkv_cfg} but the weights have {s.num_kv_heads}"))
-    return out
-
-
-def qwen3_checks(s: WeightSizes, flat: dict[str, Any], layout: str) -> list[Finding]:
-    """The Qwen3 family's traps: q_norm/k_norm weights against the config's family, head_dim defaults."""
-    from .sizes import config_family
-
-    out: list[Finding] = []
-    if s.mla:
-        return out
-    cfg_fam, why = config_family(flat, layout)
-    if s.qk_norm_layers and cfg_fam == "llama":
-        out.append(finding("error", "family_mismatch", f"the config says a Llama drafter ({why}) but the weights carry q_norm/k_norm (a Qwen3 layer): vLLM's Llama drafter has no such parameters; convert writes it as Eagle3Qwen3ForCausalLM"))
-    elif not s.qk_norm_layers and cfg_fam == "qwen3":
-        out.append(finding("error", "qk_norm_weights_missing", f"a Qwen3 drafter ({why}) without self_attn.q_norm/k_norm weights: vLLM loads all-ones norms without a word, which changes attention unless the drafter was trained so; if it was trained as a Llama layer, it must be written as LlamaForCausalLMEagle3"))
-    if s.family != "qwen3":
-        return out
-    missing = [f"layers.{i}.self_attn.{x}_norm.weight" for i in range(s.num_layers) for x in "qk" if (i, x) not in s.qk_norm_layers]
-    if s.qk_norm_layers and missing:
-        out.append(finding("error", "qk_norm_weights_incomplete", f"missing {', '.join(missing)}: vLLM silently uses all-ones norms for them"))
-    hd_cfg = cfg_int(flat, "head_dim")
-    if hd_cfg is None and flat and s.head_dim != QWEN3_DEFAULT_HEAD_DIM:
-        out.append(finding("error", "head_dim_missing", f"a Qwen3 drafter with head_dim {s.head_dim} but no head_dim in the config: vLLM builds it with Qwen3Config's default {QWEN3_DEFAULT_HEAD_DIM}"))
-    if s.num_heads and s.head_dim * s.num_heads != s.hidden_size:
-        out.append(finding("info", "head_dim_not_hidden_over_heads", f"head_dim {s.head_dim} != H/heads = {s.hidden_size}/{s.num_heads}: taken from the {'config' if hd_cfg else 'q_norm width'}, written explicitly"))
-    return out
+    """config head sizes against the weights, and the family's traps about them (``Family.head_checks``)."""
+    return families.get(s.family).head_checks(s, flat, finding)
 
 
 def vocab_checks(s: WeightSizes, flat: dict[str, Any]) -> list[Finding]:
@@ -203,42 +160,18 @@ def structure_checks(s: WeightSizes, flat: dict[str, Any], scan: Any, strict_lay
     return out
 
 
-def mla_checks(s: WeightSizes, flat: dict[str, Any], aux_ids: list[int] | None, scaling: Any) -> list[Finding]:
-    """What vLLM's Eagle3DeepseekV2ForCausalLM does with an MLA drafter that a Llama one would not hit
-    (vllm-contract.md section 13, deepseek_eagle3.py)."""
-    out: list[Finding] = []
-    if not s.mla:
-        return out
-    sizes = s.mla_sizes
-    if sizes.get("q_lora_rank") is None:
-        out.append(finding("error", "mla_q_lora_missing", "an MLA drafter without q_a_proj (q_lora_rank unset): vLLM's Eagle3 DeepSeek loader fails ('no module or parameter named layers.0.self_attn.fused_qkv_a_proj'); it cannot be served"))
-    elif flat and cfg_int(flat, "q_lora_rank") is None:
-        out.append(finding("error", "mla_q_lora_rank_missing", f"q_a_proj weights but no q_lora_rank in the config: vLLM builds a plain q_proj and fails to load them; convert writes q_lora_rank={sizes['q_lora_rank']}"))
-    if flat.get("model_type") == "deepseek_v3":
-        out.append(finding("error", "mla_model_type_deepseek_v3", "model_type deepseek_v3 on the drafter: vLLM rewrites it to its MTP model and refuses it (Eagle3DeepSeekMTPModel not supported); the drafter must say deepseek_v2 (convert writes that)"))
-    if aux_ids is not None and 0 in aux_ids:
-        out.append(finding("error", "mla_aux_id_zero", f"aux layer ids {aux_ids} include 0: vLLM's DeepSeek target crashes collecting it ('unsupported operand type(s) for +: Tensor and NoneType')"))
-    if (sizes.get("kv_lora_rank") or 0) + (sizes.get("qk_rope_head_dim") or 0) != CPU_MLA_WIDTH:
-        out.append(finding("info", "mla_cpu_head_size", f"kv_lora_rank + qk_rope_head_dim = {sizes.get('kv_lora_rank')} + {sizes.get('qk_rope_head_dim')} != {CPU_MLA_WIDTH}: vLLM's CPU MLA backend cannot run it (GPU backends can)"))
-    if s.lm_head_shape is None and cfg_int(flat, "draft_vocab_size") is not None:
-        out.append(finding("error", "mla_draft_vocab_without_lm_head", f"draft_vocab_size={s.draft_vocab_size} but no lm_head.weight: the drafter serves a randomly initialised head (sglang#27908)"))
-    if scaling:
-        try:
-            mla_rope_type_of(rope_parameters_of(scaling, 1.0, cfg_int(flat, "max_position_embeddings") or 2048))
-        except ValueError as e:
-            out.append(finding("error", "mla_rope_scaling_unsupported", f"{e}; convert and validate refuse it"))
-    if cfg_flag(flat, "norm_before_fc") or s.input_norm is not None:
-        out.append(finding("error", "mla_norm_before_fc", "norm_before_fc / input_norm in an MLA drafter: vLLM's DeepSeek EAGLE-3 drafter has no input_norm; it ignores the flag (and refuses an input_norm.weight)"))
-    if flat.get("attention_bias"):
-        out.append(finding("warning", "mla_attention_bias", "attention_bias: true, but vLLM's MLA attention has no biases"))
-    return out
+def family_checks(s: WeightSizes, flat: dict[str, Any], aux_ids: list[int] | None, scaling: Any) -> list[Finding]:
+    """What vLLM's drafter class of this family does with the checkpoint that another family's would not
+    (``Family.vllm_checks``; ``scaling``: the config's rope_scaling)."""
+    return families.get(s.family).vllm_checks(s, flat, aux_ids, scaling, finding)
 
 
 def window_checks(s: WeightSizes, cv: ConfigValues) -> list[Finding]:
     """Sliding-window draft layers, as vLLM reads them for this family (carried into DrafterConfig)."""
     out: list[Finding] = []
     if cv.window_problem:
-        sev = "warning" if s.family == "mla" else "error"  # MLA: our drafter does as vLLM does (no window)
+        # a family without windows: our drafter does as vLLM does (no window)
+        sev = "warning" if families.get(s.family).window_ignored else "error"
         out.append(finding(sev, "sliding_window", f"layer_types / sliding_window not applied: {cv.window_problem}"))
     elif cv.sliding_window is not None:
         window = cv.sliding_window

@@ -15,12 +15,13 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from .. import families
 from ..drafter.config import DrafterConfig
 from ..errors import CheckpointError
 from . import checks
 from .base import Checkpoint
 from .io import TensorInfo, TensorStore
-from .sizes import cfg_flag, config_family, config_values, derive_sizes, eagle3_flags_only  # noqa: F401 (config_family: API)
+from .sizes import cfg_flag, config_values, derive_sizes, eagle3_flags_only
 from .traps import finding  # noqa: F401 (readers import it from here)
 
 # Tensors a compressed-tensors / ModelOpt quantized linear carries next to (or instead of) ``.weight``.
@@ -30,9 +31,7 @@ QUANT_SUFFIXES = (
 )
 # Names some trainers save that are not part of the drafter (dropped on read, reported as info).
 IGNORED_NAMES = ("verifier_lm_head.weight", "verifier_norm.weight", "verifier_norm.bias")
-MLA_MARKERS = ("q_a_proj", "kv_a_proj_with_mqa", "kv_b_proj", "q_a_layernorm", "kv_a_layernorm")
-EAGLE3_ARCHS = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM", "Eagle3Qwen3ForCausalLM",
-                "Eagle3DeepseekV2ForCausalLM", "Eagle3DeepseekV3ForCausalLM", "Eagle3Speculator", "Eagle3DraftModel")
+SPECULATORS_ARCHS = ("Eagle3Speculator", "Eagle3DraftModel")
 
 
 # ----- names ------------------------------------------------------------------------------------------------------
@@ -75,12 +74,9 @@ def scan_names(store: TensorStore) -> NameScan:
 
 
 
-def is_mla(names: list[str], cfg: dict[str, Any] | None) -> bool:
-    if any(m in n for n in names for m in MLA_MARKERS):
-        return True
-    flat = cfg or {}
-    arch = " ".join(flat.get("architectures") or []) if isinstance(flat.get("architectures"), list) else ""
-    return "kv_lora_rank" in flat or "Deepseek" in arch
+def is_eagle3_arch(arch: Any) -> bool:
+    """An EAGLE-3 drafter architecture: a registered family's (``Family.eagle3_archs``) or speculators'."""
+    return arch in SPECULATORS_ARCHS or any(arch in f.eagle3_archs for f in families.all_families())
 
 
 # ----- quantization -----------------------------------------------------------------------------------------------
@@ -270,11 +266,9 @@ def derive(
     def missing(c: str) -> str:
         return f"{where}: no '{c}' tensor (stored {'midlayer.' if scan.midlayer else ''}names: {len(nm)}); not an EAGLE drafter?"
 
-    s = derive_sizes(list(nm), shapes.get, view.flat, layout=layout, mla=is_mla(list(nm), view.flat),
-                     aux_ids=view.aux_ids, where=where, missing=missing)
+    s = derive_sizes(list(nm), shapes.get, view.flat, layout=layout, aux_ids=view.aux_ids, where=where, missing=missing)
     flat = view.flat
-    findings = [*checks.hidden_size_checks(s, flat), *checks.head_checks(s, flat), *checks.qwen3_checks(s, flat, layout),
-                *checks.vocab_checks(s, flat)]
+    findings = [*checks.hidden_size_checks(s, flat), *checks.head_checks(s, flat), *checks.vocab_checks(s, flat)]
     flat = eagle3_flags_only(flat, s.generation)
     if s.generation != "eagle3":
         view.nested_flags = {}
@@ -283,7 +277,7 @@ def derive(
                  *checks.norm_output_checks(flat, view.nested_flags, producer)]
     aux, aux_ids, aux_findings = checks.aux_id_checks(s, view, producer)
     findings += [*aux_findings, *checks.structure_checks(s, flat, scan, strict_layers_check),
-                 *checks.mla_checks(s, flat, aux_ids, cv.rope_scaling), *checks.window_checks(s, cv)]
+                 *checks.family_checks(s, flat, aux_ids, cv.rope_scaling), *checks.window_checks(s, cv)]
     e3 = s.generation == "eagle3"
     try:
         cfg = DrafterConfig(
@@ -296,7 +290,7 @@ def derive(
             norm_before_residual=cv.norm_before_residual,
             attention_bias=("layers.0.self_attn.q_proj.bias" in nm), fc_bias=("fc.bias" in nm),
             has_lm_head=s.lm_head_shape is not None, has_embed_tokens=s.embed_shape is not None, architecture=s.family,
-            layer_types=cv.layer_types, sliding_window=cv.sliding_window, **s.mla_sizes,
+            layer_types=cv.layer_types, sliding_window=cv.sliding_window, **s.family_sizes,
         )
     except ValidationError as e:
         err = e.errors()[0]

@@ -3,7 +3,7 @@
 ``layers.N.*`` names from a fixed key set (``layers.0.{self_attn.*, mlp.*, hidden_norm, input_layernorm,
 post_attention_layernorm}``, ``norm``, ``fc``; optional ``d2t``, ``lm_head`` -- the base model's head [V, H] is
 copied in when the draft has none); model.safetensors + config.json from a template: ``LlamaForCausalLMEagle3``
-(or ``Eagle3DeepseekV2ForCausalLM`` / ``model_type: kimi_k2`` for MLA) with ``eagle_config.{
+(or another family's drafter architecture, e.g. with ``model_type: kimi_k2``) with ``eagle_config.{
 eagle_aux_hidden_state_layer_ids, use_aux_hidden_state, use_input_layernorm_in_first_layer, use_last_layernorm,
 use_mtp_layernorm, next_layer_regular, parallel_draft_step, ...}``; no ``target_hidden_size``; quantized exports add
 ``quantization_config`` and ``hf_quant_config.json``.

@@ -13,13 +13,13 @@
 from __future__ import annotations
 
 from .base import Checkpoint, Layout, Probe, register_layout
-from .common import EAGLE3_ARCHS, derive, hf_view, quant_scheme, weights_generation
+from .common import derive, hf_view, is_eagle3_arch, quant_scheme, weights_generation
 
 
 def _sniff3(p: Probe) -> int:
     if not p.scan.midlayer or weights_generation(p) != "eagle3":
         return 0
-    eagle_arch = any(a in EAGLE3_ARCHS for a in p.architectures)
+    eagle_arch = any(is_eagle3_arch(a) for a in p.architectures)
     if not eagle_arch:
         return 50
     return 25 if p.has_bin else 0

@@ -8,8 +8,9 @@ the order ``derive`` has always raised them.
 * H: ``layers.0.post_attention_layernorm.weight``; generation: layer-0 q_proj input 2H -> EAGLE-3, H -> EAGLE-1/2;
 * Ht: ``fc_norm.0.weight`` -> config ``target_hidden_size`` -> H; K = fc_in / Ht;
 * Vd: ``lm_head`` rows; V: ``t2d`` length -> ``embed_tokens`` rows -> config ``vocab_size`` -> Vd;
-* heads: q/k/v rows divided by ``head_dim`` (config, else ``q_norm`` width, else rows / config heads); MLA: from the
-  layer-0 MLA projections.
+* family: ``families.detect`` (evidence first), decided before the sizes; the layer-0 attention input and the heads
+  are the family's (``Family.attention_input``, ``Family.head_sizes``: for the Llama layer q/k/v rows divided by
+  ``head_dim``: config, else the family's hint, else rows / config heads).
 """
 
 from __future__ import annotations
@@ -19,34 +20,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import families
 from ..drafter.config import attention_windows_of
 from ..errors import CheckpointError
+from ..families import cfg_flag, cfg_int
+from ..families.base import Shape, ShapeOf
 from .vllm import rope_from_config
 
-Shape = tuple[int, ...]
-ShapeOf = Callable[[str], Shape | None]
-
 LAYER_RE = re.compile(r"^layers\.(\d+)\.")
-QK_NORM_RE = re.compile(r"^layers\.(\d+)\.self_attn\.([qk])_norm\.weight$")
 FC_NORM_RE = re.compile(r"^fc_norm\.(\d+)\.weight$")
-# architectures vLLM's registry maps to the Qwen3 / Llama EAGLE-3 drafter classes (plus the plain model names that
-# speculators' transformer_layer_config and trainers write)
-QWEN3_ARCHS = ("Eagle3Qwen3ForCausalLM", "PeagleQwen3ForCausalLM", "Qwen3ForCausalLM")
-LLAMA_ARCHS = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM", "LlamaForCausalLM")
 EAGLE3_FLAGS = ("fc_norm", "norm_output", "norm_before_fc", "use_aux_norm")
-
-
-def cfg_int(flat: dict[str, Any], key: str) -> int | None:
-    """A positive integer config value, else None."""
-    v = flat.get(key)
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != int(v) or v <= 0:
-        return None
-    return int(v)
-
-
-def cfg_flag(flat: dict[str, Any], key: str) -> bool | None:
-    v = flat.get(key)
-    return bool(v) if isinstance(v, (bool, int)) else None
 
 
 @dataclass
@@ -54,7 +37,7 @@ class WeightSizes:
     """What the tensors (and, where they are silent, the config) say the drafter is; the evidence the checks need."""
 
     num_layers: int
-    mla: bool
+    family: str  # the decoder-layer family (families.detect), decided before the sizes
     hidden_size: int
     fc_in_features: int
     generation: str
@@ -69,9 +52,9 @@ class WeightSizes:
     head_dim_guessed: bool = False
     num_heads: int = 0
     num_kv_heads: int = 0
-    mla_sizes: dict[str, Any] = field(default_factory=dict)
-    family: str = "llama"
-    qk_norm_layers: set[tuple[int, str]] = field(default_factory=set)
+    family_sizes: dict[str, Any] = field(default_factory=dict)  # the family's own DrafterConfig fields
+    family_evidence: Any = None  # what in the weights says the family (Family.weight_evidence)
+    config_family: tuple[str | None, str] = (None, "")  # the family the config alone says, and why
     intermediate_size: int = 0
     vocab_size: int = 0
     draft_vocab_size: int = 0
@@ -107,19 +90,9 @@ def hidden_and_fc(shp: ShapeOf, need: Callable[[str], Shape], where: str) -> tup
 
 
 def generation_of(s: WeightSizes, shp: ShapeOf, need: Callable[[str], Shape], where: str) -> None:
-    """eagle3 (layer-0 attention input 2H) or eagle2 (H); q/k rows for the llama-style heads."""
+    """eagle3 (layer-0 attention input 2H) or eagle2 (H), from the family's attention input."""
     h = s.hidden_size
-    if s.mla:
-        qin_shape = shp("layers.0.self_attn.q_a_proj.weight") or shp("layers.0.self_attn.q_proj.weight") or shp("layers.0.self_attn.kv_a_proj_with_mqa.weight")
-        qin = qin_shape[1] if qin_shape else 2 * h
-    else:
-        q = need("layers.0.self_attn.q_proj.weight")
-        k = need("layers.0.self_attn.k_proj.weight")
-        v = need("layers.0.self_attn.v_proj.weight")
-        qin = q[1]
-        if k[1] != qin or v[1] != qin or k[0] != v[0]:
-            raise CheckpointError(f"{where}: contradicting shapes: q/k/v projections {list(q)}, {list(k)}, {list(v)}")
-        s.q_proj_rows, s.kv_proj_rows = q[0], k[0]
+    qin = families.get(s.family).attention_input(s, shp, need, where)
     if qin == 2 * h:
         s.generation = "eagle3"
     elif qin == h:
@@ -149,107 +122,6 @@ def target_sizes(s: WeightSizes, shp: ShapeOf, flat: dict[str, Any], aux_ids: li
         # no target_hidden_size and a K that makes no sense with Ht = H: trust the id count
         ht, k_aux, s.target_hidden_from_ids = s.fc_in_features // n_ids, n_ids, True
     s.target_hidden_size, s.num_aux = ht, k_aux
-
-
-def guess_head_dim(qrows: int, kvrows: int) -> int:
-    for hd in (128, 64, 96, 80, 256, 160, 112, 192, 32, 48, 16):
-        if qrows % hd == 0 and kvrows % hd == 0 and hd <= qrows:
-            return hd
-    return kvrows
-
-
-def attention_heads(s: WeightSizes, shp: ShapeOf, flat: dict[str, Any], where: str) -> None:
-    """head_dim, heads and kv heads of a llama-style layer: config head_dim if it fits the q/k rows, else the
-    q_norm width, else rows / config heads, else a guess (EAGLE-1: H / heads, as SafeAILab computes it)."""
-    qrows, kvrows = s.q_proj_rows, s.kv_proj_rows
-    hd_cfg = cfg_int(flat, "head_dim")
-    qn = shp("layers.0.self_attn.q_norm.weight")
-    nh_cfg = cfg_int(flat, "num_attention_heads")
-    if s.generation == "eagle2" and nh_cfg and qrows % nh_cfg == 0:
-        hd = qrows // nh_cfg  # SafeAILab EAGLE-1 ignores head_dim: hd = H / nh
-    elif hd_cfg and qrows % hd_cfg == 0 and kvrows % hd_cfg == 0:
-        hd = hd_cfg
-    elif qn is not None:
-        hd = qn[0]
-    elif nh_cfg and qrows % nh_cfg == 0 and kvrows % (qrows // nh_cfg) == 0:
-        hd = qrows // nh_cfg
-    else:
-        hd, s.head_dim_guessed = guess_head_dim(qrows, kvrows), True
-    if qrows % hd or kvrows % hd:
-        raise CheckpointError(f"{where}: contradicting shapes: q/k widths {qrows}/{kvrows} are not multiples of head_dim {hd}")
-    nh, nkv = qrows // hd, kvrows // hd
-    if nh % nkv:
-        raise CheckpointError(f"{where}: contradicting shapes: {nh} query heads are not a multiple of {nkv} kv heads")
-    o = shp("layers.0.self_attn.o_proj.weight")
-    if o is not None and o != (s.hidden_size, qrows):
-        raise CheckpointError(f"{where}: contradicting shapes: o_proj is {list(o)}, expected [{s.hidden_size}, {qrows}]")
-    s.head_dim, s.num_heads, s.num_kv_heads = hd, nh, nkv
-
-
-def mla_sizes(s: WeightSizes, shp: ShapeOf, flat: dict[str, Any], where: str) -> None:
-    """MLA sizes from the layer-0 weights (DeepseekV2MLAAttention's shapes), the config only where the weights are
-    silent (a config that disagrees: checks.mla_size_checks).
-
-    q_b_proj [nh*(nope+rope), q_lora] (or q_proj [nh*(nope+rope), in]), kv_a_proj_with_mqa [kv_lora+rope, in],
-    kv_a_layernorm [kv_lora], kv_b_proj [nh*(nope+v), kv_lora], o_proj [H, nh*v]: rope = kv_a rows - kv_lora,
-    nh = (q_b rows - kv_b rows + o cols) / rope, nope = (kv_b rows - o cols) / nh, v = o cols / nh."""
-    p = "layers.0.self_attn."
-    qa, qb, qp = shp(p + "q_a_proj.weight"), shp(p + "q_b_proj.weight"), shp(p + "q_proj.weight")
-    kva, kvn, kvb, o = shp(p + "kv_a_proj_with_mqa.weight"), shp(p + "kv_a_layernorm.weight"), shp(p + "kv_b_proj.weight"), shp(p + "o_proj.weight")
-    q_rows = (qb or qp or (None,))[0]
-    if kva is None or kvb is None or o is None or q_rows is None:
-        raise CheckpointError(f"{where}: an MLA drafter without q_b_proj/q_proj, kv_a_proj_with_mqa, kv_b_proj and o_proj weights in layer 0")
-    kv_lora = kvn[0] if kvn is not None else (kvb[1] if len(kvb) == 2 else cfg_int(flat, "kv_lora_rank"))
-    rope = kva[0] - kv_lora
-    if rope <= 0 or (len(kvb) == 2 and kvb[1] != kv_lora):
-        raise CheckpointError(f"{where}: contradicting shapes: kv_a_proj_with_mqa {list(kva)}, kv_b_proj {list(kvb)}, kv_lora_rank {kv_lora}")
-    nh_x_nope = kvb[0] - o[1]
-    if (q_rows - nh_x_nope) % rope or nh_x_nope <= 0:
-        raise CheckpointError(f"{where}: contradicting shapes: q {q_rows} rows, kv_b_proj {list(kvb)}, o_proj {list(o)} do not fit qk_rope_head_dim {rope}")
-    nh = (q_rows - nh_x_nope) // rope
-    if nh <= 0 or nh_x_nope % nh or o[1] % nh or o[0] != s.hidden_size:
-        raise CheckpointError(f"{where}: contradicting shapes: q {q_rows} rows, kv_b_proj {list(kvb)}, o_proj {list(o)} for {nh} heads")
-    s.mla_sizes = {"q_lora_rank": qa[0] if qa is not None else None, "kv_lora_rank": kv_lora,
-                   "qk_nope_head_dim": nh_x_nope // nh, "qk_rope_head_dim": rope, "v_head_dim": o[1] // nh}
-    if qa is not None and qb is not None and qb[1] != qa[0]:
-        raise CheckpointError(f"{where}: contradicting shapes: q_a_proj {list(qa)} but q_b_proj {list(qb)}")
-    s.num_heads = s.num_kv_heads = nh
-    s.head_dim = s.mla_sizes["qk_nope_head_dim"] + rope
-
-
-def config_family(flat: dict[str, Any], layout: str) -> tuple[str | None, str]:
-    """The drafter family (llama / qwen3) vLLM would build from the config alone, and the key that decides it.
-
-    The speculators layout: ``transformer_layer_config.model_type`` (vLLM maps qwen3 -> Eagle3Qwen3ForCausalLM,
-    llama or none -> Eagle3LlamaForCausalLM); every other layout: the first known architecture, else model_type.
-    None when the config says nothing we know."""
-    mt = flat.get("model_type")
-    archs = flat.get("architectures") if isinstance(flat.get("architectures"), list) else []
-    if layout == "speculators":
-        if mt == "qwen3":
-            return "qwen3", "transformer_layer_config.model_type qwen3"
-        return ("llama", f"transformer_layer_config.model_type {mt or '(none: llama)'}") if mt in (None, "llama") else (None, "")
-    for a in archs:
-        if a in QWEN3_ARCHS:
-            return "qwen3", f"architectures {a}"
-        if a in LLAMA_ARCHS:
-            return "llama", f"architectures {a}"
-    if mt in ("qwen3", "llama"):
-        return mt, f"model_type {mt}"
-    return None, ""
-
-
-def family_of(s: WeightSizes, names: list[str], shp: ShapeOf, flat: dict[str, Any], layout: str, where: str) -> None:
-    """mla, or llama / qwen3 by evidence: q_norm/k_norm weights first, the config second."""
-    if s.mla:
-        s.family = "mla"
-        return
-    s.qk_norm_layers = {(int(m.group(1)), m.group(2)) for c in names if (m := QK_NORM_RE.match(c))}
-    s.family = "qwen3" if s.qk_norm_layers or config_family(flat, layout)[0] == "qwen3" else "llama"
-    for i, x in sorted(s.qk_norm_layers):
-        w = shp(f"layers.{i}.self_attn.{x}_norm.weight")
-        if w != (s.head_dim,):
-            raise CheckpointError(f"{where}: contradicting shapes: layers.{i}.self_attn.{x}_norm.weight is {list(w or ())}, expected [head_dim={s.head_dim}]")
 
 
 def mlp_size(s: WeightSizes, shp: ShapeOf, where: str) -> None:
@@ -301,22 +173,24 @@ def norm_weights(s: WeightSizes, names: list[str], shp: ShapeOf, where: str) -> 
         raise CheckpointError(f"{where}: contradicting shapes: input_norm.weight is {list(s.input_norm)}, expected [K*Ht={s.fc_in_features}]")
 
 
-def derive_sizes(names: list[str], shp: ShapeOf, flat: dict[str, Any], *, layout: str, mla: bool,
+def derive_sizes(names: list[str], shp: ShapeOf, flat: dict[str, Any], *, layout: str,
                  aux_ids: list[int] | None, where: str, missing: Callable[[str], str]) -> WeightSizes:
-    """Every size of the drafter, in the order their contradictions are raised."""
+    """Every size of the drafter, in the order their contradictions are raised (the family first: it raises none)."""
     def need(c: str) -> Shape:
         w = shp(c)
         if w is None:
             raise CheckpointError(missing(c))
         return w
 
+    fam, evidence, config_family = families.detect(names, flat, layout)
     num_layers = layer_count(names, where)
     h, fc_in = hidden_and_fc(shp, need, where)
-    s = WeightSizes(num_layers=num_layers, mla=mla, hidden_size=h, fc_in_features=fc_in, generation="")
+    s = WeightSizes(num_layers=num_layers, family=fam.name, hidden_size=h, fc_in_features=fc_in, generation="",
+                    family_evidence=evidence, config_family=config_family)
     generation_of(s, shp, need, where)
     target_sizes(s, shp, flat, aux_ids, where)
-    (mla_sizes if mla else attention_heads)(s, shp, flat, where)
-    family_of(s, names, shp, flat, layout, where)
+    fam.head_sizes(s, shp, flat, where)
+    fam.check_weights(s, shp, where)
     mlp_size(s, shp, where)
     vocab_sizes(s, shp, flat, where)
     norm_weights(s, names, shp, where)
@@ -346,7 +220,8 @@ def eagle3_flags_only(flat: dict[str, Any], generation: str) -> dict[str, Any]:
 
 
 def config_values(s: WeightSizes, flat: dict[str, Any], norm_before_residual_default: bool) -> ConfigValues:
-    """``flat`` already through eagle3_flags_only. MLA: norm_before_fc as vLLM runs it (always off)."""
+    """``flat`` already through eagle3_flags_only. norm_before_fc as vLLM runs it (always off for a family whose
+    drafter has no input_norm)."""
     fc_norm_cfg = cfg_flag(flat, "fc_norm")
     if fc_norm_cfg is None:
         fc_norm_cfg = cfg_flag(flat, "use_aux_norm")
@@ -357,7 +232,8 @@ def config_values(s: WeightSizes, flat: dict[str, Any], norm_before_residual_def
     layer_types, window, problem = attention_windows_of(flat, s.family, s.num_layers)
     return ConfigValues(
         fc_norm=bool(fc_norm_cfg) or bool(s.fc_norm_widths),
-        norm_before_fc=False if s.mla else bool(cfg_flag(flat, "norm_before_fc")) or s.input_norm is not None,
+        norm_before_fc=(bool(cfg_flag(flat, "norm_before_fc")) or s.input_norm is not None
+                        if families.get(s.family).reads_norm_before_fc else False),
         norm_output=bool(cfg_flag(flat, "norm_output")),
         norm_before_residual=norm_before_residual_default if nbr is None else nbr,
         rope_theta=theta, rope_scaling=scaling,

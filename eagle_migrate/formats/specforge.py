@@ -13,7 +13,7 @@ the readings are equivalent on that target, SpecForge's own training convention 
 from __future__ import annotations
 
 from .base import Checkpoint, Layout, Probe, register_layout
-from .common import EAGLE3_ARCHS, derive, finding, hf_view, quant_scheme, weights_generation
+from .common import derive, finding, hf_view, is_eagle3_arch, quant_scheme, weights_generation
 
 
 NOTES = {
@@ -33,7 +33,7 @@ PRODUCER = ("output-of-layer", "SpecForge 0.2.0 trains on SGLang's capture, whic
 def _sniff(p: Probe) -> int:
     if not p.scan.midlayer or weights_generation(p) != "eagle3":
         return 0
-    if not any(a in EAGLE3_ARCHS for a in p.architectures):
+    if not any(is_eagle3_arch(a) for a in p.architectures):
         return 0
     score = 40
     if "t2d" in p.scan.name_map and "d2t" in p.scan.name_map:

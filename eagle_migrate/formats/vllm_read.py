@@ -11,7 +11,7 @@ architecture of no other recognisable origin, ``unknown`` when there is no confi
 from __future__ import annotations
 
 from .base import Checkpoint, Layout, Probe, register_layout
-from .common import CARRIED_NOTE, EAGLE3_ARCHS, derive, hf_view, our_fingerprint, quant_scheme, weights_generation
+from .common import CARRIED_NOTE, derive, hf_view, is_eagle3_arch, our_fingerprint, quant_scheme, weights_generation
 
 
 NOTES = {
@@ -28,7 +28,7 @@ def _sniff(p: Probe) -> int:
         return 0
     if isinstance((p.config or {}).get("eagle_migrate"), dict):
         return 30
-    if any(a in EAGLE3_ARCHS for a in p.architectures):
+    if any(is_eagle3_arch(a) for a in p.architectures):
         return 20
     return 5  # layers.0.* weights of unknown origin
 
@@ -37,7 +37,7 @@ def _read(p: Probe) -> Checkpoint:
     cfg = p.config or {}
     if isinstance(cfg.get("eagle_migrate"), dict):
         producer = "eagle-migrate"
-    elif any(a in EAGLE3_ARCHS for a in p.architectures):
+    elif any(is_eagle3_arch(a) for a in p.architectures):
         producer = "vllm"
     else:
         producer = "unknown"

@@ -15,8 +15,8 @@ from typing import Any, Literal
 
 import torch
 
-from .. import __version__
-from ..drafter.config import DrafterConfig, mla_rope_type_of, rope_parameters_of
+from .. import __version__, families
+from ..drafter.config import DrafterConfig
 from ..errors import InputError, UnsupportedError
 from .base import Checkpoint
 from .common import QUANT_SUFFIXES, carried_mark
@@ -65,7 +65,7 @@ def prepare_tensors(
         t2d = torch.zeros(cfg.vocab_size, dtype=torch.bool)
         t2d[torch.arange(d2t.numel()) + d2t] = True
         sd["t2d"] = t2d
-    if cfg.attention_bias and not cfg.qk_norm:  # vLLM's Llama o_proj has a bias too; none means zeros (Qwen3: none)
+    if cfg.attention_bias and families.get(cfg.architecture).o_proj_has_bias(cfg):  # none on disk means zeros
         for i in range(cfg.num_layers):
             ob, ow = f"layers.{i}.self_attn.o_proj.bias", f"layers.{i}.self_attn.o_proj.weight"
             if ob not in sd and ow in sd and sd[ow].is_floating_point():
@@ -115,22 +115,16 @@ def write_vllm(
 
 
 def ensure_convertible(ck: Checkpoint | DrafterConfig) -> None:
-    """Raise UnsupportedError for what conversion paths cannot handle yet (MLA drafters). EAGLE-1/2 passes:
-    converting it is exactly what ``convert`` does."""
+    """Raise UnsupportedError for what conversion paths cannot handle (an unknown family, or what the family's
+    vLLM drafter cannot load: ``Family.check_convertible``). EAGLE-1/2 passes: converting it is exactly what
+    ``convert`` does."""
     cfg = ck.config if isinstance(ck, Checkpoint) else ck
-    if not cfg.supported_architecture:
-        where = f"{ck.path}: " if isinstance(ck, Checkpoint) else ""
-        raise UnsupportedError(f"{where}{cfg.architecture.upper()} drafter (e.g. Eagle3DeepseekV2ForCausalLM): recognised, but eagle-migrate cannot convert it yet")
-    if cfg.mla:
-        where = f"{ck.path}: " if isinstance(ck, Checkpoint) else ""
-        if cfg.q_lora_rank is None:
-            raise UnsupportedError(f"{where}an MLA drafter without q_lora_rank (a plain q_proj): vLLM's Eagle3DeepseekV2ForCausalLM "
-                                   "cannot load it ('no module or parameter named fused_qkv_a_proj')",
-                                   "only MLA drafters with q_a_proj / q_b_proj can be served by vLLM")
-        try:  # yarn / deepseek_yarn are computed as vLLM does (drafter/model.py); other scaled types are refused
-            mla_rope_type_of(rope_parameters_of(cfg.rope_scaling, cfg.rope_theta, cfg.max_position_embeddings))
-        except ValueError as e:
-            raise UnsupportedError(f"{where}{e}", "only yarn / deepseek_yarn rope scaling is supported for MLA drafters") from None
+    where = f"{ck.path}: " if isinstance(ck, Checkpoint) else ""
+    fam = families.find(cfg.architecture)
+    if fam is None:
+        raise UnsupportedError(f"{where}{cfg.architecture.upper()} drafter: no drafter family of that name "
+                               f"(families: {', '.join(families.names())}), so eagle-migrate cannot convert it")
+    fam.check_convertible(cfg, where)
 
 
 def write_checkpoint(
@@ -152,8 +146,8 @@ def write_checkpoint(
     ``src`` is a Checkpoint from ``read_checkpoint`` (its tensors are read lazily, one file at a time) or a
     DrafterConfig with ``tensors`` under canonical names. ``dtype``: ``"keep"`` keeps the stored dtypes (default),
     None likewise, or a torch dtype for the floating tensors. Quantized checkpoints are copied as they are, their
-    ``quantization_config`` included. Raises UnsupportedError for MLA drafters and EAGLE-1/2 weights (convert
-    those first).
+    ``quantization_config`` included. Raises UnsupportedError for what the family's vLLM drafter cannot load (or
+    a layout the family has none of) and EAGLE-1/2 weights (convert those first).
     """
     if dtype == "keep":
         dtype = None
@@ -188,10 +182,9 @@ def write_checkpoint(
                          "decide first: eagle_migrate.aux_ids.resolve + apply (or convert with --target / --aux-ids-convention)")
     if layout not in ("vllm", "speculators"):
         raise InputError(f"unknown output layout '{layout}' (vllm or speculators)")
-    if layout == "speculators" and cfg.mla:
-        raise UnsupportedError("speculators has no MLA (DeepSeek) drafter layout: vLLM refuses a speculators config "
-                               "whose transformer_layer_config.model_type is deepseek_v2 ('Unsupported model_type')",
-                               "write the vLLM layout (--output-format vllm), which vLLM loads as Eagle3DeepseekV2ForCausalLM")
+    refusal = families.get(cfg.architecture).speculators_refusal
+    if layout == "speculators" and refusal:
+        raise UnsupportedError(*refusal)
     sd = prepare_tensors(cfg, tensors, dtype=dtype, keep_t2d=(layout == "speculators"), quantized=quant_cfg is not None)
     extra = dict(extra_config or {})
     if mark:  # our fingerprint without the claim that the ids are vLLM's (formats.common.our_fingerprint)

@@ -2,14 +2,14 @@
 handlers, one tensor packed and unpacked (numerics), which Linears are quantized and fused (linears), a state dict
 quantized and dequantized (pack). No target, no data, no stage: the one loader (``drafter/load.py``) dequantises a
 quantized checkpoint through it, and the ``quantize`` stage packs through it (``quantize`` re-exports these names).
-Imports: torch, pydantic, ``errors``, ``choices``, ``drafter.config`` (compressed-tensors lazily).
+Imports: torch, pydantic, ``errors``, ``choices``, ``families``, ``drafter.config`` (compressed-tensors lazily).
 """
 
 from __future__ import annotations
 
 from . import schemes
 from .handlers import activation_hook
-from .linears import LAYER_LINEARS, fused_groups, linear_prefixes
+from .linears import fused_groups, linear_prefixes
 from .numerics import decompress_layer, err_stats, fp8_weight, nvfp4_global_scale, nvfp4_weight
 from .pack import LayerReport, dequantize_state_dict, quantize_state_dict
 from .schemes import (
@@ -28,7 +28,7 @@ from .schemes import (
 )
 
 __all__ = [
-    "FC_IGNORE", "LAYER_LINEARS", "LM_HEAD", "SCHEMES", "LayerReport", "SchemeConfig", "SchemeHandler", "SchemeName",
+    "FC_IGNORE", "LM_HEAD", "SCHEMES", "LayerReport", "SchemeConfig", "SchemeHandler", "SchemeName",
     "activation_hook", "decompress_layer", "dequantize_state_dict", "err_stats", "fp8_weight", "fused_groups",
     "get_scheme", "handler_for", "ignore_list", "linear_prefixes", "nvfp4_global_scale", "nvfp4_weight",
     "quantization_config", "quantize_state_dict", "register_handler", "scheme_from_config", "schemes",

@@ -65,7 +65,7 @@ def quantize_state_dict(
     quantized_names = {p + ".weight" for p in prefixes}
     out = {name: t for name, t in sd.items() if name not in quantized_names}
     reports: dict[str, LayerReport] = {}
-    for group in fused_groups(prefixes):
+    for group in fused_groups(cfg, prefixes):
         if progress:
             for p in group:
                 progress(f"quantizing {p}")

@@ -17,7 +17,8 @@ The rule (:func:`choose`), for an engine on a CPU:
   whatever vLLM's default becomes);
 * no MLA model, or a CUDA engine: nothing is asked; vLLM chooses.
 
-Standard library only (plus torch for the AMX probe): the worker and the parent both import it.
+Standard library and ``families`` (which config asks for such a backend: ``Family.vllm_cpu_attention``) only, plus
+torch for the AMX probe.
 ``EAGLE_MIGRATE_ASSUME_AMX=1`` makes the probe answer yes on any host (tests: it is how a host without AMX reproduces
 an AMX host's selection, since vLLM reads the same probe; never set it outside tests).
 """
@@ -30,6 +31,8 @@ import platform
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from .. import families
 
 CPU_MLA = "CPU_MLA"
 AMX_MLA = "AMX_MLA"
@@ -66,9 +69,9 @@ def amx_available() -> bool:
 
 
 def _has_mla(cfg: Any) -> bool:
-    """A model config (any producer's nesting) whose attention is MLA: a ``kv_lora_rank`` set anywhere in it."""
+    """A model config (any producer's nesting) whose attention is MLA: a level of it the family says so of."""
     if isinstance(cfg, dict):
-        if cfg.get("kv_lora_rank"):
+        if families.vllm_cpu_attention(cfg):
             return True
         return any(_has_mla(v) for v in cfg.values() if isinstance(v, (dict, list)))
     if isinstance(cfg, list):

@@ -4,7 +4,8 @@ embeddings, beta_fast, beta_slow, mscale, mscale_all_dim}``) against vLLM's own 
 vLLM's DeepseekV2MLAAttention (what Eagle3DeepseekV2ForCausalLM builds) is constructed here from the same config as in
 a served drafter (transformers DeepseekV2Config + vLLM's patch_rope_parameters); its ``rotary_emb``
 (DeepseekScalingRotaryEmbedding, is_neox_style=False) and ``scaling`` (the softmax scale, times mscale^2 under
-deepseek_yarn) are compared with drafter/model.py's rope tables, interleaved q/k rotation and MLAAttention.scale."""
+deepseek_yarn) are compared with the drafter's rope tables (drafter/rope.py), the interleaved q/k rotation
+(families/layers.py) and MLAAttention.scale (families/mla.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import torch
 
 from eagle_migrate import toy
 from eagle_migrate.drafter import EagleDrafter
-from eagle_migrate.drafter import model as dm
+from eagle_migrate.families import layers
 
 from ..conftest import requires_vllm
 
@@ -114,8 +115,8 @@ def test_mla_rope_and_softmax_scale_equal_vllms(name, vllm_attention):
     k = torch.randn(len(positions), 1, rd, generator=g)
     vq, vk = va.rotary_emb.forward_native(positions, q.clone(), k.clone())
     c, s = cos.unsqueeze(1), sin.unsqueeze(1)  # [1, 1, T, rd]
-    oq = dm.rope_interleaved(q.transpose(0, 1).unsqueeze(0), c, s)[0].transpose(0, 1)
-    ok = dm.rope_interleaved(k.transpose(0, 1).unsqueeze(0), c, s)[0].transpose(0, 1)
+    oq = layers.rope_interleaved(q.transpose(0, 1).unsqueeze(0), c, s)[0].transpose(0, 1)
+    ok = layers.rope_interleaved(k.transpose(0, 1).unsqueeze(0), c, s)[0].transpose(0, 1)
     torch.testing.assert_close(oq, vq, rtol=1e-5, atol=2e-5)
     torch.testing.assert_close(ok, vk, rtol=1e-5, atol=2e-5)
     if ROPES[name] is not None:  # the scaling changes the rotation at these positions: the comparison can fail

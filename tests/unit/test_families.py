@@ -206,7 +206,7 @@ def test_inspect_reports_the_qwen3_family(tmp_path):
 
 def test_llama_drafters_stay_llama(tmp_path):
     ck = read_checkpoint(write_layout("vllm-plain", toy.drafter_config(), toy.drafter_state_dict(), tmp_path / "l"))
-    assert ck.config.architecture == "llama" and not ck.config.qk_norm
+    assert ck.config.architecture == "llama" and not hasattr(EagleDrafter(ck.config).layers[0].self_attn, "q_norm")
 
 
 # ----- the family's traps ---------------------------------------------------------------------------------------------

