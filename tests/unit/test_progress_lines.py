@@ -61,7 +61,7 @@ def test_migrate_hands_its_progress_to_convert(tmp_path, monkeypatch):
     def mine(stage, done, total, info=""):
         return None
 
-    res = migrate(src, str(target), tmp_path / "run", MigrateOptions(calibrate=False), progress=mine)
+    res = migrate(src, str(target), tmp_path / "run", MigrateOptions.of(calibrate=False), progress=mine)
     assert res.failed_stage == "convert" and seen["progress"] is mine
 
 
