@@ -110,3 +110,9 @@ def handler_for(scheme: str | SchemeConfig) -> SchemeHandler:
         return _HANDLERS[spec.name]
     except KeyError:
         raise InputError(f"scheme '{spec.name}' has no registered handler") from None
+
+
+def unregister_scheme(name: str) -> None:
+    """Remove the scheme registered as ``name`` and its handler (tests, and a plugin that replaces one)."""
+    SCHEMES.pop(name, None)
+    _HANDLERS.pop(name, None)

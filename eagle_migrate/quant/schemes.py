@@ -147,10 +147,12 @@ def quantization_config(scheme: SchemeName | SchemeConfig, *, quantize_fc: bool 
 
 
 def scheme_from_config(qc: dict[str, Any]) -> str | None:
-    """Which of our schemes a ``quantization_config`` describes (None when it is something else)."""
+    """Which registered scheme a ``quantization_config`` describes (None when it is something else). The built-in
+    schemes match disjoint configs (fp8 also takes weight-only FP8, the way it reads); when several match, the one
+    registered last wins: a scheme added later is more specific than a built-in's fallback."""
     try:
         g = next(iter(qc["config_groups"].values()))
         w, a = g.get("weights") or {}, g.get("input_activations")
     except (KeyError, TypeError, StopIteration, AttributeError):
         return None
-    return next((name for name, spec in SCHEMES.items() if spec.matches(w, a)), None)
+    return next((name for name, spec in reversed(SCHEMES.items()) if spec.matches(w, a)), None)

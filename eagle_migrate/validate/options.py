@@ -11,9 +11,8 @@ from typing import Any, Optional
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
-from ..choices import Engine
 from ..errors import InputError
-from ..options import Options, choice
+from ..options import Options
 
 DEFAULT_K = 3  # draft tokens per step in-process when -k is not given (with --server: the server's)
 
@@ -30,7 +29,7 @@ class ValidateOptions(Options):
     ``validate_server()``). ``server`` set: the server engine (a running vLLM server measured through its API),
     else ``engine`` (``auto`` | ``vllm`` | ``reference``) in-process."""
 
-    engine: choice(Engine, "--engine") = "auto"
+    engine: str = "auto"  # a registered engine's name (engines.get_engine checks it when the validation starts)
     suites: Optional[list[str]] = None  # None: chat, code, long, template-shift (only --prompts when that is given)
     prompts_file: Optional[str | Path] = None
     k: Optional[int] = None  # None: DEFAULT_K in-process, the server's own k with --server
