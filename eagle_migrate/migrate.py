@@ -26,11 +26,15 @@ from pydantic import Field, model_validator
 from .calibrate.settings import CONTEXT as CALIBRATION_CONTEXT
 from .choices import AuxIdsConvention, Device, Dtype, Engine
 from .convert.options import ConvertOptions
+from .corpora import SUITE_NAMES
+from .devices import resolve_device
 from .errors import InputError
 from .fingerprints import target_fingerprint
 from .options import Options, choice
 from .progress import StageProgress
+from .publish.models import REPO_ID
 from .publish.options import PublishOptions
+from .quant.schemes import get_scheme
 from .quantize.options import QuantizeOptions
 from .validate.options import ValidateOptions
 
@@ -313,10 +317,6 @@ def check_options(source: Path, target: str, out: Path, opts: MigrateOptions) ->
     """Every option of every stage, checked before the first stage starts (a typo costs seconds, not a
     conversion): exit 2 with the option's name. The closed choices (--train, --output-format, --engine, --device,
     --dtype, --aux-ids-convention) are checked where they are declared, when the options are built."""
-    from .corpora import SUITE_NAMES
-    from .devices import resolve_device
-    from .quant.schemes import get_scheme
-
     v, p = opts.validation, opts.publishing
     if not source.exists():
         raise InputError(f"{source}: no such checkpoint")
@@ -325,7 +325,7 @@ def check_options(source: Path, target: str, out: Path, opts: MigrateOptions) ->
     if opts.quantization.scheme is not None:
         get_scheme(opts.quantization.scheme)  # an unknown --quantize is refused here, with the schemes listed
     if opts.device == "cuda":
-        resolve_device(opts.device)  # --device cuda without CUDA (imports torch: only when asked for)
+        resolve_device(opts.device)  # --device cuda without CUDA
     if v.suites is not None:
         if not v.suites:
             raise InputError("--suite names no suite", f"choose from {', '.join(SUITE_NAMES)}")
@@ -346,8 +346,6 @@ def check_options(source: Path, target: str, out: Path, opts: MigrateOptions) ->
         raise InputError("--min-acceptance-length / --max-regression are gates of the validate stage, and --no-validate skips it",
                          "drop --no-validate, or drop the gate")
     if p.repo_id is not None:
-        from .publish import REPO_ID
-
         if not REPO_ID.match(p.repo_id):
             raise InputError(f"--publish {p.repo_id!r} is not ORG/NAME", "e.g. --publish my-org/llama31-8b-eagle3.1")
         if p.revision is not None and (not p.revision.strip() or p.revision.startswith("refs/pr/")):

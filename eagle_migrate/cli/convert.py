@@ -90,8 +90,8 @@ def convert(
     Example: eagle-migrate convert ./eagle3-ckpt --target ./Llama-3.1-8B-Instruct -o ./eagle31
     """
     opts = options_of("convert", locals())
-    from ..convert import check_improvement
-    from ..convert.base import run
+    from ..convert import check_improvement  # lazy: torch (registering the commands and --help import none)
+    from ..convert.base import run  # lazy: torch
 
     cmd = " ".join(["eagle-migrate"] + [shlex.quote(a) for a in sys.argv[1:]])
     with StageBar("convert", json) as prog:

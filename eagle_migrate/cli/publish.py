@@ -36,7 +36,7 @@ def publish(
     Example: eagle-migrate publish ./out/quantize --repo-id my-org/llama31-8b-eagle3.1 --report ./out/validate --create-pr
     """
     opts = options_of("publish", locals())
-    from ..publish.stage import run
+    from ..publish.stage import run  # lazy: huggingface_hub and the formats package (--help imports none)
 
     res = run(checkpoint, opts, progress=None if json else log)
     if json:

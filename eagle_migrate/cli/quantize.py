@@ -110,7 +110,7 @@ def quantize(
     Example: eagle-migrate quantize ./eagle31 -o ./eagle31-fp8 --scheme fp8-dynamic --target HuggingFaceTB/SmolLM2-135M-Instruct
     """
     opts = options_of("quantize", locals())
-    from ..quantize.stage import run
+    from ..quantize.stage import run  # lazy: torch (registering the commands and --help import none)
 
     say = lambda m: log(f"[dim]{m}[/]")  # noqa: E731  (log lines go to stderr, with --json too: a CI log is never silent)
     try:

@@ -168,7 +168,7 @@ def validate(
     --baseline-server http://HOST:8001/v1 --api-key-env VLLM_API_KEY --report ./report
     """
     opts = options_of("validate", locals())
-    from ..validate.api import run_validation
+    from ..validate.api import run_validation  # lazy: torch (registering the commands and --help import none)
 
     say = lambda m: log(f"[dim]{m}[/]")  # noqa: E731  (log lines go to stderr, with --json too: a CI log is never silent)
     r = run_validation(checkpoint, target, opts, log=say)
