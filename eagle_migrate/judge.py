@@ -18,7 +18,7 @@ the source drafter; the trainer (:mod:`eagle_migrate.train`) knows nothing of th
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -191,8 +191,10 @@ def simulated_acceptance(
 # ----- greedy continuations ------------------------------------------------------------------------------------------
 @torch.no_grad()
 def greedy_continuations(target: Any, prompts: Sequence[Sequence[int]], max_new_tokens: int, batch: int = 8,
-                         eos_ids: Iterable[int] | None = None) -> list[HeldoutSequence]:
-    """The target's own greedy continuations of ``prompts`` (transformers ``generate``, left-padded batches)."""
+                         eos_ids: Iterable[int] | None = None,
+                         progress: Callable[[int, int], None] | None = None) -> list[HeldoutSequence]:
+    """The target's own greedy continuations of ``prompts`` (transformers ``generate``, left-padded batches);
+    ``progress(done, total)`` after each batch (sequences)."""
     model = target.model
     gc = getattr(model, "generation_config", None)
     eos = set(eos_ids) if eos_ids is not None else set()
@@ -218,6 +220,8 @@ def greedy_continuations(target: Any, prompts: Sequence[Sequence[int]], max_new_
                     cont = cont[: c + 1]
                     break
             out.append(HeldoutSequence(p + cont, len(p)))
+        if progress is not None:
+            progress(len(out), len(prompts))
     return out
 
 

@@ -18,57 +18,85 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Optional
 
-from typing import TYPE_CHECKING
+from pydantic import Field, model_validator
 
+from .calibrate.settings import CONTEXT as CALIBRATION_CONTEXT
+from .choices import AuxIdsConvention, Device, Dtype, Engine
+from .convert.options import ConvertOptions
+from .corpora import SUITE_NAMES
+from .devices import resolve_device
 from .errors import InputError
 from .fingerprints import target_fingerprint
+from .options import Options, choice
 from .progress import StageProgress
+from .publish.models import REPO_ID
+from .publish.options import PublishOptions
+from .quant.schemes import get_scheme
+from .quantize.options import QuantizeOptions
+from .validate.options import ValidateOptions
 
-if TYPE_CHECKING:  # the pipeline (and torch behind it) is imported only once the options are checked
+if TYPE_CHECKING:  # the pipeline is imported only once the options are checked
     from .pipeline import PipelineResult, Stage, StageContext, StageResult
 
+# the run-wide options: one value, given to every stage that has the field (under the name on the right)
+RUN_WIDE: dict[str, dict[str, str]] = {
+    "device": {"convert": "device", "validation": "device"},  # and inspect's
+    "dtype": {"convert": "dtype", "validation": "dtype"},
+    "seed": {"convert": "seed", "validation": "seed"},
+    "num_speculative_tokens": {"convert": "num_speculative_tokens", "validation": "k",
+                               "publishing": "num_speculative_tokens", "quantization": "num_speculative_tokens"},
+    "data": {"convert": "data", "quantization": "data"},
+    "aux_ids_convention": {"convert": "aux_ids_convention"},  # and inspect's
+    "engine": {"convert": "engine", "validation": "engine"},  # convert: its calibration's held-out continuations
+    "vllm_python": {"convert": "vllm_python", "validation": "vllm_python"},
+}
 
-@dataclass
-class MigrateOptions:
-    """Everything ``migrate`` forwards to the stages (the CLI maps its flags onto this)."""
 
-    data: str | None = None
-    steps: int | None = None
-    max_minutes: float | None = None  # the calibration fine-tune's wall-clock budget
-    calibrate: bool | None = None  # None: convert's default (on for conversions, off for 3.1 pass-through)
-    train: str = "norms"  # what calibration updates (norms | norms+fc | all)
-    num_sequences: int = 32
-    output_format: str = "vllm"
-    quantize: str | None = None
-    quantize_fc: bool = False
-    validate: bool | None = None  # None: validate when publishing (--publish), else not; False: --no-validate
-    engine: str = "auto"
-    suites: list[str] | None = None
-    prompts_file: str | None = None
-    num_prompts: int | None = None
-    max_tokens: int | None = None
-    k: int = 3
-    min_acceptance_length: float | None = None
-    max_regression_pct: float | None = None
-    publish: str | None = None
-    publish_dry_run: bool = False
-    private: bool = False
-    create_pr: bool = False
-    revision: str | None = None
-    device: str = "auto"
-    dtype: str = "auto"
+class MigrateOptions(Options):
+    """``migrate``'s options: each stage's own options model, composed, and the run-wide options once (each given to
+    every stage that takes it: :data:`RUN_WIDE`). ``MigrateOptions.of(steps=5, scheme="fp8-dynamic", repo_id=...)``
+    routes each keyword to its field (the CLI builds it so, flag by flag)."""
+
+    ROUTES = {"suites": "validation"}  # quantize's gate has suites too (its jobs); migrate's --suite is validate's
+
+    # run-wide
+    device: choice(Device, "--device") = "auto"
+    dtype: choice(Dtype, "--dtype") = "auto"
     seed: int = 0
-    aux_ids_convention: str | None = None  # --aux-ids-convention: vllm | output-of-layer (None: fingerprint or measurement)
-    norm_before_residual: bool | None = None  # --(no-)norm-before-residual (None: the config, else measured)
-    vllm_python: str | None = None
+    num_speculative_tokens: int = 3  # -k
+    data: Optional[str | Path] = None  # calibration data (convert) and activation ranges (quantize)
+    aux_ids_convention: Optional[choice(AuxIdsConvention, "--aux-ids-convention")] = None
+    engine: choice(Engine, "--engine") = "auto"  # what serves the target: calibration's held-out set, validate
+    vllm_python: Optional[str] = None
+    # the stages' own options
+    convert: ConvertOptions = Field(default_factory=ConvertOptions)
+    quantization: QuantizeOptions = Field(default_factory=QuantizeOptions)  # scheme None: no quantize stage
+    validation: ValidateOptions = Field(default_factory=ValidateOptions)
+    publishing: PublishOptions = Field(default_factory=PublishOptions)  # repo_id None: nothing is published
+    run_validate: Optional[bool] = None  # None: validate when publishing (--publish), else not; False: --no-validate
+    # the run itself
     verify: bool = False  # identify the target by the sha256 of its weights, not headers + sizes + mtimes
-    force_stage: str | None = None  # re-run this stage and every later one, even when done
+    force_stage: Optional[str] = None  # re-run this stage and every later one, even when done
     restart: bool = False  # re-run every stage
-    extra: dict[str, Any] = field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _run_wide_once(self) -> MigrateOptions:
+        """A run-wide option is set on migrate's options, never on one stage's (it would be overruled)."""
+        for part, model in (("convert", self.convert), ("quantization", self.quantization),
+                            ("validation", self.validation), ("publishing", self.publishing)):
+            own = {f for names in RUN_WIDE.values() for p, f in names.items() if p == part}
+            if part == "convert":
+                own |= {f for f in ("engine", "vllm_python") if f in model.calibration.model_fields_set}
+                own &= set(model.model_fields_set) | set(model.calibration.model_fields_set)
+            else:
+                own &= set(model.model_fields_set)
+            if own:
+                raise InputError(f"migrate: {', '.join(sorted(own))} set on the {part} options; it is run-wide",
+                                 "set it on MigrateOptions itself (one value for every stage)")
+        return self
 
 
 def _dump(path: Path, obj: Any) -> None:
@@ -88,7 +116,7 @@ def _local(v: str | None) -> Any:
 def will_validate(opts: MigrateOptions) -> bool:
     """Whether the validate stage runs: as asked (--validate / --no-validate), else whenever the run publishes, so
     nothing is published that was never measured."""
-    return opts.validate if opts.validate is not None else bool(opts.publish)
+    return opts.run_validate if opts.run_validate is not None else bool(opts.publishing.repo_id)
 
 
 def engine_note(asked: str, used: str) -> str | None:
@@ -133,13 +161,63 @@ def _settle_paths(ctx: StageContext) -> None:
                 f.write_text(got, encoding="utf-8")
 
 
+def _also_set(model: Options, args: dict[str, Any], part: str) -> dict[str, Any]:
+    """The options of a stage's model set beyond ``args`` (a library caller's), except run-wide ones: they reach the
+    stage too. Only set ones: a default adds nothing, so the stage hashes of earlier runs stay as they were."""
+    run_wide = {f for names in RUN_WIDE.values() for p, f in names.items() if p == part}
+    out = {f: getattr(model, f) for f in sorted(model.model_fields_set)
+           if f not in args and f not in run_wide and not isinstance(getattr(model, f), Options)}
+    if isinstance(model, ConvertOptions):
+        cal = model.calibration
+        out.update({f: getattr(cal, f) for f in sorted(cal.model_fields_set)
+                    if f not in args and f not in run_wide and f not in CALIBRATION_CONTEXT})
+    return out
+
+
+def stage_args(source: Path, target: str, opts: MigrateOptions) -> dict[str, dict[str, Any]]:
+    """The keyword arguments each stage's library function is called with (and that the pipeline hashes), from the
+    composed options: each stage's own options and the run-wide ones it takes (:data:`RUN_WIDE`)."""
+    c, cal, q, v, p = opts.convert, opts.convert.calibration, opts.quantization, opts.validation, opts.publishing
+    convert = {"source": source, "target": target, "data": opts.data, "num_sequences": c.num_sequences,
+               "output_format": c.output_format, "device": opts.device, "dtype": opts.dtype, "calibrate": c.calibrate,
+               "steps": cal.steps, "train": cal.train, "seed": opts.seed, "num_speculative_tokens": opts.num_speculative_tokens,
+               "max_minutes": cal.max_minutes, "aux_ids_convention": opts.aux_ids_convention}
+    # given only when not the default: the stage hashes of earlier runs stay as they were
+    if c.norm_before_residual is not None:
+        convert["norm_before_residual"] = c.norm_before_residual
+    if opts.engine != "auto":  # the calibration's held-out continuations (vLLM, or transformers with reference)
+        convert["engine"] = opts.engine
+    if opts.vllm_python is not None:
+        convert["vllm_python"] = opts.vllm_python
+    validate = {"target": target, "engine": opts.engine, "suites": v.suites,
+                "prompts_file": str(v.prompts_file) if v.prompts_file is not None else None,
+                "k": opts.num_speculative_tokens, "baseline": source, "min_acceptance_length": v.min_acceptance_length,
+                "max_regression_pct": v.max_regression_pct, "num_prompts": v.num_prompts, "max_tokens": v.max_tokens,
+                "seed": opts.seed, "vllm_python": opts.vllm_python, "device": opts.device}
+    out = {
+        "inspect": {"path": source, "target": target, "aux_ids_convention": opts.aux_ids_convention, "device": opts.device},
+        "convert": convert,
+        "quantize": {"scheme": q.scheme, "target": target, "data": opts.data, "quantize_fc": q.quantize_fc,
+                     "validate": "none"},
+        "validate": validate,
+        "publish": {"repo_id": p.repo_id, "private": p.private, "create_pr": p.create_pr, "revision": p.revision,
+                    "dry_run": p.dry_run, "target": target, "num_speculative_tokens": opts.num_speculative_tokens,
+                    "force": not will_validate(opts), "forced_by": "--no-validate"},
+    }
+    for name, part, model in (("convert", "convert", c), ("quantize", "quantization", q), ("validate", "validation", v),
+                              ("publish", "publishing", p)):
+        out[name].update(_also_set(model, out[name], part))
+    return out
+
+
 def build_stages(source: Path, target: str, opts: MigrateOptions, progress: StageProgress | None = None) -> list[Stage]:
     """The stage list for one migration (exposed for tests and for the demo).
 
-    Each stage calls its library function with exactly the keyword arguments of its ``args`` dict, and that dict
-    (with the target by content and local data files by content) is what the pipeline hashes: an option that
-    reaches a stage re-runs it when it changes, and nothing else does. ``progress`` (not hashed) receives convert's
-    stage events (statistics, agreement, calibration steps)."""
+    Each stage calls its library function with exactly the keyword arguments of its ``args`` dict
+    (:func:`stage_args`), and that dict (with the target by content and local data files by content) is what the
+    pipeline hashes: an option that reaches a stage re-runs it when it changes, and nothing else does. ``progress``
+    (not hashed) receives convert's and validate's stage events (statistics, calibration steps, the held-out
+    continuations, the validation suites)."""
     from .pipeline import Stage, StageResult
 
     validate = will_validate(opts)
@@ -154,24 +232,9 @@ def build_stages(source: Path, target: str, opts: MigrateOptions, progress: Stag
                 h[key] = _local(h[key])
         return h
 
-    inspect_args = {"path": source, "target": target, "aux_ids_convention": opts.aux_ids_convention, "device": opts.device}
-    convert_args = {"source": source, "target": target, "data": opts.data, "num_sequences": opts.num_sequences,
-                    "output_format": opts.output_format, "device": opts.device, "dtype": opts.dtype,
-                    "calibrate": opts.calibrate, "steps": opts.steps, "train": opts.train, "seed": opts.seed,
-                    "num_speculative_tokens": opts.k, "max_minutes": opts.max_minutes,
-                    "aux_ids_convention": opts.aux_ids_convention}
-    if opts.norm_before_residual is not None:  # only when given: the stage hashes of earlier runs stay as they were
-        convert_args["norm_before_residual"] = opts.norm_before_residual
-    quantize_args = {"scheme": opts.quantize, "target": target, "data": opts.data, "quantize_fc": opts.quantize_fc,
-                     "validate": "none"}
-    validate_args = {"target": target, "engine": opts.engine, "suites": opts.suites, "prompts_file": opts.prompts_file,
-                     "k": opts.k, "baseline": source, "min_acceptance_length": opts.min_acceptance_length,
-                     "max_regression_pct": opts.max_regression_pct, "num_prompts": opts.num_prompts,
-                     "max_tokens": opts.max_tokens, "seed": opts.seed, "vllm_python": opts.vllm_python,
-                     "device": opts.device}
-    publish_args = {"repo_id": opts.publish, "private": opts.private, "create_pr": opts.create_pr,
-                    "revision": opts.revision, "dry_run": opts.publish_dry_run, "target": target,
-                    "num_speculative_tokens": opts.k, "force": not validate, "forced_by": "--no-validate"}
+    args = stage_args(source, target, opts)
+    inspect_args, convert_args, quantize_args = args["inspect"], args["convert"], args["quantize"]
+    validate_args, publish_args = args["validate"], args["publish"]
 
     def inspect_stage(ctx: StageContext) -> StageResult:
         from .inspection import inspect_checkpoint
@@ -199,7 +262,7 @@ def build_stages(source: Path, target: str, opts: MigrateOptions, progress: Stag
 
     def model_dir(ctx: StageContext) -> Path:
         q = ctx.path("quantize") / "model"
-        return q if opts.quantize and q.exists() else ctx.path("convert") / "model"
+        return q if opts.quantization.scheme and q.exists() else ctx.path("convert") / "model"
 
     def quantize_stage(ctx: StageContext) -> StageResult:
         from .quantize import quantize
@@ -213,7 +276,7 @@ def build_stages(source: Path, target: str, opts: MigrateOptions, progress: Stag
     def validate_stage(ctx: StageContext) -> StageResult:
         from .validate.api import validate
 
-        rep = validate(model_dir(ctx), report_dir=ctx.out / "report", **validate_args)
+        rep = validate(model_dir(ctx), report_dir=ctx.out / "report", progress=progress, **validate_args)
         _settle_paths(ctx)
         table = {s.name: {"new": s.new.acceptance_length, "baseline": s.baseline.acceptance_length if s.baseline else None}
                  for s in rep.suites}
@@ -239,11 +302,11 @@ def build_stages(source: Path, target: str, opts: MigrateOptions, progress: Stag
         Stage("inspect", inspect_stage, hashed(inspect_args), "read the checkpoint and check it against the target"),
         Stage("convert", convert_stage, hashed(convert_args), "EAGLE-3.1 structure, norm initialisation, calibration"),
     ]
-    if opts.quantize:
+    if opts.quantization.scheme:
         stages.append(Stage("quantize", quantize_stage, hashed(quantize_args), "compressed-tensors quantization"))
     if validate:
         stages.append(Stage("validate", validate_stage, hashed(validate_args), "acceptance length against the source drafter"))
-    if opts.publish:
+    if opts.publishing.repo_id:
         stages.append(Stage("publish", publish_stage, hashed(publish_args), "model card, speculative configs, upload"))
     return stages
 
@@ -252,50 +315,41 @@ def build_stages(source: Path, target: str, opts: MigrateOptions, progress: Stag
 
 def check_options(source: Path, target: str, out: Path, opts: MigrateOptions) -> None:
     """Every option of every stage, checked before the first stage starts (a typo costs seconds, not a
-    conversion): exit 2 with the option's name."""
-    from .corpora import SUITE_NAMES
-    from .devices import DEVICES, DTYPES, resolve_device
-    from .choices import Engine, OutputFormat, SchemeName, TrainMode, values
-
-    def choice(flag: str, value: Any, allowed: list[str] | tuple[str, ...]) -> None:
-        if value is not None and value not in allowed:
-            raise InputError(f"{flag} {value!r} is not one of {', '.join(allowed)}", f"pass {flag} {allowed[0]} (see --help)")
-
+    conversion): exit 2 with the option's name. The closed choices (--train, --output-format, --engine, --device,
+    --dtype, --aux-ids-convention) are checked where they are declared, when the options are built."""
+    v, p = opts.validation, opts.publishing
     if not source.exists():
         raise InputError(f"{source}: no such checkpoint")
     if not isinstance(target, str) or not target.strip():
         raise InputError("--target is empty", "pass the target model: a local folder or a hub id")
-    choice("--quantize", opts.quantize, values(SchemeName))
-    choice("--engine", opts.engine, values(Engine))
-    choice("--output-format", opts.output_format, values(OutputFormat))
-    choice("--train", opts.train, values(TrainMode))
-    choice("--device", opts.device, DEVICES)
-    choice("--dtype", opts.dtype, DTYPES)
+    if opts.quantization.scheme is not None:
+        get_scheme(opts.quantization.scheme)  # an unknown --quantize is refused here, with the schemes listed
     if opts.device == "cuda":
-        resolve_device(opts.device)  # --device cuda without CUDA (imports torch: only when asked for)
-    if opts.suites is not None:
-        if not opts.suites:
+        resolve_device(opts.device)  # --device cuda without CUDA
+    if v.suites is not None:
+        if not v.suites:
             raise InputError("--suite names no suite", f"choose from {', '.join(SUITE_NAMES)}")
-        for s in opts.suites:
-            choice("--suite", s, SUITE_NAMES)
-    if opts.prompts_file is not None and not Path(opts.prompts_file).is_file():
-        raise InputError(f"--prompts {opts.prompts_file}: no such file")
+        for s in v.suites:
+            if s not in SUITE_NAMES:
+                raise InputError(f"--suite {s!r} is not one of {', '.join(SUITE_NAMES)}",
+                                 f"pass --suite {SUITE_NAMES[0]} (see --help)")
+    if v.prompts_file is not None and not Path(v.prompts_file).is_file():
+        raise InputError(f"--prompts {v.prompts_file}: no such file")
     if opts.vllm_python is not None and not Path(opts.vllm_python).is_file():
         raise InputError(f"--vllm-python {opts.vllm_python}: no such file", "pass the path of a Python that has vLLM")
-    for flag, v, lo in (("-k", opts.k, 1), ("--num-prompts", opts.num_prompts, 1), ("--max-tokens", opts.max_tokens, 1),
-                        ("--steps", opts.steps, 0), ("--num-sequences", opts.num_sequences, 1)):
-        if v is not None and v < lo:
-            raise InputError(f"{flag} {v} must be at least {lo}")
-    if opts.validate is False and (opts.min_acceptance_length is not None or opts.max_regression_pct is not None):
+    for flag, val, lo in (("-k", opts.num_speculative_tokens, 1), ("--num-prompts", v.num_prompts, 1),
+                          ("--max-tokens", v.max_tokens, 1), ("--steps", opts.convert.calibration.steps, 0),
+                          ("--num-sequences", opts.convert.num_sequences, 1)):
+        if val is not None and val < lo:
+            raise InputError(f"{flag} {val} must be at least {lo}")
+    if opts.run_validate is False and (v.min_acceptance_length is not None or v.max_regression_pct is not None):
         raise InputError("--min-acceptance-length / --max-regression are gates of the validate stage, and --no-validate skips it",
                          "drop --no-validate, or drop the gate")
-    if opts.publish is not None:
-        from .publish import REPO_ID
-
-        if not REPO_ID.match(opts.publish):
-            raise InputError(f"--publish {opts.publish!r} is not ORG/NAME", "e.g. --publish my-org/llama31-8b-eagle3.1")
-        if opts.revision is not None and (not opts.revision.strip() or opts.revision.startswith("refs/pr/")):
-            raise InputError(f"--revision {opts.revision!r} is not a branch name", "pass a branch, or --create-pr")
+    if p.repo_id is not None:
+        if not REPO_ID.match(p.repo_id):
+            raise InputError(f"--publish {p.repo_id!r} is not ORG/NAME", "e.g. --publish my-org/llama31-8b-eagle3.1")
+        if p.revision is not None and (not p.revision.strip() or p.revision.startswith("refs/pr/")):
+            raise InputError(f"--revision {p.revision!r} is not a branch name", "pass a branch, or --create-pr")
     if not Path(out).exists():
         from .formats.output import check_writable_parent
 
@@ -332,6 +386,6 @@ def migrate(source: Path | str, target: str, out: Path | str, opts: MigrateOptio
     source = Path(source)
     check_options(source, target, Path(out), opts)
     from .pipeline import Pipeline
-    pipe = Pipeline(Path(out), build_stages(source, target, opts, progress), protect=[source, target, opts.data, opts.prompts_file], log=log,
-                    progress=progress)
+    pipe = Pipeline(Path(out), build_stages(source, target, opts, progress),
+                    protect=[source, target, opts.data, opts.validation.prompts_file], log=log, progress=progress)
     return pipe.run(force=opts.restart, force_stage=opts.force_stage)

@@ -2,13 +2,12 @@
 folder in the vLLM layout and its target, picks the data and the held-out suites, runs :func:`~.run.calibrate`
 with the same :class:`~.settings.CalibrationSettings`, and writes the best weights back atomically.
 Imports: calibration_data, drafter.load, formats (read, output, write), devices, target, validate.engine (lazily:
-whether vLLM can generate the held-out continuations), calibrate.{settings,result,run}."""
+which engine generates the held-out continuations), calibrate.{settings,result,run}."""
 
 from __future__ import annotations
 
 import json
 import warnings
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,7 @@ import torch
 
 from ..calibration_data import default_data, resolve_data, vllm_continuations
 from ..errors import UnsupportedError
+from ..validate.engine import resolve_engine
 from .result import CalibrationResult, check_improvement
 from .run import calibrate
 from .settings import CalibrationSettings, defaults_for, resolve_device
@@ -68,8 +68,8 @@ def calibrate_checkpoint(
                                         long_buckets=dflt["heldout_long_buckets"], shift_max=dflt["heldout_shift_max"],
                                         long_per_bucket=dflt["heldout_long_per_bucket"])
     if not _is_target(target) and tgt.tokenizer is not None and held:
-        held = _vllm_heldout(str(target), held, s.heldout_new_tokens or dflt["heldout_new_tokens"], s.cache_dir)
-    res = calibrate(model, tgt, train_seqs, held, replace(s, device=dev, seq_len=seq_len, require_improvement=False),
+        held = _vllm_heldout(str(target), held, s.heldout_new_tokens or dflt["heldout_new_tokens"], s)
+    res = calibrate(model, tgt, train_seqs, held, s.replace(device=dev, seq_len=seq_len, require_improvement=False),
                     source=source, statistics_tokens=statistics_tokens, data_name=str(hs or data or "builtin:chat"),
                     data_warning=data_warning)
     if res.best_step > 0 and (in_place or out is not None):
@@ -101,16 +101,20 @@ def _target(target: Any, loaded_target: Any, s: CalibrationSettings, dev: torch.
     return load_target(str(target), device=str(dev), dtype=tdtype)
 
 
-def _vllm_heldout(target: str, held: Any, new_tokens: int, cache_dir: str | Path | None) -> Any:
-    """The held-out prompts with vLLM's greedy continuations when vLLM is here; else the prompts as they are
-    (transformers' generate is the slower fallback, in the run)."""
-    from ..validate.engine import vllm_importable
-
-    if not vllm_importable():
+def _vllm_heldout(target: str, held: Any, new_tokens: int, s: CalibrationSettings) -> Any:
+    """The held-out prompts with the target's greedy continuations from the engine ``s.engine`` picks
+    (``s.vllm_python`` the interpreter that has vLLM): vLLM (``auto``: when it is importable there); else the prompts
+    as they are, continued by transformers' generate in the run (the slower fallback; ``reference`` asks for it).
+    With ``auto``, a vLLM that fails falls back to transformers with a warning; an asked-for ``vllm`` fails."""
+    if resolve_engine(s.engine, s.vllm_python) != "vllm":
         return held
     try:
-        return vllm_continuations(target, held, new_tokens, cache_dir=cache_dir)
+        tick = (lambda stage, done, total, info="": s.progress(f"calibrate: {stage}", done, total, info)) \
+            if s.progress is not None else None
+        return vllm_continuations(target, held, new_tokens, cache_dir=s.cache_dir, python=s.vllm_python, progress=tick)
     except Exception as e:  # transformers' generate is the slower fallback
+        if s.engine == "vllm":
+            raise
         warnings.warn(f"vLLM could not generate the held-out continuations ({str(e)[:120]}); using transformers", stacklevel=3)
         return held
 

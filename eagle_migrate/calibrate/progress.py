@@ -32,6 +32,8 @@ def progress_adapter(progress: StageProgress | None) -> Progress:
         ph = e.get("phase")
         if ph == "train":
             progress("calibrate", e["step"], e["steps"], _train_info(e, last_al["text"]))
+        elif ph == "generate":  # the held-out continuations, batch by batch (transformers' generate)
+            progress(f"calibrate: {e['stage']}", e["done"], e["total"], e.get("info", ""))
         elif ph == "capture":
             progress("calibrate: target features", e["batch"], e["batches"], "")
         elif ph == "heldout":

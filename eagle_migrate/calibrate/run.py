@@ -186,7 +186,9 @@ def _heldout_suites(target: Any, heldout: Mapping[str, Sequence[Any]] | None, la
         if not seqs:
             continue
         report({"phase": "heldout", "suite": name, "sequences": len(seqs)})
-        held = heldout_sequences(target, list(seqs), new_tokens, cdir, name)
+        held = heldout_sequences(target, list(seqs), new_tokens, cdir, name,
+                                 progress=lambda stage, done, total, info: report(
+                                     {"phase": "generate", "stage": stage, "done": done, "total": total, "info": info}))
         store = FeatureStore(target, [h.ids for h in held], layer_ids, batch=1 if max(len(h.ids) for h in held) > 1024 else 4,
                              seq_len=max(len(h.ids) for h in held), cache_dir=cdir, name=f"heldout-{name}",
                              keep_in_memory=True)  # small, and evaluated again and again

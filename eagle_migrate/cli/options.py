@@ -1,17 +1,50 @@
-"""Shared typed CLI options, defined once (the huggingface_hub CLI habit).
+"""Shared typed CLI options, defined once (the huggingface_hub CLI habit), and how a command's flags become its
+stage's one options model.
 
 Choices are the library's own Literals (:mod:`eagle_migrate.choices`): typer offers exactly their values and the
-commands pass the strings on unchanged. Nothing here imports torch (``--help`` and ``inspect`` stay fast).
+commands pass the strings on unchanged. Each command names its parameters as the fields of its options model
+(the flag's spelling is the ``typer.Option``'s), declares in :data:`COMMANDS` which parameters are the stage's
+inputs rather than options and which only the CLI reads, and builds the model with :func:`options_of`;
+tests/unit/test_cli_options.py checks that every flag maps to a field. Nothing here imports torch (``--help`` and
+``inspect`` stay fast).
 """
 
 from __future__ import annotations
 
+import importlib
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
-from ..choices import AuxIdsConvention, Device, Dtype, TrainMode
+from ..choices import AuxIdsConvention, Device, Dtype, Engine, OutputFormat, TrainMode
+
+
+@dataclass(frozen=True)
+class CommandOptions:
+    """How one command's parameters map onto its stage: ``model`` (``module:Class``, imported when used: a stage's
+    options may import torch), the parameters that are the stage's inputs (passed as arguments, not options), and
+    those only the CLI reads, each with its reason."""
+
+    model: str
+    inputs: tuple[str, ...] = ()
+    cli_only: dict[str, str] = field(default_factory=lambda: {"json": "how the result is printed"})
+
+    def load(self) -> Any:
+        mod, _, name = self.model.partition(":")
+        return getattr(importlib.import_module(mod), name)
+
+
+COMMANDS: dict[str, CommandOptions] = {}  # command name -> its options mapping (each command module adds its own)
+
+
+def options_of(command: str, params: dict[str, Any]) -> Any:
+    """The options model of ``command`` built from its parameters ``params`` (the function's ``locals()`` at entry):
+    every parameter but the inputs and the CLI-only ones is an option, passed by name (``Options.of``)."""
+    spec = COMMANDS[command]
+    skip = set(spec.inputs) | set(spec.cli_only)
+    return spec.load().of(**{k: v for k, v in params.items() if k not in skip})
 
 CheckpointArg = Annotated[Path, typer.Argument(metavar="CKPT", help="Drafter checkpoint folder (or a single weights file).", show_default=False)]
 OptionalCheckpointArg = Annotated[Optional[Path], typer.Argument(
@@ -40,3 +73,30 @@ NbrOpt = Annotated[Optional[bool], typer.Option(
          "SpecForge) as its residual, when its config does not say. Default: the config, else measured on the "
          "target; this overrides the measurement and is recorded.", show_default=False)]
 NumSpecTokensOpt = Annotated[int, typer.Option("--num-speculative-tokens", "-k", min=1, max=16, help="Draft tokens per step (k).")]
+EngineOpt = Annotated[Engine, typer.Option("--engine", help="What serves the target (acceptance; calibration's held-out "
+                                         "continuations): vllm (real vLLM in a subprocess), reference (pure PyTorch; "
+                                         "transformers' generate), auto: vllm when importable.")]
+VllmPythonOpt = Annotated[Optional[str], typer.Option("--vllm-python", help="Python interpreter that has vLLM "
+                                                      "(default: $EAGLE_MIGRATE_VLLM_PYTHON or this one).")]
+# convert's flags that migrate forwards to convert
+DataOpt = Annotated[Optional[str], typer.Option("--data", help="Calibration data: JSONL/JSON of prompts, chat messages or {\"token_ids\": [...]}, ShareGPT JSON, an HF dataset id; default: the built-in set.")]
+StepsOpt = Annotated[Optional[int], typer.Option("--steps", min=0, help="Calibration fine-tune steps.")]
+CalibrateOpt = Annotated[Optional[bool], typer.Option("--calibrate/--no-calibrate", help="Run the calibration fine-tune after the structural conversion (default: on, off for an EAGLE-3.1 source).")]
+FormatOpt = Annotated[OutputFormat, typer.Option("--output-format", help="Layout of the output: vllm (HF folder vLLM loads) or speculators.")]
+QuantizeFcOpt = Annotated[bool, typer.Option("--quantize-fc", help="Quantize fc too (kept 16-bit by default: its input mixes K target states with outliers).")]
+# validate's flags that migrate forwards to validate
+SuiteOpt = Annotated[Optional[str], typer.Option("--suite", help="Comma-separated: chat, code, long, template-shift "
+                                                 "(default: all four; only --prompts when that is given).")]
+PromptsOpt = Annotated[Optional[Path], typer.Option("--prompts", help="Your own prompts: JSONL ({prompt} | {messages} | "
+                                                    "{conversations} | {token_ids}) or a ShareGPT JSON file.")]
+NumPromptsOpt = Annotated[Optional[int], typer.Option("--num-prompts", min=1, help="Prompts per suite (long: per length "
+                                                      "bucket; template-shift: requests per variant).")]
+MinAcceptanceLengthOpt = Annotated[Optional[float], typer.Option("--min-acceptance-length", min=1.0,
+                                                                 help="Gate: every suite's AL must reach X (else exit 1).")]
+MaxRegressionOpt = Annotated[Optional[float], typer.Option("--max-regression", help="Gate: no suite may lose more than PCT "
+                                                           "percent AL against the baseline (validate: --baseline; "
+                                                           "migrate: the source drafter) (else exit 1).")]
+# publish's flags that migrate forwards to publish
+PrivateOpt = Annotated[bool, typer.Option("--private", help="Create the repository private (an existing one keeps its visibility).")]
+CreatePrOpt = Annotated[bool, typer.Option("--create-pr", help="Open a pull request instead of committing to the branch.")]
+RevisionOpt = Annotated[Optional[str], typer.Option("--revision", help="Branch to commit to (created if missing) or, with --create-pr, to open the PR against.")]

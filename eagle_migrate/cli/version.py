@@ -2,8 +2,11 @@ from __future__ import annotations
 
 from .. import __version__
 from . import app
-from .options import JsonOpt
+from .options import COMMANDS, CommandOptions, JsonOpt
 from .render import print_json, stdout
+
+
+COMMANDS["version"] = CommandOptions("", cli_only={"json": "how the version is printed"})  # no options
 
 
 @app.command(short_help="Print the eagle-migrate version.")

@@ -8,6 +8,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from . import app
+from .options import COMMANDS, CommandOptions
 from .render import log_plain, print_json_line, stdout
 
 _PANEL_ALERTS = "Alerts"
@@ -110,9 +111,14 @@ class _Display:
             stdout.print(f"restart: {r['scope']} in window {int(r['window']) + 1} ({r['reason']})", highlight=False)
 
 
+COMMANDS["watch"] = CommandOptions("eagle_migrate.validate.watch_models:WatchOptions", cli_only={
+    "json": "how the windows are printed",
+    "api_key_env": "the name of the variable the CLI reads the key from (the option is the key, api_key; never stored)"})
+
+
 @app.command(short_help="Watch a live deployment's acceptance against what was validated.")
 def watch(
-    server: Annotated[list[str], typer.Option("--server", metavar="URL", help="A replica's URL (e.g. http://HOST:8000/v1); repeat "
+    servers: Annotated[list[str], typer.Option("--server", metavar="URL", help="A replica's URL (e.g. http://HOST:8000/v1); repeat "
                                               "for each replica of the deployment. Only its /metrics is read.",
                                               show_default=False)],
     window: Annotated[float, typer.Option("--window", min=0.1, help="Seconds per window.")] = 60.0,
@@ -166,7 +172,7 @@ def watch(
     from ..validate.server_client import api_key_from_env
     from ..validate.watch import WatchOptions, watch as run
 
-    opts = WatchOptions.parse(servers=list(server), window=window, scrape_every=scrape_every, duration=duration,
+    opts = WatchOptions.parse(servers=list(servers), window=window, scrape_every=scrape_every, duration=duration,
                               reference=reference, reference_suite=reference_suite, min_al=min_al,
                               baseline_server=baseline_server, draft_cost=draft_cost, sigma=sigma, tolerance=tolerance,
                               alert_windows=alert_windows, exit_on_alert=exit_on_alert,

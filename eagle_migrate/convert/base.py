@@ -1,100 +1,33 @@
 """The conversion skeleton, the same for every source generation: *read* -> *map* -> *init* -> *write* -> *verify*
 -> *calibrate* (the calibration fine-tunes the written checkpoint in place, so it comes after the read-back check).
-A :class:`Converter` per source generation fills in what differs (the aux ids it reads, the norm initialisation and
-the agreement it measures); :func:`convert` picks the first registered converter that accepts the source.
-Imports: every convert.* module but the converters themselves, formats.io (the atomic output folder)."""
+A :class:`~.registry.Converter` per source generation fills in what differs (the aux ids it reads, the norm
+initialisation and the agreement it measures); :func:`run` takes the one registered converter that accepts the
+source (``registry.converter_for``). Imports: every convert.* module (the built-in converters, which register
+themselves), formats.output (the atomic output folder)."""
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
-from ..aux_ids import AuxIds
-from ..drafter.config import DrafterConfig
-from ..errors import InputError, a_an
+from ..errors import CheckFailed
 from ..formats.common import carried_mark
 from ..formats.output import atomic_output_dir, write_json
-from ..stats import TargetStatistics
+from . import eagle2, eagle3, passthrough  # noqa: F401  (the built-in converters register themselves)
 from .calibration import run_calibration
 from .options import ConvertOptions
-from .read import (
-    Job,
-    check_pairing,
-    decide_aux_ids,
-    map_source,
-    now,
-    read,
-    resolve_data,
-)
-from .result import (
-    Agreement,
-    CalibrationStatus,
-    ConvertResult,
-    Eagle2Mapping,
-    NormInit,
-    NormOutputCompensation,
-)
-from .write import OutputLabels, OutputPlan, verify_written, write_plan
+from .read import Job, check_pairing, map_source, now, read, resolve_data
+from .registry import Converter, Initialised, converter_for
+from .result import CalibrationStatus, ConvertResult
+from .write import OutputLabels, verify_written, write_plan
 
 
-@dataclass
-class Initialised:
-    """What a converter's *init* step produces: the output plan and how it was initialised and measured."""
-
-    plan: OutputPlan
-    norm_init: NormInit | None = None
-    norm_output: NormOutputCompensation | None = None
-    agreement: Agreement = field(default_factory=Agreement)
-    statistics: TargetStatistics | None = None
-    eagle2_mapping: Eagle2Mapping | None = None
-
-
-class Converter(ABC):
-    """One source generation -> EAGLE-3.1. Subclasses register themselves in :data:`CONVERTERS` (first match wins)."""
-
-    name: ClassVar[str]
-    passthrough: ClassVar[bool] = False  # the source is re-written as it is
-    uses_data: ClassVar[bool] = True  # reads calibration data (picks a default set for a real target)
-    calibration_required: ClassVar[bool] = False  # the output is a warm start that needs the fine-tune
-    calibrate_by_default: ClassVar[bool] = True  # calibrate=None runs the fine-tune
-    judged_against_source: ClassVar[bool] = False  # the fine-tune's judge also scores the source drafter
-
-    @classmethod
-    @abstractmethod
-    def accepts(cls, cfg: DrafterConfig) -> bool: ...
-
-    def aux_ids(self, job: Job) -> tuple[AuxIds | None, list[int]]:
-        """The aux ids in vLLM's convention (EAGLE-3 and 3.1 sources: the stored ones, decided)."""
-        return decide_aux_ids(job)
-
-    @abstractmethod
-    def init(self, job: Job) -> Initialised: ...
-
-
-CONVERTERS: list[type[Converter]] = []
-
-
-def register(cls: type[Converter]) -> type[Converter]:
-    CONVERTERS.append(cls)
-    return cls
-
-
-def converter_for(cfg: DrafterConfig) -> Converter:
-    from . import eagle2, eagle3, passthrough  # noqa: F401  (they register themselves)
-
-    for cls in CONVERTERS:
-        if cls.accepts(cfg):
-            return cls()
-    raise InputError(f"no converter for {a_an(cfg.generation)} drafter")
-
-
-def run(opts: ConvertOptions) -> ConvertResult:
+def run(source: Path, target: str, out: Path, opts: ConvertOptions) -> ConvertResult:
     """The skeleton: read -> map -> init -> write -> verify -> calibrate, then the result."""
-    job = read(opts)
+    job = read(Path(source), target, Path(out), opts)
     conv = converter_for(job.cfg)
-    if conv.uses_data:
+    traits = conv.traits
+    if traits.uses_data:
         resolve_data(job)
     check_pairing(job.cfg, job.target.info, None)
     aux, aux_ids = conv.aux_ids(job)
@@ -109,8 +42,8 @@ def run(opts: ConvertOptions) -> ConvertResult:
     ini.plan.changes = job.changes + ini.plan.changes
     if ini.norm_init is not None:
         job.warnings.extend(f"warning: {w}" for w in ini.norm_init.warnings)
-    want_cal = conv.calibrate_by_default if opts.calibrate is None else opts.calibrate
-    required = conv.calibration_required
+    want_cal = traits.calibrate_by_default if opts.calibrate is None else opts.calibrate
+    required = traits.calibration_required
     prov = job.provenance
     prov.num_sequences = ini.statistics.num_sequences if ini.statistics is not None else 0
     prov.statistics = ini.statistics
@@ -122,8 +55,8 @@ def run(opts: ConvertOptions) -> ConvertResult:
                           norm_init=prov.norm_init, norm_output_scale=prov.norm_output_scale, calibration_required=required,
                           aux_mark=tuple(carried_mark(job.aux).items()))
     calibration = CalibrationStatus(required=required, reason="EAGLE-2 warm start: fine-tune required" if required else "")
-    with atomic_output_dir(opts.out, force=opts.force, inputs=opts.inputs) as tmp:
-        write_plan(tmp, ini.plan, labels, job.store_dtype, opts.output_format, opts.target, opts.num_speculative_tokens,
+    with atomic_output_dir(job.out, force=opts.force, inputs=opts.inputs(job.source, job.target.spec)) as tmp:
+        write_plan(tmp, ini.plan, labels, job.store_dtype, opts.output_format, job.target.spec, opts.num_speculative_tokens,
                    opts.progress)
         verify_written(tmp)
         fixed, remaining = sort_findings(job.source_findings, tmp)
@@ -141,8 +74,8 @@ def run(opts: ConvertOptions) -> ConvertResult:
         write_json(tmp / "provenance.json", prov.model_dump(mode="json"))
         files = sorted(p.name for p in tmp.iterdir())
     return ConvertResult(
-        source=str(opts.source), output=str(opts.out), source_format=job.ck.format, source_producer=job.ck.producer,
-        output_format=opts.output_format, passthrough=conv.passthrough, inserted=list(ini.plan.inserted),
+        source=str(job.source), output=str(job.out), source_format=job.ck.format, source_producer=job.ck.producer,
+        output_format=opts.output_format, passthrough=traits.passthrough, inserted=list(ini.plan.inserted),
         changes=ini.plan.changes, aux_layer_ids=job.aux_ids, aux_ids_evidence=job.aux,
         norm_before_residual_evidence=job.nbr_measurement, norm_init=ini.norm_init,
         norm_output=ini.norm_output, eagle2_mapping=ini.eagle2_mapping, agreement=ini.agreement, calibration=calibration,
@@ -169,9 +102,20 @@ def sort_findings(findings: list[Any], written: Path) -> tuple[list[str], list[s
 
 def _calibrate(tmp: Path, job: Job, conv: Converter, ini: Initialised) -> CalibrationStatus:
     opts = job.opts
-    cal = run_calibration(tmp, opts.target, opts.calibration_settings(device=job.device, dtype=job.dtype, data=job.data),
+    cal = run_calibration(tmp, job.target.spec, opts.calibration_settings(device=job.device, dtype=job.dtype, data=job.data),
                           loaded_target=job.target.loaded_or_none,
-                          source_checkpoint=opts.source if conv.judged_against_source else None,
+                          source_checkpoint=job.source if conv.traits.judged_against_source else None,
                           statistics_tokens=ini.statistics.num_tokens if ini.statistics is not None else None)
-    cal.required = conv.calibration_required
+    cal.required = conv.traits.calibration_required
     return cal
+
+
+def check_improvement(res: ConvertResult) -> None:
+    """``--require-improvement``: CheckFailed (exit 1; the output is written) when the calibrated drafter is below
+    the source beyond noise, or calibration did not beat the initialised drafter."""
+    if res.calibration.worse_than_source:
+        raise CheckFailed(res.calibration.verdict or "the converted drafter is below the source on the held-out suites",
+                          f"{res.output} is written; keep the EAGLE-3 drafter or calibrate with --data / --train")
+    if res.calibration.improved is False:
+        raise CheckFailed(f"calibration did not improve the drafter ({res.calibration.reason}); {res.output} holds the "
+                          "initialised drafter", "more or more varied --data, more --steps, or --train norms+fc")

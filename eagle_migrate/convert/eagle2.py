@@ -5,7 +5,7 @@ calibration records (aux-state statistics, the RMS of its output, of the hidden 
 the mapping puts fc's hidden half in the last aux chunk (its fc_norm = the target's final norm weight), folds the
 embedding half of fc into the layer-0 q/k/v columns and fc's bias into their biases, and sets flat norms from those
 RMS values; the agreement compares the converted drafter's drafts with the source's on held-out records.
-Imports: torch, drafter (config, loader, eagle2), stats, hidden_states, convert.agreement/base/eagle3/result/write."""
+Imports: torch, drafter (config, loader, eagle2), stats, hidden_states, convert.agreement/registry/eagle3/result/write."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from ..drafter.load import build_drafter
 from ..hidden_states import HiddenRecord
 from ..stats import StatsAccumulator, TargetStatistics, rms_normalize
 from .agreement import eagle2_runner, eagle3_runner, measure_agreement
-from .base import Converter, Initialised, register
+from .registry import Converter, Initialised, Traits, register_converter
 from .eagle3 import held_out_split
 from .read import Job
 from .records import split_stream
@@ -39,10 +39,10 @@ class _Pass:
     rho_e: float  # the token embedding
 
 
-@register
+@register_converter
 class Eagle2Converter(Converter):
     name = "eagle2"
-    calibration_required = True
+    traits = Traits(calibration_required=True)
 
     @classmethod
     def accepts(cls, cfg: DrafterConfig) -> bool:

@@ -5,7 +5,7 @@
 held-out records by step-0 agreement with the source and its fc-output error, the best kept (:func:`choose`);
 (3) what is fed back under ``norm_output`` is measured by chain agreement, and the fold of a flat final norm ``R`` into
 ``lm_head`` is kept when it does not lose to no compensation. The output plan streams every other tensor from the
-source. Imports: torch, drafter, stats, hidden_states, convert.agreement/base/records/result/write."""
+source. Imports: torch, drafter, stats, hidden_states, convert.agreement/registry/records/result/write."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from ..errors import DataError
 from ..hidden_states import HiddenRecord
 from ..stats import StatsAccumulator, rms_normalize
 from .agreement import AgreementCounter, chains, cuts, eagle3_runner
-from .base import Converter, Initialised, register
+from .registry import Converter, Initialised, Traits, register_converter
 from .read import Job
 from .records import STATS_MAX_SEQUENCES, records, split_stream
 from .result import (
@@ -73,10 +73,10 @@ class _Pass:
     r_pre: torch.Tensor
 
 
-@register
+@register_converter
 class Eagle3Converter(Converter):
     name = "eagle3"
-    judged_against_source = True
+    traits = Traits(judged_against_source=True)
 
     @classmethod
     def accepts(cls, cfg: DrafterConfig) -> bool:

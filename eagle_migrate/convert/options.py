@@ -1,78 +1,74 @@
-"""convert's typed options: every argument of :func:`eagle_migrate.convert.convert` in one checked object, passed
-through the skeleton instead of loose keywords. Imports: torch, errors, progress, choices (the Literals
-of output formats, train modes and aux-id conventions)."""
+"""convert's options model: every option of :func:`eagle_migrate.convert.convert` in one checked object, passed whole
+through the skeleton. The calibration's options are not copied: :attr:`ConvertOptions.calibration` holds the
+calibration's own :class:`~eagle_migrate.calibrate.CalibrationSettings`, and :meth:`ConvertOptions.calibration_settings`
+lays over it only what convert resolves for the whole run (seed, device, dtype, data, hidden states, sequences,
+progress). The source, target and output folder are convert's arguments, not options.
+Imports: pydantic, torch (a type), choices, errors, options, calibrate.settings."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, Optional
 
 import torch
+from pydantic import Field, field_validator, model_validator
 
+from ..calibrate.settings import CONTEXT, CalibrationSettings
 from ..choices import AuxIdsConvention as Convention
-from ..choices import OutputFormat, TrainMode, values
+from ..choices import OutputFormat
 from ..errors import InputError
-from ..progress import StageProgress, no_progress
-
-if TYPE_CHECKING:
-    from ..calibrate import CalibrationSettings
-
-TRAIN_MODES: tuple[str, ...] = values(TrainMode)
+from ..options import Options, choice
+from ..progress import no_progress
 
 
-@dataclass(frozen=True)
-class ConvertOptions:
-    """The arguments of :func:`eagle_migrate.convert.convert` (documented there), checked on creation."""
+class ConvertOptions(Options):
+    """The options of :func:`eagle_migrate.convert.convert` (documented there), checked on creation.
+    ``ConvertOptions.of(steps=5, train="all")`` routes the calibration's options into :attr:`calibration`."""
 
-    source: Path
-    target: str
-    out: Path
-    data: str | None = None
-    hidden_states_dir: Path | str | None = None
+    data: Optional[str | Path] = None
+    hidden_states_dir: Optional[str | Path] = None
     num_sequences: int = 32
-    output_format: OutputFormat = "vllm"
-    device: str = "auto"
-    dtype: str | torch.dtype | None = "auto"
-    calibrate: bool | None = None
+    output_format: choice(OutputFormat, "--output-format") = "vllm"
+    device: Any = "auto"
+    dtype: Any = "auto"  # a name, a torch.dtype, or None
+    calibrate: Optional[bool] = None
     force: bool = False
     seed: int = 0
-    progress: StageProgress = no_progress
-    steps: int | None = None
-    train: str = "norms"
-    cache_dir: Path | str | None = None
-    resume_dir: Path | str | None = None
     num_speculative_tokens: int = 3
-    held_out: int | None = None
+    held_out: Optional[int] = None
     max_length: int = 512
     max_cuts: int = 8
     evaluate: bool = True
-    command: str | None = None
-    max_minutes: float | None = None
-    aux_ids_convention: Convention | None = None
-    norm_before_residual: bool | None = None  # overrides the config and the measurement (--norm-before-residual)
+    command: Optional[str] = None
+    aux_ids_convention: Optional[choice(Convention, "--aux-ids-convention")] = None
+    norm_before_residual: Optional[bool] = None  # overrides the config and the measurement (--norm-before-residual)
+    require_improvement: bool = False  # exit 1 after writing when calibration did not improve (check_improvement)
+    calibration: CalibrationSettings = Field(default_factory=CalibrationSettings)
+    progress: Any = Field(no_progress, exclude=True, repr=False)  # a StageProgress (the run's events), not an option
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "source", Path(self.source))
-        object.__setattr__(self, "out", Path(self.out))
-        if self.progress is None:
-            object.__setattr__(self, "progress", no_progress)
-        if self.output_format not in ("vllm", "speculators"):
-            raise InputError(f"unknown output format '{self.output_format}' (vllm or speculators)")
-        if self.train not in TRAIN_MODES:  # checked before anything is read or written (calibration runs last)
-            raise InputError(f"--train {self.train!r}: expected one of {', '.join(TRAIN_MODES)}")
+    @field_validator("progress", mode="before")
+    @classmethod
+    def _progress(cls, v: Any) -> Any:
+        return no_progress if v is None else v
 
-    @property
-    def inputs(self) -> list:
+    @model_validator(mode="after")
+    def _calibration_own(self) -> ConvertOptions:
+        """The run-wide values are convert's own fields; the calibration takes them from there."""
+        both = sorted(set(self.calibration.model_fields_set) & set(CONTEXT))
+        if both:
+            raise InputError(f"convert's calibration options set {', '.join(both)}: convert's own options give the "
+                             "calibration those", f"pass {both[0]} to convert itself")
+        return self
+
+    def inputs(self, source: Path, target: str) -> list:
         """Everything the output folder must not be (nor lie inside)."""
-        return [self.source, self.target, self.data, self.hidden_states_dir]
+        return [source, target, self.data, self.hidden_states_dir]
 
     def calibration_settings(self, *, device: str, dtype: torch.dtype, data: str | None) -> CalibrationSettings:
-        """The calibration's options, built once from these (``device`` / ``dtype`` / ``data``: as the job resolved
-        them) and passed down whole: convert's fine-tune step -> calibrate_checkpoint -> calibrate."""
-        from ..calibrate import CalibrationSettings  # lazily: calibrate imports the trainer, needed only to calibrate
-
-        return CalibrationSettings(
-            train=self.train, steps=self.steps, seed=self.seed, device=device, dtype=dtype, data=data,
-            hidden_states_dir=self.hidden_states_dir, num_sequences=self.num_sequences, cache_dir=self.cache_dir,
-            resume_dir=self.resume_dir, progress=self.progress, max_minutes=self.max_minutes)
+        """The calibration's options: :attr:`calibration` with what the run resolved laid over it (``device`` /
+        ``dtype`` / ``data``: as the job resolved them; convert's seed, hidden states, sequences and progress), passed
+        down whole: convert's fine-tune step -> calibrate_checkpoint -> calibrate. ``require_improvement`` stays off
+        there: convert checks it once the output is written."""
+        return self.calibration.replace(seed=self.seed, device=device, dtype=dtype, data=data,
+                                        hidden_states_dir=self.hidden_states_dir, num_sequences=self.num_sequences,
+                                        progress=self.progress, require_improvement=False)

@@ -1,21 +1,20 @@
 """EAGLE-3.1 -> EAGLE-3.1: the source is re-written as it is (aux ids explicit, rope and positions from the target);
-no statistics, no agreement, calibrated only when asked. Imports: convert.base, convert.write."""
+no statistics, no agreement, calibrated only when asked. Imports: aux_ids, drafter.config, convert.{registry, read,
+write}."""
 
 from __future__ import annotations
 
 from ..drafter.config import DrafterConfig
-from .base import Converter, Initialised, register
+from .registry import Converter, Initialised, Traits, register_converter
 from ..aux_ids import AuxIds
 from .read import Job, decide_aux_ids
 from .write import OutputPlan, copy_from
 
 
-@register
+@register_converter
 class PassthroughConverter(Converter):
     name = "passthrough"
-    passthrough = True
-    uses_data = False
-    calibrate_by_default = False
+    traits = Traits(passthrough=True, uses_data=False, calibrate_by_default=False)
 
     @classmethod
     def accepts(cls, cfg: DrafterConfig) -> bool:

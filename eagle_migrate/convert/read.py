@@ -47,6 +47,8 @@ class Job:
     """One conversion as the skeleton carries it from step to step (filled by :func:`read` and :func:`map_source`)."""
 
     opts: ConvertOptions
+    source: Path
+    out: Path
     device: str
     dtype: torch.dtype
     ck: Any  # formats.base.Checkpoint
@@ -69,12 +71,12 @@ class Job:
         return self.ck.config
 
 
-def read(opts: ConvertOptions) -> Job:
+def read(source: Path, target: str, out: Path, opts: ConvertOptions) -> Job:
     """*read*: check the arguments, read the source checkpoint (memory-mapped) and the target's config."""
     started = now()
-    if not opts.source.exists():
-        raise InputError(f"{opts.source}: no such file or folder")
-    check_output_dir(opts.out, opts.force, opts.inputs)
+    if not source.exists():
+        raise InputError(f"{source}: no such file or folder")
+    check_output_dir(out, opts.force, opts.inputs(source, target))
     fixed_mmap_threshold()  # freed per-sequence temporaries go back to the OS (see its docstring)
     dev = resolve_device(opts.device)
     cdtype = resolve_dtype(opts.dtype, dev)
@@ -83,15 +85,15 @@ def read(opts: ConvertOptions) -> Job:
     from ..formats import read_checkpoint
 
     opts.progress("read source", 0, 1)
-    ck = read_checkpoint(opts.source)
+    ck = read_checkpoint(source)
     opts.progress("read source", 1, 1)
     cfg = ck.config
     if not cfg.supported_architecture:
-        raise UnsupportedError(f"{opts.source}: {cfg.architecture.upper()} drafters are recognised but cannot be converted yet")
+        raise UnsupportedError(f"{source}: {cfg.architecture.upper()} drafters are recognised but cannot be converted yet")
     if ck.quantization:
-        raise UnsupportedError(f"{opts.source}: the drafter is quantized ({ck.quantization.get('scheme')}); convert the unquantized drafter, then quantize")
-    job = Job(opts=opts, device=dev, dtype=cdtype, ck=ck, target=LazyTarget(opts.target, dev, cdtype), started=started,
-              data=opts.data)
+        raise UnsupportedError(f"{source}: the drafter is quantized ({ck.quantization.get('scheme')}); convert the unquantized drafter, then quantize")
+    job = Job(opts=opts, source=source, out=out, device=dev, dtype=cdtype, ck=ck, target=LazyTarget(target, dev, cdtype),
+              started=started, data=opts.data)
     # the source's problems: listed as fixed or as still there once the output is written (base.sort_findings)
     job.source_findings = [f for f in ck.findings if f.severity in ("error", "warning")]
     return job
@@ -221,13 +223,14 @@ def map_source(job: Job, aux: AuxIds | None, aux_ids: list[int]) -> None:
     opts.progress("hash source", 0, 1)
     job.source_sha256 = sha256_files(ck.store.files)
     opts.progress("hash source", 1, 1)
-    tcfg_path = Path(opts.target).expanduser() / "config.json"
+    tspec = job.target.spec
+    tcfg_path = Path(tspec).expanduser() / "config.json"
     cmd = opts.command if opts.command is not None else " ".join([os.path.basename(sys.argv[0] or "python")] + sys.argv[1:])
-    tname = target_name(opts.target)
+    tname = target_name(tspec)
     job.provenance = Provenance(
-        command=cmd, source=str(opts.source), source_sha256=job.source_sha256,
+        command=cmd, source=str(job.source), source_sha256=job.source_sha256,
         source_files=[Path(f).name for f in ck.store.files], source_format=ck.format, source_producer=ck.producer,
-        target=opts.target, target_name=tname.name if tname else None, target_hub_id=tname.hub_id if tname else None,
+        target=tspec, target_name=tname.name if tname else None, target_hub_id=tname.hub_id if tname else None,
         target_config_sha256=sha256_files([tcfg_path]) if tcfg_path.is_file() else None,
         data=job.data, hidden_states_dir=str(opts.hidden_states_dir) if opts.hidden_states_dir else None, seed=opts.seed,
         device=job.device, dtype=str(job.dtype).removeprefix("torch."), output_format=opts.output_format,

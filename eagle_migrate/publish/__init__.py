@@ -18,15 +18,16 @@ The folder holds the checkpoint's ``config.json`` and safetensors weights (copie
 Modules, by job: ``models`` (the result, file names), ``report`` (the validation report as read: verdict, gate rows,
 suite table), ``provenance`` (provenance.json, target and license, what may leave the machine), ``serving`` (the
 speculative config and serving commands), ``card`` (the model card), ``folder`` (the repo folder), ``upload`` (the
-Hub commit), ``stage`` (``publish()``).
+Hub commit), ``options`` (PublishOptions), ``stage`` (``publish()``).
 """
 
 from __future__ import annotations
 
 from .models import REPO_ID, PlannedFile, PublishResult, ValidationStatus
+from .options import PublishOptions
 from .provenance import public, scrub
 from .report import LoadedReport, load_report
 from .stage import publish
 
-__all__ = ["REPO_ID", "LoadedReport", "PlannedFile", "PublishResult", "ValidationStatus", "load_report", "public",
-           "publish", "scrub"]
+__all__ = ["REPO_ID", "LoadedReport", "PlannedFile", "PublishOptions", "PublishResult", "ValidationStatus", "load_report",
+           "public", "publish", "scrub"]

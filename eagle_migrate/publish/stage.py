@@ -20,6 +20,7 @@ from ..formats.io import open_checkpoint_path, sha256_files
 from ..formats.output import atomic_output_dir
 from .folder import RepoPlan, build_folder, is_previous_publish
 from .models import REPO_ID, PlannedFile, PublishResult, ValidationStatus
+from .options import PublishOptions
 from .provenance import describe_checkpoint, resolve_origin
 from .report import LoadedReport, gated_verdict, load_report, report_sha
 from .serving import (
@@ -108,24 +109,8 @@ def _write_out_dir(plan: RepoPlan, out: Path, say: Callable[[str], None]) -> lis
     return [(p, out / p.path) for p, _ in planned_tmp]
 
 
-def publish(
-    checkpoint: Path,
-    repo_id: str,
-    *,
-    report_dir: Path | None = None,
-    private: bool = False,
-    create_pr: bool = False,
-    revision: str | None = None,
-    dry_run: bool = False,
-    force: bool = False,
-    out_dir: Path | None = None,
-    token: str | None = None,
-    progress: Callable[[str], None] | None = None,
-    target: str | None = None,
-    license: str | None = None,
-    num_speculative_tokens: int | None = None,
-    forced_by: str = "--force",
-) -> PublishResult:
+def publish(checkpoint: Path, repo_id: str | None = None, *, token: str | None = None,
+            progress: Callable[[str], None] | None = None, **options: Any) -> PublishResult:
     """Build the repo folder for ``checkpoint`` and (unless ``dry_run``) upload it to ``repo_id`` in one commit.
 
     ``out_dir``: where to write the folder (replaced when it holds an earlier publish folder); default: a temporary
@@ -134,8 +119,18 @@ def publish(
     ``_name_or_path`` or the folder's own name, never the path); with ``license`` it overrides what provenance.json
     and config.json say; ``num_speculative_tokens`` defaults to the report's k, else 3. ``force`` publishes without
     a passing validation report; ``forced_by`` is the flag that asked for it, as the card states it (``--force``,
-    or ``--no-validate`` from ``migrate``).
+    or ``--no-validate`` from ``migrate``). The keyword form of :func:`run` with ``PublishOptions.of(**options)``.
     """
+    return run(checkpoint, PublishOptions.of(repo_id=repo_id, **options), token=token, progress=progress)
+
+
+def run(checkpoint: Path, opts: PublishOptions, *, token: str | None = None,
+        progress: Callable[[str], None] | None = None) -> PublishResult:
+    """The publish stage with its options model (see :func:`publish`); ``token``: the Hub token (send-only)."""
+    repo_id, report_dir, private, create_pr, revision = opts.repo_id, opts.report_dir, opts.private, opts.create_pr, opts.revision
+    dry_run, force, out_dir, target, license = opts.dry_run, opts.force, opts.out_dir, opts.target, opts.license
+    num_speculative_tokens, forced_by = opts.num_speculative_tokens, opts.forced_by
+    report_dir = Path(report_dir) if report_dir is not None else None
     say = progress or (lambda msg: None)
     if not isinstance(repo_id, str) or not REPO_ID.match(repo_id):
         raise InputError(f"--repo-id {repo_id!r} is not ORG/NAME", "e.g. --repo-id my-org/llama31-8b-eagle3.1")

@@ -1,8 +1,8 @@
-"""The built-in scheme handlers, one registered per scheme config (``schemes.register_handler``): how a scheme packs
+"""The built-in scheme handlers, one registered per scheme (``registry.register_handler``): how a scheme packs
 a fused group of weights, which static input scale it stores for a calibrated activation range, and how vLLM's kernel
 treats a Linear's input (the reference engine's fake quantization, through compressed-tensors' own functions).
 
-Imports: torch, ``quant.schemes``, ``quant.numerics`` (compressed-tensors lazily).
+Imports: torch, ``quant.registry``, ``quant.schemes``, ``quant.numerics`` (compressed-tensors lazily).
 """
 
 from __future__ import annotations
@@ -18,17 +18,8 @@ from .numerics import (
     nvfp4_input_global_scale,
     nvfp4_weight,
 )
-from .schemes import (
-    NVFP4,
-    NVFP4A16,
-    FP8Dynamic,
-    FP8Static,
-    SchemeConfig,
-    SchemeHandler,
-    get_scheme,
-    handler_for,
-    register_handler,
-)
+from .registry import SchemeConfig, SchemeHandler, get_scheme, handler_for, register_handler
+from .schemes import NVFP4, NVFP4A16, FP8Dynamic, FP8Static
 
 
 def activation_hook(scheme: str | SchemeConfig, local: dict[str, Any]) -> Callable | None:

@@ -6,7 +6,7 @@ What is stored (shared/reference quant-formats.md §2-§4): FP8 ``weight`` (floa
 ``weight_scale`` (float8 [out, in/16]) + ``weight_global_scale`` (fp32 [1], a divisor) (+ ``input_global_scale``
 for W4A4). No zero points.
 
-Imports: torch, ``errors``, ``quant.schemes`` (compressed-tensors lazily).
+Imports: torch, ``errors``, ``quant.registry``, ``quant.schemes`` (compressed-tensors lazily).
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from collections.abc import Iterable
 import torch
 
 from ..errors import UnsupportedError
-from .schemes import NVFP4_GROUP, SchemeConfig, get_scheme
+from .registry import SchemeConfig, get_scheme
+from .schemes import NVFP4_GROUP
 
 
 def scale_dtype(source_dtype: torch.dtype) -> torch.dtype:

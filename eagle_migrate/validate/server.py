@@ -8,26 +8,32 @@ refused (other traffic). Each suite's AL is the sum of its blocks' counters, its
 estimator's across blocks. ``--baseline-server URL`` adds per-user output throughput, TTFT and inter-token latency
 at each concurrency, speculative and baseline server measured in alternation.
 
-The engine is pluggable beside the in-process one: :func:`validate_server` builds the same suites and the same
-:class:`ValidationReport` (engine ``server``) through ``api``'s steps (the CLI calls it for ``--server``). The
-server's HTTP API and metrics are ``server_client.py``'s, the speed runs ``server_speed.py``'s, the URL-only
-tokenisation ``server_tokenizer.py``'s. Imports: errors, target, corpora, formats, validate.{api, metrics, report,
-server_client, server_speed, server_tokenizer}.
+The engine is registered as ``server`` (``validate/engines.py``) beside the in-process ones: a
+:class:`ServerSession` says what the suites are built with (the target's tokenizer, or the server's own), measures
+them block by block and adds the block standard errors and the serving speed; the suites, gates and report are the
+validation's own (``api.run_validation``), the same code as in-process; ``api.validate_server`` is the keyword form.
+The server's HTTP API and metrics are ``server_client.py``'s, the speed runs ``server_speed.py``'s, the URL-only
+tokenisation ``server_tokenizer.py``'s. Imports: errors, target (lazily: torch), corpora, formats,
+validate.{engines, engine (aux ids), metrics, options, report, server_client, server_speed, server_tokenizer}.
 """
 
 from __future__ import annotations
 
-import datetime as _dt
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from .. import __version__
-from ..errors import CheckFailed, InputError, ServerError
+from ..errors import InputError, ServerError
+from ..formats.io import open_checkpoint_path, sha256_files
+from ..formats.output import check_no_overlap
+from .engine import aux_ids_status
+from .engines import Engine, Measured, Session, register_engine
 from .metrics import AcceptanceStats, ratio_se
-from .report import ServerInfo, ValidationReport, write_report
+from .options import ValidateOptions
+from .report import ServerInfo, ValidationReport
 from .server_client import (  # noqa: F401  (re-exported: the engine's public names live here)
     PER_POSITION,
     SPEC_COUNTERS,
@@ -137,11 +143,14 @@ def check_block(before: Scrape, after: Scrape, sent: int, completions: list[Comp
 
 
 def measure(client: ServerClient, jobs: dict[str, dict[str, Any]], *, block_size: int = 4, temperature: float = 0.0,
-            seed: int = 0, log: Callable[[str], None] | None = None) -> dict[str, tuple[AcceptanceStats, dict[str, Any]]]:
+            seed: int = 0, log: Callable[[str], None] | None = None,
+            progress: Callable[[int, int, str], None] | None = None) -> dict[str, tuple[AcceptanceStats, dict[str, Any]]]:
     """Per job ``{"prompts", "max_tokens"}``: the counters summed over its blocks, and in ``extra`` the outputs,
     the seconds and the per-block counters (``blocks``) a standard error needs. A block's requests are sent
-    together (the server batches them); the counters are read before and after each block."""
+    together (the server batches them); the counters are read before and after each block; ``progress(done,
+    total, job)`` after each block (requests)."""
     say = log or (lambda m: None)
+    total_requests, sent = sum(len(j["prompts"]) for j in jobs.values()), 0
     out: dict[str, tuple[AcceptanceStats, dict[str, Any]]] = {}
     before = client.metrics()
     with ThreadPoolExecutor(max_workers=max(1, block_size)) as pool:
@@ -161,6 +170,9 @@ def measure(client: ServerClient, jobs: dict[str, dict[str, Any]], *, block_size
                 blocks.append(check_block(before, after, len(chunk), comps))
                 outputs += [c.token_ids for c in comps]
                 before = after
+                sent += len(chunk)
+                if progress is not None:
+                    progress(sent, total_requests, name)
             total = AcceptanceStats.total(blocks)
             say(f"server: {name}: {len(prompts)} prompts in {len(blocks)} blocks, AL {total.acceptance_length:.3f}")
             out[name] = (total, {"outputs": outputs, "seconds": secs, "blocks": [b.model_dump() for b in blocks]})
@@ -178,94 +190,101 @@ def block_errors(blocks: list[dict[str, Any]]) -> tuple[float | None, list[float
     return (None if se is None else round(se, 4)), [round(x or 0.0, 4) for x in pos]
 
 
-# ----- validate --server ---------------------------------------------------------------------------------------------
-def validate_server(
-    checkpoint: str | os.PathLike | None,
-    target: str | None,
-    server: str,
-    *,
-    api_key: str | None = None,
-    baseline_server: str | None = None,
-    concurrency: Sequence[int] = (1, 4, 16),
-    speed_rounds: int = 3,
-    suites: list[str] | tuple[str, ...] | None = None,
-    prompts_file: str | os.PathLike | None = None,
-    k: int | None = None,
-    min_acceptance_length: float | None = None,
-    report_dir: str | os.PathLike | None = None,
-    num_prompts: int | None = None,
-    max_tokens: int | None = None,
-    temperature: float = 0.0,
-    seed: int = 0,
-    block_size: int = 4,
-    check: bool = False,
-    log: Callable[[str], None] | None = None,
-) -> ValidationReport:
-    """``validate`` against a running vLLM server (engine ``server``): the same suites (token ids, built with the
-    target's tokenizer: ``target`` needs its tokenizer and config only, no weights; ``target`` None: tokenised by
-    the server's own ``/tokenize``, the model from ``/v1/models``), the same gates and report. ``checkpoint``: the
-    drafter as the user states it, or None; a local folder is read only to record its aux ids, flags and hashes
-    (``server.drafter``), never to measure. ``api_key``: the server's key (send-only)."""
-    from . import api
+# ----- the server engine ---------------------------------------------------------------------------------------------
+@register_engine
+class ServerEngine(Engine):
+    name = "server"
+    description = "a running OpenAI-compatible vLLM server: /v1/completions in blocks, /metrics around each block"
+    in_process = False
 
-    t_start = time.perf_counter()
-    say = log or (lambda m: None)
-    api._quiet_transformers()
-    if block_size < 1:
-        raise InputError("--block-size must be at least 1")
-    conc = sorted({int(c) for c in concurrency})
-    if baseline_server and (not conc or conc[0] < 1):
-        raise InputError("--concurrency needs positive integers, e.g. 1,4,16")
-    if report_dir is not None:
-        from ..formats.output import check_no_overlap
+    def open(self, checkpoint: Any, target: Any, opts: ValidateOptions, log: Callable[[str], None]) -> Session:
+        return ServerSession.open(checkpoint, target, opts, log)
 
-        check_no_overlap(Path(report_dir), [checkpoint, target, prompts_file], what="--report")
-    weights_sha = _weights_sha(checkpoint)
-    with ServerClient(server, api_key) as client:
-        info, _ = describe(client, drafter=str(checkpoint) if checkpoint is not None else None, k=k)
-        kk = int(info.speculative_config["num_speculative_tokens"])
-        say(f"server: {info.url} vLLM {info.vllm_version or '?'}, model {info.model}, k={kk}"
-            + (f", drafter {info.speculative_config.get('model')} ({info.sources.get('model')})"
-               if info.speculative_config.get("model") else ""))
-        tinfo, tok = _tokenizer(client, info, target, say)
-        mml = info.max_model_len or int(tinfo.max_position_embeddings or 8192)
-        named = info.speculative_config.get("model") if info.sources.get("model") == "server_info" else None
-        info.drafter = drafter_record(checkpoint, named)
+
+@dataclass
+class ServerSession(Session):
+    """A validation against a running server: the suites are the target's tokenizer's (``target`` needs its
+    tokenizer and config only, no weights) or, without ``target``, the server's own (``/tokenize``; the model from
+    ``/v1/models``). ``checkpoint``: the drafter as the user states it, or None; a local folder is read only to
+    record its aux ids, flags and hashes (``server.drafter``), never to measure."""
+
+    per_request = False  # the counters are read around blocks of requests: each block is a unit of the SE
+
+    opts: ValidateOptions | None = None
+    log: Any = None
+    client: Any = None
+    server_info: ServerInfo | None = None
+    stated: Any = None  # the checkpoint as the user stated it
+    target_given: bool = True
+    concurrency: list[int] | None = None
+    speed: Any = None
+
+    @classmethod
+    def open(cls, checkpoint: Any, target: Any, opts: ValidateOptions, log: Callable[[str], None]) -> ServerSession:
+        conc = sorted({int(c) for c in opts.concurrency})
+        if opts.baseline_server and (not conc or conc[0] < 1):
+            raise InputError("--concurrency needs positive integers, e.g. 1,4,16")
+        if opts.report_dir is not None:
+            check_no_overlap(Path(opts.report_dir), [checkpoint, target, opts.prompts_file], what="--report")
+        weights_sha = _weights_sha(checkpoint)
+        client = ServerClient(opts.server, _key(opts)).__enter__()
+        try:
+            info, _ = describe(client, drafter=str(checkpoint) if checkpoint is not None else None, k=opts.k)
+            kk = int(info.speculative_config["num_speculative_tokens"])
+            log(f"server: {info.url} vLLM {info.vllm_version or '?'}, model {info.model}, k={kk}"
+                + (f", drafter {info.speculative_config.get('model')} ({info.sources.get('model')})"
+                   if info.speculative_config.get("model") else ""))
+            tinfo, tok = _tokenizer(client, info, target, log)
+            mml = info.max_model_len or int(tinfo.max_position_embeddings or 8192)
+            named = info.speculative_config.get("model") if info.sources.get("model") == "server_info" else None
+            info.drafter = drafter_record(checkpoint, named)
+        except BaseException:
+            client.__exit__(None, None, None)
+            raise
         ckpt = str(checkpoint) if checkpoint is not None else (str(named) if named else None)
-        inp = api._Inputs(ckpt or "", None, "server", weights_sha or "", tinfo, tok, mml)
-        built, jobs = api._build_suites(inp, suites, prompts_file, num_prompts=num_prompts, max_tokens=max_tokens,
-                                        seed=seed)
-        say("suites: " + ", ".join(f"{s.name} ({s.size} prompts)" for s in built))
-        new_r = measure(client, jobs, block_size=block_size, temperature=temperature, seed=seed, log=say)
-        speed = None
-        if baseline_server:
-            speed = _speed(client, info, baseline_server, api_key, built, conc, speed_rounds, seed, say)
+        return cls(engine="server", checkpoint=ckpt or None, target=str(target) if target is not None else
+                   str(info.model_root or info.model), tokenizer=tok, info=tinfo, max_model_len=mml, k=kk,
+                   weights_sha=weights_sha, opts=opts, log=log, client=client, server_info=info, stated=checkpoint,
+                   target_given=target is not None, concurrency=conc)
 
-    suite_results = [api._suite_result(s, jobs, new_r, None, None) for s in built]
-    _add_block_errors(built, jobs, new_r, suite_results)
-    gates, failures = api._apply_gates(suite_results, min_acceptance_length, None)
-    overall = {"new": round(AcceptanceStats.total(new_r[x][0] for x in jobs).acceptance_length, 4)}
-    settings = {"num_speculative_tokens": kk, "temperature": temperature, "seed": seed, "dtype": None,
-                "max_model_len": mml, "tensor_parallel_size": None, "speedup": bool(baseline_server),
-                "block_size": block_size, "concurrency": conc if baseline_server else None,
-                "tokenizer": "target" if target is not None else "server"}
-    aux, warnings = ({}, []) if info.drafter.get("source") is None else \
-        api.aux_ids_status({"new": str(checkpoint)}, str(target or info.model_root or info.model))
-    for w in warnings:
-        say("warning: " + w)
-    report = ValidationReport(
-        tool=f"eagle-migrate {__version__}", created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        checkpoint=inp.ckpt or None, weights_sha256=weights_sha, baseline=None,
-        target=str(target) if target is not None else str(info.model_root or info.model), engine="server",
-        engine_version=info.vllm_version, settings=settings, suites=suite_results, overall=overall, gates=gates,
-        passed=not failures, failures=failures, diagnostics=None, aux_ids=aux, warnings=warnings, server=info,
-        serving_speed=speed)
-    report.seconds = round(time.perf_counter() - t_start, 1)
-    if report_dir is not None:
-        write_report(report, Path(report_dir))
-    if check and not report.passed:
-        raise CheckFailed("; ".join(failures))
-    return report
+    def measure(self, jobs: dict[str, dict[str, Any]], progress: Any = None) -> Measured:
+        tick = (lambda done, total, info: progress("validate: server", done, total, info)) if progress else None
+        new_r = measure(self.client, jobs, block_size=self.opts.block_size, temperature=self.opts.temperature,
+                        seed=self.opts.seed, log=self.log, progress=tick)
+        return Measured(new=new_r, engine_version=self.server_info.vllm_version)
+
+    def finish(self, built: list[Any], jobs: dict[str, Any], measured: Measured, suite_results: list[Any]) -> None:
+        """The speed runs against --baseline-server (on all suites' prompts), then each suite's (and group's)
+        standard errors across its blocks; the drafter's aux ids as recorded."""
+        o = self.opts
+        if o.baseline_server:
+            self.speed = _speed(self.client, self.server_info, o.baseline_server, _key(o), built, self.concurrency,
+                                o.speed_rounds, o.seed, self.log)
+        _add_block_errors(built, jobs, measured.new, suite_results)
+        if self.server_info.drafter.get("source") is not None:
+            self.aux, self.warnings = aux_ids_status({"new": str(self.stated)}, self.target)
+            for w in self.warnings:
+                self.log("warning: " + w)
+
+    def settings(self, measured: Measured) -> dict[str, Any]:
+        o = self.opts
+        return {"num_speculative_tokens": self.k, "temperature": o.temperature, "seed": o.seed, "dtype": None,
+                "max_model_len": self.max_model_len, "tensor_parallel_size": None, "speedup": bool(o.baseline_server),
+                "block_size": o.block_size, "concurrency": self.concurrency if o.baseline_server else None,
+                "tokenizer": "target" if self.target_given else "server"}
+
+    def report_fields(self) -> dict[str, Any]:
+        return {"server": self.server_info, "serving_speed": self.speed}
+
+    def close(self) -> None:
+        if self.client is not None:
+            self.client.__exit__(None, None, None)
+            self.client = None
+
+
+def _key(opts: ValidateOptions) -> str | None:
+    """The server's API key: the library's ``api_key``, else the variable ``api_key_env`` names (send-only)."""
+    return opts.api_key.get_secret_value() if opts.api_key is not None else api_key_from_env(opts.api_key_env)
 
 
 def _tokenizer(client: ServerClient, info: ServerInfo, target: str | None, say: Callable[[str], None]) -> tuple[Any, Any]:
@@ -275,7 +294,7 @@ def _tokenizer(client: ServerClient, info: ServerInfo, target: str | None, say: 
         info.chat_template_matches = True  # the server renders every chat request itself
         say("suites: tokenised by the server (/tokenize; no --target)")
         return ServedModel(info.max_model_len), ServerTokenizer(client)
-    from ..target import load_tokenizer, target_info
+    from ..target import load_tokenizer, target_info  # lazy: torch (a URL-only validation never loads it)
 
     tinfo = target_info(target)
     tok = load_tokenizer(target)
@@ -290,8 +309,6 @@ def _weights_sha(checkpoint: str | os.PathLike | None) -> str | None:
     """sha256 of the stated drafter's weights when it is a local folder or file (publish checks it)."""
     if checkpoint is None or not Path(checkpoint).exists():
         return None
-    from ..formats.io import open_checkpoint_path, sha256_files
-
     return sha256_files(open_checkpoint_path(Path(checkpoint))[1])
 
 

@@ -6,6 +6,8 @@ import json
 import os
 import subprocess
 import sys
+import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +15,7 @@ from ..devices import cuda_available
 from ..errors import EngineError
 from .attention_backend import AttentionChoice, choose_for, is_mla
 from .metrics import AcceptanceStats
-from .vllm_worker import PARENT_ENV, RESULT_MARK
+from .vllm_worker import PARENT_ENV, PROGRESS_MARK, RESULT_MARK
 
 
 def vllm_python_default() -> str:
@@ -34,8 +36,13 @@ def vllm_importable(python: str | None = None) -> bool:
     return r.returncode == 0
 
 
-def run_worker(request: dict[str, Any], python: str | None = None, timeout: float = 1800) -> dict[str, Any]:
-    """Run one worker process; raise EngineError with the tail of its log when it fails."""
+WorkerProgress = Callable[[int, int, str], None]  # (suites done, suites in all runs, what finished)
+
+
+def run_worker(request: dict[str, Any], python: str | None = None, timeout: float = 1800,
+               progress: WorkerProgress | None = None) -> dict[str, Any]:
+    """Run one worker process; raise EngineError with the tail of its log when it fails. ``progress`` gets the
+    worker's progress lines (a suite finished, an engine loading) while it runs."""
     python = python or vllm_python_default()
     env = dict(os.environ)
     env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -46,24 +53,63 @@ def run_worker(request: dict[str, Any], python: str | None = None, timeout: floa
     env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env[PARENT_ENV] = str(os.getpid())  # the worker exits when this process dies (vllm_worker.die_with_parent)
     try:
-        p = subprocess.run(
-            [python, "-m", "eagle_migrate.validate.vllm_worker"],
-            input=json.dumps(request), capture_output=True, text=True, env=env, timeout=timeout,
-        )
+        rc, stdout, stderr = _communicate([python, "-m", "eagle_migrate.validate.vllm_worker"], json.dumps(request),
+                                          env, timeout, progress)
     except FileNotFoundError:
         raise EngineError(f"vLLM python '{python}' not found", "pass --vllm-python PATH or use --engine reference") from None
     except subprocess.TimeoutExpired:
         raise EngineError(f"the vLLM worker did not finish within {timeout:.0f} s") from None
-    line = next((ln for ln in reversed(p.stdout.splitlines()) if ln.startswith(RESULT_MARK)), None)
+    line = next((ln for ln in reversed(stdout.splitlines()) if ln.startswith(RESULT_MARK)), None)
     if line is None:
-        tail = (p.stderr or p.stdout).strip().splitlines()[-3:]
-        raise EngineError(f"the vLLM worker exited with {p.returncode} and no result: {' | '.join(tail)[:400]}")
+        tail = (stderr or stdout).strip().splitlines()[-3:]
+        raise EngineError(f"the vLLM worker exited with {rc} and no result: {' | '.join(tail)[:400]}")
     res = json.loads(line[len(RESULT_MARK):])
     if os.environ.get("EAGLE_MIGRATE_DEBUG") and (not res.get("ok") or any(r.get("error") for r in res.get("runs", []))):
-        sys.stderr.write(p.stderr[-8000:])
+        sys.stderr.write(stderr[-8000:])
     if not res.get("ok"):
         raise EngineError(f"vLLM failed: {first_line(res.get('error', '?'))}")
     return res
+
+
+def _communicate(cmd: list[str], stdin: str, env: dict[str, str], timeout: float,
+                 progress: WorkerProgress | None) -> tuple[int, str, str]:
+    """``subprocess.run(cmd, input=stdin, capture_output=True, timeout=timeout)``, with the worker's progress lines
+    (stderr) handed to ``progress`` as they come and left out of the returned stderr."""
+    p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    out: list[str] = []
+    err: list[str] = []
+
+    def read_err() -> None:
+        for ln in p.stderr:
+            if ln.startswith(PROGRESS_MARK):
+                if progress is not None:
+                    try:
+                        e = json.loads(ln[len(PROGRESS_MARK):])
+                        progress(int(e["done"]), int(e["total"]), str(e.get("info", "")))
+                    except (ValueError, KeyError, TypeError):
+                        pass
+                continue
+            err.append(ln)
+
+    readers = [threading.Thread(target=read_err, daemon=True),
+               threading.Thread(target=lambda: out.append(p.stdout.read()), daemon=True)]
+    for t in readers:
+        t.start()
+    try:
+        p.stdin.write(stdin)
+        p.stdin.close()
+    except BrokenPipeError:  # the worker died before reading its request: its stderr says why
+        pass
+    try:
+        p.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+        raise
+    finally:
+        for t in readers:
+            t.join(timeout=10)
+    return p.returncode, "".join(out), "".join(err)
 
 
 def first_line(text: str) -> str:
@@ -117,30 +163,12 @@ def _parse_suites(suites: dict[str, Any], vllm_version: str | None) -> dict[str,
     return out
 
 
-def measure(
-    target: str,
-    drafter: str | None,
-    suites: dict[str, dict[str, Any]],
-    *,
-    num_speculative_tokens: int = 3,
-    dtype: str = "float32",
-    max_model_len: int = 2048,
-    temperature: float = 0.0,
-    skip_tokenizer_init: bool = False,
-    tensor_parallel_size: int = 1,
-    python: str | None = None,
-    **extra: Any,
-) -> dict[str, tuple[AcceptanceStats, dict[str, Any]]]:
-    """Acceptance stats per suite from one vLLM engine. ``suites`` = {name: {"prompts": [...], "max_tokens": n}}.
-
-    ``record_drafts=True`` (in ``extra``) also returns, per suite, ``extra["drafts"]``: per prompt the list of
-    proposals ``{"n", "next_token", "drafts"}`` (see vllm_worker).
-    """
-    return measure_many(
-        target, [drafter], suites, num_speculative_tokens=num_speculative_tokens, dtype=dtype,
-        max_model_len=max_model_len, temperature=temperature, skip_tokenizer_init=skip_tokenizer_init,
-        tensor_parallel_size=tensor_parallel_size, python=python, **extra,
-    )[0]
+def measure(target: str, drafter: str | None, suites: dict[str, dict[str, Any]],
+            **options: Any) -> dict[str, tuple[AcceptanceStats, dict[str, Any]]]:
+    """Acceptance stats per suite from one vLLM engine: :func:`measure_many` with one drafter (its keywords).
+    ``suites`` = {name: {"prompts": [...], "max_tokens": n}}. ``record_drafts=True`` also returns, per suite,
+    ``extra["drafts"]``: per prompt the list of proposals ``{"n", "next_token", "drafts"}`` (see vllm_worker)."""
+    return measure_many(target, [drafter], suites, **options)[0]
 
 
 def measure_many(
@@ -157,12 +185,14 @@ def measure_many(
     python: str | None = None,
     timeout: float = 3600,
     attention: AttentionChoice | None = None,
+    progress: WorkerProgress | None = None,
     **extra: Any,
 ) -> list[dict[str, tuple[AcceptanceStats, dict[str, Any]]]]:
     """Several drafters (None = the target alone, no speculation) against one target, one after the other in one
     worker process (vLLM is imported once). One result dict per drafter, in order. ``attention``: the backends to ask
     for (default :func:`attention_choice` for this host and dtype). A drafter vLLM refuses raises
-    :class:`DrafterRefused` (the first refused one), after the others have run; it carries their results."""
+    :class:`DrafterRefused` (the first refused one), after the others have run; it carries their results.
+    ``progress(done, total, info)``: a suite finished (``total`` counts every drafter's suites)."""
     req = _request(target, num_speculative_tokens=num_speculative_tokens, dtype=dtype, max_model_len=max_model_len,
                    temperature=temperature, skip_tokenizer_init=skip_tokenizer_init,
                    tensor_parallel_size=tensor_parallel_size, extra=extra)
@@ -171,7 +201,7 @@ def measure_many(
     req["attention_backend"] = attention.target
     req["runs"] = [{"drafter": str(d) if d else None,
                     "draft_attention_backend": attention.drafter if d and is_mla(d) else None} for d in drafters]
-    res = run_worker(req, python, timeout=timeout)
+    res = run_worker(req, python, timeout=timeout, progress=progress)
     out = [None if r.get("error") else _parse_suites(r["suites"], res.get("vllm_version")) for r in res["runs"]]
     bad = next((i for i, r in enumerate(res["runs"]) if r.get("error")), None)
     errors = {first_line(r["error"]) for r in res["runs"] if r.get("error")}

@@ -39,6 +39,15 @@ import sys
 import time
 
 RESULT_MARK = "EAGLE_MIGRATE_RESULT "
+PROGRESS_MARK = "EAGLE_MIGRATE_PROGRESS "  # a stderr line per finished suite: {"done", "total", "info"} (all runs)
+
+_PROGRESS = {"done": 0, "total": 0}
+
+
+def _progress(info: str) -> None:
+    """One progress line on stderr (the parent reads it while the worker runs: vllm_engine.run_worker)."""
+    sys.stderr.write(PROGRESS_MARK + json.dumps({"done": _PROGRESS["done"], "total": _PROGRESS["total"], "info": info}) + "\n")
+    sys.stderr.flush()
 
 _RECORDS: list | None = None  # proposals of the prompt in flight when record_drafts is on
 
@@ -199,6 +208,8 @@ def _run_one(req: dict, drafter: str | None, k: int, suites: dict, draft_backend
             if drafter and req.get("per_request_metrics"):
                 res["per_request"] = [_request_metrics(o) for o in outs]
             out[name] = res
+            _PROGRESS["done"] += 1
+            _progress(f"{name}: {len(prompts)} prompts in {dt:.0f} s" + (f" ({os.path.basename(str(drafter))})" if drafter else ""))
     finally:
         del llm
         gc.collect()
@@ -225,9 +236,12 @@ def run(req: dict) -> dict:
         _install_draft_recorder()
     runs = req.get("runs") or [{"drafter": req.get("drafter")}]
     result: dict = {"ok": True, "vllm_version": vllm.__version__, "runs": []}
-    for r in runs:
+    _PROGRESS["total"] = sum(len(r.get("suites") or req["suites"]) for r in runs)
+    for i, r in enumerate(runs):
         k = int(r.get("num_speculative_tokens", req.get("num_speculative_tokens", 3)))
         t0 = time.perf_counter()
+        _progress(f"loading the engine ({'target alone' if not r.get('drafter') else os.path.basename(str(r['drafter']))}"
+                  + (f", run {i + 1} of {len(runs)}" if len(runs) > 1 else "") + ")")
         try:
             suites = _run_one(req, r.get("drafter"), k, r.get("suites") or req["suites"], r.get("draft_attention_backend"))
         except Exception as e:  # vLLM refused this drafter: say which, keep what the other runs measure
@@ -236,6 +250,7 @@ def run(req: dict) -> dict:
             traceback.print_exc(file=sys.stderr)
             result["runs"].append({"drafter": r.get("drafter"), "num_speculative_tokens": k, "suites": {},
                                    "error": f"{e.__class__.__name__}: {e}", "seconds": time.perf_counter() - t0})
+            _PROGRESS["done"] = sum(len(x.get("suites") or req["suites"]) for x in runs[:i + 1])
             continue
         result["runs"].append({"drafter": r.get("drafter"), "num_speculative_tokens": k, "suites": suites,
                                "seconds": time.perf_counter() - t0})

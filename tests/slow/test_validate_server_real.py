@@ -58,7 +58,7 @@ def _drafter(tmp: Path, target_dir: Path) -> Path:
 
 def test_server_agrees_with_in_process_engine_on_smollm2(tmp_path, capsys):
     from eagle_migrate.validate import validate
-    from eagle_migrate.validate.server import validate_server
+    from eagle_migrate.validate.api import validate_server
 
     target = assets.smollm2_target()
     drafter = _drafter(tmp_path, target)

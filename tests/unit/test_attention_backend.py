@@ -56,7 +56,7 @@ def test_the_probe_and_the_engine_request(tmp_path, monkeypatch):
     assert ab.amx_available()
     monkeypatch.setattr(vllm_engine, "cuda_available", lambda: False)
     seen = {}
-    monkeypatch.setattr(vllm_engine, "run_worker", lambda req, python, timeout: seen.update(req) or {
+    monkeypatch.setattr(vllm_engine, "run_worker", lambda req, python, timeout, **_: seen.update(req) or {
         "vllm_version": "x", "runs": [{"suites": {}} for _ in req["runs"]]})
     vllm_engine.measure_many(str(tmp_path / "t"), [str(tmp_path / "d"), str(tmp_path / "l"), None],
                              {"s": {"prompts": [[1]], "max_tokens": 1}}, dtype="float32")

@@ -258,14 +258,12 @@ def test_calibration_options_are_one_checked_object_built_once_by_convert():
     """The calibration's options are one frozen CalibrationSettings (keywords of calibrate / calibrate_checkpoint
     are laid over it, an unknown one is refused, a bad --train fails on creation), and convert builds it from its
     own options instead of passing each option through every signature."""
-    from dataclasses import replace
-
     from eagle_migrate.calibrate import CPU_DEFAULTS, DEFAULT_LR, CalibrationSettings, defaults_for
     from eagle_migrate.convert import ConvertOptions
     from eagle_migrate.errors import InputError
 
     s = CalibrationSettings(train="norms+fc", steps=5)
-    assert CalibrationSettings.of(s) is s and CalibrationSettings.of(s, lr=0.1) == replace(s, lr=0.1)
+    assert CalibrationSettings.of(s) is s and CalibrationSettings.of(s, lr=0.1) == s.model_copy(update={"lr": 0.1})
     with pytest.raises(TypeError):
         CalibrationSettings.of(s, stepz=3)
     with pytest.raises(InputError, match="--train"):
@@ -273,8 +271,9 @@ def test_calibration_options_are_one_checked_object_built_once_by_convert():
     cfg = CalibrationSettings(train="all").fit_config(defaults_for("cpu"))
     assert cfg.patience is None and cfg.lr == DEFAULT_LR["all"] and cfg.steps == CPU_DEFAULTS["steps"]
     assert CalibrationSettings(patience=7, max_minutes=0.5).fit_config(defaults_for("cpu")).max_seconds == 30.0
-    o = ConvertOptions(source="s", target="t", out="o", train="norms+fc", steps=7, max_minutes=1.5, cache_dir="c",
-                       resume_dir="r", seed=3, hidden_states_dir="hs")
+    o = ConvertOptions.of(train="norms+fc", steps=7, max_minutes=1.5, cache_dir="c", resume_dir="r", seed=3,
+                          hidden_states_dir="hs")
+    assert o.calibration.train == "norms+fc" and o.calibration.steps == 7  # held, not copied
     cs = o.calibration_settings(device="cpu", dtype=torch.float32, data="d")
     assert (cs.train, cs.steps, cs.max_minutes, cs.cache_dir, cs.resume_dir, cs.seed, cs.hidden_states_dir, cs.data,
             cs.num_sequences, cs.device, cs.dtype) == ("norms+fc", 7, 1.5, "c", "r", 3, "hs", "d", 32, "cpu", torch.float32)

@@ -94,22 +94,25 @@ def test_options_are_checked_before_anything_is_read(tmp_path):
 
     with pytest.raises(InputError, match="--train 'everything'"):
         convert(tmp_path / "no-such-source", "no-such-target", tmp_path / "out", train="everything")
-    with pytest.raises(InputError, match="unknown output format 'gguf'"):
-        ConvertOptions(source=tmp_path, target="t", out=tmp_path / "out", output_format="gguf")
+    with pytest.raises(InputError, match="--output-format 'gguf'"):
+        ConvertOptions(output_format="gguf")
     assert not (tmp_path / "out").exists()
-    o = ConvertOptions(source=str(tmp_path), target="t", out=str(tmp_path / "out"), progress=None)
-    assert o.source == tmp_path and o.out == tmp_path / "out" and o.progress("stage", 0, 1) is None
+    o = ConvertOptions.of(progress=None, steps=3)
+    assert o.calibration.steps == 3 and o.progress("stage", 0, 1) is None
+    with pytest.raises(TypeError, match="stepz"):
+        ConvertOptions.of(stepz=3)
 
 
 def test_every_source_generation_has_exactly_one_converter():
-    from eagle_migrate.convert.base import CONVERTERS, converter_for
+    import eagle_migrate.convert.base  # noqa: F401  (the skeleton imports the built-in converters: they register)
+    from eagle_migrate.convert.registry import CONVERTERS, converter_for
 
     cases = {"eagle3": toy_cfg(), "passthrough": toy_cfg(fc_norm=True, norm_output=True),
              "eagle2": toy_cfg().model_copy(update={"generation": "eagle2"})}
     for name, cfg in cases.items():
         assert converter_for(cfg).name == name
-        assert [c.name for c in CONVERTERS if c.accepts(cfg)] == [name]
-    assert {c.name for c in CONVERTERS} == set(cases)
+        assert [c.name for c in CONVERTERS.values() if c.accepts(cfg)] == [name]
+    assert set(CONVERTERS) == set(cases) and all(CONVERTERS[n].name == n for n in cases)
 
 
 # ----- the toy pair: exact ----------------------------------------------------------------------------------------

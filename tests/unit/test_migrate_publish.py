@@ -31,10 +31,10 @@ def _names(stages) -> list[str]:
 
 def test_validate_runs_by_default_when_publishing(pair):
     target, drafter = pair
-    assert _names(build_stages(drafter, str(target), MigrateOptions(publish="o/n", publish_dry_run=True))) == \
+    assert _names(build_stages(drafter, str(target), MigrateOptions.of(repo_id="o/n", dry_run=True))) == \
         ["inspect", "convert", "validate", "publish"]
-    assert _names(build_stages(drafter, str(target), MigrateOptions())) == ["inspect", "convert"]  # nothing to publish
-    st = build_stages(drafter, str(target), MigrateOptions(publish="o/n", validate=False))  # an upload too: explicit
+    assert _names(build_stages(drafter, str(target), MigrateOptions.of())) == ["inspect", "convert"]  # nothing to publish
+    st = build_stages(drafter, str(target), MigrateOptions.of(repo_id="o/n", run_validate=False))  # an upload too: explicit
     assert _names(st) == ["inspect", "convert", "publish"]
     assert st[-1].inputs["force"] is True and st[-1].inputs["forced_by"] == "--no-validate"
 
@@ -42,13 +42,13 @@ def test_validate_runs_by_default_when_publishing(pair):
 def test_no_validate_with_a_gate_is_refused(pair, tmp_path):
     target, drafter = pair
     with pytest.raises(InputError, match="--no-validate"):
-        check_options(drafter, str(target), tmp_path / "o", MigrateOptions(validate=False, max_regression_pct=5.0))
+        check_options(drafter, str(target), tmp_path / "o", MigrateOptions.of(run_validate=False, max_regression_pct=5.0))
 
 
 def _opts(**kw) -> MigrateOptions:
-    base = dict(calibrate=False, num_sequences=4, quantize="fp8-dynamic", engine="reference", suites=["chat"],
-                num_prompts=2, max_tokens=8, publish="o/toy", publish_dry_run=True)
-    return MigrateOptions(**{**base, **kw})
+    base = dict(calibrate=False, num_sequences=4, scheme="fp8-dynamic", engine="reference", suites=["chat"],
+                num_prompts=2, max_tokens=8, repo_id="o/toy", dry_run=True)
+    return MigrateOptions.of(**{**base, **kw})
 
 
 def test_migrate_publish_dry_run_card(pair, tmp_path):
@@ -88,7 +88,7 @@ def test_migrate_publish_dry_run_card(pair, tmp_path):
 
 def test_migrate_no_validate_card_says_so(pair, tmp_path):
     target, drafter = pair
-    res = migrate(drafter, str(target), tmp_path / "run", _opts(validate=False, quantize=None))
+    res = migrate(drafter, str(target), tmp_path / "run", _opts(run_validate=False, scheme=None))
     assert res.ok and [s.name for s in res.stages] == ["inspect", "convert", "publish"]
     card = (tmp_path / "run" / "publish" / "repo" / "README.md").read_text()
     assert "published with `--no-validate`" in card and "--force" not in card

@@ -61,7 +61,7 @@ def test_migrate_hands_its_progress_to_convert(tmp_path, monkeypatch):
     def mine(stage, done, total, info=""):
         return None
 
-    res = migrate(src, str(target), tmp_path / "run", MigrateOptions(calibrate=False), progress=mine)
+    res = migrate(src, str(target), tmp_path / "run", MigrateOptions.of(calibrate=False), progress=mine)
     assert res.failed_stage == "convert" and seen["progress"] is mine
 
 
@@ -91,3 +91,55 @@ def test_the_pipeline_reports_each_stage_it_starts(tmp_path):
     stages = [Stage(name=n, fn=lambda ctx: {}, inputs={"n": n}) for n in ("a", "b")]
     Pipeline(tmp_path / "run", stages, progress=lambda *a: seen.append(a)).run()
     assert seen == [("a", 0, None, ""), ("b", 0, None, "")]
+
+
+# ----- the long inner work reports suite by suite / batch by batch (issue 39) --------------------------------------
+def test_held_out_continuations_by_transformers_report_each_batch(tmp_path):
+    """The slow fallback (transformers' generate) of calibration's held-out set: one event per batch, under a stage
+    of its own per suite, so StageBar's line carries the ETA of that suite (it once printed only 'still running')."""
+    from eagle_migrate import toy
+    from eagle_migrate.calibration_data import heldout_sequences
+    from eagle_migrate.target import load_target
+
+    tgt = load_target(str(toy.write_target(tmp_path / "t")), device="cpu", with_tokenizer=False)
+    seen = []
+    out = heldout_sequences(tgt, [[1, 2, 3]] * 10, 4, None, "chat", progress=lambda *e: seen.append(e))
+    assert len(out) == 10 and all(len(h.ids) == 7 for h in out)
+    assert [(s, d, t) for s, d, t, _ in seen] == [("held-out continuations (chat, transformers)", n, 10) for n in (4, 8, 10)]
+
+
+def test_the_vllm_worker_reports_each_suite_while_it_runs(tmp_path):
+    """The worker's progress lines (stderr) reach the caller as they come, and stay out of the error text."""
+    import json
+    import os
+
+    from eagle_migrate.validate.vllm_engine import run_worker
+    from eagle_migrate.validate.vllm_worker import PROGRESS_MARK, RESULT_MARK
+
+    fake = tmp_path / "python"
+    lines = [PROGRESS_MARK + json.dumps({"done": 0, "total": 2, "info": "loading the engine (target alone)"}),
+             PROGRESS_MARK + json.dumps({"done": 1, "total": 2, "info": "chat: 4 prompts in 3 s"}),
+             PROGRESS_MARK + json.dumps({"done": 2, "total": 2, "info": "long: 2 prompts in 9 s"})]
+    fake.write_text("#!/bin/sh\ncat > /dev/null\n" + "".join(f"echo '{ln}' >&2\n" for ln in lines)
+                    + f"echo '{RESULT_MARK}{json.dumps({'ok': True, 'runs': []})}'\n")
+    os.chmod(fake, 0o755)
+    seen = []
+    res = run_worker({"suites": {}}, python=str(fake), progress=lambda *e: seen.append(e))
+    assert res["ok"] and seen == [(0, 2, "loading the engine (target alone)"), (1, 2, "chat: 4 prompts in 3 s"),
+                                  (2, 2, "long: 2 prompts in 9 s")]
+
+
+def test_migrate_validate_stage_reports_its_engine_progress(tmp_path):
+    """migrate's validate stage hands its StageProgress to the engine: request by request (reference engine), with a
+    total, so the line has an ETA (it once printed 'validate 0 (1414 s) still running' for twenty minutes)."""
+    from eagle_migrate import toy
+    from eagle_migrate.migrate import MigrateOptions, migrate
+
+    target, src = toy.write_target(tmp_path / "target"), toy.write_drafter(tmp_path / "src", "oracle")
+    seen = []
+    opts = MigrateOptions.of(calibrate=False, num_sequences=4, run_validate=True, engine="reference", suites="chat",
+                             num_prompts=2, max_tokens=8)
+    res = migrate(src, str(target), tmp_path / "run", opts, progress=lambda *e: seen.append(e))
+    assert res.ok, res
+    val = [(d, t) for s, d, t, *_ in seen if s == "validate: reference"]
+    assert val and val[-1] == (4, 4) and [d for d, _ in val] == sorted(d for d, _ in val)  # 2 drafters x 2 prompts

@@ -489,7 +489,9 @@ def test_a_new_scheme_is_one_config_class_and_one_registered_handler(monkeypatch
     from eagle_migrate.quantize import quantize_state_dict, register_handler, schemes
     from eagle_migrate.quant.handlers import FP8StaticHandler
 
-    monkeypatch.setattr(schemes, "_HANDLERS", dict(schemes._HANDLERS))
+    from eagle_migrate.quant import registry
+
+    monkeypatch.setattr(registry, "_HANDLERS", dict(registry._HANDLERS))
 
     class Recorded(schemes.FP8Static):
         name = "fp8-recorded"

@@ -10,7 +10,7 @@ import pytest
 
 from eagle_migrate import toy
 from eagle_migrate.errors import EngineError
-from eagle_migrate.validate import api, validate, vllm_engine
+from eagle_migrate.validate import engine, validate, vllm_engine
 
 from ..layouts import write_layout
 from .test_convert import toy_cfg, toy_layout_sd
@@ -19,7 +19,7 @@ REASON = ("ValueError: the draft model's d2t is present although draft_vocab_siz
           + " end-of-first-line")
 
 
-def fake_worker(request, python=None, timeout=0):
+def fake_worker(request, python=None, timeout=0, **_):
     runs = []
     for r in request["runs"]:
         if r["drafter"] and "specforge" in r["drafter"]:
@@ -37,7 +37,7 @@ def test_a_refused_baseline_is_named_with_its_reason_and_finding_and_the_report_
     new = toy.write_drafter(tmp_path / "oracle", "oracle")
     base = write_layout("specforge", toy_cfg(), toy_layout_sd(), tmp_path / "specforge")  # d2t with Vd = V
     monkeypatch.setattr(vllm_engine, "run_worker", fake_worker)
-    monkeypatch.setattr(api, "resolve_engine", lambda engine, python: "vllm")
+    monkeypatch.setattr(engine, "resolve_engine", lambda name, python: "vllm")
     with pytest.raises(EngineError) as ei:
         validate(new, str(target), engine="vllm", suites=["chat"], baseline=base, num_prompts=2, max_tokens=8,
                  report_dir=tmp_path / "rep", max_regression_pct=5.0)
@@ -56,7 +56,7 @@ def test_a_refused_checkpoint_is_named_and_the_report_records_the_failure(tmp_pa
     target = toy.write_target(tmp_path / "target")
     new = write_layout("specforge", toy_cfg(), toy_layout_sd(), tmp_path / "specforge")
     monkeypatch.setattr(vllm_engine, "run_worker", fake_worker)
-    monkeypatch.setattr(api, "resolve_engine", lambda engine, python: "vllm")
+    monkeypatch.setattr(engine, "resolve_engine", lambda name, python: "vllm")
     with pytest.raises(EngineError) as ei:
         validate(new, str(target), engine="vllm", suites=["chat"], num_prompts=2, max_tokens=8, report_dir=tmp_path / "rep")
     assert f"checkpoint drafter {new}" in ei.value.message

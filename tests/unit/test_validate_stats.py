@@ -10,7 +10,7 @@ import pytest
 
 from eagle_migrate import toy
 from eagle_migrate.cli import main
-from eagle_migrate.validate import api, validate, vllm_engine
+from eagle_migrate.validate import engine, validate, vllm_engine
 from eagle_migrate.validate.metrics import RequestCounts as R, cell_stats, paired_ratio, ratio_se, verdict
 
 # three requests of very different difficulty; the new drafter accepts one more token than the baseline in each
@@ -59,7 +59,7 @@ def fake_worker(missing: str | None = None):
     """vllm_worker's answer shape: the new drafter (``oracle`` folder) counts NEW, the baseline (``aux-only``) BASE,
     request by request; per-request counters only when the request asks for them (one left out for ``missing``)."""
 
-    def run(request, python=None, timeout=0):
+    def run(request, python=None, timeout=0, **_):
         runs = []
         for r in request["runs"]:
             pat = NEW if r["drafter"].endswith("oracle") else BASE
@@ -91,7 +91,7 @@ def world(tmp_path_factory):
 
 @pytest.fixture
 def faked(monkeypatch):
-    monkeypatch.setattr(api, "resolve_engine", lambda engine, python: "vllm")
+    monkeypatch.setattr(engine, "resolve_engine", lambda name, python: "vllm")
 
     def use(missing=None):
         monkeypatch.setattr(vllm_engine, "run_worker", fake_worker(missing))

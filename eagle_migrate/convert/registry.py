@@ -1,0 +1,85 @@
+"""The converters, one per source generation, registered by name: what a :class:`Converter` is (its
+:class:`Traits`, which drafters it accepts, the aux ids it reads, its *init* step), :func:`register_converter`, and
+:func:`converter_for`, which finds the one registered converter that accepts a drafter (two that both accept it are
+a bug, reported as one). The built-in converters (``eagle3``, ``eagle2``, ``passthrough``) register themselves
+when their modules are imported; the skeleton (``base.py``) imports them. This module imports none of them.
+Imports: aux_ids, drafter.config, errors, stats (types), convert.{read, result, write}."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import ClassVar, TypeVar
+
+from ..aux_ids import AuxIds
+from ..drafter.config import DrafterConfig
+from ..errors import InputError, a_an
+from ..stats import TargetStatistics
+from .read import Job, decide_aux_ids
+from .result import Agreement, Eagle2Mapping, NormInit, NormOutputCompensation
+from .write import OutputPlan
+
+
+@dataclass(frozen=True)
+class Traits:
+    """What the skeleton needs to know of a converter, beyond its steps."""
+
+    passthrough: bool = False  # the source is re-written as it is
+    uses_data: bool = True  # reads calibration data (picks a default set for a real target)
+    calibration_required: bool = False  # the output is a warm start that needs the fine-tune
+    calibrate_by_default: bool = True  # calibrate=None runs the fine-tune
+    judged_against_source: bool = False  # the fine-tune's judge also scores the source drafter
+
+
+@dataclass
+class Initialised:
+    """What a converter's *init* step produces: the output plan and how it was initialised and measured."""
+
+    plan: OutputPlan
+    norm_init: NormInit | None = None
+    norm_output: NormOutputCompensation | None = None
+    agreement: Agreement = field(default_factory=Agreement)
+    statistics: TargetStatistics | None = None
+    eagle2_mapping: Eagle2Mapping | None = None
+
+
+class Converter(ABC):
+    """One source generation -> EAGLE-3.1, registered under its ``name`` (:func:`register_converter`)."""
+
+    name: ClassVar[str]
+    traits: ClassVar[Traits] = Traits()
+
+    @classmethod
+    @abstractmethod
+    def accepts(cls, cfg: DrafterConfig) -> bool:
+        """Whether this converter converts a drafter with config ``cfg`` (exactly one registered converter does)."""
+
+    def aux_ids(self, job: Job) -> tuple[AuxIds | None, list[int]]:
+        """The aux ids in vLLM's convention (EAGLE-3 and 3.1 sources: the stored ones, decided)."""
+        return decide_aux_ids(job)
+
+    @abstractmethod
+    def init(self, job: Job) -> Initialised: ...
+
+
+C = TypeVar("C", bound=type[Converter])
+CONVERTERS: dict[str, type[Converter]] = {}
+
+
+def register_converter(cls: C) -> C:
+    """Class decorator: register a converter under its ``name`` (one per name)."""
+    if cls.name in CONVERTERS:
+        raise ValueError(f"a converter named {cls.name!r} is already registered ({CONVERTERS[cls.name].__name__})")
+    CONVERTERS[cls.name] = cls
+    return cls
+
+
+def converter_for(cfg: DrafterConfig) -> Converter:
+    """The one registered converter that accepts ``cfg``: InputError when none does; a RuntimeError naming them when
+    several do (their ``accepts`` overlap: a bug, never decided by registration order)."""
+    found = [cls for cls in CONVERTERS.values() if cls.accepts(cfg)]
+    if not found:
+        raise InputError(f"no converter for {a_an(cfg.generation)} drafter")
+    if len(found) > 1:
+        raise RuntimeError(f"converters {', '.join(c.name for c in found)} all accept this {cfg.generation} drafter")
+    return found[0]()

@@ -1,0 +1,137 @@
+"""The base of every stage's options model (``ConvertOptions``, ``CalibrationSettings``, ``QuantizeOptions``,
+``ValidateOptions``, ``PublishOptions``, ``MigrateOptions``): a frozen pydantic model whose options are declared
+once, as its fields, and reached by name.
+
+:meth:`Options.of` builds one from flat keywords (the CLI's flags, a library function's keywords): each keyword goes
+to the field of that name, or to the one nested options model that has it (``ConvertOptions.of(steps=5)`` sets
+``calibration.steps``), so a composed model is filled without repeating its parts' option lists. A keyword no field
+takes is a ``TypeError`` (as for a function); a value of the wrong type an :class:`~eagle_migrate.errors.InputError`
+(exit 2) naming the option. :func:`choice` is a Literal field checked with the flag's own name.
+Imports: pydantic, ``choices``, ``errors`` (layer 0: no torch).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, ClassVar, get_args, get_origin
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
+
+from .choices import values
+from .errors import InputError
+
+
+def check_choice(literal: Any, flag: str, value: Any) -> Any:
+    """``value`` (an Enum's string taken) when it is one of ``literal``'s values or None; else an InputError naming
+    ``flag`` and the allowed values. The one check of a closed option (:func:`choice` fields call it)."""
+    allowed = values(literal)
+    v = getattr(value, "value", value)  # an Enum carries its string in .value
+    if v is not None and v not in allowed:
+        raise InputError(f"{flag} {v!r}: expected one of {', '.join(allowed)}", f"pass {flag} {allowed[0]} (see --help)")
+    return v
+
+
+def choice(literal: Any, flag: str) -> Any:
+    """``literal`` as a field type whose wrong value is an InputError naming ``flag`` and the allowed values
+    (:func:`check_choice`, before pydantic's own check)."""
+    return Annotated[literal, BeforeValidator(lambda v: check_choice(literal, flag, v))]
+
+
+def _options_type(annotation: Any) -> type[Options] | None:
+    """The options model a field holds (``X`` or ``X | None``), or None."""
+    cands = [annotation, *get_args(annotation)] if get_origin(annotation) is not None else [annotation]
+    for c in cands:
+        if isinstance(c, type) and issubclass(c, Options):
+            return c
+    return None
+
+
+class Options(BaseModel):
+    """A stage's options: frozen, unknown keywords refused, each option one field."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+    #: a flat keyword that several nested models take, and the one it goes to (a composed model settles it here)
+    ROUTES: ClassVar[dict[str, str]] = {}
+
+    @classmethod
+    def nested(cls) -> dict[str, type[Options]]:
+        """The fields that hold another options model (composition), by name."""
+        out = {}
+        for name, f in cls.model_fields.items():
+            t = _options_type(f.annotation)
+            if t is not None:
+                out[name] = t
+        return out
+
+    @classmethod
+    def route(cls, key: str) -> list[str] | None:
+        """The path of fields a flat keyword ``key`` sets (``["calibration", "steps"]``), or None when no field of
+        this model or of a nested one takes it. A field of this model wins over a nested one's; two nested models
+        both taking it is a TypeError (the keyword would be ambiguous)."""
+        nested = cls.nested()
+        if key in cls.model_fields and key not in nested:
+            return [key]
+        if key in cls.ROUTES:
+            name = cls.ROUTES[key]
+            return [name, *nested[name].route(key)]
+        found = [(name, r) for name, t in nested.items() if (r := t.route(key)) is not None]
+        if len(found) > 1:
+            raise TypeError(f"{cls.__name__}: option {key!r} is ambiguous ({', '.join(n for n, _ in found)})")
+        return [found[0][0], *found[0][1]] if found else None
+
+    @classmethod
+    def fields_flat(cls) -> set[str]:
+        """Every flat keyword :meth:`of` takes: this model's own fields and, through composition, its parts' (a
+        keyword two parts take, unsettled by :attr:`ROUTES`, is not one of them)."""
+        out = {n for n in cls.model_fields if n not in cls.nested()}
+        for t in cls.nested().values():
+            for k in t.fields_flat():
+                try:
+                    if cls.route(k) is not None:
+                        out.add(k)
+                except TypeError:  # ambiguous
+                    pass
+        return out
+
+    @classmethod
+    def of(cls, base: Options | None = None, /, **flat: Any):
+        """``base`` (default: every default) with the flat keywords ``flat`` laid over it, each routed to its field
+        (:meth:`route`); ``base`` itself when there is nothing to lay over."""
+        if base is not None and not flat:
+            return base
+        own: dict[str, Any] = {}
+        parts: dict[str, dict[str, Any]] = {}
+        for key, value in flat.items():
+            path = cls.route(key)
+            if path is None:
+                raise TypeError(f"{cls.__name__} has no option {key!r}")
+            if len(path) == 1:
+                own[key] = value
+            else:
+                parts.setdefault(path[0], {})[key] = value
+        data = {n: getattr(base, n) for n in base.model_fields_set} if base is not None else {}
+        data.update(own)
+        nested = cls.nested()
+        for name, sub in parts.items():
+            cur = data.get(name) if name in data else (getattr(base, name) if base is not None else None)
+            data[name] = nested[name].of(cur, **sub) if cur is not None else nested[name].of(**sub)
+        return cls.build(**data)
+
+    @classmethod
+    def build(cls, **data: Any):
+        """``cls(**data)`` with a wrong value as an InputError naming the option (pydantic's ValidationError
+        otherwise); an unknown keyword is a TypeError."""
+        unknown = [k for k in data if k not in cls.model_fields]
+        if unknown:
+            raise TypeError(f"{cls.__name__} has no option {unknown[0]!r}")
+        try:
+            return cls(**data)
+        except ValidationError as e:
+            err = e.errors()[0]
+            where = ".".join(str(x) for x in err.get("loc", ())) or cls.__name__
+            raise InputError(f"{where} = {err.get('input')!r}: {err.get('msg')}") from None
+
+    def replace(self, **fields: Any):
+        """A copy with ``fields`` (this model's own field names) replaced, checked again."""
+        return type(self).of(self, **fields)
+
