@@ -18,7 +18,7 @@ from ..errors import UnsupportedError
 from ..validate.engine import resolve_engine
 from .result import CalibrationResult, check_improvement
 from .run import calibrate
-from .settings import CalibrationSettings, defaults_for, resolve_device
+from .settings import CalibrationSettings, defaults_for, resolve_device, seq_len_for
 
 
 def calibrate_checkpoint(
@@ -59,7 +59,7 @@ def calibrate_checkpoint(
     if data_warning and tgt.tokenizer is not None:
         warnings.warn(data_warning, stacklevel=2)
     dflt = defaults_for(dev)
-    seq_len = s.seq_len or dflt["seq_len"]
+    seq_len = seq_len_for(data, s.seq_len, dflt)
     if hs is not None:  # training and held-out files both from the folder (run._precomputed_split)
         train_seqs, held = None, None
     else:

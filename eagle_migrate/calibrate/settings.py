@@ -20,8 +20,8 @@ from ..train import FitConfig
 if TYPE_CHECKING:
     from ..drafter.model import EagleDrafter
 
-__all__ = ["TRAIN_MODES", "DEFAULT_LR", "DEFAULTS", "CPU_DEFAULTS", "NORM_SUFFIXES", "CalibrationSettings",
-           "defaults_for", "resolve_device", "trainable_names"]
+__all__ = ["TRAIN_MODES", "DEFAULT_LR", "DEFAULTS", "CPU_DEFAULTS", "DRIFT_SEQ_LEN", "NORM_SUFFIXES", "CalibrationSettings",
+           "defaults_for", "resolve_device", "seq_len_for", "trainable_names"]
 # learning rates per mode (docs/calibration.md has the sweep they come from)
 # all: 1e-3 from a sweep of the EAGLE-2 -> 3.1 fine-tune on the SmolLM2 pair (3e-4 / 1e-3 / 3e-3 at 120 steps: held-out
 # simulated AL 1.214 / 1.277 / 1.271, 3e-3 already past its best at step 100; docs/benchmarks.md); norms+fc unmeasured
@@ -39,6 +39,18 @@ DEFAULTS: dict[str, Any] = {"steps": 200, "warmup": 10, "schedule": "cosine", "c
 CPU_DEFAULTS: dict[str, Any] = {"steps": 60, "seq_len": 256, "eval_every": 10, "patience": 3,
                                 "heldout_per_suite": 40, "heldout_long_buckets": (1024, 2048),
                                 "heldout_long_per_bucket": 2, "heldout_shift_max": 40}
+
+
+# --data drift trains on 1k-4k-token contexts (corpora.drift.DRIFT_LENGTHS): the sequence length that keeps them whole
+DRIFT_SEQ_LEN = 4096
+
+
+def seq_len_for(data: object, seq_len: int | None, dflt: dict[str, Any]) -> int:
+    """The training sequence length: ``seq_len`` when given, :data:`DRIFT_SEQ_LEN` for ``--data drift[:KINDS]``
+    (its long contexts are the point of it), else the device's default."""
+    if seq_len:
+        return seq_len
+    return DRIFT_SEQ_LEN if str(data).split(":")[0] == "drift" else dflt["seq_len"]
 
 
 def _default_patience(train: str, dflt: dict[str, Any]) -> int | None:

@@ -16,6 +16,7 @@ from ..formats.output import atomic_output_dir, write_json
 from . import eagle2, eagle3, passthrough  # noqa: F401  (the built-in converters register themselves)
 from .calibration import run_calibration
 from .options import ConvertOptions
+from .passthrough import KeepArchitecture
 from .read import Job, check_pairing, map_source, now, read, resolve_data
 from .registry import Converter, Initialised, converter_for
 from .result import CalibrationStatus, ConvertResult
@@ -25,7 +26,7 @@ from .write import OutputLabels, verify_written, write_plan
 def run(source: Path, target: str, out: Path, opts: ConvertOptions) -> ConvertResult:
     """The skeleton: read -> map -> init -> write -> verify -> calibrate, then the result."""
     job = read(Path(source), target, Path(out), opts)
-    conv = converter_for(job.cfg)
+    conv = KeepArchitecture.for_source(job.cfg) if opts.keep_architecture else converter_for(job.cfg)
     traits = conv.traits
     if traits.uses_data:
         resolve_data(job)
@@ -58,7 +59,7 @@ def run(source: Path, target: str, out: Path, opts: ConvertOptions) -> ConvertRe
     with atomic_output_dir(job.out, force=opts.force, inputs=opts.inputs(job.source, job.target.spec)) as tmp:
         write_plan(tmp, ini.plan, labels, job.store_dtype, opts.output_format, job.target.spec, opts.num_speculative_tokens,
                    opts.progress)
-        verify_written(tmp)
+        verify_written(tmp, eagle31=not opts.keep_architecture)
         fixed, remaining = sort_findings(job.source_findings, tmp)
         if want_cal:
             calibration = _calibrate(tmp, job, conv, ini)

@@ -43,6 +43,9 @@ class ConvertOptions(Options):
     aux_ids_convention: Optional[choice(Convention, "--aux-ids-convention")] = None
     norm_before_residual: Optional[bool] = None  # overrides the config and the measurement (--norm-before-residual)
     require_improvement: bool = False  # exit 1 after writing when calibration did not improve (check_improvement)
+    # the control arm of a measurement (--keep-architecture): the source's architecture kept (no EAGLE-3.1 norms),
+    # the same calibration run on it; EAGLE-3 sources only
+    keep_architecture: bool = False
     calibration: CalibrationSettings = Field(default_factory=CalibrationSettings)
     progress: Any = Field(no_progress, exclude=True, repr=False)  # a StageProgress (the run's events), not an option
 
@@ -68,7 +71,9 @@ class ConvertOptions(Options):
         """The calibration's options: :attr:`calibration` with what the run resolved laid over it (``device`` /
         ``dtype`` / ``data``: as the job resolved them; convert's seed, hidden states, sequences and progress), passed
         down whole: convert's fine-tune step -> calibrate_checkpoint -> calibrate. ``require_improvement`` stays off
-        there: convert checks it once the output is written."""
-        return self.calibration.replace(seed=self.seed, device=device, dtype=dtype, data=data,
+        there: convert checks it once the output is written. The fine-tune unrolls as deep as the drafter is served:
+        its ``k`` is ``num_speculative_tokens`` unless the calibration's own ``k`` is given."""
+        k = self.calibration.k if self.calibration.k is not None else self.num_speculative_tokens
+        return self.calibration.replace(seed=self.seed, device=device, dtype=dtype, data=data, k=k,
                                         hidden_states_dir=self.hidden_states_dir, num_sequences=self.num_sequences,
                                         progress=self.progress, require_improvement=False)

@@ -1,10 +1,12 @@
 """EAGLE-3.1 -> EAGLE-3.1: the source is re-written as it is (aux ids explicit, rope and positions from the target);
-no statistics, no agreement, calibrated only when asked. Imports: aux_ids, drafter.config, convert.{registry, read,
-write}."""
+no statistics, no agreement, calibrated only when asked. And the control arm of a measurement (``convert
+--keep-architecture``, :class:`KeepArchitecture`): an EAGLE-3 source re-written as EAGLE-3 (no 3.1 norms), then the
+same fine-tune a conversion runs. Imports: aux_ids, drafter.config, errors, convert.{registry, read, write}."""
 
 from __future__ import annotations
 
 from ..drafter.config import DrafterConfig
+from ..errors import InputError
 from .registry import Converter, Initialised, Traits, register_converter
 from ..aux_ids import AuxIds
 from .read import Job, decide_aux_ids
@@ -28,4 +30,37 @@ class PassthroughConverter(Converter):
         plan = OutputPlan(job.cfg.model_copy(update=job.update))
         copy_from(job.ck, plan)
         plan.changes = ["source already EAGLE-3.1: weights and flags re-written as they are"]
+        return Initialised(plan)
+
+
+class KeepArchitecture(Converter):
+    """``convert --keep-architecture``: the control arm of the 3.1 conversion. The EAGLE-3 source is written as it
+    is (no fc_norm, norm_output off; aux ids decided as a conversion decides them), and the calibration runs on it
+    with the same data, steps, trainable set and learning rate (``--train norms`` trains the source's own norms),
+    judged against the source. Without it no one can tell what the 3.1 norms did from what the fine-tune did.
+    Not registered: it is asked for by name, never picked by :func:`~.registry.converter_for`."""
+
+    name = "keep-architecture"
+    traits = Traits(judged_against_source=True)
+
+    @classmethod
+    def accepts(cls, cfg: DrafterConfig) -> bool:
+        return cfg.generation == "eagle3" and not cfg.is_eagle31
+
+    @classmethod
+    def for_source(cls, cfg: DrafterConfig) -> KeepArchitecture:
+        """The converter for ``cfg``; InputError (exit 2) for a source that has no EAGLE-3 architecture to keep."""
+        if not cls.accepts(cfg):
+            what = "already EAGLE-3.1" if cfg.is_eagle31 else f"an {cfg.generation} drafter"
+            raise InputError(f"--keep-architecture: the source is {what}; it keeps the architecture of EAGLE-3 sources "
+                             "only (the control arm of their 3.1 conversion)",
+                             "drop --keep-architecture" + (", or pass --calibrate to fine-tune it as it is"
+                                                           if cfg.is_eagle31 else ""))
+        return cls()
+
+    def init(self, job: Job) -> Initialised:
+        plan = OutputPlan(job.cfg.model_copy(update=job.update))
+        copy_from(job.ck, plan)
+        plan.changes = ["--keep-architecture: the EAGLE-3 architecture kept (no fc_norm, norm_output off), the "
+                        "calibration fine-tune run on it as on a conversion (the control arm)"]
         return Initialised(plan)

@@ -169,7 +169,7 @@ def _long_chat_pool(seed: int, fetch: bool) -> tuple[list[Conversation], str]:
     sg = _src.sharegpt_file(fetch)
     if sg is None:
         return _src.load_conversations(None), "builtin"
-    pool = [c for c in _read_records(sg, "sharegpt", cap=3000)
+    pool = [c for c in _read_records(sg, "sharegpt", cap=_src.SUITE_POOL)
             if len(c.messages) >= 2 and not any(m["role"] == "system" for m in c.messages)]
     return _sample(pool, min(len(pool), 600), seed + 7), "sharegpt"
 

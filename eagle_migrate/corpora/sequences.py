@@ -1,6 +1,6 @@
 """Calibration sequences: the token-id sequences convert (target statistics), quantize (activation scales) and
 calibrate (training) use, from any prompt source: whole conversations where they carry the assistant's replies.
-May import: errors, sources, templates (torch lazily)."""
+May import: errors, sources, templates, drift (torch lazily)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any
 
 from ..errors import DataError
 from . import sources as _src  # seams looked up at call time (see __init__)
+from .drift import DRIFT_KINDS, drift_sequences
 from .templates import ByteTokenizer, render
 
 
@@ -20,7 +21,10 @@ def calibration_sequences(spec: str | os.PathLike | Sequence[Sequence[int]] | No
 
     ``spec``: any source :func:`~.sources.load_conversations` reads (``None`` = the built-in chat set, a JSONL/JSON file,
     ``sharegpt``, ``humaneval``, ``hf:...``; ``limit=n, seed=seed`` are passed on, so a big source is sampled, never
-    read whole), or a list of token-id lists (the first ``n``, as given). Conversations that end with an assistant
+    read whole; ShareGPT from record ``SUITE_POOL`` on, past what validate's suites sample), ``drift`` /
+    ``drift:KIND,KIND`` (:func:`~.drift.drift_sequences`: long code and packed chat of 1k-4k tokens, other
+    templates and system prompts, plain chat; never a suite's text), or a list of token-id lists (the first ``n``,
+    as given). Conversations that end with an assistant
     reply are rendered whole (prompt + replies, no generation prompt: statistics and calibration want hidden states
     of response text); requests without a reply are rendered with the generation prompt. ``tokenizer`` None (a
     tokenizer-less toy target): :class:`ByteTokenizer` over ``vocab_size``. Each sequence is cut to ``max_len``
@@ -32,10 +36,17 @@ def calibration_sequences(spec: str | os.PathLike | Sequence[Sequence[int]] | No
             seqs = [[operator.index(t) for t in x] for x in spec[:n]]
         except TypeError:
             raise DataError(f"{where}: expected a list of token-id lists (integers)") from None
+    elif str(spec).split(":")[0] == "drift":
+        where = str(spec)
+        tok = tokenizer if tokenizer is not None else ByteTokenizer(vocab_size)
+        kinds = tuple(k for k in str(spec).partition(":")[2].split(",") if k) or DRIFT_KINDS
+        f = _src._fetch_default() if fetch is None else fetch
+        seqs = [d.ids for d in drift_sequences(tok, n, seed, kinds=kinds, fetch=f)]
     else:
         where = "builtin:chat" if spec is None else str(spec)
         tok = tokenizer if tokenizer is not None else ByteTokenizer(vocab_size)
-        seqs = [render(c, tok, whole=c.ends_with_reply) for c in _src.load_conversations(spec, limit=n, seed=seed, fetch=fetch)]
+        seqs = [render(c, tok, whole=c.ends_with_reply)
+                for c in _src.load_conversations(spec, limit=n, seed=seed, fetch=fetch, training=True)]
     for s in seqs:
         bad = next((t for t in s if not 0 <= t < vocab_size), None)
         if bad is not None:

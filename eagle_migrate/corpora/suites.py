@@ -164,7 +164,7 @@ def _chat_convs(n: int, seed: int, fetch: bool) -> list[Conversation]:
     n_sg = n // 2
     n_bi = n - n_sg
     # ShareGPT: keep requests of moderate length (a long one belongs to the long suite)
-    pool = [c for c in _read_records(sg, "sharegpt", cap=3000) if 20 <= len(c.text) <= 3000]
+    pool = [c for c in _read_records(sg, "sharegpt", cap=_src.SUITE_POOL) if 20 <= len(c.text) <= 3000]
     return _sample(builtin, n_bi, seed) + _sample(pool, n_sg, seed)
 
 

@@ -312,3 +312,17 @@ def test_vllm_continuations_are_cached_by_target_content(tmp_path, monkeypatch):
     assert len(calls) == 3
     cal.vllm_continuations(target, prompts, 2)  # no cache: always served
     assert len(calls) == 4
+
+
+def test_drift_data_trains_on_whole_long_contexts():
+    """--data drift[:KINDS] trains at DRIFT_SEQ_LEN (its 1k-4k-token contexts kept whole) unless --seq-len is given;
+    every other source keeps the device's default."""
+    from eagle_migrate.calibrate import defaults_for
+    from eagle_migrate.calibrate.settings import DRIFT_SEQ_LEN, seq_len_for
+    from eagle_migrate.corpora.drift import DRIFT_LENGTHS
+
+    d = defaults_for("cpu")
+    assert DRIFT_SEQ_LEN >= max(DRIFT_LENGTHS)
+    assert seq_len_for("drift", None, d) == seq_len_for("drift:long-code", None, d) == DRIFT_SEQ_LEN
+    assert seq_len_for("sharegpt", None, d) == seq_len_for(None, None, d) == d["seq_len"]
+    assert seq_len_for("drift", 300, d) == 300

@@ -471,3 +471,48 @@ def test_calibration_runs_on_the_written_checkpoint_with_the_options(world, targ
         convert(world / "cal-src", target, world / "cal-bad", train="everything", **kw)
     res = convert(world / "cal-out", target, world / "cal-pass", **kw)  # EAGLE-3.1 source: calibrated only when asked
     assert res.passthrough and res.calibration.status == "not calibrated"
+
+
+# ----- the control arm (--keep-architecture) ---------------------------------------------------------------------
+def test_keep_architecture_writes_the_source_and_calibrates_it_as_a_conversion(world, target, monkeypatch):
+    """--keep-architecture: the EAGLE-3 source written as EAGLE-3 (no fc_norm, norm_output off, every tensor the
+    source's), then the same calibration call a conversion makes, judged against the source; the fine-tune unrolls
+    --num-speculative-tokens steps and takes --lr. EAGLE-2 and EAGLE-3.1 sources are refused (exit 2)."""
+    import eagle_migrate.calibrate as cal_mod
+
+    seen = {}
+
+    def fake(checkpoint, target, settings, **kw):
+        seen.update(files=sorted(p.name for p in Path(checkpoint).iterdir()), **vars(settings), **kw)
+        seen["cfg"] = json.loads((Path(checkpoint) / "config.json").read_text())
+        return cal_mod.CalibrationResult(train=settings.train, trainable=["norm.weight"], device="cpu", settings={},
+                                         steps_run=3, best_step=0, stopped_early=False, improved=False, score_before=2.0,
+                                         score_after=2.0, suites={}, seconds=0.1, tokens_seen=10, train_sequences=2)
+
+    monkeypatch.setattr(cal_mod, "calibrate_checkpoint", fake)
+    src = write_src(world / "ka-src")
+    res = convert(src, target, world / "ka-out", **{**KW, "calibrate": None}, keep_architecture=True, steps=3, lr=2e-4,
+                  num_speculative_tokens=5)
+    assert not res.inserted and any("--keep-architecture" in c for c in res.changes)
+    assert seen["source_checkpoint"] == src and seen["lr"] == 2e-4 and seen["k"] == 5 and seen["steps"] == 3
+    assert seen["cfg"]["fc_norm"] is False and seen["cfg"]["norm_output"] is False
+    a, b = read_checkpoint(src), read_checkpoint(world / "ka-out")
+    assert not b.config.fc_norm and not b.config.norm_output and b.format == a.format == "eagle3"
+    for n in a.canonical_names():
+        assert torch.equal(a.tensor(n), b.tensor(n)), n
+    # the conversion with the same options hands the fine-tune the 3.1 drafter, with the same settings
+    conv = convert(src, target, world / "ka-conv", **{**KW, "calibrate": None}, steps=3, lr=2e-4, num_speculative_tokens=5)
+    assert conv.inserted and seen["lr"] == 2e-4 and seen["k"] == 5 and seen["cfg"]["fc_norm"] is True
+    with pytest.raises(InputError, match="keep-architecture.*already EAGLE-3.1"):
+        convert(world / "ka-conv", target, world / "ka-bad", **KW, keep_architecture=True)
+    with pytest.raises(InputError, match="keep-architecture.*eagle2"):
+        convert(eagle2_oracle(world / "ka-e2"), target, world / "ka-bad2", **KW, keep_architecture=True)
+
+
+def test_calibration_k_follows_the_served_depth_unless_given():
+    from eagle_migrate.convert.options import ConvertOptions
+
+    def k(**kw):
+        return ConvertOptions.of(**kw).calibration_settings(device="cpu", dtype=torch.float32, data=None).k
+
+    assert k() == 3 and k(num_speculative_tokens=5) == 5 and k(num_speculative_tokens=5, k=2) == 2

@@ -211,16 +211,21 @@ def test_calibration_sequences_render_whole_conversations_and_prompt_only_reques
 
 
 def test_calibration_sequences_honour_the_limit(tmp_path, monkeypatch, tok):
-    recs = [{"id": f"sg{i}", "conversations": [{"from": "human", "value": f"Question number {i}?"},
-                                               {"from": "gpt", "value": f"Answer {i}."}]} for i in range(300)]
-    p = tmp_path / "sg.json"
-    p.write_text(json.dumps(recs))
+    """A seeded sample of ``n``; ShareGPT trains from record SUITE_POOL on, never on a record validate's suites
+    sample (the first SUITE_POOL), while the suites' pool stays those first records."""
+    pool = corpora.sources.SUITE_POOL
+    p = _numbered_sharegpt(tmp_path, pool + 300)
     monkeypatch.setattr(corpora.sources, "sharegpt_file", lambda fetch=False: p)
     seen = []
     real = corpora.load_conversations
     monkeypatch.setattr(corpora.sources, "load_conversations", lambda spec, **kw: seen.append(kw) or real(spec, **kw))
     a = corpora.calibration_sequences("sharegpt", tok, 600, n=7, max_len=256, seed=3)
-    assert len(a) == 7 and seen == [{"limit": 7, "seed": 3, "fetch": None}]
+    assert len(a) == 7 and seen == [{"limit": 7, "seed": 3, "fetch": None, "training": True}]
+    recs = [int(r) for s in a for r in __import__("re").findall(r"record (\d+)", tok.decode(s))]
+    assert recs and min(recs) >= pool
+    suite = corpora.suite("chat", tok, None, num_prompts=40, seed=0)
+    used = [int(r) for q in suite.prompts for r in __import__("re").findall(r"record (\d+)", tok.decode(q))]
+    assert used and max(used) < pool
     assert a == corpora.calibration_sequences("sharegpt", tok, 600, n=7, max_len=256, seed=3)  # seeded
     assert a != corpora.calibration_sequences("sharegpt", tok, 600, n=7, max_len=256, seed=4)
     # the built-in set, byte-rendered for a tokenizer-less target
@@ -377,3 +382,19 @@ def test_drift_sequences_without_sharegpt_and_bad_kinds(tok):
         corpora.drift_sequences(tok, 4, seed=1, kinds=("chat",))
     with pytest.raises(DataError, match="unknown drift data kind"):
         corpora.drift_sequences(tok, 4, seed=1, kinds=("poetry",))
+
+
+def test_calibration_sequences_drift(tmp_path, monkeypatch, tok):
+    """--data drift / drift:KINDS: drift_sequences through the one calibration entry point (cut to max_len)."""
+    from eagle_migrate.corpora import drift
+
+    p = _numbered_sharegpt(tmp_path, drift.SHAREGPT_START + 200)
+    monkeypatch.setattr(corpora.sources, "sharegpt_file", lambda fetch=False: p)
+    a = corpora.calibration_sequences("drift", tok, 600, n=8, max_len=4096, seed=0)
+    want = [d.ids for d in corpora.drift_sequences(tok, 8, 0)]
+    assert a == want and max(len(s) for s in a) > 1000  # long contexts kept whole
+    b = corpora.calibration_sequences("drift:long-code", tok, 600, n=3, max_len=300, seed=0)
+    assert len(b) == 3 and all(len(s) == 300 for s in b)
+    assert b == [d.ids[:300] for d in corpora.drift_sequences(tok, 3, 0, kinds=("long-code",))]
+    with pytest.raises(DataError, match="unknown drift data kind"):
+        corpora.calibration_sequences("drift:poetry", tok, 600, n=3, max_len=300, seed=0)

@@ -437,3 +437,30 @@ def test_fit_stops_when_the_judge_sees_no_reachable_improvement():
     fr, unchanged = run(futility)
     assert fr.stopped_early and fr.stop_reason == "no reachable improvement" and fr.steps_run == 10
     assert fr.best_step == 0 and unchanged and "no candidate can be accepted" in fr.history[-1]["give_up"]
+
+
+def test_long_sequences_train_chunked_with_the_same_loss_and_gradients(monkeypatch):
+    """Past TRAIN_CHUNK_OVER tokens (--data drift's long contexts) the loss runs steps >= 1 in query blocks: the
+    same loss and the same gradients as the full unrolled forward."""
+    import eagle_migrate.train as tr
+
+    teacher, student = _model(True, seed=5), _model(True, seed=6)
+    (fb,) = _toy_batches(teacher, n=1, b=1, t=40)
+    calls = []
+    real = tr.unrolled_forward
+    monkeypatch.setattr(tr, "unrolled_forward", lambda *a, **kw: calls.append(kw.get("chunk")) or real(*a, **kw))
+
+    def loss_and_grads(over: int):
+        monkeypatch.setattr(tr, "TRAIN_CHUNK_OVER", over)
+        monkeypatch.setattr(tr, "TRAIN_CHUNK", 7)
+        student.zero_grad()
+        out = unrolled_loss(student, fb, None, 3)
+        out.loss.backward()
+        return out.loss.detach(), {n: p.grad.clone() for n, p in student.named_parameters() if p.grad is not None}
+
+    full, g_full = loss_and_grads(1000)
+    part, g_part = loss_and_grads(16)
+    assert calls == [None, 7]
+    assert torch.allclose(full, part, atol=1e-5) and g_full.keys() == g_part.keys() and g_full
+    for n in g_full:
+        assert torch.allclose(g_full[n], g_part[n], atol=1e-5, rtol=1e-4), n
