@@ -47,20 +47,21 @@ class Judge(BaseModel):
 
 
 def source_verdict(vs_source: Comparison, after: Mapping[str, SimulatedAcceptance],
-                   source: Mapping[str, SimulatedAcceptance], z: float = JUDGE_Z) -> tuple[bool, str]:
-    """(worse than the source beyond noise, one plain line saying how the returned drafter compares)."""
+                   source: Mapping[str, SimulatedAcceptance], z: float = JUDGE_Z,
+                   what: str = "EAGLE-3.1 conversion") -> tuple[bool, str]:
+    """(worse than the source beyond noise, one plain line saying how the returned drafter, ``what``, compares)."""
     below = vs_source.below(z)
     if below:
         n, d = min(below.items(), key=lambda kv: kv[1].relative)
-        return True, (f"EAGLE-3.1 conversion drafts about {abs(100 * d.relative):.0f} % below the source on {n} "
+        return True, (f"{what} drafts about {abs(100 * d.relative):.0f} % below the source on {n} "
                       f"(held-out simulated AL {after[n].acceptance_length:.3f} vs {source[n].acceptance_length:.3f}, "
                       f"paired difference {d.diff:+.3f} +/- {d.se:.3f} over {d.num_positions} positions); keep the "
                       "EAGLE-3 drafter, or calibrate with --data sharegpt (or --data FILE of your traffic) and more "
                       "--steps or --train norms+fc")
     if vs_source.better(z):
-        return False, (f"EAGLE-3.1 conversion drafts about {100 * vs_source.relative:.1f} % above the source (held-out "
+        return False, (f"{what} drafts about {100 * vs_source.relative:.1f} % above the source (held-out "
                        f"simulated AL, paired difference {vs_source.diff:+.3f} +/- {vs_source.se:.3f})")
-    return False, (f"EAGLE-3.1 conversion is within noise of the source (paired difference {vs_source.diff:+.3f} "
+    return False, (f"{what} is within noise of the source (paired difference {vs_source.diff:+.3f} "
                    f"+/- {vs_source.se:.3f} in AL, {100 * vs_source.relative:+.1f} %)")
 
 

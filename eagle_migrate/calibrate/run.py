@@ -105,7 +105,8 @@ def calibrate(
     warning = _improvement_warning(suites, fr.best_step, improved, before, after, vs_initial)
     judge = None
     if suites:
-        judge = _judge(before, after, src_res, vs_initial, block, statistics_tokens, _num_tokens(feats))
+        what = "EAGLE-3.1 conversion" if model.cfg.is_eagle31 else "fine-tuned EAGLE-3 drafter (architecture kept)"
+        judge = _judge(before, after, src_res, vs_initial, block, statistics_tokens, _num_tokens(feats), what)
         if judge.worse_than_source:
             warnings.warn(judge.verdict, stacklevel=2)
             report({"phase": "warning", "message": judge.verdict})
@@ -265,12 +266,12 @@ def _improvement_warning(suites: Mapping[str, Any], best_step: int, improved: bo
 
 def _judge(before: dict[str, SimulatedAcceptance], after: dict[str, SimulatedAcceptance],
            src_res: dict[str, SimulatedAcceptance] | None, vs_initial: Comparison | None, block: int,
-           statistics_tokens: int | None, training_tokens: int | None) -> Judge:
+           statistics_tokens: int | None, training_tokens: int | None, what: str = "EAGLE-3.1 conversion") -> Judge:
     """The judge's findings: the returned drafter against the initial one and the source, and the verdict."""
     vs_source = Comparison.of(after, src_res, block) if src_res else None
     worse_than_source = False
     if vs_source is not None:
-        worse_than_source, verdict = source_verdict(vs_source, after, src_res)
+        worse_than_source, verdict = source_verdict(vs_source, after, src_res, what=what)
     else:
         verdict = "no source drafter given: the judge compared the calibrated drafter with the initial one only"
     return Judge(

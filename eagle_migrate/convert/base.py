@@ -106,7 +106,8 @@ def _calibrate(tmp: Path, job: Job, conv: Converter, ini: Initialised) -> Calibr
     cal = run_calibration(tmp, job.target.spec, opts.calibration_settings(device=job.device, dtype=job.dtype, data=job.data),
                           loaded_target=job.target.loaded_or_none,
                           source_checkpoint=job.source if conv.traits.judged_against_source else None,
-                          statistics_tokens=ini.statistics.num_tokens if ini.statistics is not None else None)
+                          statistics_tokens=ini.statistics.num_tokens if ini.statistics is not None else None,
+                          initial="the source as it is" if opts.keep_architecture else "the structural conversion")
     cal.required = conv.traits.calibration_required
     return cal
 

@@ -16,17 +16,19 @@ if TYPE_CHECKING:
 
 
 def run_calibration(ckpt_dir: Path, target: str, settings: CalibrationSettings, *, loaded_target: Target | None = None,
-                    source_checkpoint: Path | None = None, statistics_tokens: int | None = None) -> CalibrationStatus:
+                    source_checkpoint: Path | None = None, statistics_tokens: int | None = None,
+                    initial: str = "the structural conversion") -> CalibrationStatus:
     """The calibration fine-tune on the written checkpoint ``ckpt_dir``, in place, with ``settings`` (built once by
     :meth:`~.options.ConvertOptions.calibration_settings`). ``loaded_target``: the target convert already loaded (a
     GPU does not hold it twice); ``source_checkpoint``: the EAGLE-3 source, scored on the same held-out positions;
-    ``statistics_tokens``: the tokens the norm statistics saw (reported by the judge)."""
+    ``statistics_tokens``: the tokens the norm statistics saw (reported by the judge); ``initial``: what the
+    checkpoint held before the fine-tune, named when it is returned unchanged."""
     from ..calibrate import calibrate_checkpoint
 
     res = calibrate_checkpoint(ckpt_dir, target, settings, in_place=True, loaded_target=loaded_target,
                                source_checkpoint=source_checkpoint, statistics_tokens=statistics_tokens)
     kept = (f"best step {res.best_step} of {res.steps_run}" if res.best_step
-            else "initial weights kept: the structural conversion is returned")
+            else f"initial weights kept: {initial} is returned")
     if res.stopped_early and res.stop_reason:
         planned = res.settings.get("steps")
         kept += f"; stopped after step {res.steps_run}" + (f" of {planned}" if planned else "") + f": {res.stop_reason}"

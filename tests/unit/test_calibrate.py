@@ -326,3 +326,15 @@ def test_drift_data_trains_on_whole_long_contexts():
     assert seq_len_for("drift", None, d) == seq_len_for("drift:long-code", None, d) == DRIFT_SEQ_LEN
     assert seq_len_for("sharegpt", None, d) == seq_len_for(None, None, d) == d["seq_len"]
     assert seq_len_for("drift", 300, d) == 300
+
+
+def test_the_verdict_names_what_was_fine_tuned():
+    """The judge's line names the drafter it judged: the 3.1 conversion, or the control arm's EAGLE-3 drafter."""
+    from types import SimpleNamespace
+
+    from eagle_migrate.calibrate import source_verdict
+
+    within = SimpleNamespace(below=lambda z: {}, better=lambda z: False, diff=0.001, se=0.004, relative=0.0)
+    assert source_verdict(within, {}, {})[1].startswith("EAGLE-3.1 conversion is within noise of the source")
+    ok, line = source_verdict(within, {}, {}, what="fine-tuned EAGLE-3 drafter (architecture kept)")
+    assert not ok and line.startswith("fine-tuned EAGLE-3 drafter (architecture kept) is within noise")

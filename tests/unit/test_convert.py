@@ -494,6 +494,7 @@ def test_keep_architecture_writes_the_source_and_calibrates_it_as_a_conversion(w
     res = convert(src, target, world / "ka-out", **{**KW, "calibrate": None}, keep_architecture=True, steps=3, lr=2e-4,
                   num_speculative_tokens=5)
     assert not res.inserted and any("--keep-architecture" in c for c in res.changes)
+    assert "initial weights kept: the source as it is is returned" in res.calibration.reason
     assert seen["source_checkpoint"] == src and seen["lr"] == 2e-4 and seen["k"] == 5 and seen["steps"] == 3
     assert seen["cfg"]["fc_norm"] is False and seen["cfg"]["norm_output"] is False
     a, b = read_checkpoint(src), read_checkpoint(world / "ka-out")
