@@ -387,7 +387,7 @@ def measure(ck: Checkpoint, target: LazyTarget, candidates: list[list[int]], *, 
     """The aux-id measurement: ``candidates`` (vLLM ids of each reading, in the order of :data:`CONVENTIONS`)
     compared by :func:`sequential`. ``sequences``: the statistics pass's sequences, measured first; their states are
     kept on ``target`` (``keep_states``) so convert does not run the target on them again."""
-    from .drafter.load import load_drafter
+    from .loader import load_drafter
 
     t0 = time.perf_counter()
     m = load_drafter(ck, target.loaded, device=target.device, dtype=target.dtype)
@@ -419,7 +419,7 @@ def measure_norm_before_residual(ck: Checkpoint, target: LazyTarget, ids: list[i
                                  progress: Callable[[int, int], None] | None = None) -> Measurement:
     """``norm_before_residual`` true vs false (step 0's layer 0 takes ``hidden_norm(g)`` or ``g`` as its residual),
     compared by :func:`sequential` on the aux states at ``ids`` (vLLM ids, decided). Reuses kept states."""
-    from .drafter.load import load_drafter
+    from .loader import load_drafter
 
     m = load_drafter(ck, target.loaded, device=target.device, dtype=target.dtype)
     step = Step0(m, target.info.vocab_size, target.device, target.dtype)

@@ -412,7 +412,7 @@ class TargetWeights:
     """The target as ``--hidden-states`` uses it: the config and the few tensors a drafter borrows (embeddings,
     final norm, ``lm_head``), read lazily from the target's safetensors (memory-mapped; only the rows that are looked
     up are read). No model is built and no decoder layer is read: a target whose layers do not fit (or are absent)
-    works. Has what :func:`eagle_migrate.drafter.load.load_drafter`, :class:`eagle_migrate.features.TargetHead` and
+    works. Has what :func:`eagle_migrate.loader.load_drafter`, :class:`eagle_migrate.features.TargetHead` and
     the calibration read of a Target; ``tokenizer`` is None."""
 
     tokenizer = None

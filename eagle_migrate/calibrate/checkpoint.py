@@ -1,7 +1,7 @@
 """The checkpoint form of calibration (what convert calls): :func:`calibrate_checkpoint` loads the drafter of a
 folder in the vLLM layout and its target, picks the data and the held-out suites, runs :func:`~.run.calibrate`
 with the same :class:`~.settings.CalibrationSettings`, and writes the best weights back atomically.
-Imports: calibration_data, drafter.load, formats (read, output, write), devices, target, validate.engine (lazily:
+Imports: calibration_data, loader, formats (read, output, write), devices, target, validate.engine (lazily:
 which engine generates the held-out continuations), calibrate.{settings,result,run}."""
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def calibrate_checkpoint(
     s = CalibrationSettings.of(settings, **options)
     dev = resolve_device(s.device)
     tgt = _target(target, loaded_target, s, dev)
-    from ..drafter.load import load_drafter
+    from ..loader import load_drafter
     from ..formats import read_checkpoint
 
     ck = read_checkpoint(Path(checkpoint))

@@ -5,7 +5,7 @@ calibration records (aux-state statistics, the RMS of its output, of the hidden 
 the mapping puts fc's hidden half in the last aux chunk (its fc_norm = the target's final norm weight), folds the
 embedding half of fc into the layer-0 q/k/v columns and fc's bias into their biases, and sets flat norms from those
 RMS values; the agreement compares the converted drafter's drafts with the source's on held-out records.
-Imports: torch, drafter (config, loader, eagle2), stats, hidden_states, convert.agreement/registry/eagle3/result/write."""
+Imports: torch, drafter (config, eagle2), loader, stats, hidden_states, convert.agreement/registry/eagle3/result/write."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import torch
 from ..aux_ids import AuxIds, eagle2_aux_ids
 from ..drafter.config import DrafterConfig
 from ..drafter.eagle2 import Eagle2Reference
-from ..drafter.load import build_drafter
+from ..loader import build_drafter
 from ..hidden_states import HiddenRecord
 from ..stats import StatsAccumulator, TargetStatistics, rms_normalize
 from .agreement import eagle2_runner, eagle3_runner, measure_agreement

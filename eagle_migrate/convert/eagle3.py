@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from ..drafter.config import DrafterConfig
-from ..drafter.load import build_drafter
+from ..loader import build_drafter
 from ..drafter.model import EagleDrafter
 from ..errors import DataError
 from ..hidden_states import HiddenRecord

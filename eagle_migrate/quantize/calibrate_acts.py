@@ -1,7 +1,7 @@
 """Activation ranges for the static schemes: max |input| of each quantized Linear while the drafter drafts as vLLM
 runs it, fed by the target's aux hidden states, on the calibration sequences of ``corpora.calibration_sequences``.
 
-Imports: torch, pydantic, ``errors``, ``drafter`` (config, model, load), ``corpora`` (lazily).
+Imports: torch, pydantic, ``errors``, ``drafter`` (config, model), ``loader``, ``corpora`` (lazily).
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def activation_ranges(cfg: DrafterConfig, sd: dict[str, torch.Tensor], target, d
     """The calibrated max |input| of each Linear in ``prefixes`` (``target``: a loaded ``target.Target``; ``data``:
     any source ``corpora.calibration_sequences`` reads, None = the built-in chat set) and what it was measured on."""
     from ..corpora import calibration_sequences
-    from ..drafter.load import build_drafter
+    from ..loader import build_drafter
 
     seqs = calibration_sequences(data, getattr(target, "tokenizer", None), target.info.vocab_size, num_sequences, max_len)
     drafter = build_drafter(cfg, sd, target)  # float32 on the CPU, as the calibration runs

@@ -122,7 +122,7 @@ def _diagnostics(target: str, target_obj: Any, ckpt: str, baseline: str | None, 
                  new_r: dict, k: int, per_suite: int, say: Callable[[str], None]) -> Diagnostics:
     """Drift diagnostics on the new drafter's finished sequences (a few per suite, spread over its groups)."""
     from .diagnostics import drift_diagnostics
-    from ..drafter.load import load_drafter
+    from ..loader import load_drafter
 
     out = Diagnostics(sink_tokens=4)
     try:

@@ -12,7 +12,7 @@ It is vLLM's algorithm, step for step, so both engines count the same things:
 Both caches are kept: the target's (transformers ``DynamicCache``, cropped to the accepted prefix) and the drafter's
 (step-0 entries only; chain-step entries are dropped after each round, as vLLM overwrites them).
 
-Drafters come from :func:`eagle_migrate.drafter.load.load_drafter` (every layout and quantized format we read,
+Drafters come from :func:`eagle_migrate.loader.load_drafter` (every layout and quantized format we read,
 the target's embedding / head shared where vLLM shares them).
 """
 
@@ -27,7 +27,7 @@ import torch
 
 from ..aux_ids import vllm_default_aux_ids
 from ..drafter import EagleDrafter, KVCache
-from ..drafter.load import load_drafter
+from ..loader import load_drafter
 from ..errors import PairingError
 from .metrics import AcceptanceStats
 

@@ -37,7 +37,7 @@ import torch
 
 from eagle_migrate import toy
 from eagle_migrate.drafter import DrafterConfig
-from eagle_migrate.drafter.load import load_drafter
+from eagle_migrate.loader import load_drafter
 from eagle_migrate.families.mla import MLA_FAMILY, TOY_SIZES
 from eagle_migrate.formats.output import save_safetensors, write_json
 from eagle_migrate.formats.write import write_vllm

@@ -29,7 +29,7 @@ from eagle_migrate import aux_evidence as ev
 from eagle_migrate import aux_ids as A
 from eagle_migrate import toy
 from eagle_migrate.convert import convert
-from eagle_migrate.drafter.load import load_drafter
+from eagle_migrate.loader import load_drafter
 from eagle_migrate.errors import CheckpointError, PairingError
 from eagle_migrate.formats import read_checkpoint
 from eagle_migrate.formats.output import save_safetensors

@@ -482,7 +482,7 @@ def test_aux_ids_runs_nothing():
     """aux_ids keeps vLLM's rule, the fingerprints and the types; the measurement (which runs a drafter on a target)
     lives a layer up, in aux_evidence."""
     code = ("import sys, eagle_migrate.aux_ids as a; "
-            "print(sorted(m for m in sys.modules if m in ('torch', 'eagle_migrate.corpora', 'eagle_migrate.drafter.load', "
+            "print(sorted(m for m in sys.modules if m in ('torch', 'eagle_migrate.corpora', 'eagle_migrate.loader', "
             "'eagle_migrate.target', 'eagle_migrate.aux_evidence')))")
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)

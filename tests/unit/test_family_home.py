@@ -152,7 +152,7 @@ def example_family(monkeypatch):
 
 def test_the_recipe_adds_a_family_that_round_trips(tmp_path, example_family):
     from eagle_migrate.convert import convert
-    from eagle_migrate.drafter.load import load_drafter
+    from eagle_migrate.loader import load_drafter
     from eagle_migrate.formats import read_checkpoint, write_checkpoint
     from eagle_migrate.target import load_target
 
