@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .aux_ids import CONVENTIONS, AuxIds, Convention, Measurement, from_stored, resolve
+from .formats.aux_ids import CONVENTIONS, AuxIds, Convention, Measurement, from_stored, resolve
 
 if TYPE_CHECKING:  # pragma: no cover
     from .formats.base import Checkpoint
@@ -455,7 +455,7 @@ def measure_norm_before_residual(ck: Checkpoint, target: LazyTarget, ids: list[i
 def resolve_for_target(ck: Checkpoint, target: LazyTarget, *, override: Convention | None = None, seed: int = 0,
                        data: Any = None, sequences: list[list[int]] | None = None,
                        progress: Callable[[int, int], None] | None = None) -> AuxIds:
-    """:func:`eagle_migrate.aux_ids.resolve` for a checkpoint and a target: measures only when nothing else decides."""
+    """:func:`eagle_migrate.formats.aux_ids.resolve` for a checkpoint and a target: measures only when nothing else decides."""
     a: AuxIds | None = getattr(ck, "aux", None)
     if a is None or ck.config.generation != "eagle3":
         return a if a is not None else from_stored(None, "none")

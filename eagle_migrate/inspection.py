@@ -4,7 +4,7 @@ Cheap by construction: safetensors are read through their headers (names, shapes
 read are ``d2t``/``t2d`` and small tensors (norm weights and anything of at most ``SMALL_NUMEL`` elements, for the
 NaN/Inf check). ``deep=True`` checks every tensor for NaN/Inf, one tensor at a time. With a target, the pairing is
 checked from the target's config.json alone; the target is run only when the stored aux ids can be read two ways
-and nothing in the checkpoint decides (the measurement of :mod:`eagle_migrate.aux_ids`).
+and nothing in the checkpoint decides (the measurement of :mod:`eagle_migrate.aux_evidence`).
 
 Findings have a stable ``code`` (one table: formats/traps.py; docs/formats.md shows it) and a severity: ``error`` (vLLM refuses it or runs
 it wrongly: exit 1), ``warning`` (probably wrong, or wrong on some vLLM versions) and ``info``.
@@ -17,9 +17,9 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from . import aux_ids as _aux
 from . import families
-from .aux_ids import AuxIds, Convention
+from .formats import aux_ids as _aux
+from .formats.aux_ids import AuxIds, Convention
 from .formats.base import Checkpoint, Finding
 from .formats.common import QUANT_SUFFIXES
 from .formats.traps import finding

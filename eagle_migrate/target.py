@@ -176,7 +176,7 @@ class Target:
 
     def _aux_states(self, module: Any, input_ids: torch.Tensor, layer_ids: list[int], **kw: Any) -> tuple[torch.Tensor, Any]:
         """The one capture: (aux [B,T,K*Ht] at ``layer_ids`` ascending, ``module``'s output). Ids as vLLM captures
-        them (:func:`eagle_migrate.aux_ids.vllm_captured`): 0..L, id L before the final norm."""
+        them (:func:`eagle_migrate.formats.aux_ids.vllm_captured`): 0..L, id L before the final norm."""
         bad = [i for i in layer_ids if not 0 <= i <= self.info.num_layers]
         if bad:
             raise TargetError(f"aux layer ids {bad} are outside the target's 0..{self.info.num_layers}")

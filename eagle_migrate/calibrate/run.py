@@ -13,11 +13,11 @@ from typing import Any
 
 import torch
 
-from ..aux_ids import vllm_default_aux_ids
 from ..calibration_data import heldout_sequences
 from ..drafter.model import EagleDrafter
 from ..errors import InputError
 from ..features import FeatureStore, HeldoutFromFiles, PrecomputedFeatures, TargetHead, split_files
+from ..formats.aux_ids import vllm_default_aux_ids
 from ..judge import Comparison, SimulatedAcceptance, futility, judge_block, simulated_acceptance
 from ..train import Evaluation, FitConfig, Progress, draft_to_target_ids, fit
 from .progress import progress_adapter

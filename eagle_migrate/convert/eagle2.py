@@ -13,11 +13,11 @@ from dataclasses import dataclass
 
 import torch
 
-from ..aux_ids import AuxIds, eagle2_aux_ids
 from ..drafter.config import DrafterConfig
 from ..drafter.eagle2 import Eagle2Reference
-from ..loader import build_drafter
+from ..formats.aux_ids import AuxIds, eagle2_aux_ids
 from ..hidden_states import HiddenRecord
+from ..loader import build_drafter
 from ..stats import StatsAccumulator, TargetStatistics, rms_normalize
 from .agreement import eagle2_runner, eagle3_runner, measure_agreement
 from .registry import Converter, Initialised, Traits, register_converter

@@ -17,10 +17,10 @@ import torch
 import torch.nn.functional as F
 
 from ..drafter.config import DrafterConfig
-from ..loader import build_drafter
 from ..drafter.model import EagleDrafter
 from ..errors import DataError
 from ..hidden_states import HiddenRecord
+from ..loader import build_drafter
 from ..stats import StatsAccumulator, rms_normalize
 from .agreement import AgreementCounter, chains, cuts, eagle3_runner
 from .registry import Converter, Initialised, Traits, register_converter

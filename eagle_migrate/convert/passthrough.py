@@ -5,9 +5,9 @@ write}."""
 from __future__ import annotations
 
 from ..drafter.config import DrafterConfig
-from .registry import Converter, Initialised, Traits, register_converter
-from ..aux_ids import AuxIds
+from ..formats.aux_ids import AuxIds
 from .read import Job, decide_aux_ids
+from .registry import Converter, Initialised, Traits, register_converter
 from .write import OutputPlan, copy_from
 
 

@@ -14,13 +14,13 @@ from typing import Any
 
 import torch
 
-from .. import aux_ids as _aux
 from ..allocator import fixed_mmap_threshold
-from ..aux_ids import AuxIds
 from ..devices import resolve_device, resolve_dtype
 from ..drafter.config import DrafterConfig
 from ..errors import InputError, PairingError, UnsupportedError, a_an
 from ..fingerprints import target_name
+from ..formats import aux_ids as _aux
+from ..formats.aux_ids import AuxIds
 from ..formats.io import sha256_files
 from ..formats.output import check_output_dir
 from ..pairing import check_pairing, target_family_note
@@ -34,7 +34,7 @@ def now() -> str:
 
 
 def default_aux_ids(num_target_layers: int, k: int = 3) -> list[int]:
-    """vLLM's default ids as vLLM captures them (:func:`eagle_migrate.aux_ids.vllm_default_aux_ids`); PairingError
+    """vLLM's default ids as vLLM captures them (:func:`eagle_migrate.formats.aux_ids.vllm_default_aux_ids`); PairingError
     when they are not ``k`` distinct layers (vLLM would crash on the first request)."""
     err = _aux.pairing_error(None, k, num_target_layers)
     if err:

@@ -11,9 +11,9 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import ClassVar, TypeVar
 
-from ..aux_ids import AuxIds
 from ..drafter.config import DrafterConfig
 from ..errors import InputError, a_an
+from ..formats.aux_ids import AuxIds
 from ..stats import TargetStatistics
 from .read import Job, decide_aux_ids
 from .result import Agreement, Eagle2Mapping, NormInit, NormOutputCompensation

@@ -25,10 +25,10 @@ from typing import Any
 
 import torch
 
-from ..aux_ids import vllm_default_aux_ids
 from ..drafter import EagleDrafter, KVCache
-from ..loader import load_drafter
 from ..errors import PairingError
+from ..formats.aux_ids import vllm_default_aux_ids
+from ..loader import load_drafter
 from .metrics import AcceptanceStats
 
 

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from eagle_migrate import toy
-from eagle_migrate.loader import build_drafter, load_drafter, read_tensors
 from eagle_migrate.errors import CheckpointError, UnsupportedError
 from eagle_migrate.formats.output import save_safetensors
+from eagle_migrate.loader import build_drafter, load_drafter, read_tensors
 from eagle_migrate.quantize import quantize
 from eagle_migrate.target import load_target
 from eagle_migrate.validate.api import validate
