@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .. import calibrate  # its calibrate_checkpoint looked up when called (tests replace it there)
 from ..target import Target
 from .result import CalibrationStatus
 
@@ -21,9 +22,7 @@ def run_calibration(ckpt_dir: Path, target: str, settings: CalibrationSettings, 
     :meth:`~.options.ConvertOptions.calibration_settings`). ``loaded_target``: the target convert already loaded (a
     GPU does not hold it twice); ``source_checkpoint``: the EAGLE-3 source, scored on the same held-out positions;
     ``statistics_tokens``: the tokens the norm statistics saw (reported by the judge)."""
-    from ..calibrate import calibrate_checkpoint
-
-    res = calibrate_checkpoint(ckpt_dir, target, settings, in_place=True, loaded_target=loaded_target,
+    res = calibrate.calibrate_checkpoint(ckpt_dir, target, settings, in_place=True, loaded_target=loaded_target,
                                source_checkpoint=source_checkpoint, statistics_tokens=statistics_tokens)
     kept = (f"best step {res.best_step} of {res.steps_run}" if res.best_step
             else "initial weights kept: the structural conversion is returned")

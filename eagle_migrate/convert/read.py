@@ -14,18 +14,22 @@ from typing import Any
 
 import torch
 
+from .. import aux_evidence as ev
 from ..allocator import fixed_mmap_threshold
+from ..calibration_data import resolve_data as pick_data
 from ..devices import resolve_device, resolve_dtype
 from ..drafter.config import DrafterConfig
 from ..errors import InputError, PairingError, UnsupportedError, a_an
 from ..fingerprints import target_name
 from ..formats import aux_ids as _aux
+from ..formats import read_checkpoint
 from ..formats.aux_ids import AuxIds
 from ..formats.io import sha256_files
 from ..formats.output import check_output_dir
 from ..pairing import check_pairing, target_family_note
 from ..target import LazyTarget
 from .options import ConvertOptions
+from .records import STATS_MAX_SEQUENCES, sequences_for
 from .result import Provenance
 
 
@@ -82,8 +86,6 @@ def read(source: Path, target: str, out: Path, opts: ConvertOptions) -> Job:
     cdtype = resolve_dtype(opts.dtype, dev)
     torch.manual_seed(opts.seed)
 
-    from ..formats import read_checkpoint
-
     opts.progress("read source", 0, 1)
     ck = read_checkpoint(source)
     opts.progress("read source", 1, 1)
@@ -103,18 +105,15 @@ def resolve_data(job: Job) -> None:
     """The calibration data: ``--data`` as given, else ShareGPT on a real target when it is here (a warning else)."""
     if job.opts.hidden_states_dir is not None:
         return
-    from ..calibration_data import resolve_data as pick
 
     tok = job.target.tokenizer
-    job.data, warning = pick(job.data, tok)
+    job.data, warning = pick_data(job.data, tok)
     if warning and tok is not None:
         job.warnings.append(warning)
 
 
 def _first_sequences(job: Job) -> list[list[int]] | None:
     """The statistics pass's own sequences (measured first: their states are kept for that pass), or None."""
-    from .records import STATS_MAX_SEQUENCES, sequences_for
-
     o = job.opts
     if o.hidden_states_dir is not None or (job.data is None and job.target.tokenizer is None):
         return None  # a tokenizer-less toy's statistics run on random tokens: the measurement wants the target's own text
@@ -128,8 +127,6 @@ def decide_aux_ids(job: Job, measure: bool = True) -> tuple[AuxIds | None, list[
     ``measure`` False (a passthrough, which keeps how vLLM reads the ids): undecided ids are carried verbatim and
     marked undecided. PairingError (exit 2) when the stored ids cannot be decided and must be.
     Where the config does not state ``norm_before_residual`` and the target is measured, it is measured too."""
-    from .. import aux_evidence as ev
-
     ck, cfg, tinfo, progress = job.ck, job.cfg, job.target.info, job.opts.progress
     first: list[list[int]] | None = None
     a0 = ck.aux

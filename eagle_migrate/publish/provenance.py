@@ -197,7 +197,7 @@ def describe_checkpoint(ck: Checkpoint) -> dict[str, Any]:
 def _license_from_target_dir(p: Path | None) -> tuple[str | None, str | None, str | None]:
     if p is None or not (p / "README.md").is_file():
         return None, None, None
-    from huggingface_hub.repocard import metadata_load
+    from huggingface_hub.repocard import metadata_load  # lazy: huggingface_hub (0.2 s), only to read a card
 
     try:
         meta = metadata_load(p / "README.md") or {}

@@ -32,7 +32,7 @@ class SchemeConfig:
 
     def ct_scheme(self):
         """The compressed-tensors QuantizationScheme of the preset (with its full args, e.g. scale_dtype for NVFP4)."""
-        from compressed_tensors.quantization import preset_name_to_scheme  # lazy: compressed-tensors imports torch
+        from compressed_tensors.quantization import preset_name_to_scheme  # lazy: compressed-tensors imports transformers (seconds)
 
         s = preset_name_to_scheme(self.preset, ["Linear"])
         s.format = self.format

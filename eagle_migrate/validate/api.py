@@ -19,8 +19,11 @@ from typing import Any, Callable
 from .. import __version__
 from ..devices import resolve_device, resolve_dtype
 from ..errors import CheckFailed, EngineError
+from ..loader import load_drafter
+from ..target import load_target
 from . import engine as _in_process  # noqa: F401  (registers the vllm, reference and auto engines)
 from . import server as _server  # noqa: F401  (registers the server engine)
+from .diagnostics import drift_diagnostics
 from .engines import Progress, get_engine
 from .gates import apply_gates
 from .options import ValidateOptions
@@ -110,7 +113,7 @@ def run_validation(checkpoint: str | os.PathLike | None, target: str | None, opt
 def _quiet_transformers() -> None:
     """No per-load progress bars from transformers on stderr (the CLI has its own log lines)."""
     try:
-        from transformers.utils import logging as hf_logging
+        from transformers.utils import logging as hf_logging  # lazy: transformers (0.8 s) loads when a validation runs, not when migrate imports this module
 
         hf_logging.disable_progress_bar()
         hf_logging.set_verbosity_error()
@@ -121,14 +124,9 @@ def _quiet_transformers() -> None:
 def _diagnostics(target: str, target_obj: Any, ckpt: str, baseline: str | None, built: list, jobs: dict,
                  new_r: dict, k: int, per_suite: int, say: Callable[[str], None]) -> Diagnostics:
     """Drift diagnostics on the new drafter's finished sequences (a few per suite, spread over its groups)."""
-    from .diagnostics import drift_diagnostics
-    from ..loader import load_drafter
-
     out = Diagnostics(sink_tokens=4)
     try:
         if target_obj is None:
-            from ..target import load_target
-
             dev = resolve_device("auto")
             target_obj = load_target(target, device=dev, dtype=resolve_dtype("auto", dev), with_tokenizer=False)
         dev = target_obj.device

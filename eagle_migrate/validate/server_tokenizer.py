@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import EngineError, ServerError
+from ..formats import read_checkpoint
+from ..formats.io import open_checkpoint_path, sha256_files
 from .server_client import ServerClient
 
 DRAFTER_FIELDS = ("aux_layer_ids", "flags", "weights_sha256", "config_sha256")
@@ -86,8 +88,6 @@ def drafter_record(checkpoint: str | os.PathLike | None, served_as: str | None) 
         out["note"] = ("the server does not report its drafter's aux layer ids, flags or hashes; pass the drafter "
                        "folder (CKPT) to record them (it is read, never used to measure)")
         return out
-    from ..formats import read_checkpoint
-    from ..formats.io import open_checkpoint_path, sha256_files
 
     path = Path(checkpoint)
     ck = read_checkpoint(path)

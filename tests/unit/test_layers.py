@@ -5,8 +5,10 @@ Each check runs in a fresh interpreter, so what it sees in ``sys.modules`` is ex
 
 from __future__ import annotations
 
+import ast
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -298,6 +300,153 @@ def test_the_layer_check_finds_an_upward_import_and_a_cycle():
     upward, cycles = _broken_rules(graph, _layers(graph))
     assert upward == ["errors (layer 0) -> cli (layer 6)"]
     assert cycles == [["formats.base", "formats.io"]]
+
+
+# ----- function-level imports: each says why it is lazy, and none repeats a module-level one ------------------------
+# An import inside a function (of eagle_migrate or a third-party package; the standard library's are free) is there
+# only to keep a heavy or optional library out of a path that does not need it (`--help`, `inspect`, a vLLM-only
+# Python), or to break a cycle. It says which, on its line (`# lazy: <reason>`) or in a `# lazy:` comment line
+# directly above it. One that re-imports a module the file already imports at module level gains nothing and must go.
+LAZY_MARK = re.compile(r"#\s*lazy:\s*\S")
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _import_targets(node: ast.Import | ast.ImportFrom, module: str, is_package: bool, known: set[str]) -> set[str]:
+    """The modules an import statement loads (relative ones resolved against ``module``); ``from m import n`` loads
+    ``m.n`` when that is a module of the package (``known``), else ``m``."""
+    if isinstance(node, ast.Import):
+        return {a.name for a in node.names}
+    if node.level:
+        base = module.split(".") if is_package else module.split(".")[:-1]
+        base = base[: len(base) - (node.level - 1)]
+        mod = ".".join(base + ([node.module] if node.module else []))
+    else:
+        mod = node.module or ""
+    return {f"{mod}.{a.name}" if f"{mod}.{a.name}" in known else mod for a in node.names}
+
+
+def _is_type_checking(node: ast.AST) -> bool:
+    return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+
+
+def _imports_by_level(tree: ast.Module) -> tuple[list[ast.stmt], list[ast.stmt]]:
+    """(the imports that run when the module is imported: module level, class bodies, ``if`` / ``try`` blocks, not
+    ``TYPE_CHECKING``; the imports inside functions)."""
+    top: list[ast.stmt] = []
+    lazy: list[ast.stmt] = []
+
+    def walk(nodes: list[ast.stmt], in_function: bool) -> None:
+        for n in nodes:
+            if isinstance(n, (ast.Import, ast.ImportFrom)):
+                (lazy if in_function else top).append(n)
+                continue
+            if _is_type_checking(n) and not in_function:
+                walk(n.orelse, in_function)
+                continue
+            inner = in_function or isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+            for field in ("body", "orelse", "finalbody", "handlers"):
+                walk(getattr(n, field, None) or [], inner)
+
+    walk(tree.body, False)
+    return top, lazy
+
+
+def _counted(targets: set[str]) -> bool:
+    """An import the rules count: of eagle_migrate or a third-party package (not the standard library, not
+    ``__future__``)."""
+    return any(t.split(".")[0] not in sys.stdlib_module_names and t != "__future__" for t in targets)
+
+
+def _lazy_import_problems(src: str, module: str, is_package: bool, known: set[str]) -> tuple[list[str], list[str]]:
+    """(function-level imports without a ``# lazy:`` reason, function-level imports of a module the file already
+    imports at module level), each as ``line: statement``."""
+    lines = src.splitlines()
+    top, lazy = _imports_by_level(ast.parse(src))
+    loaded: set[str] = set()
+    for n in top:
+        for t in _import_targets(n, module, is_package, known):
+            parts = t.split(".")
+            loaded.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))  # a module's packages load with it
+
+    def reason(n: ast.stmt) -> bool:
+        if any(LAZY_MARK.search(lines[i - 1]) for i in range(n.lineno, n.end_lineno + 1)):
+            return True
+        above = lines[n.lineno - 2].strip() if n.lineno > 1 else ""
+        return above.startswith("#") and bool(LAZY_MARK.search(above))
+
+    unmarked, again = [], []
+    for n in sorted(lazy, key=lambda n: n.lineno):
+        targets = _import_targets(n, module, is_package, known)
+        if not _counted(targets):
+            continue
+        where = f"{n.lineno}: {lines[n.lineno - 1].strip()}"
+        if not reason(n):
+            unmarked.append(where)
+        if targets <= loaded:
+            again.append(where)
+    return unmarked, again
+
+
+def _package_sources() -> dict[str, tuple[str, bool]]:
+    return {_module_name(p): (p.read_text(encoding="utf-8"), p.name == "__init__.py")
+            for p in sorted((ROOT / "eagle_migrate").rglob("*.py"))}
+
+
+def test_every_function_level_import_says_why_it_is_lazy():
+    sources = _package_sources()
+    found = [f"{m}:{w}" for m, (src, pkg) in sources.items() for w in _lazy_import_problems(src, m, pkg, set(sources))[0]]
+    assert found == [], "function-level imports without a '# lazy: <reason>' comment:\n" + "\n".join(found)
+
+
+def test_no_function_level_import_repeats_a_module_level_one():
+    sources = _package_sources()
+    found = [f"{m}:{w}" for m, (src, pkg) in sources.items() for w in _lazy_import_problems(src, m, pkg, set(sources))[1]]
+    assert found == [], "function-level imports of modules the file imports at module level:\n" + "\n".join(found)
+
+
+def test_the_lazy_import_checks_find_a_missing_reason_and_a_repeated_import():
+    known = {"eagle_migrate", "eagle_migrate.errors", "eagle_migrate.formats", "eagle_migrate.formats.io",
+             "eagle_migrate.formats.base", "eagle_migrate.target"}
+    src = '''
+from typing import TYPE_CHECKING
+
+import numpy
+
+from .base import Finding
+from ..errors import CheckpointError
+
+if TYPE_CHECKING:
+    from ..target import Target
+
+
+def f():
+    import json  # the standard library: free
+    import torch  # lazy: torch stays out of inspect
+    # lazy: transformers, only to load the model
+    from transformers import AutoConfig
+    from transformers import AutoModel
+    from ..target import load_target  # lazy: torch
+    import safetensors
+    from .io import read_json  # lazy: not imported above (base is, not io)
+    from ..errors import InputError  # lazy: but errors is imported above
+    import numpy.linalg  # lazy: numpy is imported above, numpy.linalg is not
+    from . import base  # lazy: but base is imported above
+
+
+class C:
+    def g(self):
+        from .. import errors
+'''
+    unmarked, again = _lazy_import_problems(src, "eagle_migrate.formats.sizes", False, known)
+    # the comment line above AutoConfig covers AutoConfig only; AutoModel, safetensors and C.g's errors say nothing
+    assert [w.split(":")[0] for w in unmarked] == ["18", "20", "29"]
+    # errors, formats.base and C.g's errors are imported at module level; target only under TYPE_CHECKING
+    assert [w.split(":")[0] for w in again] == ["22", "24", "29"]
+    assert _lazy_import_problems("def f():\n    import json\n", "eagle_migrate.x", False, known) == ([], [])
 
 
 # ----- size limits: modules <= 500 lines, functions <= 100, except those docs/architecture.md names --------------
