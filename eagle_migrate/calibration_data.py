@@ -1,7 +1,8 @@
 """What calibration trains and judges on: the data choice (ShareGPT by default on a real target, the built-in set
 loudly), the training sequences and held-out prompts per drift-probing suite (:func:`default_data`), and the
 held-out continuations the target generates (vLLM or transformers), cached by content in ``--cache-dir``.
-Imports corpora, judge, fingerprints, progress, validate.engine; never calibrate or train."""
+Imports: corpora, fingerprints, formats.output, judge, progress, validate.engine. It never imports calibrate or
+train."""
 
 from __future__ import annotations
 

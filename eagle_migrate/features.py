@@ -2,7 +2,8 @@
 (labels through :class:`TargetHead`, the target's output layer restricted to the draft vocabulary), in batches
 (:class:`FeatureBatch`), computed from the target batch by batch (:class:`FeatureStore`: streamed, cached on disk
 as one safetensors file per batch in ``cache_dir``) or read from precomputed files (:class:`PrecomputedFeatures`,
-through the one --hidden-states reader). Imports target capture, hidden_states, formats; never train."""
+through the one --hidden-states reader). Imports: torch, safetensors, errors, formats.output, hidden_states (the
+target's capture comes in as an argument). It never imports train."""
 
 from __future__ import annotations
 

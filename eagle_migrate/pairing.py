@@ -2,7 +2,7 @@
 findings (:func:`pairing_findings`), ``convert`` refuses a pair that breaks one (:func:`check_pairing`,
 PairingError, exit 2); both read the same size rules (:func:`size_mismatches`). Reads the target's config
 (:class:`~eagle_migrate.target.TargetInfo`) only, never its weights, and imports no torch.
-Imports: ``errors``, ``aux_ids``, ``families``, ``drafter.config``, ``formats.base`` / ``traps``.
+Imports: ``errors``, ``families``, ``drafter.config``, ``formats.base`` / ``traps`` / ``aux_ids``, ``target`` (a type).
 """
 
 from __future__ import annotations

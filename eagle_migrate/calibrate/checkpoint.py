@@ -1,8 +1,8 @@
 """The checkpoint form of calibration (what convert calls): :func:`calibrate_checkpoint` loads the drafter of a
 folder in the vLLM layout and its target, picks the data and the held-out suites, runs :func:`~.run.calibrate`
 with the same :class:`~.settings.CalibrationSettings`, and writes the best weights back atomically.
-Imports: calibration_data, loader, formats (read, output, write), devices, target, validate.engine (lazily:
-which engine generates the held-out continuations), calibrate.{settings,result,run}."""
+Imports: torch, calibration_data, devices, errors, formats (read, output, write), loader, target, validate.engine
+(which engine generates the held-out continuations), calibrate.{settings,result,run}."""
 
 from __future__ import annotations
 

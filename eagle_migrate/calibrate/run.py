@@ -1,7 +1,8 @@
 """The calibration run: :func:`calibrate` fine-tunes an :class:`EagleDrafter` against a loaded target (training
 features, held-out suites, :func:`eagle_migrate.train.fit` under the judge, the verdict against the initial and the
 source drafter) and returns a :class:`~.result.CalibrationResult`; the model keeps the best weights.
-Imports: aux_ids, calibration_data, drafter.model, errors, features, judge, train, calibrate.{settings,result,progress}."""
+Imports: torch, calibration_data, drafter.model, errors, features, formats.aux_ids, judge, train,
+calibrate.{settings,result,progress}."""
 
 from __future__ import annotations
 

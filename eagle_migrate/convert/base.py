@@ -2,8 +2,8 @@
 -> *calibrate* (the calibration fine-tunes the written checkpoint in place, so it comes after the read-back check).
 A :class:`~.registry.Converter` per source generation fills in what differs (the aux ids it reads, the norm
 initialisation and the agreement it measures); :func:`run` takes the one registered converter that accepts the
-source (``registry.converter_for``). Imports: every convert.* module (the built-in converters, which register
-themselves), formats.output (the atomic output folder)."""
+source (``registry.converter_for``). Imports: errors, formats (the reader, the trap table, the carried mark,
+the atomic output folder), every convert.* module (the built-in converters, which register themselves)."""
 
 from __future__ import annotations
 

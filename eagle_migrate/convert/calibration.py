@@ -1,7 +1,7 @@
 """The calibration step of convert: the fine-tune (:func:`eagle_migrate.calibrate.calibrate_checkpoint`) on the
 written checkpoint, in place, with convert's one :class:`~eagle_migrate.calibrate.CalibrationSettings`, and its outcome
-as a :class:`~.result.CalibrationStatus`. Imports: calibrate (lazily), target (the loaded model it reuses),
-convert.result."""
+as a :class:`~.result.CalibrationStatus`. Imports: calibrate (its calibrate_checkpoint, looked up when called), target
+(the loaded model it reuses), convert.result."""
 
 from __future__ import annotations
 

@@ -5,7 +5,8 @@ calibration records (aux-state statistics, the RMS of its output, of the hidden 
 the mapping puts fc's hidden half in the last aux chunk (its fc_norm = the target's final norm weight), folds the
 embedding half of fc into the layer-0 q/k/v columns and fc's bias into their biases, and sets flat norms from those
 RMS values; the agreement compares the converted drafter's drafts with the source's on held-out records.
-Imports: torch, drafter (config, eagle2), loader, stats, hidden_states, convert.agreement/registry/eagle3/result/write."""
+Imports: torch, drafter (config, eagle2), formats.aux_ids, hidden_states, loader, stats,
+convert.agreement/registry/eagle3/records/result/write."""
 
 from __future__ import annotations
 

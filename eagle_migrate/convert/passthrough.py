@@ -1,6 +1,6 @@
 """EAGLE-3.1 -> EAGLE-3.1: the source is re-written as it is (aux ids explicit, rope and positions from the target);
-no statistics, no agreement, calibrated only when asked. Imports: aux_ids, drafter.config, convert.{registry, read,
-write}."""
+no statistics, no agreement, calibrated only when asked. Imports: drafter.config, formats.aux_ids,
+convert.{registry, read, write}."""
 
 from __future__ import annotations
 

@@ -1,7 +1,9 @@
 """The first two steps of every conversion: *read* (the source checkpoint, the target's config, the data to use) and
 *map* (the aux layer ids decided and checked, rope and positions taken from the target, the provenance record).
 Both are the same for every source generation; what differs is in the converters (eagle3.py, eagle2.py,
-passthrough.py). Imports: aux_ids, devices, formats, target, pairing, errors, convert.options/result."""
+passthrough.py). Imports: torch, allocator, aux_evidence (the measurement), calibration_data (the data choice), devices,
+drafter.config, errors, fingerprints, formats (the reader, aux_ids, io, output), pairing, target,
+convert.options/records/result."""
 
 from __future__ import annotations
 

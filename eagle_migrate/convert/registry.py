@@ -3,7 +3,7 @@
 :func:`converter_for`, which finds the one registered converter that accepts a drafter (two that both accept it are
 a bug, reported as one). The built-in converters (``eagle3``, ``eagle2``, ``passthrough``) register themselves
 when their modules are imported; the skeleton (``base.py``) imports them. This module imports none of them.
-Imports: aux_ids, drafter.config, errors, stats (types), convert.{read, result, write}."""
+Imports: drafter.config, errors, formats.aux_ids, stats (types), convert.{read, result, write}."""
 
 from __future__ import annotations
 

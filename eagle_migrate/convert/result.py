@@ -1,6 +1,6 @@
 """convert's typed results: what was inserted, how the norms were initialised, the agreement with the source, the
 calibration status and the provenance record written next to the weights. Imports: pydantic, torch (its version),
-:mod:`eagle_migrate.stats` and :mod:`eagle_migrate.formats.aux_ids` (their result types)."""
+the version string, stats and formats.aux_ids (their result types)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The output plan of a conversion (config + one producer per tensor, streamed from the memory-mapped source) and
 its writing: the vLLM layout through :func:`eagle_migrate.formats.output.write_safetensors_streaming` (one tensor made at
 a time) or the speculators layout through :func:`eagle_migrate.formats.write_checkpoint`, then the read-back check.
-Imports: torch, drafter.config, formats, errors."""
+Imports: torch, drafter.config, errors, formats (the reader and writers, output, vllm), progress."""
 
 from __future__ import annotations
 

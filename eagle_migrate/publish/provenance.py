@@ -2,7 +2,8 @@
 target's hub id (``base_model``) and license found in it, the card's drafter facts from the project's reader, and
 :func:`public`, what of a local value may leave the machine.
 
-Imports: pydantic, huggingface_hub (lazily), ``errors``, ``formats`` (Checkpoint, io, Finding), ``publish.models``,
+Imports: pydantic, huggingface_hub (lazily), ``errors``, ``fingerprints`` (target_name),
+``formats`` (Checkpoint, io, Finding), ``publish.models``,
 ``publish.card`` (cell text).
 """
 

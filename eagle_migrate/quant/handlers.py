@@ -2,7 +2,7 @@
 a fused group of weights, which static input scale it stores for a calibrated activation range, and how vLLM's kernel
 treats a Linear's input (the reference engine's fake quantization, through compressed-tensors' own functions).
 
-Imports: torch, ``quant.registry``, ``quant.schemes``, ``quant.numerics`` (compressed-tensors lazily).
+Imports: ``quant.registry``, ``quant.schemes``, ``quant.numerics`` (compressed-tensors lazily).
 """
 
 from __future__ import annotations

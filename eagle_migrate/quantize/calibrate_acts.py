@@ -1,7 +1,7 @@
 """Activation ranges for the static schemes: max |input| of each quantized Linear while the drafter drafts as vLLM
 runs it, fed by the target's aux hidden states, on the calibration sequences of ``corpora.calibration_sequences``.
 
-Imports: torch, pydantic, ``errors``, ``drafter`` (config, model), ``loader``, ``corpora`` (lazily).
+Imports: torch, pydantic, ``errors``, ``drafter`` (config, model), ``loader``, ``corpora``.
 """
 
 from __future__ import annotations

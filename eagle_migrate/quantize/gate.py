@@ -2,9 +2,9 @@
 the measurement (through ``validate.engine.run_engine``, the one measurement, with per-request counters) and the
 drop report: each AL with its standard error and the paired ratio AL(after) / AL(before) with its SE and verdict.
 
-Imports: pydantic, ``choices``, ``devices``, ``errors``, ``drafter.config``, ``quant.schemes``, ``validate.metrics``
-(stdlib + pydantic: the SEs and the paired ratio); lazily ``corpora``,
-``target``, ``formats.write``, ``validate.engine`` (never validate's stage).
+Imports: pydantic, ``choices``, ``corpora``, ``devices``, ``errors``, ``drafter.config``, ``formats.write``,
+``quant.schemes``, ``target``, ``validate.engine`` (the engines, never validate's stage), ``validate.metrics`` (the SEs
+and the paired ratio).
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """The ``quantize`` stage: read a drafter, calibrate activation ranges (static schemes), pack, write config.json +
 model.safetensors + provenance.json atomically, and measure acceptance before / after (the gate).
 
-Imports: torch, pydantic, ``errors``, ``formats`` (reader, io, vllm, write), ``drafter.config``, ``target`` (lazily),
-``quant`` (schemes, linears, numerics, pack), ``quantize.calibrate_acts`` / ``gate``.
+Imports: torch, pydantic, ``devices``, ``errors``, ``fingerprints``, ``formats`` (reader, common, io, output, vllm,
+write), ``drafter.config``, ``target``, ``quant`` (schemes, linears, numerics, pack),
+``quantize.{calibrate_acts, gate, options}``.
 """
 
 from __future__ import annotations

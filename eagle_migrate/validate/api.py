@@ -5,8 +5,9 @@ reference engine in-process, or a running vLLM server), with gates, drift diagno
 ``ValidateOptions.engine`` or ``server``) opens a session that says what the suites are built with and measures
 them; the suites (``suites.py``), the results and overall AL (``report.py``), the gates (``gates.py``) and the
 report folder are the same code for every engine. :func:`validate` and :func:`validate_server` are its keyword
-forms (``validate_server``: a running server). Imports: errors, version, validate.{engines, engine, server (both
-register their engines), options, suites, report, gates}; the drift diagnostics lazily (torch)."""
+forms (``validate_server``: a running server). Imports: transformers (lazily: its progress bars, quieted), devices,
+errors, loader and target (the drift diagnostics), the version string, validate.{engines, engine, server (both register
+their engines), options, suites, report, gates, diagnostics}."""
 
 from __future__ import annotations
 

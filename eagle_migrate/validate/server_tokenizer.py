@@ -9,7 +9,7 @@ server's ids (decoding and re-encoding could merge or split tokens at the seams)
 
 :func:`drafter_record`: the drafter's aux layer ids, flags and hashes, from its folder when one is given, else each
 named as unknown (the server exports k and, with ``VLLM_SERVER_DEV_MODE=1``, the drafter's name; nothing else).
-Imports: errors, formats (lazily), validate.server_client.
+Imports: errors, formats (the reader, hashes), validate.server_client.
 """
 
 from __future__ import annotations

@@ -449,6 +449,76 @@ class C:
     assert _lazy_import_problems("def f():\n    import json\n", "eagle_migrate.x", False, known) == ([], [])
 
 
+# ----- a module docstring's "Imports:" sentence names what the module imports --------------------------------------
+# The sentence after "Imports:" (up to its first period followed by a space) lists the top-level packages the module
+# imports, any way (function-level and TYPE_CHECKING imports included), and the third-party libraries it names are
+# imported; words in parentheses, the submodules in ``pkg.{a, b}`` or ``pkg.a/b``, the module's own package and the
+# root package (``__version__``) are not compared. A package's ``__init__`` speaks for the whole package.
+THIRD_PARTY = {"torch": "torch", "pydantic": "pydantic", "numpy": "numpy", "transformers": "transformers",
+               "huggingface_hub": "huggingface_hub", "compressed-tensors": "compressed_tensors", "httpx": "httpx",
+               "prometheus_client": "prometheus_client", "safetensors": "safetensors", "matplotlib": "matplotlib",
+               "datasets": "datasets", "vllm": "vllm", "typer": "typer", "rich": "rich"}
+
+
+def _imports_sentence(doc: str) -> str | None:
+    m = re.search(r"\bImports:\s(.*?)(?:\.\s|\.?$)", doc, flags=re.S)
+    if m is None:
+        return None
+    text = m.group(1)
+    while (t := re.sub(r"\([^()]*\)", "", text)) != text:  # parentheses, nested ones too
+        text = t
+    return re.sub(r"\.\{[^}]*\}|(?<=\w)(\.[\w*]+)+(/\w+)*", "", text.replace("``", ""))  # pkg.{a, b}, pkg.a/b -> pkg
+
+
+def _docstring_imports_problems(doc: str, own: str, imported: set[str], third: set[str], tops: set[str]) -> list[str]:
+    """What the "Imports:" sentence of ``doc`` gets wrong: top-level packages named but not imported, imported but not
+    named (``imported``: the top-level names the module imports, its own ``own`` and the root excluded), third-party
+    libraries named but not imported (``third``: what it imports from outside)."""
+    sentence = _imports_sentence(doc)
+    if sentence is None:
+        return []
+    words = set(re.findall(r"[A-Za-z_][\w-]*", sentence))
+    named = (words & tops) - {own}
+    out = [f"names {n}, which it does not import" for n in sorted(named - imported)]
+    out += [f"imports {n}, which it does not name" for n in sorted(imported - named)]
+    out += [f"names {w}, which it does not import" for w in sorted(words & set(THIRD_PARTY)) if THIRD_PARTY[w] not in third]
+    return out
+
+
+def _third_party(src: str) -> set[str]:
+    out: set[str] = set()
+    for n in ast.walk(ast.parse(src)):
+        if isinstance(n, ast.Import):
+            out |= {a.name.split(".")[0] for a in n.names}
+        elif isinstance(n, ast.ImportFrom) and not n.level and n.module:
+            out.add(n.module.split(".")[0])
+    return out
+
+
+def test_imports_docstrings_name_what_the_module_imports():
+    sources = _package_sources()
+    graph = _import_graph(lazy=True)
+    tops = {_top(m) for m in sources} - {""}
+    found = []
+    for m, (src, is_package) in sources.items():
+        doc = ast.get_docstring(ast.parse(src)) or ""
+        members = [x for x in sources if x == m or (is_package and x.startswith(m + "."))]
+        imported = {_top(d) for x in members for d in graph[x]} - {_top(m), ""}
+        third = set().union(*(_third_party(sources[x][0]) for x in members))
+        found += [f"{m}: {p}" for p in _docstring_imports_problems(doc, _top(m), imported, third, tops)]
+    assert found == [], "'Imports:' docstrings that disagree with the imports:\n" + "\n".join(found)
+
+
+def test_the_imports_docstring_check_finds_a_missing_and_a_wrong_name():
+    tops = {"errors", "formats", "target", "drafter", "corpora"}
+    doc = "Reads things. Imports: torch, ``errors``, drafter (config, model), formats.{io, vllm}, target (lazily). More."
+    assert _docstring_imports_problems(doc, "convert", {"errors", "drafter", "formats", "target"}, {"torch"}, tops) == []
+    assert _docstring_imports_problems(doc, "convert", {"errors", "drafter", "formats", "corpora"}, set(), tops) == [
+        "names target, which it does not import", "imports corpora, which it does not name",
+        "names torch, which it does not import"]
+    assert _docstring_imports_problems("No such sentence.", "convert", {"errors"}, set(), tops) == []
+
+
 # ----- size limits: modules <= 500 lines, functions <= 100, except those docs/architecture.md names --------------
 MAX_MODULE_LINES, MAX_FUNCTION_LINES = 500, 100
 
