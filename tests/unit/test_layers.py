@@ -302,6 +302,96 @@ def test_the_layer_check_finds_an_upward_import_and_a_cycle():
     assert cycles == [["formats.base", "formats.io"]]
 
 
+# ----- docs/architecture.md's Layout: the imports an entry names after `|` are the ones it makes -----------------
+# An entry's `| a, b.{c, d}, q.gate` (q. = quantize., p. = publish., a bare name inside a package entry = the
+# package's own module first) lists the eagle_migrate modules it imports besides errors and the root package;
+# a package entry (`pkg/`) speaks for the whole package's imports outside it, a name covers its submodules, words in
+# parentheses are notes and the third-party names below are skipped.
+LAYOUT_THIRD_PARTY = {"hf_hub", "torch", "pydantic", "compressed-tensors", "transformers", "numpy", "httpx"}
+
+
+def _layout_entries() -> list[tuple[str, str]]:
+    """(module, the text after its last `|`) of every Layout entry that has one."""
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    block = text.split("## Layout", 1)[1].split("```", 2)[1]
+    entries: list[list[str]] = []
+    pkg = None
+    for line in block.splitlines():
+        m = re.match(r"^( {2}| {4})(\S+)\s", line)
+        if m:
+            name = m.group(2).removesuffix(".py")
+            if len(m.group(1)) == 2:
+                pkg = name.rstrip("/") if name.endswith("/") else None
+                entries.append([name.rstrip("/"), line])
+            else:
+                entries.append([f"{pkg}.{name}" if pkg else name, line])
+        elif entries:
+            entries[-1][1] += " " + line
+    out = []
+    for mod, body in entries:
+        flat = re.sub(r"`[^`]*`", "", " ".join(body.split()))  # a quoted `|` is prose
+        if " | " in flat:
+            out.append((mod, flat.rsplit(" | ", 1)[1]))
+    return out
+
+
+def _layout_names(module: str, tail: str, modules: set[str]) -> list[str]:
+    """The modules a Layout entry's `|` list names, resolved (``module`` the entry's, relative to the package)."""
+    while (t := re.sub(r"\([^()]*\)", "", tail)) != tail:
+        tail = t
+    pkg = module.split(".")[0]
+    out = []
+    for item in re.findall(r"[\w-]+(?:\.[\w]+)*(?:\.\{[^}]*\}|\.\*)?", tail):
+        if item in LAYOUT_THIRD_PARTY:
+            continue
+        base, _, rest = item.partition(".{")
+        names = [f"{base}.{x.strip()}" for x in rest.rstrip("}").split(",")] if rest else [item.removesuffix(".*")]
+        for n in names:
+            head, _, sub = n.partition(".")
+            n = {"q": "quantize", "p": "publish"}.get(head, head) + ("." + sub if sub else "")
+            out.append(f"{pkg}.{n}" if f"{pkg}.{n}" in modules and "." in module else n)
+    return out
+
+
+def _layout_problems(module: str, tail: str, graph: dict[str, set[str]]) -> list[str]:
+    modules = {_short(m) for m in graph}
+    members = [m for m in graph if _short(m) == module or _short(m).startswith(module + ".")]
+    is_package = any(_short(m).startswith(module + ".") for m in members)
+    imported = {_short(d) for m in members for d in graph[m]} - {"", "errors"}
+    if is_package:
+        imported = {d for d in imported if not (d == module or d.startswith(module + "."))}
+    named = _layout_names(module, tail, modules)
+
+    def covers(n: str, d: str) -> bool:
+        return d == n or d.startswith(n + ".")
+
+    out = [f"{module}: names {n}, no such module" for n in named if n not in modules and n != "errors"]
+    out += [f"{module}: names {n}, which it does not import" for n in named
+            if n in modules and n != "errors" and not any(covers(n, d) for d in imported)]
+    out += [f"{module}: imports {d}, which it does not name" for d in sorted(imported)
+            if not any(covers(n, d) for n in named)]
+    return out
+
+
+def test_the_layout_names_the_imports_each_entry_makes():
+    graph = _import_graph(lazy=True)
+    entries = _layout_entries()
+    assert len(entries) >= 20
+    found = [p for module, tail in entries for p in _layout_problems(module, tail, graph)]
+    assert found == [], "docs/architecture.md, Layout: the `|` lists disagree with the imports:\n" + "\n".join(found)
+
+
+def test_the_layout_check_finds_a_wrong_and_a_missing_import():
+    graph = {"eagle_migrate.quantize.gate": {"eagle_migrate.corpora", "eagle_migrate.quantize.options",
+                                             "eagle_migrate.errors", "eagle_migrate.validate.metrics"},
+             "eagle_migrate.quantize.options": set(), "eagle_migrate.corpora": set(), "eagle_migrate.errors": set(),
+             "eagle_migrate.validate.metrics": set(), "eagle_migrate.target": set()}
+    assert _layout_problems("quantize.gate", "corpora, validate.metrics, q.options, hf_hub", graph) == []
+    assert _layout_problems("quantize.gate", "corpora (prompts), target, q.{options}", graph) == [
+        "quantize.gate: names target, which it does not import",
+        "quantize.gate: imports validate.metrics, which it does not name"]
+
+
 # ----- function-level imports: each says why it is lazy, and none repeats a module-level one ------------------------
 # An import inside a function (of eagle_migrate or a third-party package; the standard library's are free) is there
 # only to keep a heavy or optional library out of a path that does not need it (`--help`, `inspect`, a vLLM-only
