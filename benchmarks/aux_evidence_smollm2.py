@@ -115,7 +115,7 @@ def decide(src: Path, target: str, data: str | None, seed: int = 0) -> dict:
     w1, c1 = time.perf_counter(), time.process_time()
     nbr = None
     if a.decided and a.ids is not None:
-        from eagle_migrate import aux_ids
+        from eagle_migrate.formats import aux_ids
 
         aux_ids.apply(ck, a)
         nbr = ev.decide_norm_before_residual(ck, lt, a.ids, seed=seed, data=data, sequences=first, progress=tick)

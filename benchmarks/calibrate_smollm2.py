@@ -28,7 +28,7 @@ from eagle_migrate import assets  # noqa: E402
 from eagle_migrate.corpora import iter_sharegpt  # noqa: E402
 from eagle_migrate.calibrate import calibrate  # noqa: E402
 from eagle_migrate.calibration_data import vllm_continuations  # noqa: E402
-from eagle_migrate.drafter.load import load_drafter  # noqa: E402
+from eagle_migrate.loader import load_drafter  # noqa: E402
 from eagle_migrate.drafter import EagleDrafter  # noqa: E402
 from eagle_migrate.formats.output import atomic_output_dir  # noqa: E402
 from eagle_migrate.formats.write import write_vllm  # noqa: E402

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from eagle_migrate import assets  # noqa: E402
 from eagle_migrate import corpora as dm  # noqa: E402
 from eagle_migrate.calibration_data import vllm_continuations  # noqa: E402
-from eagle_migrate.drafter.load import load_drafter  # noqa: E402
+from eagle_migrate.loader import load_drafter  # noqa: E402
 from eagle_migrate.judge import judge_block, paired_difference, simulated_acceptance, walk_chains  # noqa: E402
 from eagle_migrate.target import load_target  # noqa: E402
 from eagle_migrate.features import FeatureStore  # noqa: E402

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from eagle_migrate import assets, corpora  # noqa: E402
 from eagle_migrate.target import load_target  # noqa: E402
 from eagle_migrate.validate.metrics import AcceptanceStats  # noqa: E402
-from eagle_migrate.drafter.load import load_drafter  # noqa: E402
+from eagle_migrate.loader import load_drafter  # noqa: E402
 from eagle_migrate.validate.reference import ReferenceEngine, _add  # noqa: E402
 
 

@@ -108,7 +108,7 @@ def main() -> None:
     log(f"draft vocab {a.draft_vocab}: coverage {cover:.4f} of {sum(map(len, freq_seqs))} tokens")
 
     if a.init:
-        from eagle_migrate.drafter.load import load_drafter
+        from eagle_migrate.loader import load_drafter
         from eagle_migrate.train import draft_to_target_ids
 
         model = load_drafter(a.init, target)

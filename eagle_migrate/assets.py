@@ -131,8 +131,8 @@ def smollm2_target(cache_dir: str | os.PathLike | None = None, dtype: str = "flo
 
 
 def _gguf_to_hf(gguf: Path, out: Path, dtype: str) -> None:
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    import torch  # lazy: assets is stdlib-only; torch only to convert the GGUF
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # lazy: as torch (transformers reads the GGUF)
 
     try:
         tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)

@@ -34,7 +34,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .aux_ids import CONVENTIONS, AuxIds, Convention, Measurement, from_stored, resolve
+from .corpora import calibration_sequences
+from .formats.aux_ids import CONVENTIONS, AuxIds, Convention, Measurement, from_stored, resolve
+from .loader import load_drafter
 
 if TYPE_CHECKING:  # pragma: no cover
     from .formats.base import Checkpoint
@@ -301,8 +303,6 @@ def measurement_sequences(target: LazyTarget, data: Any, seed: int, first: list[
     data set, or a target whose greedy text repeats: many random starts continue alike), the target's own
     continuations of what it has: a sequence already measured, cut at a random point, one token there replaced at
     random, and continued greedily (:func:`_continuations`), until the budget is reached."""
-    from .corpora import calibration_sequences
-
     seen: set[tuple[int, ...]] = set()
     have: list[list[int]] = []
 
@@ -387,8 +387,6 @@ def measure(ck: Checkpoint, target: LazyTarget, candidates: list[list[int]], *, 
     """The aux-id measurement: ``candidates`` (vLLM ids of each reading, in the order of :data:`CONVENTIONS`)
     compared by :func:`sequential`. ``sequences``: the statistics pass's sequences, measured first; their states are
     kept on ``target`` (``keep_states``) so convert does not run the target on them again."""
-    from .drafter.load import load_drafter
-
     t0 = time.perf_counter()
     m = load_drafter(ck, target.loaded, device=target.device, dtype=target.dtype)
     step = Step0(m, target.info.vocab_size, target.device, target.dtype)
@@ -419,8 +417,6 @@ def measure_norm_before_residual(ck: Checkpoint, target: LazyTarget, ids: list[i
                                  progress: Callable[[int, int], None] | None = None) -> Measurement:
     """``norm_before_residual`` true vs false (step 0's layer 0 takes ``hidden_norm(g)`` or ``g`` as its residual),
     compared by :func:`sequential` on the aux states at ``ids`` (vLLM ids, decided). Reuses kept states."""
-    from .drafter.load import load_drafter
-
     m = load_drafter(ck, target.loaded, device=target.device, dtype=target.dtype)
     step = Step0(m, target.info.vocab_size, target.device, target.dtype)
     layer0 = m.layers[0]
@@ -455,7 +451,7 @@ def measure_norm_before_residual(ck: Checkpoint, target: LazyTarget, ids: list[i
 def resolve_for_target(ck: Checkpoint, target: LazyTarget, *, override: Convention | None = None, seed: int = 0,
                        data: Any = None, sequences: list[list[int]] | None = None,
                        progress: Callable[[int, int], None] | None = None) -> AuxIds:
-    """:func:`eagle_migrate.aux_ids.resolve` for a checkpoint and a target: measures only when nothing else decides."""
+    """:func:`eagle_migrate.formats.aux_ids.resolve` for a checkpoint and a target: measures only when nothing else decides."""
     a: AuxIds | None = getattr(ck, "aux", None)
     if a is None or ck.config.generation != "eagle3":
         return a if a is not None else from_stored(None, "none")

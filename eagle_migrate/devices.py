@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, get_args
 
 from .choices import Device, Dtype
+from .errors import InputError
 
 DEVICES: tuple[str, ...] = get_args(Device)
 DTYPES: tuple[str, ...] = get_args(Dtype)
@@ -17,7 +18,7 @@ def _name(v: Any) -> Any:
 def cuda_available() -> bool:
     """Whether a CUDA device is visible (False where torch itself is missing or broken): the one CUDA test."""
     try:
-        import torch
+        import torch  # lazy: torch stays out of --help and inspect (only resolving needs it)
 
         return torch.cuda.is_available()
     except Exception:
@@ -32,15 +33,13 @@ def resolve_device(device: Any = "auto") -> str:
         return "cuda" if cuda_available() else "cpu"
     d = str(d)
     if d.startswith("cuda") and not cuda_available():
-        from .errors import InputError
-
         raise InputError(f"--device {d} was asked for but no CUDA device is visible", "use --device auto or cpu")
     return d
 
 
 def resolve_dtype(dtype: Any, device: str):
     """``auto`` -> bfloat16 on a GPU, float32 on a CPU; a ``torch.dtype`` is returned as it is."""
-    import torch
+    import torch  # lazy: torch stays out of --help and inspect (only resolving needs it)
 
     if isinstance(dtype, torch.dtype):
         return dtype
@@ -48,7 +47,5 @@ def resolve_dtype(dtype: Any, device: str):
     if d == "auto":
         return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
     if d not in DTYPES:
-        from .errors import InputError
-
         raise InputError(f"--dtype {d!r} is not one of {', '.join(DTYPES)}")
     return getattr(torch, d)

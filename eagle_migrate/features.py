@@ -2,7 +2,8 @@
 (labels through :class:`TargetHead`, the target's output layer restricted to the draft vocabulary), in batches
 (:class:`FeatureBatch`), computed from the target batch by batch (:class:`FeatureStore`: streamed, cached on disk
 as one safetensors file per batch in ``cache_dir``) or read from precomputed files (:class:`PrecomputedFeatures`,
-through the one --hidden-states reader). Imports target capture, hidden_states, formats; never train."""
+through the one --hidden-states reader). Imports: torch, safetensors, errors, formats.output, hidden_states (the
+target's capture comes in as an argument). It never imports train."""
 
 from __future__ import annotations
 
@@ -16,6 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import load_file, save_file
+
+from .errors import DataError
+from .formats.output import atomic_file
+from .hidden_states import SpeculatorsOffline, checked, describe_hidden_states, read_file
 
 Progress = Callable[[dict[str, Any]], None]  # an event dict per step of long work (fit's and prefetch's)
 
@@ -182,10 +188,6 @@ class FeatureStore:
         if self._memory is not None:
             self._memory[i] = fb
         if f is not None:
-            from safetensors.torch import save_file
-
-            from .formats.output import atomic_file
-
             with atomic_file(f) as tmp:
                 save_file({"input_ids": fb.input_ids, "lengths": fb.lengths, "loss_mask": fb.loss_mask.to(torch.uint8),
                            "aux": fb.aux.contiguous(), "final": fb.final.contiguous()}, str(tmp),
@@ -205,8 +207,6 @@ class FeatureStore:
 
 
 def read_feature_file(f: Path) -> FeatureBatch:
-    from safetensors.torch import load_file
-
     d = load_file(str(f))
     lengths = d.get("lengths")
     return FeatureBatch(d["input_ids"].long(), d["aux"], d["loss_mask"].bool(), d.get("final"), d.get("target_logits"),
@@ -227,8 +227,6 @@ class PrecomputedFeatures:
     def __init__(self, folder: str | os.PathLike, layer_ids: list[int], hidden_size: int,
                  final_norm: tuple[torch.Tensor, float] | None = None, num_layers: int | None = None,
                  indices: Sequence[int] | None = None):
-        from .hidden_states import SpeculatorsOffline, describe_hidden_states
-
         self.info = describe_hidden_states(Path(folder))
         self.layout = self.info.layout
         self.layer_ids = sorted(layer_ids)
@@ -246,9 +244,6 @@ class PrecomputedFeatures:
         return len(self.files)
 
     def __getitem__(self, i: int) -> FeatureBatch:
-        from .errors import DataError
-        from .hidden_states import checked, read_file
-
         if not 0 <= i < len(self):
             raise IndexError(i)
         f = self.files[i]

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .formats.io import WEIGHT_SUFFIXES
+
 
 def is_hub_id(spec: str) -> bool:
     """ORG/NAME that is not a local path (publish's base_model must be a Hub id; local targets come from provenance)."""
@@ -70,8 +72,6 @@ def target_fingerprint(target: str, verify: bool = False) -> dict[str, Any]:
     import hashlib
     import struct
 
-    from .formats.io import WEIGHT_SUFFIXES
-
     def folder_print(d: Path) -> dict[str, Any]:
         files: dict[str, Any] = {}
         for f in sorted(x for x in d.rglob("*") if x.is_file() and not any(part.startswith(".") for part in x.relative_to(d).parts)):
@@ -104,7 +104,7 @@ def target_fingerprint(target: str, verify: bool = False) -> dict[str, Any]:
         return {"file": {"size": st.st_size, "mtime_ns": st.st_mtime_ns}}
     if is_hub_id(target):
         try:
-            from huggingface_hub import snapshot_download
+            from huggingface_hub import snapshot_download  # lazy: huggingface_hub stays out of inspect --target (a Hub id only)
 
             snap = Path(snapshot_download(target, local_files_only=True))
             return {"hub": target, "revision": snap.name, "snapshot": folder_print(snap)}
@@ -113,7 +113,7 @@ def target_fingerprint(target: str, verify: bool = False) -> dict[str, Any]:
 
             if os.environ.get("HF_HUB_OFFLINE", "0") in ("", "0"):
                 try:
-                    from huggingface_hub import HfApi
+                    from huggingface_hub import HfApi  # lazy: as snapshot_download
 
                     return {"hub": target, "revision": HfApi().model_info(target).sha}
                 except Exception:

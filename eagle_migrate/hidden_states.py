@@ -39,8 +39,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 
 from .errors import DataError
+from .formats.io import torch_load_weights_only
 
 
 @dataclass
@@ -85,8 +88,6 @@ def write_hidden_states(out: Path, records: list[HiddenRecord] | Iterator[Hidden
     """Write records in our own feature layout (the one ``eagle_migrate.features.FeatureStore`` caches): one
     ``batch-NNNNN.safetensors`` per ``batch`` sequences, right-padded, with ``input_ids`` [B,T] int64, ``lengths``
     [B], ``loss_mask`` [B,T] uint8, ``aux`` [B,T,K*Ht], ``final`` [B,T,Ht] when known, metadata ``layer_ids``."""
-    from safetensors.torch import save_file
-
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     buf: list[HiddenRecord] = []
@@ -141,8 +142,6 @@ def _find_layer_ids(obj: Any) -> list[int] | None:
 
 
 def _torch_load(path: Path) -> Any:
-    from .formats.io import torch_load_weights_only
-
     try:
         return torch_load_weights_only(path, mmap=True)
     except RuntimeError:
@@ -155,8 +154,6 @@ def _torch_load(path: Path) -> Any:
 
 
 def _st_header(f: Path) -> tuple[set[str], dict[str, str]]:
-    from safetensors import safe_open
-
     with safe_open(str(f), framework="pt") as sf:
         return set(sf.keys()), dict(sf.metadata() or {})
 
@@ -252,7 +249,7 @@ class SpeculatorsOffline:
     def __init__(self, info: HiddenStatesFolder):
         self.info = info
         try:
-            import datasets
+            import datasets  # lazy: datasets is optional (speculators' offline folders only)
         except ImportError:
             raise DataError(f"{info.dataset}: reading speculators' prepare-data dataset needs the `datasets` library",
                             "pip install 'eagle-migrate[offline]'") from None
@@ -271,8 +268,6 @@ class SpeculatorsOffline:
 
     def raw(self, i: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(hidden_states [T, S, H] as stored, input_ids [T], loss_mask [T]) of file i, checked but not sliced."""
-        from safetensors import safe_open
-
         f = self.info.files[i]
         try:
             with safe_open(str(f), framework="pt") as sf:
@@ -405,8 +400,6 @@ def read_file(f: Path, layout: str, k: int, pick: list[int] | None,
     """The records of one file (a batch for our layout, one sequence otherwise), unvalidated. ``last`` of a
     speculators file is its pre-norm last layer normalised with ``final_norm`` (None without it)."""
     if layout == "eagle-migrate":
-        from safetensors.torch import load_file
-
         d = load_file(str(f))
         ids, aux, fin, lm = d["input_ids"], d["aux"], d.get("final"), d.get("loss_mask")
         if ids.dim() == 1:
@@ -485,7 +478,6 @@ def count_hidden_states(path: Path) -> int:
     info = describe_hidden_states(path)
     if info.layout != "eagle-migrate":
         return len(info.files)
-    from safetensors import safe_open
 
     n = 0
     for f in info.files:

@@ -4,7 +4,7 @@ Cheap by construction: safetensors are read through their headers (names, shapes
 read are ``d2t``/``t2d`` and small tensors (norm weights and anything of at most ``SMALL_NUMEL`` elements, for the
 NaN/Inf check). ``deep=True`` checks every tensor for NaN/Inf, one tensor at a time. With a target, the pairing is
 checked from the target's config.json alone; the target is run only when the stored aux ids can be read two ways
-and nothing in the checkpoint decides (the measurement of :mod:`eagle_migrate.aux_ids`).
+and nothing in the checkpoint decides (the measurement of :mod:`eagle_migrate.aux_evidence`).
 
 Findings have a stable ``code`` (one table: formats/traps.py; docs/formats.md shows it) and a severity: ``error`` (vLLM refuses it or runs
 it wrongly: exit 1), ``warning`` (probably wrong, or wrong on some vLLM versions) and ``info``.
@@ -15,11 +15,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from pydantic import BaseModel, Field
 
-from . import aux_ids as _aux
 from . import families
-from .aux_ids import AuxIds, Convention
+from .devices import resolve_device, resolve_dtype
+from .errors import TargetError
+from .formats import aux_ids as _aux
+from .formats import read_checkpoint
+from .formats.aux_ids import AuxIds, Convention
 from .formats.base import Checkpoint, Finding
 from .formats.common import QUANT_SUFFIXES
 from .formats.traps import finding
@@ -123,8 +127,6 @@ def _is_norm(name: str) -> bool:
 
 
 def _check_finite(ck: Checkpoint, deep: bool) -> list[Finding]:
-    import numpy as np
-
     bad: list[str] = []
     checked = 0
     for c, stored in ck.name_map.items():
@@ -149,8 +151,6 @@ def _check_finite(ck: Checkpoint, deep: bool) -> list[Finding]:
 
 
 def _check_vocab_maps(ck: Checkpoint, v_target: int | None) -> list[Finding]:
-    import numpy as np
-
     out: list[Finding] = []
     cfg = ck.config
     v = v_target or ck.meta.get("vocab_size_declared") or cfg.vocab_size
@@ -260,12 +260,8 @@ def _resolve_aux(ck: Checkpoint, target: str | None, ti: Any, override: Conventi
     if ti is None:
         b = _aux.resolve(a, ck.config.num_aux, 0, override=override) if override else a
     elif (override or not a.decided) and _sizes_pair(ck, ti) and _measures_aux(ck) and not ck.quantization:
-        from .devices import resolve_device, resolve_dtype
-
-        from .errors import TargetError
-        from .target import LazyTarget
-
-        from .aux_evidence import resolve_for_target
+        from .aux_evidence import resolve_for_target  # lazy: torch stays out of inspect unless it measures
+        from .target import LazyTarget  # lazy: torch, as aux_evidence
 
         dev = resolve_device(device)
         lt = LazyTarget(target, dev, resolve_dtype("auto", dev))
@@ -289,8 +285,7 @@ def _resolve_aux(ck: Checkpoint, target: str | None, ti: Any, override: Conventi
 def _measure_nbr(ck: Checkpoint, lt: Any, ids: list[int]) -> None:
     """norm_before_residual, when the config does not state it: measured on the target (reported as a finding and
     in ``flags``)."""
-    from .aux_evidence import decide_norm_before_residual, norm_before_residual_open
-    from .formats.traps import finding
+    from .aux_evidence import decide_norm_before_residual, norm_before_residual_open  # lazy: torch stays out of inspect unless it measures
 
     if not norm_before_residual_open(ck) or _aux.pairing_error(ids, ck.config.num_aux, lt.info.num_layers):
         return
@@ -314,7 +309,7 @@ def report_from_checkpoint(ck: Checkpoint, target: str | None = None, deep: bool
                            aux_ids_convention: Convention | None = None, device: str = "auto") -> InspectReport:
     ti = None
     if target is not None:
-        from .target import target_info
+        from .target import target_info  # lazy: target imports torch: inspect without --target needs none
 
         ti = target_info(target)
     _resolve_aux(ck, target, ti, aux_ids_convention, device)
@@ -382,8 +377,6 @@ def inspect_checkpoint(path: str | Path, target: str | None = None, deep: bool =
     (exit 2) when the input cannot be read at all; TargetError when ``target`` cannot; PairingError when the aux
     ids can be read two ways and measuring on ``target`` does not tell which.
     """
-    from .formats import read_checkpoint
-
     ck = read_checkpoint(path)
     ck.meta["input_path"] = str(path)
     return report_from_checkpoint(ck, target=target, deep=deep, aux_ids_convention=aux_ids_convention, device=device)

@@ -19,10 +19,15 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 from pydantic import Field, model_validator
 
+# the stages, each called through its module when it runs (so a test that replaces one is obeyed)
+from . import convert as _convert
+from . import inspection as _inspection
+from . import publish as _publish
+from . import quantize as _quantize
 from .calibrate.settings import CONTEXT as CALIBRATION_CONTEXT
 from .choices import AuxIdsConvention, Device, Dtype, Engine
 from .convert.options import ConvertOptions
@@ -30,16 +35,18 @@ from .corpora import SUITE_NAMES
 from .devices import resolve_device
 from .errors import InputError
 from .fingerprints import target_fingerprint
+from .formats.io import WEIGHT_SUFFIXES
+from .formats.output import check_writable_parent
 from .options import Options, choice
+from .pipeline import Pipeline, PipelineResult, Stage, StageContext, StageResult
 from .progress import StageProgress
 from .publish.models import REPO_ID
 from .publish.options import PublishOptions
 from .quant.schemes import get_scheme
 from .quantize.options import QuantizeOptions
+from .validate import api as _validate
 from .validate.options import ValidateOptions
-
-if TYPE_CHECKING:  # the pipeline is imported only once the options are checked
-    from .pipeline import PipelineResult, Stage, StageContext, StageResult
+from .validate.report import al_text
 
 # the run-wide options: one value, given to every stage that has the field (under the name on the right)
 RUN_WIDE: dict[str, dict[str, str]] = {
@@ -130,8 +137,6 @@ def engine_note(asked: str, used: str) -> str | None:
 def validate_message(rep: Any, note: str | None = None) -> str:
     """The validate stage's line: engine, AL ± SE per suite against the source with the paired ratio ± SE and its
     verdict (where the engine counted per request), and the verdict, which says "passed" only when a gate was set."""
-    from .validate.report import al_text
-
     head = f"{rep.engine}{' ' + rep.engine_version if rep.engine_version else ''}" + (" (vLLM not importable)" if note else "")
     als = [f"{s.name} AL {al_text(s.new)}" + (f" (source {al_text(s.baseline)}" + (f"; {s.paired.text()}" if s.paired else "")
                                               + ")" if s.baseline else "")
@@ -218,8 +223,6 @@ def build_stages(source: Path, target: str, opts: MigrateOptions, progress: Stag
     pipeline hashes: an option that reaches a stage re-runs it when it changes, and nothing else does. ``progress``
     (not hashed) receives convert's and validate's stage events (statistics, calibration steps, the held-out
     continuations, the validation suites)."""
-    from .pipeline import Stage, StageResult
-
     validate = will_validate(opts)
     source = Path(source)
     tprint = target_fingerprint(target, verify=opts.verify)
@@ -237,9 +240,7 @@ def build_stages(source: Path, target: str, opts: MigrateOptions, progress: Stag
     validate_args, publish_args = args["validate"], args["publish"]
 
     def inspect_stage(ctx: StageContext) -> StageResult:
-        from .inspection import inspect_checkpoint
-
-        rep = inspect_checkpoint(**inspect_args)
+        rep = _inspection.inspect_checkpoint(**inspect_args)
         _dump(ctx.out / "inspect.json", rep)
         _settle_paths(ctx)
         errors = [f"{f.code}: {f.message}" for f in rep.findings if f.severity == "error"]
@@ -250,9 +251,7 @@ def build_stages(source: Path, target: str, opts: MigrateOptions, progress: Stag
         )
 
     def convert_stage(ctx: StageContext) -> StageResult:
-        from .convert import convert
-
-        res = convert(out=ctx.out / "model", progress=progress, **convert_args)
+        res = _convert.convert(out=ctx.out / "model", progress=progress, **convert_args)
         _dump(ctx.out / "convert.json", res)
         _settle_paths(ctx)
         a = res.agreement.step0
@@ -265,18 +264,14 @@ def build_stages(source: Path, target: str, opts: MigrateOptions, progress: Stag
         return q if opts.quantization.scheme and q.exists() else ctx.path("convert") / "model"
 
     def quantize_stage(ctx: StageContext) -> StageResult:
-        from .quantize import quantize
-
-        res = quantize(ctx.path("convert") / "model", ctx.out / "model", **quantize_args)
+        res = _quantize.quantize(ctx.path("convert") / "model", ctx.out / "model", **quantize_args)
         _dump(ctx.out / "quantize.json", res)
         _settle_paths(ctx)
         return StageResult(outputs={"model": "quantize/model", "ratio": res.checkpoint_ratio},
                            message=f"{res.scheme}: {res.checkpoint_ratio:.2f}x smaller")
 
     def validate_stage(ctx: StageContext) -> StageResult:
-        from .validate.api import validate
-
-        rep = validate(model_dir(ctx), report_dir=ctx.out / "report", progress=progress, **validate_args)
+        rep = _validate.validate(model_dir(ctx), report_dir=ctx.out / "report", progress=progress, **validate_args)
         _settle_paths(ctx)
         table = {s.name: {"new": s.new.acceptance_length, "baseline": s.baseline.acceptance_length if s.baseline else None}
                  for s in rep.suites}
@@ -288,10 +283,8 @@ def build_stages(source: Path, target: str, opts: MigrateOptions, progress: Stag
                            gate_passed=rep.passed, message=validate_message(rep, note))
 
     def publish_stage(ctx: StageContext) -> StageResult:
-        from .publish import publish
-
         report = ctx.path("validate") / "report" if validate else None
-        res = publish(model_dir(ctx), report_dir=report, out_dir=ctx.out / "repo", **publish_args)
+        res = _publish.publish(model_dir(ctx), report_dir=report, out_dir=ctx.out / "repo", **publish_args)
         _dump(ctx.out / "publish.json", res)
         _settle_paths(ctx)
         return StageResult(outputs={"repo": "publish/repo", "repo_id": res.repo_id, "dry_run": res.dry_run,
@@ -351,8 +344,6 @@ def check_options(source: Path, target: str, out: Path, opts: MigrateOptions) ->
         if p.revision is not None and (not p.revision.strip() or p.revision.startswith("refs/pr/")):
             raise InputError(f"--revision {p.revision!r} is not a branch name", "pass a branch, or --create-pr")
     if not Path(out).exists():
-        from .formats.output import check_writable_parent
-
         check_writable_parent(Path(out))
     _check_room(source, out)
 
@@ -360,8 +351,6 @@ def check_options(source: Path, target: str, out: Path, opts: MigrateOptions) ->
 def _check_room(source: Path, out: Path) -> None:
     """The output's file system must hold about twice the source's weights (convert + quantize copies)."""
     import shutil as _shutil
-
-    from .formats.io import WEIGHT_SUFFIXES
 
     files = [source] if source.is_file() else [p for p in source.iterdir() if p.suffix in WEIGHT_SUFFIXES and p.is_file()]
     need = 2 * sum(p.stat().st_size for p in files)
@@ -385,7 +374,6 @@ def migrate(source: Path | str, target: str, out: Path | str, opts: MigrateOptio
     opts = opts or MigrateOptions()
     source = Path(source)
     check_options(source, target, Path(out), opts)
-    from .pipeline import Pipeline
     pipe = Pipeline(Path(out), build_stages(source, target, opts, progress),
                     protect=[source, target, opts.data, opts.validation.prompts_file], log=log, progress=progress)
     return pipe.run(force=opts.restart, force_stage=opts.force_stage)

@@ -2,7 +2,7 @@
 findings (:func:`pairing_findings`), ``convert`` refuses a pair that breaks one (:func:`check_pairing`,
 PairingError, exit 2); both read the same size rules (:func:`size_mismatches`). Reads the target's config
 (:class:`~eagle_migrate.target.TargetInfo`) only, never its weights, and imports no torch.
-Imports: ``errors``, ``aux_ids``, ``families``, ``drafter.config``, ``formats.base`` / ``traps``.
+Imports: ``errors``, ``families``, ``drafter.config``, ``formats.base`` / ``traps`` / ``aux_ids``, ``target`` (a type).
 """
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from . import aux_ids as _aux
 from . import families
 from .drafter.config import DrafterConfig
 from .errors import PairingError
+from .formats import aux_ids as _aux
 from .formats.traps import finding
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -61,7 +61,7 @@ def size_mismatches(cfg: DrafterConfig, t: TargetInfo, vocab_size: int | None = 
 
 def check_pairing(cfg: DrafterConfig, tinfo: TargetInfo, aux_ids: list[int] | None) -> None:
     """Raise PairingError (exit 2) when drafter and target cannot work together; the message names both numbers.
-    ``aux_ids`` (vLLM convention; None = not yet known) go through :func:`eagle_migrate.aux_ids.check_aux_ids`."""
+    ``aux_ids`` (vLLM convention; None = not yet known) go through :func:`eagle_migrate.formats.aux_ids.check_aux_ids`."""
     for m in size_mismatches(cfg, tinfo):
         raise PairingError(m.refusal)
     if cfg.generation == "eagle3" and aux_ids is not None:

@@ -17,11 +17,11 @@ from typing import Any, ClassVar, Literal
 
 import torch
 
-from .errors import TargetError
+from .errors import DataError, InputError, TargetError, UnsupportedError
 from .fingerprints import is_hub_id
-from .formats.io import read_json
+from .formats.io import TensorStore, open_checkpoint_path, read_json
 from .formats.vllm import rope_from_config
-from .hidden_states import HiddenRecord
+from .hidden_states import HiddenRecord, SpeculatorsOffline, describe_hidden_states
 
 # any of these in a local target folder means it ships a tokenizer
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model")
@@ -60,7 +60,7 @@ def resolve_config(spec: str) -> dict[str, Any]:
     if d is not None and gguf is None:
         return read_json(d / "config.json", "target config.json") if (d / "config.json").exists() else _missing(spec)
     if d is not None and gguf is not None:
-        from transformers import AutoConfig
+        from transformers import AutoConfig  # lazy: transformers (0.8 s) stays out of inspect --target (config read as JSON)
 
         try:
             return AutoConfig.from_pretrained(str(d), gguf_file=gguf).to_dict()
@@ -68,7 +68,7 @@ def resolve_config(spec: str) -> dict[str, Any]:
             raise TargetError(f"{spec}: cannot read the GGUF file's config ({str(e)[:160]})") from None
     if is_hub_id(spec):
         try:
-            from huggingface_hub import hf_hub_download
+            from huggingface_hub import hf_hub_download  # lazy: huggingface_hub (0.2 s), only for a Hub id
 
             path = hf_hub_download(spec, "config.json")
         except Exception as e:
@@ -176,7 +176,7 @@ class Target:
 
     def _aux_states(self, module: Any, input_ids: torch.Tensor, layer_ids: list[int], **kw: Any) -> tuple[torch.Tensor, Any]:
         """The one capture: (aux [B,T,K*Ht] at ``layer_ids`` ascending, ``module``'s output). Ids as vLLM captures
-        them (:func:`eagle_migrate.aux_ids.vllm_captured`): 0..L, id L before the final norm."""
+        them (:func:`eagle_migrate.formats.aux_ids.vllm_captured`): 0..L, id L before the final norm."""
         bad = [i for i in layer_ids if not 0 <= i <= self.info.num_layers]
         if bad:
             raise TargetError(f"aux layer ids {bad} are outside the target's 0..{self.info.num_layers}")
@@ -217,7 +217,7 @@ def load_tokenizer(target: str) -> Any:
     ``.gguf``; a single ``.gguf`` file; a hub id)."""
     p = Path(target).expanduser()
     try:
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer  # lazy: transformers (0.8 s) stays out of inspect --target (config read as JSON)
 
         if p.is_dir():
             if not any((p / f).exists() for f in TOKENIZER_FILES):
@@ -241,7 +241,7 @@ def load_target(
     with_tokenizer: bool = True,
 ) -> Target:
     """Load the target with transformers (``device_map="auto"`` spreads a large target over the visible GPUs)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # lazy: transformers (0.8 s) stays out of inspect --target (config read as JSON)
 
     info = target_info(spec)
     d, gguf = _local_dir_and_gguf(spec)
@@ -313,9 +313,6 @@ class LazyTarget:
 
     def _weight_store(self) -> Any:
         if self._store is None:
-            from .errors import InputError
-            from .formats.io import TensorStore, open_checkpoint_path
-
             p = Path(self.spec).expanduser()
             if not p.is_dir():
                 return None
@@ -364,8 +361,6 @@ class LazyTarget:
             return tg.lm_head_weight.detach().float().cpu()
         w = tg.final_norm_weight
         if w is None:
-            from .errors import UnsupportedError
-
             raise UnsupportedError(f"{self.spec}: cannot find the target's final norm weight")
         # Gemma-style (1 + w) norms are not Llama RMSNorms; the drafter world is Llama-style
         return w.detach().float().cpu()
@@ -412,7 +407,7 @@ class TargetWeights:
     """The target as ``--hidden-states`` uses it: the config and the few tensors a drafter borrows (embeddings,
     final norm, ``lm_head``), read lazily from the target's safetensors (memory-mapped; only the rows that are looked
     up are read). No model is built and no decoder layer is read: a target whose layers do not fit (or are absent)
-    works. Has what :func:`eagle_migrate.drafter.load.load_drafter`, :class:`eagle_migrate.features.TargetHead` and
+    works. Has what :func:`eagle_migrate.loader.load_drafter`, :class:`eagle_migrate.features.TargetHead` and
     the calibration read of a Target; ``tokenizer`` is None."""
 
     tokenizer = None
@@ -445,9 +440,6 @@ def check_against_capture(target: Target, folder: Path | str, aux_ids: list[int]
     tokens by ``target`` (loaded: only where the target fits; ``--hidden-states`` itself never does this): the
     relative L2 error per slice, the slices being the drafter's ``aux_ids`` ascending then layer L. Raises DataError
     naming the file and the slice when one is beyond ``tolerance`` (bf16 storage: about 0.5 %)."""
-    from .errors import DataError
-    from .hidden_states import SpeculatorsOffline, describe_hidden_states
-
     info = describe_hidden_states(Path(folder))
     if info.layout != "speculators-offline":
         raise DataError(f"{folder}: not a speculators-offline folder")

@@ -31,6 +31,8 @@ import torch.nn.functional as F
 
 from . import families
 from .drafter.config import DrafterConfig
+from .formats.output import save_safetensors, write_json
+from .formats.write import write_vllm
 
 ToyKind = Literal["oracle", "aux-only", "random"]
 
@@ -112,8 +114,6 @@ def target_config(h: int = H, layers: int = NUM_LAYERS, family: Family = "llama"
 
 def write_target(out: Path, h: int = H, layers: int = NUM_LAYERS, alpha: float = ALPHA, family: Family = "llama") -> Path:
     """Write the successor target as an HF folder (config.json + model.safetensors, no tokenizer)."""
-    from .formats.output import save_safetensors, write_json
-
     out.mkdir(parents=True, exist_ok=True)
     save_safetensors(target_state_dict(h, layers, alpha, family=family), out / "model.safetensors", {"format": "pt"})
     write_json(out / "config.json", target_config(h, layers, family))
@@ -191,8 +191,6 @@ def drafter_state_dict(kind: ToyKind = "oracle", h: int = H, alpha: float = ALPH
 def write_drafter(out: Path, kind: ToyKind = "oracle", dtype: torch.dtype | None = torch.float32,
                   family: Family = "llama") -> Path:
     """Write a toy EAGLE-3 drafter in the vLLM layout."""
-    from .formats.write import write_vllm
-
     out.mkdir(parents=True, exist_ok=True)
     write_vllm(drafter_config(family=family), drafter_state_dict(kind, family=family), out, dtype=dtype)
     return out
@@ -264,8 +262,6 @@ def drift_target_state_dict(h: int = H, layers: int = NUM_LAYERS, seed: int = 0)
 
 def write_drift_target(out: Path, h: int = H, layers: int = NUM_LAYERS) -> Path:
     """Write the drift world's target (an HF Llama folder without tokenizer)."""
-    from .formats.output import save_safetensors, write_json
-
     out.mkdir(parents=True, exist_ok=True)
     save_safetensors(drift_target_state_dict(h, layers), out / "model.safetensors", {"format": "pt"})
     write_json(out / "config.json", drift_target_config(h, layers))
@@ -324,8 +320,6 @@ def drift_drafter_config(fc_norm: bool = False, norm_output: bool = False) -> Dr
 
 def write_drift_drafter(out: Path, dtype: torch.dtype | None = torch.float32) -> Path:
     """Write the drift world's EAGLE-3 drafter (the oracle, fc scaled for the short-context RMS, no input norm)."""
-    from .formats.write import write_vllm
-
     out.mkdir(parents=True, exist_ok=True)
     a = drift_short_rms()
     write_vllm(drift_drafter_config(), drafter_state_dict("oracle", fc_scales=[a] * len(AUX_IDS)), out, dtype=dtype)

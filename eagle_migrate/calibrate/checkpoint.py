@@ -1,8 +1,8 @@
 """The checkpoint form of calibration (what convert calls): :func:`calibrate_checkpoint` loads the drafter of a
 folder in the vLLM layout and its target, picks the data and the held-out suites, runs :func:`~.run.calibrate`
 with the same :class:`~.settings.CalibrationSettings`, and writes the best weights back atomically.
-Imports: calibration_data, drafter.load, formats (read, output, write), devices, target, validate.engine (lazily:
-which engine generates the held-out continuations), calibrate.{settings,result,run}."""
+Imports: torch, calibration_data, devices, errors, formats (read, output, write), loader, target, validate.engine
+(which engine generates the held-out continuations), calibrate.{settings,result,run}."""
 
 from __future__ import annotations
 
@@ -14,7 +14,13 @@ from typing import Any
 import torch
 
 from ..calibration_data import default_data, resolve_data, vllm_continuations
+from ..devices import resolve_dtype
 from ..errors import UnsupportedError
+from ..formats import read_checkpoint
+from ..formats.output import atomic_output_dir
+from ..formats.write import write_vllm
+from ..loader import load_drafter
+from ..target import Target, TargetWeights, load_target
 from ..validate.engine import resolve_engine
 from .result import CalibrationResult, check_improvement
 from .run import calibrate
@@ -46,9 +52,6 @@ def calibrate_checkpoint(
     s = CalibrationSettings.of(settings, **options)
     dev = resolve_device(s.device)
     tgt = _target(target, loaded_target, s, dev)
-    from ..drafter.load import load_drafter
-    from ..formats import read_checkpoint
-
     ck = read_checkpoint(Path(checkpoint))
     if ck.quantization:
         raise UnsupportedError(f"{checkpoint}: the drafter is quantized; calibrate the unquantized drafter, then quantize it")
@@ -80,17 +83,12 @@ def calibrate_checkpoint(
 
 
 def _is_target(target: Any) -> bool:
-    from ..target import Target
-
     return isinstance(target, Target)
 
 
 def _target(target: Any, loaded_target: Any, s: CalibrationSettings, dev: torch.device) -> Any:
     """The target to train against: ``target`` when it is loaded, else convert's ``loaded_target``, else only the
     tensors --hidden-states needs (embeddings, final norm, lm_head, read lazily), else the model loaded."""
-    from ..devices import resolve_dtype
-    from ..target import TargetWeights, load_target
-
     if _is_target(target):
         return target
     if loaded_target is not None:
@@ -122,9 +120,6 @@ def _vllm_heldout(target: str, held: Any, new_tokens: int, s: CalibrationSetting
 def _write_back(checkpoint: Path, dest: Path, ck: Any, model: Any, res: CalibrationResult) -> None:
     """The calibrated weights written to ``dest`` atomically (vLLM layout, the checkpoint's dtype), with the
     checkpoint's sidecar files (provenance.json, ...)."""
-    from ..formats.output import atomic_output_dir
-    from ..formats.write import write_vllm
-
     sd = {n: t.detach().cpu() for n, t in model.state_dict().items()}
     if not ck.has("embed_tokens.weight"):
         sd.pop("embed_tokens.weight", None)

@@ -1,7 +1,8 @@
 """The calibration run: :func:`calibrate` fine-tunes an :class:`EagleDrafter` against a loaded target (training
 features, held-out suites, :func:`eagle_migrate.train.fit` under the judge, the verdict against the initial and the
 source drafter) and returns a :class:`~.result.CalibrationResult`; the model keeps the best weights.
-Imports: aux_ids, calibration_data, drafter.model, errors, features, judge, train, calibrate.{settings,result,progress}."""
+Imports: torch, calibration_data, drafter.model, errors, features, formats.aux_ids, judge, train,
+calibrate.{settings,result,progress}."""
 
 from __future__ import annotations
 
@@ -13,11 +14,11 @@ from typing import Any
 
 import torch
 
-from ..aux_ids import vllm_default_aux_ids
 from ..calibration_data import heldout_sequences
 from ..drafter.model import EagleDrafter
 from ..errors import InputError
 from ..features import FeatureStore, HeldoutFromFiles, PrecomputedFeatures, TargetHead, split_files
+from ..formats.aux_ids import vllm_default_aux_ids
 from ..judge import Comparison, SimulatedAcceptance, futility, judge_block, simulated_acceptance
 from ..train import Evaluation, FitConfig, Progress, draft_to_target_ids, fit
 from .progress import progress_adapter

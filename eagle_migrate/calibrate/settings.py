@@ -2,7 +2,7 @@
 :class:`CalibrationSettings`, every option of a run in one typed, checked options model (held whole by convert's
 ``ConvertOptions.calibration``, or built from the keywords of :func:`~eagle_migrate.calibrate.calibrate` /
 :func:`~eagle_migrate.calibrate.calibrate_checkpoint`) that flows from the checkpoint wrapper into the run.
-Imports: choices, devices, errors, options, progress, drafter.model (a type), train (FitConfig)."""
+Imports: torch, pydantic, choices, devices, options, drafter.model (a type), train (FitConfig)."""
 
 from __future__ import annotations
 

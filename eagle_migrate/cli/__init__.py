@@ -11,7 +11,11 @@ import sys
 
 import typer
 
+from .. import __version__
+from ..allocator import fixed_mmap_threshold
 from ..errors import EagleMigrateError
+from . import render
+from .render import install_warning_handler, print_error, print_json, redact
 
 app = typer.Typer(
     name="eagle-migrate",
@@ -43,8 +47,6 @@ _register()
 
 def _print_version(value: bool) -> None:
     if value:
-        from .. import __version__
-
         typer.echo(f"eagle-migrate {__version__}")
         raise typer.Exit(0)
 
@@ -60,11 +62,7 @@ def _root(
 def main(argv: list[str] | None = None) -> int:
     """Console entry point: typer handles usage errors (exit 2); our errors become one line + hint."""
     debug = os.environ.get("EAGLE_MIGRATE_DEBUG", "") not in ("", "0")
-    from ..allocator import fixed_mmap_threshold
-
     fixed_mmap_threshold()  # every command: freed tensors go back to the OS instead of fragmenting the heap
-    from .render import install_warning_handler
-
     install_warning_handler(debug)
     if not sys.stderr.isatty() or "--json" in (sys.argv[1:] if argv is None else argv):
         # progress bars only on a terminal and never with --json: ours check this themselves; this turns off
@@ -72,8 +70,6 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     args = sys.argv[1:] if argv is None else list(argv)
     json_mode = "--json" in args
-    from . import render
-
     render.json_documents_printed = 0
     render.interrupted_reported = False
     real_stderr = sys.stderr
@@ -127,8 +123,6 @@ def interrupted_line(args: list[str]) -> str:
 
 
 def _interrupted(args: list[str], code: int, json_mode: bool) -> None:
-    from . import render
-
     render.interrupted_reported = True
     line = interrupted_line(args)
     render.log_plain(line)
@@ -167,9 +161,6 @@ def _usage_message(text: str) -> str:
 def _fail(code: str, message: str, hint: str | None, exit_code: int, debug: bool, json_mode: bool) -> None:
     """One line (+ hint) on stderr, the JSON error document on stdout with ``--json``; debug adds the traceback
     but never changes the exit code."""
-    from . import render
-    from .render import print_error, print_json, redact
-
     if debug:
         import traceback
 

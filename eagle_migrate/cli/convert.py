@@ -120,7 +120,7 @@ def _label(line: str) -> tuple[str, str]:
 
 
 def render_result(r) -> None:
-    from rich.table import Table
+    from rich.table import Table  # lazy: rich.table loads only when a table is printed (--help stays fast)
 
     t = Table(title=f"{r.source} -> {r.output}", show_header=False, title_justify="left")
     t.add_column("field", style="bold")

@@ -36,8 +36,8 @@ def demo(
 
     Example: eagle-migrate demo
     """
-    from ..assets import cache_root
-    from ..demo import drift_about, run_demo
+    from ..assets import cache_root  # lazy: assets (subprocess, zipfile: 6 ms) stays out of --help
+    from ..demo import drift_about, run_demo  # lazy: torch (registering the commands and --help import none)
 
     out = out if out is not None else cache_root() / "demo"  # never a folder dropped into the current directory
     if not json and not real:
@@ -52,7 +52,7 @@ def demo(
     else:
         render_pipeline(res.pipeline, "demo")
         if res.rows:  # nothing is printed for data that does not exist (a run that failed before validate)
-            from rich.table import Table
+            from rich.table import Table  # lazy: rich.table loads only when a table is printed (--help stays fast)
 
             how = f"{res.engine} {res.engine_version or ''}".strip()
             t = Table(title=f"acceptance length (k={res.ceiling - 1} greedy, ceiling k+1 = {res.ceiling}; {how})")

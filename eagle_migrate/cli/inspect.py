@@ -30,7 +30,7 @@ def inspect(ckpt: CheckpointArg, target: TargetOpt = None, deep: DeepOpt = False
 
     Example: eagle-migrate inspect ./EAGLE3-LLaMA3.1-Instruct-8B --target meta-llama/Llama-3.1-8B-Instruct
     """
-    from ..inspection import inspect_checkpoint
+    from ..inspection import inspect_checkpoint  # lazy: the checkpoint readers (formats/) stay out of --help
 
     report = inspect_checkpoint(ckpt, target=target, deep=deep, device=device,
                                 aux_ids_convention=aux_ids_convention)
@@ -43,7 +43,7 @@ def inspect(ckpt: CheckpointArg, target: TargetOpt = None, deep: DeepOpt = False
 
 
 def render_report(r) -> None:
-    from rich.table import Table
+    from rich.table import Table  # lazy: rich.table loads only when a table is printed (--help stays fast)
 
     s = r.sizes
     t = Table(title=f"{r.path}", show_header=False, title_justify="left", expand=False)

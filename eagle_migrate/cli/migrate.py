@@ -4,6 +4,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.markup import escape
 
 from . import app
 from .options import (
@@ -42,8 +43,7 @@ from .render import StageBar, log_plain, print_json, stdout
 
 
 def render_pipeline(res, title: str = "migrate") -> None:
-    from rich.markup import escape
-    from rich.table import Table
+    from rich.table import Table  # lazy: rich.table loads only when a table is printed (--help stays fast)
 
     t = Table(title=f"{title}: {res.out_dir}")
     for c in ("stage", "status", "action", "seconds", "message"):

@@ -49,7 +49,7 @@ def publish(
     else:
         head = f"published to {res.repo_id}"
     stdout.print(f"[bold]{head}[/]", highlight=False)
-    from rich.table import Table
+    from rich.table import Table  # lazy: rich.table loads only when a table is printed (--help stays fast)
 
     t = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
     t.add_column("file")

@@ -33,10 +33,10 @@ def _fmt_bytes(n: int) -> str:
 
 
 def render(result) -> None:
-    from rich.table import Table
+    from rich.table import Table  # lazy: rich.table loads only when a table is printed (--help stays fast)
 
-    from ..quantize.gate import paired_words
-    from ..validate.report import value_se as _al  # AL ± SE (here, not at the top: validate.report imports torch)
+    from ..quantize.gate import paired_words  # lazy: torch (the quantize package imports it)
+    from ..validate.report import value_se as _al  # lazy: torch (validate.report imports it); AL ± SE
 
     r = result
     stdout.print(f"[bold]{r.scheme}[/] ({r.scheme_description})")

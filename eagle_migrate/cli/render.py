@@ -9,6 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel
 from rich.console import Console
+from rich.markup import escape
 
 from ..errors import redact
 
@@ -78,16 +79,12 @@ def print_json_line(obj: Any) -> None:
 
 
 def print_error(message: str, hint: str | None) -> None:
-    from rich.markup import escape
-
     stderr.print(f"[bold red]error:[/] {escape(redact(message))}", highlight=False, markup=True)
     if hint:
         stderr.print(f"[dim]hint:[/] {escape(redact(hint))}", highlight=False)
 
 
 def print_warning(message: str) -> None:
-    from rich.markup import escape
-
     stderr.print(f"[bold yellow]warning:[/] {escape(redact(message))}", highlight=False, markup=True)
 
 
@@ -151,6 +148,7 @@ class StageBar:
 
         self._lock = threading.Lock()
         if self.enabled:
+            # lazy: rich.progress loads only when a bar is drawn (--help stays fast)
             from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
                                        TimeRemainingColumn)
 

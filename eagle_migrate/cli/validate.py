@@ -4,6 +4,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.console import Console
 
 from ..errors import CheckFailed
 from . import app
@@ -27,9 +28,9 @@ from .render import log, print_json, stdout
 
 
 def render(r) -> None:
-    from rich.console import Console
-    from rich.table import Table
+    from rich.table import Table  # lazy: rich.table loads only when a table is printed (--help stays fast)
 
+    # lazy: torch (validate.report imports it)
     from ..validate.report import al_text, comparison_line, fmt_value, overall_line, verdict_line
 
     has_base = any(s.baseline for s in r.suites)

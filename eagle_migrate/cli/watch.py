@@ -7,6 +7,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
+from ..errors import CheckFailed
 from . import app
 from .options import COMMANDS, CommandOptions
 from .render import log_plain, print_json_line, stdout
@@ -17,7 +18,7 @@ _PANEL_ALERTS = "Alerts"
 def _table(title: str, scopes: list[Any], break_even: Any, alerts: list[Any], reference: Any) -> Any:
     """The live table: a row per replica and one pooled: AL ± SE, per-position rates, drafts, requests, the
     difference from the reference in SE, status."""
-    from rich.table import Table
+    from rich.table import Table  # lazy: rich.table loads only when a table is printed (--help stays fast)
 
     cap = f"break-even AL {break_even.al:.3f} ({break_even.formula})" if break_even is not None else ""
     if reference is not None:
@@ -91,7 +92,7 @@ class _Display:
         t = _table(_window_title(w), [*w.replicas, w.pooled], w.break_even, w.alerts,
                    self.started.reference if self.started else None)
         if self.live is None:
-            from rich.live import Live
+            from rich.live import Live  # lazy: rich.live loads only when watching live (--help stays fast)
 
             self.live = Live(t, console=stdout, auto_refresh=False)
             self.live.start()
@@ -167,10 +168,8 @@ def watch(
     Example: eagle-migrate watch --server http://HOST1:8000/v1 --server http://HOST2:8000/v1 --reference
     ./report/report.json --min-al 2.0 --exit-on-alert --duration 3600
     """
-    from ..errors import CheckFailed
-    # lazy, as every command's stage: registering the commands and --help import none of it
-    from ..validate.server_client import api_key_from_env
-    from ..validate.watch import WatchOptions, watch as run
+    from ..validate.server_client import api_key_from_env  # lazy: the validate package stays out of --help
+    from ..validate.watch import WatchOptions, watch as run  # lazy: torch (validate.watch imports it)
 
     opts = WatchOptions.parse(servers=list(servers), window=window, scrape_every=scrape_every, duration=duration,
                               reference=reference, reference_suite=reference_suite, min_al=min_al,

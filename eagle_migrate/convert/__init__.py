@@ -69,7 +69,7 @@ def convert(source: Path | str, target: str, out: Path | str, *, progress: Stage
     only for measuring agreement. ``evaluate=False`` skips the agreement runs (the source's ``lm_head`` is never
     loaded): the fc_norm candidate is chosen by its fc-output error on the held-out sequences alone.
     ``aux_ids_convention`` (vllm | output-of-layer) overrides how the stored aux ids are read; otherwise a
-    writer-unique fingerprint decides, or a measurement on the target (:mod:`eagle_migrate.aux_ids`), and when
+    writer-unique fingerprint decides, or a measurement on the target (:mod:`eagle_migrate.formats.aux_ids`), and when
     neither decides, PairingError (exit 2) names both readings.
     """
     return run(Path(source), target, Path(out), ConvertOptions.of(progress=progress, **options))

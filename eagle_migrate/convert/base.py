@@ -2,8 +2,8 @@
 -> *calibrate* (the calibration fine-tunes the written checkpoint in place, so it comes after the read-back check).
 A :class:`~.registry.Converter` per source generation fills in what differs (the aux ids it reads, the norm
 initialisation and the agreement it measures); :func:`run` takes the one registered converter that accepts the
-source (``registry.converter_for``). Imports: every convert.* module (the built-in converters, which register
-themselves), formats.output (the atomic output folder)."""
+source (``registry.converter_for``). Imports: errors, formats (the reader, the trap table, the carried mark,
+the atomic output folder), every convert.* module (the built-in converters, which register themselves)."""
 
 from __future__ import annotations
 
@@ -11,13 +11,16 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CheckFailed
+from ..formats import read_checkpoint
 from ..formats.common import carried_mark
 from ..formats.output import atomic_output_dir, write_json
+from ..formats.traps import TRAPS
 from . import eagle2, eagle3, passthrough  # noqa: F401  (the built-in converters register themselves)
 from .calibration import run_calibration
 from .options import ConvertOptions
 from .passthrough import KeepArchitecture
 from .read import Job, check_pairing, map_source, now, read, resolve_data
+from .records import hidden_states_evidence
 from .registry import Converter, Initialised, converter_for
 from .result import CalibrationStatus, ConvertResult
 from .write import OutputLabels, verify_written, write_plan
@@ -34,8 +37,6 @@ def run(source: Path, target: str, out: Path, opts: ConvertOptions) -> ConvertRe
     aux, aux_ids = conv.aux_ids(job)
     map_source(job, aux, aux_ids)
     if opts.hidden_states_dir is not None:
-        from .records import hidden_states_evidence
-
         opts.progress("hidden-states evidence", 0, 1)
         job.provenance.hidden_states_evidence = hidden_states_evidence(job.target, opts.hidden_states_dir)
         opts.progress("hidden-states evidence", 1, 1)
@@ -89,9 +90,6 @@ def sort_findings(findings: list[Any], written: Path) -> tuple[list[str], list[s
     """The source's findings split by what the written output shows: (fixed, still there). A finding is fixed when
     reading the output back raises no finding of its code (inspect's own checks decide, never the message); what
     remains keeps its severity as the line's one label (``error: ...``, ``warning: ...``)."""
-    from ..formats import read_checkpoint
-    from ..formats.traps import TRAPS
-
     out_codes = {f.code for f in read_checkpoint(written).findings}
     # a fixed finding is named by its code and the trap table's meaning: its message's advice ("pass --target ...",
     # "drop it") was for the source and no longer applies

@@ -1,13 +1,14 @@
 """The calibration step of convert: the fine-tune (:func:`eagle_migrate.calibrate.calibrate_checkpoint`) on the
 written checkpoint, in place, with convert's one :class:`~eagle_migrate.calibrate.CalibrationSettings`, and its outcome
-as a :class:`~.result.CalibrationStatus`. Imports: calibrate (lazily), target (the loaded model it reuses),
-convert.result."""
+as a :class:`~.result.CalibrationStatus`. Imports: calibrate (its calibrate_checkpoint, looked up when called), target
+(the loaded model it reuses), convert.result."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .. import calibrate  # its calibrate_checkpoint looked up when called (tests replace it there)
 from ..target import Target
 from .result import CalibrationStatus
 
@@ -23,9 +24,7 @@ def run_calibration(ckpt_dir: Path, target: str, settings: CalibrationSettings, 
     GPU does not hold it twice); ``source_checkpoint``: the EAGLE-3 source, scored on the same held-out positions;
     ``statistics_tokens``: the tokens the norm statistics saw (reported by the judge); ``initial``: what the
     checkpoint held before the fine-tune, named when it is returned unchanged."""
-    from ..calibrate import calibrate_checkpoint
-
-    res = calibrate_checkpoint(ckpt_dir, target, settings, in_place=True, loaded_target=loaded_target,
+    res = calibrate.calibrate_checkpoint(ckpt_dir, target, settings, in_place=True, loaded_target=loaded_target,
                                source_checkpoint=source_checkpoint, statistics_tokens=statistics_tokens)
     kept = (f"best step {res.best_step} of {res.steps_run}" if res.best_step
             else f"initial weights kept: {initial} is returned")

@@ -5,7 +5,8 @@ calibration records (aux-state statistics, the RMS of its output, of the hidden 
 the mapping puts fc's hidden half in the last aux chunk (its fc_norm = the target's final norm weight), folds the
 embedding half of fc into the layer-0 q/k/v columns and fc's bias into their biases, and sets flat norms from those
 RMS values; the agreement compares the converted drafter's drafts with the source's on held-out records.
-Imports: torch, drafter (config, loader, eagle2), stats, hidden_states, convert.agreement/registry/eagle3/result/write."""
+Imports: torch, drafter (config, eagle2), formats.aux_ids, hidden_states, loader, stats,
+convert.agreement/registry/eagle3/records/result/write."""
 
 from __future__ import annotations
 
@@ -13,11 +14,11 @@ from dataclasses import dataclass
 
 import torch
 
-from ..aux_ids import AuxIds, eagle2_aux_ids
 from ..drafter.config import DrafterConfig
 from ..drafter.eagle2 import Eagle2Reference
-from ..drafter.load import build_drafter
+from ..formats.aux_ids import AuxIds, eagle2_aux_ids
 from ..hidden_states import HiddenRecord
+from ..loader import build_drafter
 from ..stats import StatsAccumulator, TargetStatistics, rms_normalize
 from .agreement import eagle2_runner, eagle3_runner, measure_agreement
 from .registry import Converter, Initialised, Traits, register_converter

@@ -5,7 +5,8 @@
 held-out records by step-0 agreement with the source and its fc-output error, the best kept (:func:`choose`);
 (3) what is fed back under ``norm_output`` is measured by chain agreement, and the fold of a flat final norm ``R`` into
 ``lm_head`` is kept when it does not lose to no compensation. The output plan streams every other tensor from the
-source. Imports: torch, drafter, stats, hidden_states, convert.agreement/registry/records/result/write."""
+source. Imports: torch, drafter (config, model), errors, hidden_states, loader, stats,
+convert.agreement/registry/records/result/write."""
 
 from __future__ import annotations
 
@@ -17,10 +18,10 @@ import torch
 import torch.nn.functional as F
 
 from ..drafter.config import DrafterConfig
-from ..drafter.load import build_drafter
 from ..drafter.model import EagleDrafter
 from ..errors import DataError
 from ..hidden_states import HiddenRecord
+from ..loader import build_drafter
 from ..stats import StatsAccumulator, rms_normalize
 from .agreement import AgreementCounter, chains, cuts, eagle3_runner
 from .registry import Converter, Initialised, Traits, register_converter

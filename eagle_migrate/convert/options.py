@@ -3,7 +3,7 @@ through the skeleton. The calibration's options are not copied: :attr:`ConvertOp
 calibration's own :class:`~eagle_migrate.calibrate.CalibrationSettings`, and :meth:`ConvertOptions.calibration_settings`
 lays over it only what convert resolves for the whole run (seed, device, dtype, data, hidden states, sequences,
 progress). The source, target and output folder are convert's arguments, not options.
-Imports: pydantic, torch (a type), choices, errors, options, calibrate.settings."""
+Imports: pydantic, torch (a type), choices, errors, options, progress, calibrate.settings."""
 
 from __future__ import annotations
 

@@ -1,15 +1,15 @@
 """EAGLE-3.1 -> EAGLE-3.1: the source is re-written as it is (aux ids explicit, rope and positions from the target);
 no statistics, no agreement, calibrated only when asked. And the control arm of a measurement (``convert
 --keep-architecture``, :class:`KeepArchitecture`): an EAGLE-3 source re-written as EAGLE-3 (no 3.1 norms), then the
-same fine-tune a conversion runs. Imports: aux_ids, drafter.config, errors, convert.{registry, read, write}."""
+same fine-tune a conversion runs. Imports: drafter.config, errors, formats.aux_ids, convert.{registry, read, write}."""
 
 from __future__ import annotations
 
 from ..drafter.config import DrafterConfig
 from ..errors import InputError
-from .registry import Converter, Initialised, Traits, register_converter
-from ..aux_ids import AuxIds
+from ..formats.aux_ids import AuxIds
 from .read import Job, decide_aux_ids
+from .registry import Converter, Initialised, Traits, register_converter
 from .write import OutputPlan, copy_from
 
 

@@ -1,7 +1,9 @@
 """The first two steps of every conversion: *read* (the source checkpoint, the target's config, the data to use) and
 *map* (the aux layer ids decided and checked, rope and positions taken from the target, the provenance record).
 Both are the same for every source generation; what differs is in the converters (eagle3.py, eagle2.py,
-passthrough.py). Imports: aux_ids, devices, formats, target, pairing, errors, convert.options/result."""
+passthrough.py). Imports: torch, allocator, aux_evidence (the measurement), calibration_data (the data choice), devices,
+drafter.config, errors, fingerprints, formats (the reader, aux_ids, io, output), pairing, target,
+convert.options/records/result."""
 
 from __future__ import annotations
 
@@ -14,18 +16,22 @@ from typing import Any
 
 import torch
 
-from .. import aux_ids as _aux
+from .. import aux_evidence as ev
 from ..allocator import fixed_mmap_threshold
-from ..aux_ids import AuxIds
+from ..calibration_data import resolve_data as pick_data
 from ..devices import resolve_device, resolve_dtype
 from ..drafter.config import DrafterConfig
 from ..errors import InputError, PairingError, UnsupportedError, a_an
 from ..fingerprints import target_name
+from ..formats import aux_ids as _aux
+from ..formats import read_checkpoint
+from ..formats.aux_ids import AuxIds
 from ..formats.io import sha256_files
 from ..formats.output import check_output_dir
 from ..pairing import check_pairing, target_family_note
 from ..target import LazyTarget
 from .options import ConvertOptions
+from .records import STATS_MAX_SEQUENCES, sequences_for
 from .result import Provenance
 
 
@@ -34,7 +40,7 @@ def now() -> str:
 
 
 def default_aux_ids(num_target_layers: int, k: int = 3) -> list[int]:
-    """vLLM's default ids as vLLM captures them (:func:`eagle_migrate.aux_ids.vllm_default_aux_ids`); PairingError
+    """vLLM's default ids as vLLM captures them (:func:`eagle_migrate.formats.aux_ids.vllm_default_aux_ids`); PairingError
     when they are not ``k`` distinct layers (vLLM would crash on the first request)."""
     err = _aux.pairing_error(None, k, num_target_layers)
     if err:
@@ -82,8 +88,6 @@ def read(source: Path, target: str, out: Path, opts: ConvertOptions) -> Job:
     cdtype = resolve_dtype(opts.dtype, dev)
     torch.manual_seed(opts.seed)
 
-    from ..formats import read_checkpoint
-
     opts.progress("read source", 0, 1)
     ck = read_checkpoint(source)
     opts.progress("read source", 1, 1)
@@ -103,18 +107,15 @@ def resolve_data(job: Job) -> None:
     """The calibration data: ``--data`` as given, else ShareGPT on a real target when it is here (a warning else)."""
     if job.opts.hidden_states_dir is not None:
         return
-    from ..calibration_data import resolve_data as pick
 
     tok = job.target.tokenizer
-    job.data, warning = pick(job.data, tok)
+    job.data, warning = pick_data(job.data, tok)
     if warning and tok is not None:
         job.warnings.append(warning)
 
 
 def _first_sequences(job: Job) -> list[list[int]] | None:
     """The statistics pass's own sequences (measured first: their states are kept for that pass), or None."""
-    from .records import STATS_MAX_SEQUENCES, sequences_for
-
     o = job.opts
     if o.hidden_states_dir is not None or (job.data is None and job.target.tokenizer is None):
         return None  # a tokenizer-less toy's statistics run on random tokens: the measurement wants the target's own text
@@ -128,8 +129,6 @@ def decide_aux_ids(job: Job, measure: bool = True) -> tuple[AuxIds | None, list[
     ``measure`` False (a passthrough, which keeps how vLLM reads the ids): undecided ids are carried verbatim and
     marked undecided. PairingError (exit 2) when the stored ids cannot be decided and must be.
     Where the config does not state ``norm_before_residual`` and the target is measured, it is measured too."""
-    from .. import aux_evidence as ev
-
     ck, cfg, tinfo, progress = job.ck, job.cfg, job.target.info, job.opts.progress
     first: list[list[int]] | None = None
     a0 = ck.aux

@@ -1,6 +1,6 @@
 """The calibration records the norm initialisation and the agreement read: the target's aux states on token
 sequences (captured one sequence at a time) or a precomputed ``--hidden-states`` folder, split into a statistics set
-and a held-out set. Imports: torch, data (the one home of calibration sequences), hidden_states, target."""
+and a held-out set. Imports: corpora (the one home of calibration sequences), hidden_states, target."""
 
 from __future__ import annotations
 

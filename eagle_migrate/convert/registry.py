@@ -3,7 +3,7 @@
 :func:`converter_for`, which finds the one registered converter that accepts a drafter (two that both accept it are
 a bug, reported as one). The built-in converters (``eagle3``, ``eagle2``, ``passthrough``) register themselves
 when their modules are imported; the skeleton (``base.py``) imports them. This module imports none of them.
-Imports: aux_ids, drafter.config, errors, stats (types), convert.{read, result, write}."""
+Imports: drafter.config, errors, formats.aux_ids, stats (types), convert.{read, result, write}."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import ClassVar, TypeVar
 
-from ..aux_ids import AuxIds
 from ..drafter.config import DrafterConfig
 from ..errors import InputError, a_an
+from ..formats.aux_ids import AuxIds
 from ..stats import TargetStatistics
 from .read import Job, decide_aux_ids
 from .result import Agreement, Eagle2Mapping, NormInit, NormOutputCompensation

@@ -1,6 +1,6 @@
 """convert's typed results: what was inserted, how the norms were initialised, the agreement with the source, the
 calibration status and the provenance record written next to the weights. Imports: pydantic, torch (its version),
-:mod:`eagle_migrate.stats` and :mod:`eagle_migrate.aux_ids` (their result types)."""
+the version string, stats and formats.aux_ids (their result types)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 from pydantic import BaseModel, Field
 
 from .. import __version__
-from ..aux_ids import AuxIds, Measurement
+from ..formats.aux_ids import AuxIds, Measurement
 from ..stats import TargetStatistics
 
 

@@ -1,7 +1,7 @@
 """The output plan of a conversion (config + one producer per tensor, streamed from the memory-mapped source) and
 its writing: the vLLM layout through :func:`eagle_migrate.formats.output.write_safetensors_streaming` (one tensor made at
 a time) or the speculators layout through :func:`eagle_migrate.formats.write_checkpoint`, then the read-back check.
-Imports: torch, drafter.config, formats, errors."""
+Imports: torch, drafter.config, errors, formats (the reader and writers, output, vllm), progress."""
 
 from __future__ import annotations
 
@@ -17,7 +17,9 @@ import torch
 from .. import __version__
 from ..drafter.config import DrafterConfig
 from ..errors import CheckpointError
+from ..formats import read_checkpoint, write_checkpoint
 from ..formats.output import PlannedTensor, write_json, write_safetensors_streaming
+from ..formats.vllm import vllm_config_dict
 from ..progress import StageProgress
 
 
@@ -83,8 +85,6 @@ def write_plan(tmp: Path, plan: OutputPlan, labels: OutputLabels, store_dtype: t
     extra, meta = labels.config_extra(), labels.metadata()
     progress("write", 0, len(names))
     if output_format == "vllm":
-        from ..formats.vllm import vllm_config_dict
-
         done = [0]
 
         def counted(fn: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
@@ -103,8 +103,6 @@ def write_plan(tmp: Path, plan: OutputPlan, labels: OutputLabels, store_dtype: t
         d["torch_dtype"] = str(store_dtype).removeprefix("torch.")
         write_json(tmp / "config.json", d)
     else:
-        from ..formats import write_checkpoint
-
         sub = tmp / "_speculators"
         write_checkpoint(plan.cfg_out, sub, layout="speculators",
                          tensors=((n, plan.tensors[n]().to(torch.int64 if n == "d2t" else store_dtype)) for n in names),
@@ -118,8 +116,6 @@ def write_plan(tmp: Path, plan: OutputPlan, labels: OutputLabels, store_dtype: t
 def verify_written(folder: Path, eagle31: bool = True) -> None:
     """The output must read back as an EAGLE-3.1 drafter (``eagle31``; else as any drafter: the control arm) with
     no error (CheckpointError otherwise)."""
-    from ..formats import read_checkpoint
-
     back = read_checkpoint(folder)
     errs = [f.message for f in back.findings if f.severity == "error"]
     if errs or (eagle31 and not back.config.is_eagle31):

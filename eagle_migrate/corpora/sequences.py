@@ -63,7 +63,7 @@ def calibration_sequences(spec: str | os.PathLike | Sequence[Sequence[int]] | No
 def random_sequences(vocab_size: int, n: int, length: int, seed: int) -> list[list[int]]:
     """``n`` seeded uniformly random token-id sequences of ``length`` tokens: what convert measures a tokenizer-less
     (toy) target on when no ``--data`` is given (its statistics need no text)."""
-    import torch
+    import torch  # lazy: corpora imports no torch (prompts and suites need none)
 
     g = torch.Generator().manual_seed(seed)
     return [torch.randint(0, vocab_size, (length,), generator=g).tolist() for _ in range(n)]

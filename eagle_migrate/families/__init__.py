@@ -4,7 +4,7 @@ Everything that differs between decoder-layer families lives in its module (``ll
 config keys and architecture names for vLLM, speculators and transformers, weight names and sizes, rope rules, the
 attention module, what the writers put in the config, what quantize fuses, inspect's traps, the toy world's
 weights. The rest of the package asks the family (``families.get(cfg.architecture)``) and never tests a name.
-Adding a family: docs/extending-families.md.
+Adding a family: docs/extending.md ("Add a drafter family").
 
 Imports only ``errors``, pydantic and the family modules (which import only ``errors`` and ``families.base``): below
 drafter / formats / quant, which ask it; no torch (the attention modules import it when one is built).
@@ -62,7 +62,7 @@ def get(name: str) -> Family:
     fam = _REGISTRY.get(name)
     if fam is None:
         raise UnsupportedError(f"no drafter family {name!r} (families: {', '.join(_REGISTRY)})",
-                               "add it as docs/extending-families.md shows")
+                               "add it as docs/extending.md shows")
     return fam
 
 

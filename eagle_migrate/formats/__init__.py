@@ -25,7 +25,7 @@ __all__ = [
 def __getattr__(name: str):
     """The writer (and torch behind it) is imported on first use: reading headers (``inspect``) never needs it."""
     if name in ("ensure_convertible", "write_checkpoint"):
-        from . import write
+        from . import write  # lazy: the writer imports torch; reading (inspect) needs none
 
         return getattr(write, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -46,7 +46,7 @@ class Checkpoint:
     # reader notes: raw aux ids and where they were stored, stripped prefix, logical shapes of packed tensors, ...
     meta: dict[str, Any] = field(default_factory=dict)
     # the stored aux ids and their convention as separate facts: where they were stored, both readings with the
-    # evidence for each, the decided convention and how it was decided (``eagle_migrate.aux_ids.AuxIds``).
+    # evidence for each, the decided convention and how it was decided (``eagle_migrate.formats.aux_ids.AuxIds``).
     # ``config.aux_layer_ids`` holds the decided reading, or the literal one (what vLLM does) while undecided.
     aux: Any = None
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from .. import families
+from . import aux_ids as _aux
 from .base import Finding
 from .sizes import ConfigValues, WeightSizes, cfg_flag, cfg_int
 from .traps import finding
@@ -115,10 +116,8 @@ def norm_output_checks(flat: dict[str, Any], nested: dict[str, str], producer: s
 
 
 def aux_id_checks(s: WeightSizes, view: Any, producer: str) -> tuple[Any, list[int] | None, list[Finding]]:
-    """The stored aux ids and their convention (separate facts, eagle_migrate.aux_ids): the AuxIds reading, the ids
+    """The stored aux ids and their convention (separate facts, formats/aux_ids.py): the AuxIds reading, the ids
     DrafterConfig carries (None while they are missing or wrong), and their findings."""
-    from .. import aux_ids as _aux
-
     aux = _aux.from_stored(view.aux_ids, view.aux_ids_source, fingerprint=view.aux_fingerprint, notes=view.aux_notes,
                            producer=view.aux_producer)
     out: list[Finding] = []

@@ -15,22 +15,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from safetensors import safe_open
+
 from ..errors import CheckpointError
+# the readers register their layouts; import order = tie-break order
+from . import speculators, torchspec, modelopt, specforge, safeailab, vllm_read  # noqa: F401
 from .base import LAYOUTS, Checkpoint, Layout, Probe
 from .common import derive, hf_view, quant_scheme, scan_names
 from .io import TensorStore, open_checkpoint_path, read_json
-
-_LOADED = False
-
-
-def _load_layouts() -> None:
-    global _LOADED
-    if _LOADED:
-        return
-    # import order = tie-break order
-    from . import speculators, torchspec, modelopt, specforge, safeailab, vllm_read  # noqa: F401
-
-    _LOADED = True
 
 
 def probe_checkpoint(path: Path | str) -> Probe:
@@ -51,8 +43,6 @@ def probe_checkpoint(path: Path | str) -> Probe:
     st_meta: dict[str, str] = {}
     sts = [f for f in files if f.suffix == ".safetensors"]
     if sts:
-        from safetensors import safe_open
-
         try:
             with safe_open(str(sts[0]), framework="numpy") as sf:  # the header only ("pt" imports torch)
                 st_meta = dict(sf.metadata() or {})
@@ -70,7 +60,6 @@ def probe_checkpoint(path: Path | str) -> Probe:
 
 def detect_layout(probe: Probe) -> tuple[Layout | None, dict[str, int]]:
     """The best-scoring layout (None when none matches) and every layout's score."""
-    _load_layouts()
     scores = {name: int(lay.sniff(probe)) for name, lay in LAYOUTS.items()}
     best = max(scores.values(), default=0)
     if best <= 0:

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from safetensors import safe_open
+
 from ..errors import CheckpointError, UnsafeInputError, a_an
 
 if TYPE_CHECKING:  # torch is imported where tensors are made: reading headers (inspect) never imports it
@@ -34,7 +36,7 @@ ST_DTYPE_NAMES = {
 
 def torch_dtype(st_dtype: str) -> torch.dtype:
     """The torch dtype of a safetensors dtype code (KeyError for one we do not read)."""
-    import torch
+    import torch  # lazy: torch stays out of inspect (headers are read without it)
 
     return getattr(torch, ST_DTYPE_NAMES[st_dtype])
 
@@ -115,8 +117,6 @@ class TensorStore:
     def _scan(self, f: Path) -> list[TensorInfo]:
         rel = f.name
         if f.suffix == ".safetensors":
-            from safetensors import safe_open
-
             try:
                 out = []
                 with safe_open(str(f), framework="numpy") as sf:  # headers only ("pt" would import torch)
@@ -151,8 +151,6 @@ class TensorStore:
         if f is None:
             raise CheckpointError(f"{self.root}: no tensor named '{name}'")
         if f.suffix == ".safetensors":
-            from safetensors import safe_open
-
             try:
                 with safe_open(str(f), framework="pt") as sf:
                     return sf.get_tensor(name)
@@ -171,7 +169,7 @@ class TensorStore:
             return self.get(name)
         import warnings
 
-        import torch
+        import torch  # lazy: torch stays out of inspect (headers are read without it)
 
         mm, n, meta = self._raw(f, name)
         try:
@@ -204,7 +202,7 @@ class TensorStore:
     def array(self, name: str) -> np.ndarray:
         """The tensor's values as a numpy array (a copy), without importing torch for safetensors: 16- and 8-bit
         floats are widened exactly to float32 (for value checks: NaN/Inf, ranges, equality). ``.bin``: via torch."""
-        import numpy as np
+        import numpy as np  # lazy: numpy only to read tensor values (hashing and header reads need none)
 
         f = self._where.get(name)
         if f is None:
@@ -245,7 +243,7 @@ _NUMPY_DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8", "I32": 
 
 def _float8_table(st: str) -> np.ndarray:
     """float32 value of each of the 256 float8 bit patterns: E4M3 (fn: no Inf, NaN = S.1111.111) or E5M2 (IEEE)."""
-    import numpy as np
+    import numpy as np  # lazy: numpy only to read tensor values (hashing and header reads need none)
 
     ebits, mbits, bias = (4, 3, 7) if st == "F8_E4M3" else (5, 2, 15)
     out = np.empty(256, dtype=np.float32)
@@ -292,14 +290,14 @@ def torch_load_weights_only(f: Path | Any, **kw: Any) -> Any:
 
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Detected pickle protocol")
-        import torch
+        import torch  # lazy: torch stays out of inspect (headers are read without it)
 
         return torch.load(f, map_location="cpu", weights_only=True, **kw)
 
 
 def load_bin_safely(f: Path) -> dict[str, torch.Tensor]:
     """``torch.load(weights_only=True)``; never plain unpickling. Returns a flat name -> tensor dict."""
-    import torch
+    import torch  # lazy: torch stays out of inspect (headers are read without it)
 
     try:
         is_zip = zipfile.is_zipfile(f)

@@ -21,11 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import InputError, OutputExistsError
+from .. import __version__
+from ..errors import InputError, OutputExistsError, redact
 from .io import MAX_JSON_BYTES, ST_DTYPE_NAMES, torch_dtype
 
 if TYPE_CHECKING:  # torch is imported where tensors are written
-    import torch
+    import torch  # lazy: torch only to write tensors (folders and JSON files need none)
 
 # ----- one file, atomically ---------------------------------------------------------------------------------------
 @contextlib.contextmanager
@@ -229,8 +230,6 @@ def _commit(tmp: Path, out: Path, force: bool) -> None:
 
 
 def _no_url_credentials(v: Any) -> Any:
-    from ..errors import redact
-
     if isinstance(v, str):
         return redact(v, tokens=False)
     if isinstance(v, dict):
@@ -266,7 +265,7 @@ def write_safetensors_streaming(path: Path, plan: list[PlannedTensor], metadata:
     import math
     import struct
 
-    import torch
+    import torch  # lazy: torch only to write tensors (folders and JSON files need none)
 
     _ST_NAMES = {torch_dtype(k): k for k in ST_DTYPE_NAMES}
     header: dict[str, Any] = {"__metadata__": {str(k): str(v) for k, v in sorted(metadata.items())}} if metadata else {}
@@ -298,7 +297,6 @@ def save_safetensors(tensors: dict[str, torch.Tensor], path: Path, metadata: dic
     by alignment then name (as the library does), so identical inputs give identical sha256 (resume checks and
     Hub deduplication rely on it)."""
     if metadata is None:  # ours unless the caller says otherwise (``is_our_output`` reads it)
-        from .. import __version__
 
         metadata = {"format": "pt", "producer": f"eagle-migrate {__version__}"}
     items = sorted(((n, t.detach().to("cpu").contiguous()) for n, t in tensors.items()),

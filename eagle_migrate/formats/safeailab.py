@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from .base import Checkpoint, Layout, Probe, register_layout
 from .common import derive, hf_view, is_eagle3_arch, quant_scheme, weights_generation
+from .traps import finding
 
 
 def _sniff3(p: Probe) -> int:
@@ -35,8 +36,6 @@ def _read3(p: Probe) -> Checkpoint:
 
 
 def _no_config():
-    from .traps import finding
-
     return finding("warning", "config_missing", "no config.json (the SafeAILab trainer writes none): sizes come from the weights; rope_theta, rms_norm_eps and max_position_embeddings must be copied from the target")
 
 
@@ -50,7 +49,6 @@ def _read2(p: Probe) -> Checkpoint:
     ck = derive(p.folder, p.store, p.scan, view, producer="safeailab", layout="safeailab-eagle2", raw_config=p.config,
                 quantization=quant_scheme(p.config))
     bias_cfg = cfg.get("bias")
-    from .traps import finding
 
     if isinstance(bias_cfg, bool) and bias_cfg != ck.config.fc_bias:
         ck.findings.append(finding("warning", "fc_bias_mismatch", f"config 'bias': {str(bias_cfg).lower()} but fc.bias is {'present' if ck.config.fc_bias else 'absent'} (loaders that trust the flag break: vllm#11126)"))

@@ -179,7 +179,7 @@ def write_checkpoint(
         # an undecided reading is carried verbatim (and marked so), never laundered into ids of another convention
         raise InputError(f"{src.path}: aux layer ids {aux.stored} can be read two ways (vLLM ids or output-of-layer) and are "
                          f"undecided; writing {cfg.aux_layer_ids} would pick one",
-                         "decide first: eagle_migrate.aux_ids.resolve + apply (or convert with --target / --aux-ids-convention)")
+                         "decide first: eagle_migrate.formats.aux_ids.resolve + apply (or convert with --target / --aux-ids-convention)")
     if layout not in ("vllm", "speculators"):
         raise InputError(f"unknown output layout '{layout}' (vllm or speculators)")
     refusal = families.get(cfg.architecture).speculators_refusal

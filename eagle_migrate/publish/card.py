@@ -111,7 +111,7 @@ def card_tags(info: CardInfo) -> list[str]:
 
 
 def front_matter(info: CardInfo):
-    from huggingface_hub import ModelCardData
+    from huggingface_hub import ModelCardData  # lazy: huggingface_hub (0.2 s), only to render a card
 
     kw: dict[str, Any] = {"library_name": "vllm", "tags": card_tags(info)}
     if info.target:
@@ -334,7 +334,7 @@ def _forced_note(info: CardInfo) -> str:
 
 def render_card(info: CardInfo) -> str:
     """The full ``README.md``: YAML front matter (huggingface_hub ``ModelCardData``) + body."""
-    from huggingface_hub import ModelCard
+    from huggingface_hub import ModelCard  # lazy: huggingface_hub (0.2 s), only to render a card
 
     card = ModelCard(f"---\n{front_matter(info).to_yaml()}\n---\n\n{render_body(info)}")
     return str(card)

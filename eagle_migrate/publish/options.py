@@ -1,6 +1,6 @@
 """publish's options model: every option of :func:`eagle_migrate.publish.publish` in one checked object (the
 checkpoint is its argument; the token is never an option: it is passed to the run or resolved by huggingface_hub,
-and never stored). Imports: pydantic, options."""
+and never stored). Imports: options (pydantic, through it)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,8 @@
 target's hub id (``base_model``) and license found in it, the card's drafter facts from the project's reader, and
 :func:`public`, what of a local value may leave the machine.
 
-Imports: pydantic, huggingface_hub (lazily), ``errors``, ``formats`` (Checkpoint, io, Finding), ``publish.models``,
+Imports: pydantic, huggingface_hub (lazily), ``errors``, ``fingerprints`` (target_name),
+``formats`` (Checkpoint, io, Finding), ``publish.models``,
 ``publish.card`` (cell text).
 """
 
@@ -197,7 +198,7 @@ def describe_checkpoint(ck: Checkpoint) -> dict[str, Any]:
 def _license_from_target_dir(p: Path | None) -> tuple[str | None, str | None, str | None]:
     if p is None or not (p / "README.md").is_file():
         return None, None, None
-    from huggingface_hub.repocard import metadata_load
+    from huggingface_hub.repocard import metadata_load  # lazy: huggingface_hub (0.2 s), only to read a card
 
     try:
         meta = metadata_load(p / "README.md") or {}

@@ -19,7 +19,7 @@ from .provenance import scrub
 def _resolve_token(token: str | None) -> str:
     if token:
         return token
-    import huggingface_hub
+    import huggingface_hub  # lazy: huggingface_hub (0.2 s), only when uploading
 
     try:
         got = huggingface_hub.get_token()
@@ -33,7 +33,7 @@ def _resolve_token(token: str | None) -> str:
 
 
 def _hub_error(e: Exception, token: str, what: str) -> EagleMigrateError:
-    from huggingface_hub.errors import (
+    from huggingface_hub.errors import (  # lazy: huggingface_hub (0.2 s), only when uploading
         HfHubHTTPError,
         RepositoryNotFoundError,
         RevisionNotFoundError,
@@ -54,7 +54,7 @@ def _hub_error(e: Exception, token: str, what: str) -> EagleMigrateError:
         return HubError(f"{what}: the Hub answered HTTP {status}: {msg}")
     if isinstance(e, ValueError):
         return InputError(f"{what}: {msg}")
-    from huggingface_hub import constants
+    from huggingface_hub import constants  # lazy: huggingface_hub (0.2 s), only when uploading
 
     where = scrub(str(constants.ENDPOINT), token)  # the endpoint is named; credentials in it never are
     return HubError(f"{what} at {where}: {e.__class__.__name__}: {msg}", "check the network (HF_ENDPOINT if you use a mirror) and re-run")
@@ -62,7 +62,7 @@ def _hub_error(e: Exception, token: str, what: str) -> EagleMigrateError:
 
 @contextlib.contextmanager
 def _quiet_hub_progress(enabled: bool) -> Iterator[None]:
-    from huggingface_hub.utils import (
+    from huggingface_hub.utils import (  # lazy: huggingface_hub (0.2 s), only when uploading
         are_progress_bars_disabled,
         disable_progress_bars,
         enable_progress_bars,
@@ -82,7 +82,7 @@ def upload(planned: list[tuple[PlannedFile, Path]], repo_id: str, *, private: bo
            commit_message: str, description: str, token: str | None, say: Callable[[str], None],
            show_bars: bool) -> dict[str, Any]:
     """Upload the planned files (path in repo, file on disk) to ``repo_id`` in one commit; the commit's URLs."""
-    from huggingface_hub import CommitOperationAdd, HfApi, constants
+    from huggingface_hub import CommitOperationAdd, HfApi, constants  # lazy: huggingface_hub (0.2 s), only when uploading
 
     if constants.is_offline_mode():
         raise InputError("HF_HUB_OFFLINE is set: publishing needs the network", "unset HF_HUB_OFFLINE, or use --dry-run")

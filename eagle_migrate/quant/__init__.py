@@ -1,7 +1,7 @@
 """The compressed-tensors format of a drafter's weights, below every stage: the schemes and their handlers,
 registered by name (registry; the built-in ones in schemes and handlers, both imported here so every use of this
 package finds them), one tensor packed and unpacked (numerics), which Linears are quantized and fused (linears), a
-state dict quantized and dequantized (pack). No target, no data, no stage: the one loader (``drafter/load.py``) dequantises a
+state dict quantized and dequantized (pack). No target, no data, no stage: the one loader (``loader.py``) dequantises a
 quantized checkpoint through it, and the ``quantize`` stage packs through it (``quantize`` re-exports these names).
 Imports: torch, pydantic, ``errors``, ``choices``, ``families``, ``drafter.config`` (compressed-tensors lazily).
 """

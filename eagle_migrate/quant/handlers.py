@@ -2,7 +2,7 @@
 a fused group of weights, which static input scale it stores for a calibrated activation range, and how vLLM's kernel
 treats a Linear's input (the reference engine's fake quantization, through compressed-tensors' own functions).
 
-Imports: torch, ``quant.registry``, ``quant.schemes``, ``quant.numerics`` (compressed-tensors lazily).
+Imports: ``quant.registry``, ``quant.schemes``, ``quant.numerics`` (compressed-tensors lazily).
 """
 
 from __future__ import annotations
@@ -60,8 +60,8 @@ class FP8DynamicHandler(_FP8Weights):
     """FP8 activations with a dynamic per-token scale (no stored input scale)."""
 
     def activation_hook(self, scheme: SchemeConfig, local: dict[str, Any]):
-        from compressed_tensors.quantization.lifecycle.forward import fake_quantize
-        from compressed_tensors.quantization.utils import compute_dynamic_scales_and_zp
+        from compressed_tensors.quantization.lifecycle.forward import fake_quantize  # lazy: compressed-tensors imports transformers (seconds)
+        from compressed_tensors.quantization.utils import compute_dynamic_scales_and_zp  # lazy: compressed-tensors imports transformers (seconds)
 
         args = scheme.ct_scheme().input_activations
 
@@ -80,7 +80,7 @@ class FP8StaticHandler(_FP8Weights):
         return "input_scale", fp8_input_scale(amax, scheme.ct_scheme().input_activations, source_dtype)
 
     def activation_hook(self, scheme, local):
-        from compressed_tensors.quantization.lifecycle.forward import fake_quantize
+        from compressed_tensors.quantization.lifecycle.forward import fake_quantize  # lazy: compressed-tensors imports transformers (seconds)
 
         args = scheme.ct_scheme().input_activations
         scale = local["input_scale"].float().reshape(1)
@@ -100,8 +100,8 @@ class NVFP4Handler(_NVFP4Weights):
         return "input_global_scale", nvfp4_input_global_scale(amax)
 
     def activation_hook(self, scheme, local):
-        from compressed_tensors.quantization.lifecycle.forward import fake_quantize
-        from compressed_tensors.quantization.utils import compute_dynamic_scales_and_zp
+        from compressed_tensors.quantization.lifecycle.forward import fake_quantize  # lazy: compressed-tensors imports transformers (seconds)
+        from compressed_tensors.quantization.utils import compute_dynamic_scales_and_zp  # lazy: compressed-tensors imports transformers (seconds)
 
         args = scheme.ct_scheme().input_activations
         gs = local["input_global_scale"].float().reshape(1)

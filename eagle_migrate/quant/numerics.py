@@ -39,14 +39,14 @@ def eager():
 
 
 def _amax_scale(amax: torch.Tensor, args) -> torch.Tensor:
-    from compressed_tensors.quantization.utils import calculate_qparams
+    from compressed_tensors.quantization.utils import calculate_qparams  # lazy: compressed-tensors imports transformers (seconds)
 
     scale, _ = calculate_qparams(-amax, amax, args)
     return scale
 
 
 def _compressor(s):
-    from compressed_tensors.compressors.base import BaseCompressor
+    from compressed_tensors.compressors.base import BaseCompressor  # lazy: compressed-tensors imports transformers (seconds)
 
     return BaseCompressor.get_value_from_registry(s.format)
 
@@ -63,7 +63,7 @@ def fp8_weight(w: torch.Tensor, scheme: str | SchemeConfig, source_dtype: torch.
 
 def nvfp4_global_scale(ws: Iterable[torch.Tensor]) -> torch.Tensor:
     """One global scale (2688 / amax, fp32 [1]) over all given weights (a fused group)."""
-    from compressed_tensors.quantization.utils import generate_gparam
+    from compressed_tensors.quantization.utils import generate_gparam  # lazy: compressed-tensors imports transformers (seconds)
 
     amax = torch.stack([w.detach().float().abs().amax() for w in ws]).amax()
     return generate_gparam(-amax, amax)
@@ -71,7 +71,7 @@ def nvfp4_global_scale(ws: Iterable[torch.Tensor]) -> torch.Tensor:
 
 def nvfp4_weight(w: torch.Tensor, global_scale: torch.Tensor) -> dict[str, torch.Tensor]:
     """NVFP4 ``weight_packed`` / ``weight_scale`` / ``weight_global_scale`` of one Linear."""
-    from compressed_tensors.quantization.utils import calculate_qparams
+    from compressed_tensors.quantization.utils import calculate_qparams  # lazy: compressed-tensors imports transformers (seconds)
 
     out_f, in_f = w.shape
     if in_f % NVFP4_GROUP:
@@ -98,7 +98,7 @@ def fp8_input_scale(amax: float, args, source_dtype: torch.dtype) -> torch.Tenso
 
 def nvfp4_input_global_scale(amax: float) -> torch.Tensor:
     """NVFP4 ``input_global_scale`` = 2688 / amax (a divisor, fp32 [1])."""
-    from compressed_tensors.quantization.utils import generate_gparam
+    from compressed_tensors.quantization.utils import generate_gparam  # lazy: compressed-tensors imports transformers (seconds)
 
     a = torch.tensor(float(amax), dtype=torch.float32)
     return generate_gparam(-a, a).to(torch.float32).reshape(1)

@@ -7,7 +7,7 @@ kernel for it, how to recognise it in a ``quantization_config``) and is register
 work (pack a fused group of weights, the static input scale, the activation fake-quantization).
 :func:`get_scheme` / :func:`handler_for` look them up. The built-in schemes (``schemes.py``) and handlers
 (``handlers.py``) register themselves; ``quant/__init__`` imports both, so any use of ``eagle_migrate.quant`` finds
-them. This module imports none of them. docs/extending-engines-schemes.md: "Add a quantization scheme".
+them. This module imports none of them. docs/extending.md: "Add a quantization scheme".
 Imports: ``errors`` only (compressed-tensors lazily).
 """
 
@@ -32,7 +32,7 @@ class SchemeConfig:
 
     def ct_scheme(self):
         """The compressed-tensors QuantizationScheme of the preset (with its full args, e.g. scale_dtype for NVFP4)."""
-        from compressed_tensors.quantization import preset_name_to_scheme  # lazy: compressed-tensors imports torch
+        from compressed_tensors.quantization import preset_name_to_scheme  # lazy: compressed-tensors imports transformers (seconds)
 
         s = preset_name_to_scheme(self.preset, ["Linear"])
         s.format = self.format

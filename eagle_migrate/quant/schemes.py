@@ -3,7 +3,7 @@ compressed-tensors ``quantization_config`` block a scheme writes (and which sche
 
 Adding a scheme = one config class registered here (or anywhere, with ``registry.register_scheme``) + one handler
 registered for it (``handlers.py``), and its name in :data:`~eagle_migrate.choices.SchemeName`, which the CLI's
-``--scheme`` lists (docs/extending-engines-schemes.md). The registry's names are re-exported here.
+``--scheme`` lists (docs/extending.md: "Add a quantization scheme"). The registry's names are re-exported here.
 
 Imports: ``choices``, ``quant.registry`` (compressed-tensors lazily, through the configs).
 """

@@ -1,7 +1,7 @@
 """Activation ranges for the static schemes: max |input| of each quantized Linear while the drafter drafts as vLLM
 runs it, fed by the target's aux hidden states, on the calibration sequences of ``corpora.calibration_sequences``.
 
-Imports: torch, pydantic, ``errors``, ``drafter`` (config, model, load), ``corpora`` (lazily).
+Imports: torch, pydantic, ``errors``, ``drafter`` (config, model), ``loader``, ``corpora``.
 """
 
 from __future__ import annotations
@@ -12,8 +12,11 @@ from typing import Any
 import torch
 from pydantic import BaseModel, Field
 
+from ..corpora import calibration_sequences
 from ..drafter.config import DrafterConfig
+from ..drafter.model import KVCache
 from ..errors import CheckpointError, DataError, InputError
+from ..loader import build_drafter
 
 DRAFT_STEPS = 3
 
@@ -39,8 +42,6 @@ def calibrate_activations(
     """max |input| of every Linear in ``prefixes`` while the drafter drafts over each sequence as vLLM runs it
     (step 0 over the context fed by the target's aux states, then ``draft_steps - 1`` fed-back steps).
     Position 0 carries a huge attention-sink activation in real targets (calibration-notes.md): it is left out."""
-    from ..drafter.model import KVCache
-
     cfg = drafter.cfg
     ids_layers = cfg.aux_layer_ids
     if ids_layers is None:
@@ -93,9 +94,6 @@ def activation_ranges(cfg: DrafterConfig, sd: dict[str, torch.Tensor], target, d
                       ) -> tuple[dict[str, float], CalibrationReport]:
     """The calibrated max |input| of each Linear in ``prefixes`` (``target``: a loaded ``target.Target``; ``data``:
     any source ``corpora.calibration_sequences`` reads, None = the built-in chat set) and what it was measured on."""
-    from ..corpora import calibration_sequences
-    from ..drafter.load import build_drafter
-
     seqs = calibration_sequences(data, getattr(target, "tokenizer", None), target.info.vocab_size, num_sequences, max_len)
     drafter = build_drafter(cfg, sd, target)  # float32 on the CPU, as the calibration runs
     amax, ntok = calibrate_activations(drafter, target, seqs, prefixes, progress=progress)

@@ -2,9 +2,9 @@
 the measurement (through ``validate.engine.run_engine``, the one measurement, with per-request counters) and the
 drop report: each AL with its standard error and the paired ratio AL(after) / AL(before) with its SE and verdict.
 
-Imports: pydantic, ``choices``, ``devices``, ``errors``, ``drafter.config``, ``quant.schemes``, ``validate.metrics``
-(stdlib + pydantic: the SEs and the paired ratio); lazily ``corpora``,
-``target``, ``formats.write``, ``validate.engine`` (never validate's stage).
+Imports: pydantic, ``choices``, ``corpora``, ``devices``, ``errors``, ``drafter.config``, ``formats.write``,
+``quant.schemes``, ``target``, ``validate.engine`` (the engines, never validate's stage), ``validate.metrics`` (the SEs
+and the paired ratio).
 """
 
 from __future__ import annotations
@@ -16,11 +16,15 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from .. import corpora
 from ..choices import QuantizeValidate
 from ..devices import cuda_available
 from ..drafter.config import DrafterConfig
 from ..errors import InputError
+from ..formats.write import write_vllm
 from ..quant.schemes import SchemeConfig
+from ..target import load_tokenizer, target_info
+from ..validate import engine as engines
 from ..validate.metrics import AcceptanceStats, PairedComparison, cell_stats, paired_comparison, per_request_counts
 
 ValidateMode = Literal[QuantizeValidate, "off"]  # "off" = "none"
@@ -91,12 +95,11 @@ def gate_engine(spec: SchemeConfig, validate: str, target: str | None, max_al_dr
         raise InputError(f"--validate {validate} measures acceptance against a target", "pass --target T")
     if target is None or validate == "none":
         return validate, None
-    from ..validate.engine import resolve_engine
 
     if validate == "auto":
-        engine = "vllm" if (spec.vllm_cpu or cuda_available()) and resolve_engine("auto", vllm_python) == "vllm" else "reference"
+        engine = "vllm" if (spec.vllm_cpu or cuda_available()) and engines.resolve_engine("auto", vllm_python) == "vllm" else "reference"
     else:
-        engine = resolve_engine(validate, vllm_python)
+        engine = engines.resolve_engine(validate, vllm_python)
     if engine == "vllm" and not spec.vllm_cpu and not cuda_available():
         raise InputError(f"vLLM on CPU cannot run {spec.name} drafters (see docs/quantize.md)",
                          "use --validate reference (or a GPU)")
@@ -104,8 +107,6 @@ def gate_engine(spec: SchemeConfig, validate: str, target: str | None, max_al_dr
 
 
 def max_model_len(target_spec: str, cap: int = 2048) -> int:
-    from ..target import target_info
-
     return min(cap, int(target_info(str(target_spec)).max_position_embeddings or cap))
 
 
@@ -113,9 +114,6 @@ def default_suites(target_spec: str, target=None, *, names: tuple[str, ...] = ("
                    max_tokens: int = 64, max_model_len: int | None = None) -> dict[str, dict[str, Any]]:
     """Acceptance prompts when none are given: small versions of the validate suites (``eagle_migrate.corpora``), with
     the loaded target's tokenizer (else the target's own, as validate loads it)."""
-    from .. import corpora
-    from ..target import load_tokenizer, target_info
-
     info = target_info(str(target_spec))
     tok = getattr(target, "tokenizer", None) if target is not None else load_tokenizer(str(target_spec))
     out = {}
@@ -172,14 +170,11 @@ def measure_acceptance(engine: str, spec: SchemeConfig, *, source: Path, quantiz
     """Acceptance of the source drafter and of the quantized one (``quantized``: its folder) on the same suites in
     ``engine``. vLLM loads the source written dense in its own layout; the reference engine reads any layout and the
     quantized output through the one loader (``load_target()`` gives the loaded target when none is yet)."""
-    from ..validate import engine as engines
-
     vopts = dict(vllm_options or {})
     mp = max_model_len(target)
     sts = suites if suites is not None else default_suites(target, target_obj, max_model_len=mp)
     with tempfile.TemporaryDirectory(prefix=".eagle-migrate-quantize-", dir=str(work_parent)) as work:
         if engine == "vllm":  # the source in the layout vLLM loads, unquantized
-            from ..formats.write import write_vllm
 
             before = Path(work) / "before"
             before.mkdir(parents=True, exist_ok=True)

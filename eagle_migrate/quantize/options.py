@@ -1,5 +1,5 @@
 """quantize's options model: every option of :func:`eagle_migrate.quantize.quantize` in one checked object (the
-drafter and the output folder are its arguments). Imports: pydantic, choices, options (no torch)."""
+drafter and the output folder are its arguments). Imports: pydantic, options (no torch)."""
 
 from __future__ import annotations
 

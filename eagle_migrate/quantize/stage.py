@@ -1,8 +1,9 @@
 """The ``quantize`` stage: read a drafter, calibrate activation ranges (static schemes), pack, write config.json +
 model.safetensors + provenance.json atomically, and measure acceptance before / after (the gate).
 
-Imports: torch, pydantic, ``errors``, ``formats`` (reader, io, vllm, write), ``drafter.config``, ``target`` (lazily),
-``quant`` (schemes, linears, numerics, pack), ``quantize.calibrate_acts`` / ``gate``.
+Imports: torch, pydantic, ``devices``, ``errors``, ``fingerprints``, ``formats`` (reader, common, io, output, vllm,
+write), ``drafter.config``, ``target``, ``quant`` (schemes, linears, numerics, pack),
+``quantize.{calibrate_acts, gate, options}``.
 """
 
 from __future__ import annotations
@@ -17,16 +18,23 @@ import torch
 from pydantic import BaseModel, Field
 
 from .. import __version__
+from .. import target as target_loader
 from ..devices import resolve_device
 from ..drafter.config import DrafterConfig
 from ..errors import CheckFailed, InputError, UnsupportedError
 from ..fingerprints import target_name
-from .calibrate_acts import CalibrationReport, activation_ranges
-from .gate import AcceptanceReport, gate_engine, measure_acceptance
+from ..formats import read_checkpoint
+from ..formats.common import carried_mark
+from ..formats.io import sha256_files
+from ..formats.output import atomic_output_dir, check_output_dir, save_safetensors, write_json
+from ..formats.vllm import speculative_config, vllm_config_dict
+from ..formats.write import prepare_tensors
 from ..quant.linears import linear_prefixes
 from ..quant.numerics import nbytes
 from ..quant.pack import LayerReport, quantize_state_dict
 from ..quant.schemes import SCHEMES, SchemeConfig, SchemeName, get_scheme, quantization_config
+from .calibrate_acts import CalibrationReport, activation_ranges
+from .gate import AcceptanceReport, gate_engine, measure_acceptance
 from .options import QuantizeOptions
 
 ProgressFn = Callable[[str], None]
@@ -68,8 +76,6 @@ def read_source(path: Path):
     to be an unquantized EAGLE-3 drafter quantize supports. Quantizing keeps the layout and how vLLM reads the aux
     ids: stored ids whose convention is undecided are carried verbatim and marked undecided in the output
     (:func:`aux_ids_block`); nothing here needs their convention."""
-    from ..formats import read_checkpoint
-
     ck = read_checkpoint(Path(path))
     cfg = ck.config
     if ck.quantization or (ck.raw_config or {}).get("quantization_config"):
@@ -99,8 +105,6 @@ def aux_ids_block(ck) -> dict[str, Any]:
     """The ``eagle_migrate`` config block of a quantized output: our version, and for a source whose aux-id
     convention nothing decided, the undecided mark with the stored ids (carried verbatim: the literal reading, which
     is what vLLM serves). InputError when the config would hold ids other than the stored ones."""
-    from ..formats.common import carried_mark
-
     mark = carried_mark(ck.aux)
     if mark and sorted(ck.config.aux_layer_ids or []) != sorted(ck.aux.stored):
         raise InputError(f"{ck.path}: aux layer ids {ck.aux.stored} are undecided, but the output would hold "
@@ -113,10 +117,6 @@ def write_quantized(out: Path, cfg: DrafterConfig, tensors: dict[str, torch.Tens
                     marks: dict[str, Any] | None = None) -> list[str]:
     """config.json (vLLM layout + top-level quantization_config) and model.safetensors into an empty folder;
     ``marks``: the ``eagle_migrate`` config block (:func:`aux_ids_block`)."""
-    from ..formats.output import save_safetensors, write_json
-    from ..formats.vllm import vllm_config_dict
-    from ..formats.write import prepare_tensors
-
     sd = prepare_tensors(cfg, tensors, dtype=None, keep_t2d=False, quantized=True)
     meta = {"format": "pt", "producer": f"eagle-migrate {__version__}"}
     meta.update(metadata or {})
@@ -151,8 +151,6 @@ def _parent_provenance(source: Path) -> dict[str, Any] | None:
 
 
 def _provenance(result: QuantizeResult, source: Path, ckpt, src_files: list[Path], options: dict[str, Any]) -> dict:
-    from ..formats.io import sha256_files
-
     return {
         "tool": "eagle-migrate", "version": __version__, "command": "quantize",
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -169,8 +167,6 @@ def _result(spec: SchemeConfig, source: Path, out: Path, ckpt, sd: dict[str, tor
             layers: list[LayerReport], qc: dict[str, Any], written: Path, src_files: list[Path], k: int,
             **extra: Any) -> QuantizeResult:
     """The result of a written output (``written``: its model.safetensors); ``files`` / ``seconds`` filled later."""
-    from ..formats.vllm import speculative_config
-
     quantized = {p + ".weight" for p in prefixes} | {p + ".bias" for p in prefixes}
     qb = sum(x.bytes_before for x in layers)
     qa = sum(x.bytes_after for x in layers)
@@ -202,8 +198,6 @@ def quantize(source: str | Path, out: str | Path, scheme: SchemeName | None = No
 
 def run(source: str | Path, out: str | Path, opts: QuantizeOptions) -> QuantizeResult:
     """The quantize stage with its options model (see :func:`quantize`)."""
-    from ..formats.output import atomic_output_dir, check_output_dir, write_json
-
     t0 = time.perf_counter()
     if opts.scheme is None:
         raise InputError("no quantization scheme given", f"pass --scheme, one of {', '.join(SCHEMES)}")
@@ -230,10 +224,8 @@ def run(source: str | Path, out: str | Path, opts: QuantizeOptions) -> QuantizeR
     tgt = calib = amax = None
 
     def load_target():
-        from ..target import load_target
-
         say("loading the target")
-        return load_target(target, device=device, dtype=torch.float32)
+        return target_loader.load_target(target, device=device, dtype=torch.float32)
 
     if spec.calibrated:
         tgt = load_target()

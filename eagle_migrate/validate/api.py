@@ -5,8 +5,9 @@ reference engine in-process, or a running vLLM server), with gates, drift diagno
 ``ValidateOptions.engine`` or ``server``) opens a session that says what the suites are built with and measures
 them; the suites (``suites.py``), the results and overall AL (``report.py``), the gates (``gates.py``) and the
 report folder are the same code for every engine. :func:`validate` and :func:`validate_server` are its keyword
-forms (``validate_server``: a running server). Imports: errors, version, validate.{engines, engine, server (both
-register their engines), options, suites, report, gates}; the drift diagnostics lazily (torch)."""
+forms (``validate_server``: a running server). Imports: transformers (lazily: its progress bars, quieted), devices,
+errors, loader and target (the drift diagnostics), the version string, validate.{engines, engine, server (both register
+their engines), options, suites, report, gates, diagnostics}."""
 
 from __future__ import annotations
 
@@ -19,8 +20,11 @@ from typing import Any, Callable
 from .. import __version__
 from ..devices import resolve_device, resolve_dtype
 from ..errors import CheckFailed, EngineError
+from ..loader import load_drafter
+from ..target import load_target
 from . import engine as _in_process  # noqa: F401  (registers the vllm, reference and auto engines)
 from . import server as _server  # noqa: F401  (registers the server engine)
+from .diagnostics import drift_diagnostics
 from .engines import Progress, get_engine
 from .gates import apply_gates
 from .options import ValidateOptions
@@ -110,7 +114,7 @@ def run_validation(checkpoint: str | os.PathLike | None, target: str | None, opt
 def _quiet_transformers() -> None:
     """No per-load progress bars from transformers on stderr (the CLI has its own log lines)."""
     try:
-        from transformers.utils import logging as hf_logging
+        from transformers.utils import logging as hf_logging  # lazy: transformers (0.8 s) loads when a validation runs, not when migrate imports this module
 
         hf_logging.disable_progress_bar()
         hf_logging.set_verbosity_error()
@@ -121,14 +125,9 @@ def _quiet_transformers() -> None:
 def _diagnostics(target: str, target_obj: Any, ckpt: str, baseline: str | None, built: list, jobs: dict,
                  new_r: dict, k: int, per_suite: int, say: Callable[[str], None]) -> Diagnostics:
     """Drift diagnostics on the new drafter's finished sequences (a few per suite, spread over its groups)."""
-    from .diagnostics import drift_diagnostics
-    from ..drafter.load import load_drafter
-
     out = Diagnostics(sink_tokens=4)
     try:
         if target_obj is None:
-            from ..target import load_target
-
             dev = resolve_device("auto")
             target_obj = load_target(target, device=dev, dtype=resolve_dtype("auto", dev), with_tokenizer=False)
         dev = target_obj.device

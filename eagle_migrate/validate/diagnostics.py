@@ -21,8 +21,8 @@ from typing import Any
 import torch
 from pydantic import BaseModel, Field
 
-from ..aux_ids import vllm_default_aux_ids
 from ..drafter import EagleDrafter, KVCache
+from ..formats.aux_ids import vllm_default_aux_ids
 
 
 class StepDiagnostics(BaseModel):

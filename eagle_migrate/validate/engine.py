@@ -109,7 +109,7 @@ class ReferenceEngine(Engine):
                 per_request=False, progress=None) -> EngineRun:
         import torch  # lazy: torch (quantize's gate and calibration import this module for vLLM alone)
 
-        from . import reference  # lazy: torch
+        from . import reference  # lazy: torch and transformers
 
         if target_obj is not None:
             dev, tdtype = str(target_obj.device), target_obj.dtype

@@ -13,7 +13,7 @@ engine takes one :class:`~eagle_migrate.validate.options.ValidateOptions`:
 
 Built in: ``vllm`` and ``reference`` (in-process; ``validate/engine.py``), ``auto`` (vLLM when it is importable, else
 the reference engine; ``validate/engine.py``), ``server`` (a running vLLM server; ``validate/server.py``, registered
-when the validate stage is imported). docs/extending-engines-schemes.md: "Add an engine".
+when the validate stage is imported). docs/extending.md: "Add an engine".
 Imports: errors only (layer 3: no torch; the engines register themselves here, this module imports none of them).
 """
 

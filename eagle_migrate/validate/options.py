@@ -2,7 +2,7 @@
 by the engines (``validate/engine.py``'s registry) and by the validation (``api.run_validation``). The drafter and
 the target are the validation's arguments, not options. The API key is never stored: the model holds the name of
 the environment variable (``api_key_env``) or, for library callers, the key as a secret that no dump or repr shows.
-Imports: pydantic, choices, errors, options (layer 3: no torch)."""
+Imports: pydantic, errors, options (layer 3: no torch)."""
 
 from __future__ import annotations
 

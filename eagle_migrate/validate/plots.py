@@ -55,7 +55,7 @@ def _plot_series(ax: Any, xs: list[float], ys: list[float], style: dict[str, Any
 
 
 def plot_acceptance(r: Any) -> Any:
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: matplotlib (0.5 s), only when plots are drawn
 
     has_base = any(s.baseline for s in r.suites)
     names = [s.name for s in r.suites]
@@ -88,7 +88,7 @@ def plot_acceptance(r: Any) -> Any:
 
 
 def plot_per_position(r: Any) -> Any:
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: matplotlib (0.5 s), only when plots are drawn
 
     fig, ax = plt.subplots(figsize=(5.6, 3.6))
     n_series = sum(1 + bool(s.baseline) for s in r.suites)
@@ -112,7 +112,7 @@ def plot_per_position(r: Any) -> Any:
 
 def plot_al_vs_context(r: Any) -> Any:
     """AL per context bucket of the long suite; None with fewer than two buckets (``report.single_bucket_line`` says it)."""
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: matplotlib (0.5 s), only when plots are drawn
 
     long = next((s for s in r.suites if s.name == "long" and s.groups), None)
     if long is None or len(long.groups) < 2:
@@ -142,7 +142,7 @@ def plot_al_vs_context(r: Any) -> Any:
 
 
 def plot_drift(r: Any) -> Any:
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: matplotlib (0.5 s), only when plots are drawn
 
     d = r.diagnostics
     if d is None or not d.new:
@@ -181,7 +181,7 @@ def plot_drift(r: Any) -> Any:
 def plot_speedup(r: Any) -> Any:
     """speedup.png: the serving speed-up per concurrency with its min-max over rounds (--baseline-server); the axis
     always shows 1.0 (no speed-up) and spans at least 0.2."""
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: matplotlib (0.5 s), only when plots are drawn
 
     if r.serving_speed is None or not r.serving_speed.levels:
         return None
@@ -204,10 +204,10 @@ def plot_speedup(r: Any) -> Any:
 
 
 def write_plots(r: Any, out: Path) -> list[str]:
-    import matplotlib
+    import matplotlib  # lazy: matplotlib (0.5 s), only when plots are drawn
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: matplotlib (0.5 s), only when plots are drawn
 
     files = []
     for name, build in (("acceptance_length.png", plot_acceptance), ("per_position.png", plot_per_position),

@@ -12,7 +12,7 @@ It is vLLM's algorithm, step for step, so both engines count the same things:
 Both caches are kept: the target's (transformers ``DynamicCache``, cropped to the accepted prefix) and the drafter's
 (step-0 entries only; chain-step entries are dropped after each round, as vLLM overwrites them).
 
-Drafters come from :func:`eagle_migrate.drafter.load.load_drafter` (every layout and quantized format we read,
+Drafters come from :func:`eagle_migrate.loader.load_drafter` (every layout and quantized format we read,
 the target's embedding / head shared where vLLM shares them).
 """
 
@@ -24,11 +24,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import DynamicCache
 
-from ..aux_ids import vllm_default_aux_ids
 from ..drafter import EagleDrafter, KVCache
-from ..drafter.load import load_drafter
 from ..errors import PairingError
+from ..formats.aux_ids import vllm_default_aux_ids
+from ..loader import load_drafter
+from ..target import load_target
 from .metrics import AcceptanceStats
 
 
@@ -141,8 +143,6 @@ class ReferenceEngine:
 
     @torch.no_grad()
     def _generate(self, prompt: list[int], max_tokens: int, ignore_eos: bool, seed: int) -> GenerationResult:
-        from transformers import DynamicCache
-
         t0 = time.perf_counter()
         gen = torch.Generator(device="cpu").manual_seed(seed) if self.temperature > 0 else None
         stats = AcceptanceStats(accepted_per_position=[0] * self.k if self.drafter is not None else [], num_prompts=1)
@@ -276,8 +276,6 @@ def measure(
     ``outputs``, ``seconds`` and, for a drafter, ``per_request``: each prompt's counters in vllm_worker's shape.
     """
     if isinstance(target, (str, Path)):
-        from ..target import load_target
-
         target = load_target(str(target), device=device, dtype=dtype, with_tokenizer=False)
     results = []
     for d in drafters:

@@ -22,6 +22,7 @@ from .metrics import (  # noqa: F401  (PairedComparison: re-exported)
     paired_comparison,
     per_request_counts,
 )
+from .plots import write_plots
 
 SCHEMA_VERSION = 1
 
@@ -275,8 +276,6 @@ def overall(jobs: dict[str, Any], new_r: dict | None, base_r: dict | None, k: in
 
 def write_report(report: ValidationReport, out: Path) -> list[str]:
     """report.json, report.md and the plots into ``out`` (created); returns the file names written."""
-    from .plots import write_plots
-
     out.mkdir(parents=True, exist_ok=True)
     files = write_plots(report, out) if report.suites else []  # a run vLLM refused may have measured nothing
     files = ["report.json", "report.md", *files]

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from ..corpora import load_conversations, render
 from ..errors import InputError, ServerError
 from ..formats.io import open_checkpoint_path, sha256_files
 from ..formats.output import check_no_overlap
@@ -346,7 +347,6 @@ def template_check(client: ServerClient, tokenizer: Any, n: int = 3) -> bool | N
     with ``tokenizer`` (the target's chat template); None when either side cannot render (no tokenizer)."""
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
         return None
-    from ..corpora import load_conversations, render
 
     for conv in load_conversations(None)[:n]:
         theirs = client.tokenize_chat([{"role": m["role"], "content": m["content"]} for m in conv.prompt_messages()])

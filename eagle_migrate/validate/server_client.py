@@ -52,7 +52,7 @@ class Scrape:
 def parse_metrics(text: str) -> Scrape:
     """Parse Prometheus text with ``prometheus_client.parser`` and sum each counter over its labels (engines,
     models, finish reasons); ``_created`` samples are skipped."""
-    from prometheus_client.parser import text_string_to_metric_families
+    from prometheus_client.parser import text_string_to_metric_families  # lazy: prometheus_client, only to parse /metrics (--server, watch)
 
     names: set[str] = set()
     spec = {v: 0.0 for v in SPEC_COUNTERS.values()}
@@ -152,7 +152,7 @@ class ServerClient:
     is sent as a Bearer token and never appears in what this prints or raises."""
 
     def __init__(self, url: str, api_key: str | None = None, *, timeout: float = 900.0, max_connections: int = 64):
-        import httpx
+        import httpx  # lazy: httpx (0.1 s), only for --server (an in-process validation imports this module too)
 
         self.root, self.api = _split_url(url)
         self.url = redact(self.api)
@@ -176,7 +176,7 @@ class ServerClient:
         return redact(str(text), self._key)
 
     def _call(self, method: str, url: str, **kw: Any) -> Any:
-        import httpx
+        import httpx  # lazy: httpx (0.1 s), only for --server (an in-process validation imports this module too)
 
         try:
             r = self._http.request(method, url, **kw)
@@ -219,7 +219,7 @@ class ServerClient:
 
     def server_info(self) -> dict[str, Any] | None:
         """vLLM's /server_info (only with ``VLLM_SERVER_DEV_MODE=1``): its config, where the drafter is named."""
-        import httpx
+        import httpx  # lazy: httpx (0.1 s), only for --server (an in-process validation imports this module too)
 
         try:
             r = self._http.get(self.root + "/server_info", params={"config_format": "json"})
@@ -235,7 +235,7 @@ class ServerClient:
     def tokenize_chat(self, messages: list[dict[str, str]]) -> list[int] | None:
         """The server's own rendering of a chat request (``POST /tokenize`` with ``messages``: its chat template,
         as ``/v1/chat/completions`` applies it); None when the server has no tokenizer or no such route."""
-        import httpx
+        import httpx  # lazy: httpx (0.1 s), only for --server (an in-process validation imports this module too)
 
         try:
             r = self._http.post(self.root + "/tokenize", json={"model": self.model, "messages": messages,
@@ -289,7 +289,7 @@ class ServerClient:
                ignore_eos: bool = False) -> StreamTiming:
         """One streaming completion, timed on arrival: time to the first chunk carrying tokens, the gaps between
         such chunks, the output tokens (the final usage chunk) and the request's latency."""
-        import httpx
+        import httpx  # lazy: httpx (0.1 s), only for --server (an in-process validation imports this module too)
 
         body = self._body(prompt, max_tokens, temperature, seed, ignore_eos)
         body.update(stream=True, stream_options={"include_usage": True})

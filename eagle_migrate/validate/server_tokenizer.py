@@ -9,7 +9,7 @@ server's ids (decoding and re-encoding could merge or split tokens at the seams)
 
 :func:`drafter_record`: the drafter's aux layer ids, flags and hashes, from its folder when one is given, else each
 named as unknown (the server exports k and, with ``VLLM_SERVER_DEV_MODE=1``, the drafter's name; nothing else).
-Imports: errors, formats (lazily), validate.server_client.
+Imports: errors, formats (the reader, hashes), validate.server_client.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import EngineError, ServerError
+from ..formats import read_checkpoint
+from ..formats.io import open_checkpoint_path, sha256_files
 from .server_client import ServerClient
 
 DRAFTER_FIELDS = ("aux_layer_ids", "flags", "weights_sha256", "config_sha256")
@@ -86,8 +88,6 @@ def drafter_record(checkpoint: str | os.PathLike | None, served_as: str | None) 
         out["note"] = ("the server does not report its drafter's aux layer ids, flags or hashes; pass the drafter "
                        "folder (CKPT) to record them (it is read, never used to measure)")
         return out
-    from ..formats import read_checkpoint
-    from ..formats.io import open_checkpoint_path, sha256_files
 
     path = Path(checkpoint)
     ck = read_checkpoint(path)

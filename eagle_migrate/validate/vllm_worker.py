@@ -85,7 +85,7 @@ def _delta(a: dict, b: dict) -> dict:
 
 def _install_draft_recorder() -> None:
     """Wrap the EAGLE proposer's ``propose`` (class level, so the in-process engine's instance picks it up)."""
-    from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
+    from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer  # lazy: vllm is optional: the parent imports this module for its markers, vLLM runs in the worker's Python
 
     if getattr(SpecDecodeBaseProposer.propose, "_eagle_migrate_hook", False):
         return
@@ -117,7 +117,7 @@ def engine_arg_exists(name: str) -> bool:
     failing to build the engine)."""
     import dataclasses
 
-    from vllm.engine.arg_utils import EngineArgs
+    from vllm.engine.arg_utils import EngineArgs  # lazy: vllm is optional: the parent imports this module for its markers, vLLM runs in the worker's Python
 
     return name in {f.name for f in dataclasses.fields(EngineArgs)}
 
@@ -167,8 +167,8 @@ def _request_metrics(o) -> dict | None:
 
 def _run_one(req: dict, drafter: str | None, k: int, suites: dict, draft_backend: str | None = None) -> dict:
     global _RECORDS
-    from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
+    from vllm import LLM, SamplingParams  # lazy: vllm is optional: the parent imports this module for its markers, vLLM runs in the worker's Python
+    from vllm.inputs import TokensPrompt  # lazy: vllm is optional: the parent imports this module for its markers, vLLM runs in the worker's Python
 
     record = bool(req.get("record_drafts")) and bool(drafter)
     llm = LLM(**_engine_kwargs(req, drafter, k, draft_backend))
@@ -220,7 +220,7 @@ def _assume_amx() -> None:
     """``EAGLE_MIGRATE_ASSUME_AMX=1`` (tests only): vLLM's AMX probe answers yes, so a host without AMX selects
     backends as an AMX host does (attention_backend.py)."""
     if os.environ.get("EAGLE_MIGRATE_ASSUME_AMX") == "1":
-        import torch
+        import torch  # lazy: torch, as vllm (tests only)
 
         torch.cpu._is_amx_tile_supported = lambda: True
 
@@ -228,7 +228,7 @@ def _assume_amx() -> None:
 def run(req: dict) -> dict:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     _assume_amx()
-    import vllm
+    import vllm  # lazy: vllm is optional here, and reads VLLM_ENABLE_V1_MULTIPROCESSING when imported
 
     if req.get("record_drafts"):
         if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") != "0":

@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from eagle_migrate import aux_ids as A
 from eagle_migrate.convert import convert
+from eagle_migrate.formats import aux_ids as A
 from eagle_migrate.validate.vllm_engine import measure_many
 
 from .. import aux_world as W

@@ -37,10 +37,10 @@ import torch
 
 from eagle_migrate import toy
 from eagle_migrate.drafter import DrafterConfig
-from eagle_migrate.drafter.load import load_drafter
 from eagle_migrate.families.mla import MLA_FAMILY, TOY_SIZES
 from eagle_migrate.formats.output import save_safetensors, write_json
 from eagle_migrate.formats.write import write_vllm
+from eagle_migrate.loader import load_drafter
 from eagle_migrate.target import load_target
 from eagle_migrate.validate.vllm_engine import measure_many
 

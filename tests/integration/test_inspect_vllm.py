@@ -43,7 +43,7 @@ def test_specforge_written_as_speculators_loads_with_predicted_al(toy_target, tm
     """SpecForge training stores output-of-layer aux ids ([0, 2, 4] here): only the +1 shift gives the oracle's AL.
     The layout does not decide it (the toy's layers differ only in scale, so it cannot be measured here): the
     convention is passed, as --aux-ids-convention would."""
-    from eagle_migrate import aux_ids
+    from eagle_migrate.formats import aux_ids
 
     ck = read_checkpoint(write_layout("specforge", toy.drafter_config(), toy.drafter_state_dict("oracle"), tmp_path / "src"))
     assert ck.meta["aux_ids_stored"] == [0, 2, 4] and not ck.aux.decided

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eagle_migrate.drafter.load import load_drafter
+from eagle_migrate.loader import load_drafter
 from eagle_migrate.target import load_target
 from eagle_migrate.validate.vllm_engine import measure_many
 

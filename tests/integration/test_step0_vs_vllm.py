@@ -26,13 +26,13 @@ import torch
 from safetensors.torch import load_file
 
 from eagle_migrate import aux_evidence as ev
-from eagle_migrate import aux_ids as A
 from eagle_migrate import toy
 from eagle_migrate.convert import convert
-from eagle_migrate.drafter.load import load_drafter
 from eagle_migrate.errors import CheckpointError, PairingError
+from eagle_migrate.formats import aux_ids as A
 from eagle_migrate.formats import read_checkpoint
 from eagle_migrate.formats.output import save_safetensors
+from eagle_migrate.loader import load_drafter
 from eagle_migrate.target import LazyTarget
 from eagle_migrate.validate.metrics import paired_comparison, per_request_counts
 from eagle_migrate.validate.vllm_engine import DrafterRefused, measure_many

@@ -48,7 +48,7 @@ def source(tmp_path_factory, smollm2):
 
 
 def _loads(folder: Path, smollm2):
-    from eagle_migrate.drafter.load import load_drafter
+    from eagle_migrate.loader import load_drafter
     from eagle_migrate.target import load_target
 
     files = [f for f in folder.iterdir() if f.is_file()]

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from eagle_migrate import aux_ids as A
 from eagle_migrate.convert import convert, default_aux_ids
 from eagle_migrate.errors import PairingError
+from eagle_migrate.formats import aux_ids as A
 from eagle_migrate.formats import read_checkpoint
 from eagle_migrate.inspection import inspect_checkpoint
 
@@ -481,8 +481,8 @@ def test_every_capture_takes_id_L_before_the_final_norm(world, target):
 def test_aux_ids_runs_nothing():
     """aux_ids keeps vLLM's rule, the fingerprints and the types; the measurement (which runs a drafter on a target)
     lives a layer up, in aux_evidence."""
-    code = ("import sys, eagle_migrate.aux_ids as a; "
-            "print(sorted(m for m in sys.modules if m in ('torch', 'eagle_migrate.corpora', 'eagle_migrate.drafter.load', "
+    code = ("import sys, eagle_migrate.formats.aux_ids as a; "
+            "print(sorted(m for m in sys.modules if m in ('torch', 'eagle_migrate.corpora', 'eagle_migrate.loader', "
             "'eagle_migrate.target', 'eagle_migrate.aux_evidence')))")
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)

@@ -49,7 +49,8 @@ def test_the_ambiguity_hint_after_a_measurement_asks_only_for_the_convention(tmp
     """After measuring on a target (which could not decide), the ambiguity's hint no longer says "pass --target".
     The paired log-likelihood decides this toy, so the measurement's budget is cut to one sequence (too few for a
     clustered standard error: inconclusive)."""
-    from eagle_migrate import aux_evidence, aux_ids
+    from eagle_migrate import aux_evidence
+    from eagle_migrate.formats import aux_ids
     from eagle_migrate.target import LazyTarget
 
     sequential = aux_evidence.sequential

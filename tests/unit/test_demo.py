@@ -47,7 +47,7 @@ def _jobs() -> dict:
 
 
 def _with_fc_norm(path, target_obj, scale) -> object:
-    from eagle_migrate.drafter.load import load_drafter
+    from eagle_migrate.loader import load_drafter
 
     d = load_drafter(path, target_obj)
     with torch.no_grad():

@@ -1,6 +1,8 @@
-"""docs/extending-engines-schemes.md stays true: its python blocks, run in order, register a trivial engine and a
-trivial quantization scheme and use them through the code every built-in goes through (run_validation's suites,
-gates and report; quantize_state_dict, quantization_config, scheme_from_config, the dequantisation)."""
+"""docs/extending.md stays true: the one recipe page has its three sections ("Add a drafter family", run by
+tests/unit/test_family_home.py; "Add an engine" and "Add a quantization scheme", run here), and their python blocks,
+run in order, register a trivial engine and a trivial quantization scheme and use them through the code every
+built-in goes through (run_validation's suites, gates and report; quantize_state_dict, quantization_config,
+scheme_from_config, the dequantisation)."""
 
 from __future__ import annotations
 
@@ -9,13 +11,23 @@ from pathlib import Path
 
 from eagle_migrate import toy
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "extending-engines-schemes.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "extending.md"
+SECTIONS = {"Add a drafter family": 2, "Add an engine": 2, "Add a quantization scheme": 2}  # section -> code blocks
 
 
 def _blocks(section: str) -> list[str]:
     text = DOC.read_text(encoding="utf-8")
-    body = text.split(f"## {section}", 1)[1].split("\n## ", 1)[0]
+    body = text.split(f"\n## {section}\n", 1)[1].split("\n## ", 1)[0]
     return re.findall(r"```python\n(.*?)```", body, flags=re.S)
+
+
+def test_the_recipe_page_has_the_three_sections_and_only_tested_code():
+    """One page, three recipes, in this order; every code block on it is in a section a test runs (these counts
+    are the ones the section's test asserts)."""
+    text = DOC.read_text(encoding="utf-8")
+    assert re.findall(r"^## (.+)$", text, flags=re.M) == list(SECTIONS)
+    assert {s: len(_blocks(s)) for s in SECTIONS} == SECTIONS
+    assert len(re.findall(r"^```", text, flags=re.M)) == 2 * sum(SECTIONS.values())  # no other fenced block
 
 
 def test_add_an_engine(tmp_path):

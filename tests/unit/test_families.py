@@ -13,10 +13,10 @@ import math
 import pytest
 import torch
 
-from eagle_migrate import aux_ids, toy
+from eagle_migrate import toy
 from eagle_migrate.drafter import EagleDrafter
 from eagle_migrate.errors import CheckpointError
-from eagle_migrate.formats import read_checkpoint, write_checkpoint
+from eagle_migrate.formats import aux_ids, read_checkpoint, write_checkpoint
 from eagle_migrate.formats.output import save_safetensors, write_json
 from eagle_migrate.formats.vllm import vllm_config_dict, vllm_tensor_names
 from eagle_migrate.inspection import inspect_checkpoint

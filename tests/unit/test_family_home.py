@@ -1,6 +1,6 @@
 """Each drafter family has one home, eagle_migrate/families/ (issue #39): no family name outside it, a registry that
-refuses what it cannot honour, and the recipe of docs/extending-families.md, run as written, adds a family that goes
-through read -> convert -> write -> read back."""
+refuses what it cannot honour, and the recipe of docs/extending.md ("Add a drafter family"), run as written, adds a
+family that goes through read -> convert -> write -> read back."""
 
 from __future__ import annotations
 
@@ -133,27 +133,29 @@ def test_detect_decides_evidence_first():
 
 # ----- the recipe ---------------------------------------------------------------------------------------------------
 def _recipe_blocks() -> list[str]:
-    text = (ROOT / "docs" / "extending-families.md").read_text(encoding="utf-8")
-    return re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    """The code blocks of docs/extending.md's section "Add a drafter family"."""
+    text = (ROOT / "docs" / "extending.md").read_text(encoding="utf-8")
+    body = text.split("\n## Add a drafter family\n", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```python\n(.*?)```", body, flags=re.S)
 
 
 @pytest.fixture
 def example_family(monkeypatch):
-    """The family of docs/extending-families.md, its code blocks run as written (the module, then the registry line
-    with the registry's ``register``), registered for this test only."""
+    """The family of docs/extending.md ("Add a drafter family"), its code blocks run as written (the module, then the
+    registry line with the registry's ``register``), registered for this test only."""
     monkeypatch.setattr(families, "_REGISTRY", dict(families._REGISTRY))
     blocks = _recipe_blocks()
     assert len(blocks) == 2
     ns: dict = {"__name__": "eagle_migrate.families.example", "register": families.register}
     for b in blocks:
-        exec(compile(b, "docs/extending-families.md", "exec"), ns)  # noqa: S102 (the recipe, run as written)
+        exec(compile(b, "docs/extending.md", "exec"), ns)  # noqa: S102 (the recipe, run as written)
     return ns["EXAMPLE"]
 
 
 def test_the_recipe_adds_a_family_that_round_trips(tmp_path, example_family):
     from eagle_migrate.convert import convert
-    from eagle_migrate.drafter.load import load_drafter
     from eagle_migrate.formats import read_checkpoint, write_checkpoint
+    from eagle_migrate.loader import load_drafter
     from eagle_migrate.target import load_target
 
     assert families.get("example") is example_family and "example" in families.names()

@@ -9,9 +9,8 @@ import torch
 
 from eagle_migrate import toy
 from eagle_migrate.drafter.config import DrafterConfig
-from eagle_migrate import aux_ids
 from eagle_migrate.errors import InputError, UnsupportedError
-from eagle_migrate.formats import read_checkpoint, write_checkpoint
+from eagle_migrate.formats import aux_ids, read_checkpoint, write_checkpoint
 
 from ..layouts import AUX_CONVENTION, AUX_DECIDED_BY, EXPECTED, LAYOUT_NAMES, MLA, canonical_state_dict, write_layout
 

@@ -5,8 +5,10 @@ Each check runs in a fresh interpreter, so what it sees in ``sys.modules`` is ex
 
 from __future__ import annotations
 
+import ast
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +18,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 LIBRARY = ("eagle_migrate.convert", "eagle_migrate.migrate", "eagle_migrate.quantize", "eagle_migrate.validate.api",
            "eagle_migrate.calibrate", "eagle_migrate.publish", "eagle_migrate.inspection", "eagle_migrate.formats",
-           "eagle_migrate.aux_ids", "eagle_migrate.aux_evidence", "eagle_migrate.devices", "eagle_migrate.pipeline", "eagle_migrate.demo",
+           "eagle_migrate.formats.aux_ids", "eagle_migrate.aux_evidence", "eagle_migrate.devices", "eagle_migrate.pipeline", "eagle_migrate.demo",
            "eagle_migrate.corpora", "eagle_migrate.assets", "eagle_migrate.train", "eagle_migrate.stats",
            "eagle_migrate.judge", "eagle_migrate.features", "eagle_migrate.fingerprints", "eagle_migrate.calibration_data", "eagle_migrate.target", "eagle_migrate.choices")
 
@@ -242,13 +244,6 @@ def test_stages_do_not_import_each_other():
     assert cross == []
 
 
-# Cycles between top-level packages (every module of a package taken as one node): none may appear. The one below
-# is older than the check and lies in the files the families refactor moves (drafter/, formats/; issue #39's families
-# part, issue #27 for aux_ids): drafter.load, the one loader, reads formats and quant, which read drafter.config; and
-# aux_ids builds formats' findings while formats.checks calls aux_ids. It is listed exactly: it may only go.
-PACKAGE_CYCLES_BEFORE_THE_CHECK = [["aux_ids", "drafter", "formats", "quant"]]
-
-
 def _top(module: str) -> str:
     """The top-level package (or module) of ``eagle_migrate.a.b``: ``a``; the root package itself: ``""``."""
     parts = module.split(".")
@@ -268,8 +263,9 @@ def _package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
 def test_no_cycle_between_top_level_packages():
     """The import graph with each top-level package as one node (every import, function-level and TYPE_CHECKING
     ones included) has no cycle: the registries (convert/registry.py, quant/registry.py, validate/engines.py) import
-    none of their members, and no stage reaches back into a package that imports it."""
-    assert _cycles(_package_graph(_import_graph(lazy=True))) == PACKAGE_CYCLES_BEFORE_THE_CHECK
+    none of their members, no stage reaches back into a package that imports it, and the loader (loader.py) sits
+    above drafter, formats and quant, which it reads; aux_ids is part of formats, whose traps it reports."""
+    assert _cycles(_package_graph(_import_graph(lazy=True))) == []
 
 
 def test_the_package_check_finds_a_cycle_no_module_cycle_shows():
@@ -304,6 +300,313 @@ def test_the_layer_check_finds_an_upward_import_and_a_cycle():
     upward, cycles = _broken_rules(graph, _layers(graph))
     assert upward == ["errors (layer 0) -> cli (layer 6)"]
     assert cycles == [["formats.base", "formats.io"]]
+
+
+# ----- docs/architecture.md's Layout: the imports an entry names after `|` are the ones it makes -----------------
+# An entry's `| a, b.{c, d}, q.gate` (q. = quantize., p. = publish., a bare name inside a package entry = the
+# package's own module first) lists the eagle_migrate modules it imports besides errors and the root package;
+# a package entry (`pkg/`) speaks for the whole package's imports outside it, a name covers its submodules, words in
+# parentheses are notes and the third-party names below are skipped.
+LAYOUT_THIRD_PARTY = {"hf_hub", "torch", "pydantic", "compressed-tensors", "transformers", "numpy", "httpx"}
+
+
+def _layout_entries() -> list[tuple[str, str]]:
+    """(module, the text after its last `|`) of every Layout entry that has one."""
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    block = text.split("## Layout", 1)[1].split("```", 2)[1]
+    entries: list[list[str]] = []
+    pkg = None
+    for line in block.splitlines():
+        m = re.match(r"^( {2}| {4})(\S+)\s", line)
+        if m:
+            name = m.group(2).removesuffix(".py")
+            if len(m.group(1)) == 2:
+                pkg = name.rstrip("/") if name.endswith("/") else None
+                entries.append([name.rstrip("/"), line])
+            else:
+                entries.append([f"{pkg}.{name}" if pkg else name, line])
+        elif entries:
+            entries[-1][1] += " " + line
+    out = []
+    for mod, body in entries:
+        flat = re.sub(r"`[^`]*`", "", " ".join(body.split()))  # a quoted `|` is prose
+        if " | " in flat:
+            out.append((mod, flat.rsplit(" | ", 1)[1]))
+    return out
+
+
+def _layout_names(module: str, tail: str, modules: set[str]) -> list[str]:
+    """The modules a Layout entry's `|` list names, resolved (``module`` the entry's, relative to the package)."""
+    while (t := re.sub(r"\([^()]*\)", "", tail)) != tail:
+        tail = t
+    pkg = module.split(".")[0]
+    out = []
+    for item in re.findall(r"[\w-]+(?:\.[\w]+)*(?:\.\{[^}]*\}|\.\*)?", tail):
+        if item in LAYOUT_THIRD_PARTY:
+            continue
+        base, _, rest = item.partition(".{")
+        names = [f"{base}.{x.strip()}" for x in rest.rstrip("}").split(",")] if rest else [item.removesuffix(".*")]
+        for n in names:
+            head, _, sub = n.partition(".")
+            n = {"q": "quantize", "p": "publish"}.get(head, head) + ("." + sub if sub else "")
+            out.append(f"{pkg}.{n}" if f"{pkg}.{n}" in modules and "." in module else n)
+    return out
+
+
+def _layout_problems(module: str, tail: str, graph: dict[str, set[str]]) -> list[str]:
+    modules = {_short(m) for m in graph}
+    members = [m for m in graph if _short(m) == module or _short(m).startswith(module + ".")]
+    is_package = any(_short(m).startswith(module + ".") for m in members)
+    imported = {_short(d) for m in members for d in graph[m]} - {"", "errors"}
+    if is_package:
+        imported = {d for d in imported if not (d == module or d.startswith(module + "."))}
+    named = _layout_names(module, tail, modules)
+
+    def covers(n: str, d: str) -> bool:
+        return d == n or d.startswith(n + ".")
+
+    out = [f"{module}: names {n}, no such module" for n in named if n not in modules and n != "errors"]
+    out += [f"{module}: names {n}, which it does not import" for n in named
+            if n in modules and n != "errors" and not any(covers(n, d) for d in imported)]
+    out += [f"{module}: imports {d}, which it does not name" for d in sorted(imported)
+            if not any(covers(n, d) for n in named)]
+    return out
+
+
+def test_the_layout_names_the_imports_each_entry_makes():
+    graph = _import_graph(lazy=True)
+    entries = _layout_entries()
+    assert len(entries) >= 20
+    found = [p for module, tail in entries for p in _layout_problems(module, tail, graph)]
+    assert found == [], "docs/architecture.md, Layout: the `|` lists disagree with the imports:\n" + "\n".join(found)
+
+
+def test_the_layout_check_finds_a_wrong_and_a_missing_import():
+    graph = {"eagle_migrate.quantize.gate": {"eagle_migrate.corpora", "eagle_migrate.quantize.options",
+                                             "eagle_migrate.errors", "eagle_migrate.validate.metrics"},
+             "eagle_migrate.quantize.options": set(), "eagle_migrate.corpora": set(), "eagle_migrate.errors": set(),
+             "eagle_migrate.validate.metrics": set(), "eagle_migrate.target": set()}
+    assert _layout_problems("quantize.gate", "corpora, validate.metrics, q.options, hf_hub", graph) == []
+    assert _layout_problems("quantize.gate", "corpora (prompts), target, q.{options}", graph) == [
+        "quantize.gate: names target, which it does not import",
+        "quantize.gate: imports validate.metrics, which it does not name"]
+
+
+# ----- function-level imports: each says why it is lazy, and none repeats a module-level one ------------------------
+# An import inside a function (of eagle_migrate or a third-party package; the standard library's are free) is there
+# only to keep a heavy or optional library out of a path that does not need it (`--help`, `inspect`, a vLLM-only
+# Python), or to break a cycle. It says which, on its line (`# lazy: <reason>`) or in a `# lazy:` comment line
+# directly above it. One that re-imports a module the file already imports at module level gains nothing and must go.
+LAZY_MARK = re.compile(r"#\s*lazy:\s*\S")
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _import_targets(node: ast.Import | ast.ImportFrom, module: str, is_package: bool, known: set[str]) -> set[str]:
+    """The modules an import statement loads (relative ones resolved against ``module``); ``from m import n`` loads
+    ``m.n`` when that is a module of the package (``known``), else ``m``."""
+    if isinstance(node, ast.Import):
+        return {a.name for a in node.names}
+    if node.level:
+        base = module.split(".") if is_package else module.split(".")[:-1]
+        base = base[: len(base) - (node.level - 1)]
+        mod = ".".join(base + ([node.module] if node.module else []))
+    else:
+        mod = node.module or ""
+    return {f"{mod}.{a.name}" if f"{mod}.{a.name}" in known else mod for a in node.names}
+
+
+def _is_type_checking(node: ast.AST) -> bool:
+    return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+
+
+def _imports_by_level(tree: ast.Module) -> tuple[list[ast.stmt], list[ast.stmt]]:
+    """(the imports that run when the module is imported: module level, class bodies, ``if`` / ``try`` blocks, not
+    ``TYPE_CHECKING``; the imports inside functions)."""
+    top: list[ast.stmt] = []
+    lazy: list[ast.stmt] = []
+
+    def walk(nodes: list[ast.stmt], in_function: bool) -> None:
+        for n in nodes:
+            if isinstance(n, (ast.Import, ast.ImportFrom)):
+                (lazy if in_function else top).append(n)
+                continue
+            if _is_type_checking(n) and not in_function:
+                walk(n.orelse, in_function)
+                continue
+            inner = in_function or isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+            for field in ("body", "orelse", "finalbody", "handlers"):
+                walk(getattr(n, field, None) or [], inner)
+
+    walk(tree.body, False)
+    return top, lazy
+
+
+def _counted(targets: set[str]) -> bool:
+    """An import the rules count: of eagle_migrate or a third-party package (not the standard library, not
+    ``__future__``)."""
+    return any(t.split(".")[0] not in sys.stdlib_module_names and t != "__future__" for t in targets)
+
+
+def _lazy_import_problems(src: str, module: str, is_package: bool, known: set[str]) -> tuple[list[str], list[str]]:
+    """(function-level imports without a ``# lazy:`` reason, function-level imports of a module the file already
+    imports at module level), each as ``line: statement``."""
+    lines = src.splitlines()
+    top, lazy = _imports_by_level(ast.parse(src))
+    loaded: set[str] = set()
+    for n in top:
+        for t in _import_targets(n, module, is_package, known):
+            parts = t.split(".")
+            loaded.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))  # a module's packages load with it
+
+    def reason(n: ast.stmt) -> bool:
+        if any(LAZY_MARK.search(lines[i - 1]) for i in range(n.lineno, n.end_lineno + 1)):
+            return True
+        above = lines[n.lineno - 2].strip() if n.lineno > 1 else ""
+        return above.startswith("#") and bool(LAZY_MARK.search(above))
+
+    unmarked, again = [], []
+    for n in sorted(lazy, key=lambda n: n.lineno):
+        targets = _import_targets(n, module, is_package, known)
+        if not _counted(targets):
+            continue
+        where = f"{n.lineno}: {lines[n.lineno - 1].strip()}"
+        if not reason(n):
+            unmarked.append(where)
+        if targets <= loaded:
+            again.append(where)
+    return unmarked, again
+
+
+def _package_sources() -> dict[str, tuple[str, bool]]:
+    return {_module_name(p): (p.read_text(encoding="utf-8"), p.name == "__init__.py")
+            for p in sorted((ROOT / "eagle_migrate").rglob("*.py"))}
+
+
+def test_every_function_level_import_says_why_it_is_lazy():
+    sources = _package_sources()
+    found = [f"{m}:{w}" for m, (src, pkg) in sources.items() for w in _lazy_import_problems(src, m, pkg, set(sources))[0]]
+    assert found == [], "function-level imports without a '# lazy: <reason>' comment:\n" + "\n".join(found)
+
+
+def test_no_function_level_import_repeats_a_module_level_one():
+    sources = _package_sources()
+    found = [f"{m}:{w}" for m, (src, pkg) in sources.items() for w in _lazy_import_problems(src, m, pkg, set(sources))[1]]
+    assert found == [], "function-level imports of modules the file imports at module level:\n" + "\n".join(found)
+
+
+def test_the_lazy_import_checks_find_a_missing_reason_and_a_repeated_import():
+    known = {"eagle_migrate", "eagle_migrate.errors", "eagle_migrate.formats", "eagle_migrate.formats.io",
+             "eagle_migrate.formats.base", "eagle_migrate.target"}
+    src = '''
+from typing import TYPE_CHECKING
+
+import numpy
+
+from .base import Finding
+from ..errors import CheckpointError
+
+if TYPE_CHECKING:
+    from ..target import Target
+
+
+def f():
+    import json  # the standard library: free
+    import torch  # lazy: torch stays out of inspect
+    # lazy: transformers, only to load the model
+    from transformers import AutoConfig
+    from transformers import AutoModel
+    from ..target import load_target  # lazy: torch
+    import safetensors
+    from .io import read_json  # lazy: not imported above (base is, not io)
+    from ..errors import InputError  # lazy: but errors is imported above
+    import numpy.linalg  # lazy: numpy is imported above, numpy.linalg is not
+    from . import base  # lazy: but base is imported above
+
+
+class C:
+    def g(self):
+        from .. import errors
+'''
+    unmarked, again = _lazy_import_problems(src, "eagle_migrate.formats.sizes", False, known)
+    # the comment line above AutoConfig covers AutoConfig only; AutoModel, safetensors and C.g's errors say nothing
+    assert [w.split(":")[0] for w in unmarked] == ["18", "20", "29"]
+    # errors, formats.base and C.g's errors are imported at module level; target only under TYPE_CHECKING
+    assert [w.split(":")[0] for w in again] == ["22", "24", "29"]
+    assert _lazy_import_problems("def f():\n    import json\n", "eagle_migrate.x", False, known) == ([], [])
+
+
+# ----- a module docstring's "Imports:" sentence names what the module imports --------------------------------------
+# The sentence after "Imports:" (up to its first period followed by a space) lists the top-level packages the module
+# imports, any way (function-level and TYPE_CHECKING imports included), and the third-party libraries it names are
+# imported; words in parentheses, the submodules in ``pkg.{a, b}`` or ``pkg.a/b``, the module's own package and the
+# root package (``__version__``) are not compared. A package's ``__init__`` speaks for the whole package.
+THIRD_PARTY = {"torch": "torch", "pydantic": "pydantic", "numpy": "numpy", "transformers": "transformers",
+               "huggingface_hub": "huggingface_hub", "compressed-tensors": "compressed_tensors", "httpx": "httpx",
+               "prometheus_client": "prometheus_client", "safetensors": "safetensors", "matplotlib": "matplotlib",
+               "datasets": "datasets", "vllm": "vllm", "typer": "typer", "rich": "rich"}
+
+
+def _imports_sentence(doc: str) -> str | None:
+    m = re.search(r"\bImports:\s(.*?)(?:\.\s|\.?$)", doc, flags=re.S)
+    if m is None:
+        return None
+    text = m.group(1)
+    while (t := re.sub(r"\([^()]*\)", "", text)) != text:  # parentheses, nested ones too
+        text = t
+    return re.sub(r"\.\{[^}]*\}|(?<=\w)(\.[\w*]+)+(/\w+)*", "", text.replace("``", ""))  # pkg.{a, b}, pkg.a/b -> pkg
+
+
+def _docstring_imports_problems(doc: str, own: str, imported: set[str], third: set[str], tops: set[str]) -> list[str]:
+    """What the "Imports:" sentence of ``doc`` gets wrong: top-level packages named but not imported, imported but not
+    named (``imported``: the top-level names the module imports, its own ``own`` and the root excluded), third-party
+    libraries named but not imported (``third``: what it imports from outside)."""
+    sentence = _imports_sentence(doc)
+    if sentence is None:
+        return []
+    words = set(re.findall(r"[A-Za-z_][\w-]*", sentence))
+    named = (words & tops) - {own}
+    out = [f"names {n}, which it does not import" for n in sorted(named - imported)]
+    out += [f"imports {n}, which it does not name" for n in sorted(imported - named)]
+    out += [f"names {w}, which it does not import" for w in sorted(words & set(THIRD_PARTY)) if THIRD_PARTY[w] not in third]
+    return out
+
+
+def _third_party(src: str) -> set[str]:
+    out: set[str] = set()
+    for n in ast.walk(ast.parse(src)):
+        if isinstance(n, ast.Import):
+            out |= {a.name.split(".")[0] for a in n.names}
+        elif isinstance(n, ast.ImportFrom) and not n.level and n.module:
+            out.add(n.module.split(".")[0])
+    return out
+
+
+def test_imports_docstrings_name_what_the_module_imports():
+    sources = _package_sources()
+    graph = _import_graph(lazy=True)
+    tops = {_top(m) for m in sources} - {""}
+    found = []
+    for m, (src, is_package) in sources.items():
+        doc = ast.get_docstring(ast.parse(src)) or ""
+        members = [x for x in sources if x == m or (is_package and x.startswith(m + "."))]
+        imported = {_top(d) for x in members for d in graph[x]} - {_top(m), ""}
+        third = set().union(*(_third_party(sources[x][0]) for x in members))
+        found += [f"{m}: {p}" for p in _docstring_imports_problems(doc, _top(m), imported, third, tops)]
+    assert found == [], "'Imports:' docstrings that disagree with the imports:\n" + "\n".join(found)
+
+
+def test_the_imports_docstring_check_finds_a_missing_and_a_wrong_name():
+    tops = {"errors", "formats", "target", "drafter", "corpora"}
+    doc = "Reads things. Imports: torch, ``errors``, drafter (config, model), formats.{io, vllm}, target (lazily). More."
+    assert _docstring_imports_problems(doc, "convert", {"errors", "drafter", "formats", "target"}, {"torch"}, tops) == []
+    assert _docstring_imports_problems(doc, "convert", {"errors", "drafter", "formats", "corpora"}, set(), tops) == [
+        "names target, which it does not import", "imports corpora, which it does not name",
+        "names torch, which it does not import"]
+    assert _docstring_imports_problems("No such sentence.", "convert", {"errors"}, set(), tops) == []
 
 
 # ----- size limits: modules <= 500 lines, functions <= 100, except those docs/architecture.md names --------------

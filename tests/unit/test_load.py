@@ -1,4 +1,4 @@
-"""The one drafter loader (drafter/load.py): every layout and every quantized format ``quantize`` writes reads back
+"""The one drafter loader (loader.py): every layout and every quantized format ``quantize`` writes reads back
 into a drafter that the reference engine runs at the toy's exact acceptance length (issue 16.3); leftover or
 missing tensors fail; the target's embedding / head are shared as vLLM shares them."""
 
@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from eagle_migrate import toy
-from eagle_migrate.drafter.load import build_drafter, load_drafter, read_tensors
 from eagle_migrate.errors import CheckpointError, UnsupportedError
 from eagle_migrate.formats.output import save_safetensors
+from eagle_migrate.loader import build_drafter, load_drafter, read_tensors
 from eagle_migrate.quantize import quantize
 from eagle_migrate.target import load_target
 from eagle_migrate.validate.api import validate

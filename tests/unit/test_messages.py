@@ -20,7 +20,7 @@ def test_a_an(thing, want):
 
 def test_aux_id_reason_on_an_8_layer_target():
     """The message the issue saw ("a 8-layer target"), from the aux-id decision that writes it."""
-    from eagle_migrate.aux_ids import from_stored, resolve
+    from eagle_migrate.formats.aux_ids import from_stored, resolve
 
     got = resolve(from_stored([3, 5, 8], "top-level"), 3, 8)
     assert got.convention == "vllm" and "impossible on an 8-layer target" in got.reason, got.reason

@@ -16,7 +16,7 @@ from safetensors import safe_open
 from eagle_migrate import toy
 from eagle_migrate.errors import CheckFailed, InputError, OutputExistsError
 from eagle_migrate.formats.write import write_vllm
-from eagle_migrate.drafter.load import build_drafter, load_drafter, read_tensors
+from eagle_migrate.loader import build_drafter, load_drafter, read_tensors
 from eagle_migrate.quantize import (
     AcceptanceReport,
     quantization_config,

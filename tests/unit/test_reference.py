@@ -10,10 +10,10 @@ import torch
 from eagle_migrate import toy
 from eagle_migrate.drafter import DrafterConfig, EagleDrafter
 from eagle_migrate.formats.output import save_safetensors, write_json
+from eagle_migrate.loader import load_drafter
 from eagle_migrate.target import load_target
 from eagle_migrate.validate import reference
 from eagle_migrate.validate.diagnostics import drift_diagnostics
-from eagle_migrate.drafter.load import load_drafter
 from eagle_migrate.validate.reference import ReferenceEngine, measure
 
 

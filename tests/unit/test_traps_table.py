@@ -82,7 +82,7 @@ def test_each_trap_is_reported_once_with_a_target(tmp_path, toy_target, layout):
                                    (None, 6), (None, 3), ([5, 3, 1], 6)])
 def test_aux_id_checks_split_into_the_checkpoint_alone_and_the_target(ids, t):
     """check_aux_ids = what the ids say alone (the readers) + what the target adds (inspect's pairing), no overlap."""
-    from eagle_migrate import aux_ids as A
+    from eagle_migrate.formats import aux_ids as A
 
     alone, on_target = A.check_aux_ids_alone(ids, 3), A.check_aux_ids_on_target(ids, 3, t)
     assert [f.code for f in A.check_aux_ids(ids, 3, t)] == [f.code for f in alone + on_target]

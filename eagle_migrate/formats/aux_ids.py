@@ -16,6 +16,10 @@ with the target (:mod:`eagle_migrate.aux_evidence`), or the user (``--aux-ids-co
 shows both readings serve the same on the target at hand, a known producer's training convention (read in its code:
 ``producer_convention``) is written, recorded as taken from the producer, not measured; and a measurement in which
 the drafter drafts under no reading (verdict ``no-evidence``) decides nothing.
+
+A part of ``formats``: the readers' checks (``formats.checks``) call it and its findings are trap rows
+(``formats.traps``), so it lives beside them. Imports: pydantic, ``choices``, ``errors``, ``formats.traps`` (and
+``formats.base``'s types). Runs nothing: no corpora, drafter, loader or target (the measurement is ``aux_evidence``'s).
 """
 
 from __future__ import annotations
@@ -24,11 +28,12 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from pydantic import BaseModel, Field
 
-from .choices import AuxIdsConvention as Convention
-from .errors import a_an
+from ..choices import AuxIdsConvention as Convention
+from ..errors import PairingError, a_an
+from .traps import finding
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .formats.base import Checkpoint, Finding
+    from .base import Checkpoint, Finding
 
 DecidedBy = Literal["fingerprint", "measurement", "equivalent", "producer", "override", "unambiguous", "undecided"]
 CONVENTIONS: tuple[Convention, ...] = get_args(Convention)
@@ -60,8 +65,6 @@ def to_vllm(stored: list[int], convention: Convention) -> list[int]:
 def eagle2_aux_ids(num_target_layers: int) -> list[int]:
     """Aux ids we choose for an EAGLE-2 source: (2, L//2, L-1), vLLM's default with the last id moved next to the
     last hidden state the EAGLE-2 fc read; filled with the lowest unused layers on tiny targets."""
-    from .errors import PairingError
-
     t = num_target_layers
     ids = sorted({min(2, t - 1), t // 2, t - 1})
     while len(ids) < 3:
@@ -89,8 +92,6 @@ def check_aux_ids(ids: list[int] | None, num_aux: int, num_target_layers: int | 
 
 def check_aux_ids_alone(ids: list[int] | None, num_aux: int) -> list[Finding]:
     """What is wrong with stored ids whatever the target: duplicates, a count other than K, negative ids, order."""
-    from .formats.traps import finding
-
     out: list[Finding] = []
     if ids is None:
         return out
@@ -107,8 +108,6 @@ def check_aux_ids_alone(ids: list[int] | None, num_aux: int) -> list[Finding]:
 
 def check_aux_ids_on_target(ids: list[int] | None, num_aux: int, num_target_layers: int) -> list[Finding]:
     """What only an L-layer target decides: vLLM's default ids when none are written, ids beyond L, id L."""
-    from .formats.traps import finding
-
     out: list[Finding] = []
     t = num_target_layers
     if ids is None:
@@ -255,8 +254,6 @@ def from_stored(stored: list[int] | None, where: str, *, fingerprint: tuple[Conv
 
 def findings(a: AuxIds, producer: str) -> list[Finding]:
     """What inspect reports about the convention (without a target, or after resolving with one)."""
-    from .formats.traps import finding
-
     if a.stored is None or (a.decided_by == "fingerprint" and a.convention == "vllm"):
         return []  # nothing to say: the ids are what vLLM reads (aux_ids_evidence still says why)
     v, o = a.candidate("vllm"), a.candidate("output-of-layer")

@@ -11,6 +11,9 @@ Both build the module on the meta device and assign the tensors (``load_state_di
 the embedding kept in its own dtype), share the target's embedding / head where vLLM does (no ``embed_tokens`` ->
 the target's embedding; no ``lm_head`` -> the target's head when the vocabularies are the same), and fail on any
 tensor left over or missing.
+
+Layer 2 (above ``drafter``, ``formats`` and ``quant``, which it joins; none of them imports it). Imports: torch,
+``errors``, ``drafter`` (config, model), ``formats`` (the reader), ``quant`` (dequantisation, the activation hook).
 """
 
 from __future__ import annotations
@@ -21,9 +24,11 @@ from typing import Any
 
 import torch
 
-from ..errors import CheckpointError
-from .config import DrafterConfig
-from .model import EagleDrafter
+from .drafter.config import DrafterConfig
+from .drafter.model import EagleDrafter
+from .errors import CheckpointError, UnsupportedError
+from .formats import read_checkpoint
+from .quant import activation_hook, dequantize_state_dict, scheme_from_config
 
 #: tensors a checkpoint may carry that the module has no place for, by design
 _IGNORED = ("t2d",)
@@ -79,16 +84,11 @@ def read_tensors(source: str | Path | Any) -> tuple[Any, dict[str, torch.Tensor]
     :class:`~eagle_migrate.formats.Checkpoint`: quantized weights dequantised (float32) through the
     compressed-tensors library. Any quantization other than the compressed-tensors schemes ``quantize`` writes
     (fp8-dynamic, fp8, nvfp4a16, nvfp4) raises :class:`~eagle_migrate.errors.UnsupportedError`."""
-    from ..formats import read_checkpoint
-
     ck = source if hasattr(source, "canonical_names") else read_checkpoint(Path(source))
     names = [n for n in ck.canonical_names() if n not in _IGNORED]
     qc = (ck.raw_config or {}).get("quantization_config")
     if not ck.quantization and not qc:
         return ck, {n: ck.tensor(n) for n in names}, None
-    from ..errors import UnsupportedError
-    from ..quant import dequantize_state_dict, scheme_from_config
-
     if not (isinstance(qc, dict) and "config_groups" in qc and scheme_from_config(qc)):
         scheme = (ck.quantization or {}).get("scheme") if isinstance(ck.quantization, dict) else None
         raise UnsupportedError(f"{ck.path}: quantized ({scheme or 'unknown scheme'}) in a way eagle-migrate cannot read "
@@ -113,8 +113,6 @@ def load_drafter(
     ck, tensors, qc = read_tensors(source)
     m = build_drafter(ck.config, tensors, target, device=device, dtype=dtype, what=str(ck.path))
     if qc is not None and simulate_activations:
-        from ..quant import activation_hook, scheme_from_config
-
         scheme = scheme_from_config(qc)
         modules = dict(m.named_modules())
         for p in sorted({n.rsplit(".", 1)[0] for n in ck.canonical_names() if n.endswith(".weight_scale")}):
