@@ -15,14 +15,12 @@ get ``ByteTokenizer`` text, as the suites do. May import: errors, sources, templ
 from __future__ import annotations
 
 import random
-import sysconfig
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from ..errors import DataError
 from . import sources as _src
-from .long import STDLIB_MODULES
+from .long import STDLIB_MODULES, stdlib_sources
 from .sources import Conversation, _read_records
 from .templates import SHIFT_VARIANTS, _encode, render
 
@@ -43,16 +41,6 @@ class DriftSequence:
     ids: list[int]
     kind: str  # one of DRIFT_KINDS
     source: str  # where the text came from (module, ShareGPT record, template variant)
-
-
-def _stdlib_texts() -> list[tuple[str, str]]:
-    root = Path(sysconfig.get_paths()["stdlib"])
-    out = []
-    for m in TRAIN_STDLIB:
-        f = root / f"{m}.py"
-        if f.is_file():
-            out.append((m, f.read_text(encoding="utf-8", errors="replace")))
-    return out
 
 
 def _sharegpt_pool(n: int, fetch: bool) -> list[Conversation]:
@@ -105,7 +93,7 @@ def drift_sequences(tokenizer: Any, n: int, seed: int, *, kinds: tuple[str, ...]
     if bad or not kinds:
         raise DataError(f"unknown drift data kind '{(bad or ['(none)'])[0]}'", f"choose from {', '.join(DRIFT_KINDS)}")
     rng = random.Random(seed)
-    code = _stdlib_texts() if "long-code" in kinds else []
+    code = stdlib_sources(TRAIN_STDLIB) if "long-code" in kinds else []
     pool = _sharegpt_pool(n, fetch) if set(kinds) & {"long-chat", "shift", "chat"} else []
     usable = [k for k in kinds if (k == "long-code" and code) or (k != "long-code" and pool)]
     if not usable:

@@ -62,13 +62,14 @@ CODE_QUESTIONS = [
 ]
 
 
-def stdlib_sources() -> list[tuple[str, str]]:
-    """(module, source text) of :data:`STDLIB_MODULES` found in this Python's standard-library folder."""
+def stdlib_sources(modules: tuple[str, ...] = STDLIB_MODULES) -> list[tuple[str, str]]:
+    """(module, source text) of ``modules`` (default :data:`STDLIB_MODULES`, the long suite's) found in this
+    Python's standard-library folder."""
     import sysconfig
 
     root = Path(sysconfig.get_paths()["stdlib"])
     out = []
-    for m in STDLIB_MODULES:
+    for m in modules:
         f = root / f"{m}.py"
         if f.is_file():
             out.append((m, f.read_text(encoding="utf-8", errors="replace")))

