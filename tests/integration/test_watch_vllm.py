@@ -130,12 +130,20 @@ def test_validate_server_with_only_the_url_measures_exact_al(reference, pair, sh
 
 
 # ----- watch ---------------------------------------------------------------------------------------------------------
+def _ctrl_c_reaches_it() -> None:
+    """In the child before exec: SIGINT back to its default. A suite started as a shell's background job (`cmd &`,
+    nohup) runs with SIGINT ignored, every child inherits that, and Python then leaves Ctrl-C ignored: the watch
+    would never see the test's Ctrl-C (the in-suite failure of issue 40). A terminal's Ctrl-C reaches the watch."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Watch:
     """`eagle-migrate watch ... --json` in a subprocess; its stdout (JSON lines) and stderr read as they come."""
 
     def __init__(self, *args: str):
         self.proc = subprocess.Popen([sys.executable, "-m", "eagle_migrate", "watch", *args, "--json"],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
+                                     preexec_fn=_ctrl_c_reaches_it)
         self.out: list[dict] = []
         self.err: list[str] = []
         self._t = [threading.Thread(target=self._read, args=(self.proc.stdout, True), daemon=True),
