@@ -20,7 +20,7 @@ from ..errors import InputError
 from ..features import FeatureStore, HeldoutFromFiles, PrecomputedFeatures, TargetHead, split_files
 from ..formats.aux_ids import vllm_default_aux_ids
 from ..judge import Comparison, SimulatedAcceptance, futility, judge_block, simulated_acceptance
-from ..train import Evaluation, FitConfig, Progress, draft_to_target_ids, fit
+from ..train import Evaluation, FitConfig, FitResult, Progress, draft_to_target_ids, fit
 from .progress import progress_adapter
 from .result import CalibrationResult, Judge, SuiteAcceptance, check_improvement, source_verdict
 from .settings import CalibrationSettings, defaults_for, resolve_device, trainable_names
@@ -57,7 +57,8 @@ def calibrate(
     (:class:`eagle_migrate.features.PrecomputedFeatures`) used instead of running the target on
     ``train_sequences``. ``max_minutes``: a wall-clock budget for the training loop, checked after every step; the
     step where it runs out is evaluated and the best evaluation kept (the schedule stays step-based: with a budget
-    shorter than ``steps`` need, the learning rate has not decayed when it stops). Returns the report; the model
+    shorter than ``steps`` need, the learning rate has not decayed when it stops). ``steps`` 0: the judge alone (no
+    training feature is captured and nothing trains; the drafter and the source are scored). Returns the report; the model
     holds the best weights (possibly the initial ones). Raises :class:`CheckFailed` when ``require_improvement``
     and the held-out score did not improve, or the returned drafter is below ``source`` beyond noise.
 
@@ -85,25 +86,27 @@ def calibrate(
     if source is not None:
         source.to(dev, torch.float32).eval()
     head = TargetHead.from_target(target, draft_to_target_ids(model).cpu(), dev)
-    not_measured: list[str] = []
     precomputed = s.hidden_states_dir
-    if precomputed is not None and not heldout:
-        feats, n_train, suites, not_measured = _precomputed_split(target, precomputed, layer_ids, report)
-    else:
-        feats, n_train = _training_features(target, train_sequences, precomputed, layer_ids, batch=batch, seq_len=seq_len,
-                                            loss_masks=loss_masks, cdir=cdir, report=report)
-        suites = _heldout_suites(target, heldout, layer_ids, new_tokens, cdir, report)
+    judge_only = cfg.steps == 0  # no training: the judge scores the drafter as it is (and the source)
+    feats, n_train, suites, not_measured = _features_and_suites(
+        target, train_sequences, heldout, precomputed, layer_ids, judge_only=judge_only, batch=batch, seq_len=seq_len,
+        new_tokens=new_tokens, loss_masks=loss_masks, cdir=cdir, report=report)
 
     block = judge_block(cfg.k)
     before = _evaluate_suites(model, suites, cfg.k, dev)
     src_res = _evaluate_suites(source, suites, cfg.k, dev) if source is not None and suites else None
     s_before = _score(before)
     report({"phase": "before", "score": s_before, **{n: r.acceptance_length for n, r in before.items()}})
-    fr, after, vs_initial = _fit_judged(model, names, feats, head, cfg, dev, suites, before, block,
-                                        resume_dir=s.resume_dir, report=report)
+    if judge_only:
+        fr = FitResult(steps_run=0, best_step=0, best_score=s_before, initial_score=s_before)
+        after, vs_initial = before, None
+    else:
+        fr, after, vs_initial = _fit_judged(model, names, feats, head, cfg, dev, suites, before, block,
+                                            resume_dir=s.resume_dir, report=report)
     s_after = _score(after)
     improved = bool(suites) and fr.best_step > 0
-    warning = _improvement_warning(suites, fr.best_step, improved, before, after, vs_initial)
+    warning = (None if suites else "no held-out suites: nothing was judged") if judge_only else \
+        _improvement_warning(suites, fr.best_step, improved, before, after, vs_initial)
     judge = None
     if suites:
         what = "EAGLE-3.1 conversion" if model.cfg.is_eagle31 else "fine-tuned EAGLE-3 drafter (architecture kept)"
@@ -133,6 +136,23 @@ def calibrate(
 
 
 # ----- calibrate's steps --------------------------------------------------------------------------------------------
+def _features_and_suites(target: Any, train_sequences: Sequence[Sequence[int]] | None,
+                         heldout: Mapping[str, Sequence[Any]] | None, precomputed: str | Path | None,
+                         layer_ids: Sequence[int], *, judge_only: bool, batch: int, seq_len: int, new_tokens: int,
+                         loss_masks: Sequence[Sequence[bool]] | None, cdir: Path | None,
+                         report: Progress) -> tuple[Any, int, dict[str, Any], list[str]]:
+    """(training features, their count, held-out suites, what was not measured): a precomputed folder split into
+    both; for the judge alone (``judge_only``) no training features (they would never be read); else the target run
+    on the training sequences and on the held-out continuations."""
+    if precomputed is not None and not heldout:
+        return _precomputed_split(target, precomputed, layer_ids, report)
+    if judge_only:
+        return None, 0, _heldout_suites(target, heldout, layer_ids, new_tokens, cdir, report), []
+    feats, n_train = _training_features(target, train_sequences, precomputed, layer_ids, batch=batch, seq_len=seq_len,
+                                        loss_masks=loss_masks, cdir=cdir, report=report)
+    return feats, n_train, _heldout_suites(target, heldout, layer_ids, new_tokens, cdir, report), []
+
+
 def _training_features(target: Any, train_sequences: Sequence[Sequence[int]] | None, precomputed: str | Path | None,
                        layer_ids: Sequence[int], *, batch: int, seq_len: int,
                        loss_masks: Sequence[Sequence[bool]] | None, cdir: Path | None, report: Progress) -> tuple[Any, int]:

@@ -127,6 +127,11 @@ def render_result(r) -> None:
     t.add_column("value")
     t.add_row("source", f"{r.source_format} ({r.source_producer})" + ("  [passed through]" if r.passthrough else ""))
     t.add_row("output", f"eagle3.1, {r.output_format} layout: {', '.join(r.output_files)}")
+    if r.source_kind is not None:
+        sk = r.source_kind
+        t.add_row("kind of source", sk.kind + (f" (norm_before_residual {str(sk.norm_before_residual).lower()}, from the "
+                                               f"{sk.decided_by})" if sk.norm_before_residual is not None else "")
+                  + (f": {sk.meaning}" if sk.meaning else ""))
     ev = r.aux_ids_evidence
     how = f"  (stored {ev.stored}, {ev.convention or 'undecided'} by {ev.decided_by})" if ev is not None and ev.stored is not None else ""
     t.add_row("aux layer ids", str(r.aux_layer_ids) + how)
@@ -158,12 +163,15 @@ def render_result(r) -> None:
                   f"  ({a.held_out_sequences} held-out sequences, {a.num_positions} positions, {a.num_chains} chains)")
     cal = r.calibration
     t.add_row("calibration", f"{cal.status}" + (" (REQUIRED)" if r.calibration_required else "") + (f": {cal.reason}" if cal.reason else ""))
+    if r.defaults and r.defaults not in (cal.reason or ""):
+        t.add_row("why", r.defaults)
     if cal.verdict:
         t.add_row("vs source", cal.verdict)
     j = (cal.details or {}).get("judge")
     if j:
         t.add_row("judge", f"{j['heldout_drafts']} held-out drafts ({j['heldout_positions']} positions, "
-                  f"{j['heldout_sequences']} sequences); training set {j['training_tokens']} tokens"
+                  f"{j['heldout_sequences']} sequences)"
+                  + (f"; training set {j['training_tokens']} tokens" if j.get("training_tokens") is not None else "")
                   + (f"; statistics {j['statistics_tokens']} tokens" if j.get("statistics_tokens") is not None else ""))
     for w in r.fixed:
         t.add_row("fixed", w)

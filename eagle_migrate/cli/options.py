@@ -80,13 +80,13 @@ VllmPythonOpt = Annotated[Optional[str], typer.Option("--vllm-python", help="Pyt
                                                       "(default: $EAGLE_MIGRATE_VLLM_PYTHON or this one).")]
 # convert's flags that migrate forwards to convert
 DataOpt = Annotated[Optional[str], typer.Option("--data", help="Calibration data: JSONL/JSON of prompts, chat messages or {\"token_ids\": [...]}, ShareGPT JSON, sharegpt, an HF dataset id (hf:ORG/NAME), or drift[:KINDS] (long code and packed chat of 1k-4k tokens, other chat templates and system prompts, plain chat; never a validation suite's text); default: ShareGPT for a real target when installed, else the built-in set.")]
-StepsOpt = Annotated[Optional[int], typer.Option("--steps", min=0, help="Calibration fine-tune steps.")]
+StepsOpt = Annotated[Optional[int], typer.Option("--steps", min=0, help="Calibration fine-tune steps (asks for the fine-tune; 0: the judge alone, nothing trained).")]
 LrOpt = Annotated[Optional[float], typer.Option("--lr", min=0.0, help="Calibration fine-tune peak learning rate "
                                                 "(default per --train mode: docs/calibration.md).", show_default=False)]
 KeepArchitectureOpt = Annotated[bool, typer.Option(
     "--keep-architecture", help="The control arm of a measurement: keep the EAGLE-3 source's architecture (no "
     "EAGLE-3.1 norms) and run the same calibration fine-tune on it (EAGLE-3 sources only).")]
-CalibrateOpt = Annotated[Optional[bool], typer.Option("--calibrate/--no-calibrate", help="Run the calibration fine-tune after the structural conversion (default: on, off for an EAGLE-3.1 source).")]
+CalibrateOpt = Annotated[Optional[bool], typer.Option("--calibrate/--no-calibrate", help="Run the calibration fine-tune after the structural conversion (default by kind of source: EAGLE-2 always; EAGLE-3 on a GPU, judged only on a CPU; EAGLE-3.1 never; docs/calibration.md). --no-calibrate: neither fine-tune nor judge.")]
 FormatOpt = Annotated[OutputFormat, typer.Option("--output-format", help="Layout of the output: vllm (HF folder vLLM loads) or speculators.")]
 QuantizeFcOpt = Annotated[bool, typer.Option("--quantize-fc", help="Quantize fc too (kept 16-bit by default: its input mixes K target states with outliers).")]
 # validate's flags that migrate forwards to validate

@@ -17,6 +17,7 @@ from ..formats.output import atomic_output_dir, write_json
 from ..formats.traps import TRAPS
 from . import eagle2, eagle3, passthrough  # noqa: F401  (the built-in converters register themselves)
 from .calibration import run_calibration
+from .defaults import choose, source_kind
 from .options import ConvertOptions
 from .passthrough import KeepArchitecture
 from .read import Job, check_pairing, map_source, now, read, resolve_data
@@ -44,7 +45,8 @@ def run(source: Path, target: str, out: Path, opts: ConvertOptions) -> ConvertRe
     ini.plan.changes = job.changes + ini.plan.changes
     if ini.norm_init is not None:
         job.warnings.extend(f"warning: {w}" for w in ini.norm_init.warnings)
-    want_cal = traits.calibrate_by_default if opts.calibrate is None else opts.calibrate
+    kind = source_kind(job.cfg, job.ck.meta, traits)
+    want_cal, judge_only, why = choose(kind, job.device, traits, opts.calibrate, opts.calibration)
     required = traits.calibration_required
     prov = job.provenance
     prov.num_sequences = ini.statistics.num_sequences if ini.statistics is not None else 0
@@ -52,6 +54,7 @@ def run(source: Path, target: str, out: Path, opts: ConvertOptions) -> ConvertRe
     prov.norm_init = ini.norm_init.method if ini.norm_init else None
     prov.norm_output_scale = ini.norm_output.scale if ini.norm_output else None
     prov.calibration_required = required
+    prov.source_kind = kind.kind
     prov.step0_agreement = ini.agreement.step0
     labels = OutputLabels(source_format=job.ck.format, source_producer=job.ck.producer, source_sha256=job.source_sha256,
                           norm_init=prov.norm_init, norm_output_scale=prov.norm_output_scale, calibration_required=required,
@@ -63,12 +66,12 @@ def run(source: Path, target: str, out: Path, opts: ConvertOptions) -> ConvertRe
         verify_written(tmp, eagle31=not opts.keep_architecture)
         fixed, remaining = sort_findings(job.source_findings, tmp)
         if want_cal:
-            calibration = _calibrate(tmp, job, conv, ini)
+            calibration = _calibrate(tmp, job, conv, ini, judge_only)
             if calibration.worse_than_source and calibration.verdict:
                 job.warnings.append(calibration.verdict)
             required = False
         else:
-            calibration.reason = (calibration.reason + "; " if calibration.reason else "") + "not asked for"
+            calibration.reason = (calibration.reason + "; " if calibration.reason else "") + why
         prov.calibration = calibration.status
         prov.calibration_verdict = calibration.verdict
         prov.calibration_required = required
@@ -82,7 +85,7 @@ def run(source: Path, target: str, out: Path, opts: ConvertOptions) -> ConvertRe
         norm_before_residual_evidence=job.nbr_measurement, norm_init=ini.norm_init,
         norm_output=ini.norm_output, eagle2_mapping=ini.eagle2_mapping, agreement=ini.agreement, calibration=calibration,
         calibration_required=required, output_files=files, provenance=prov, fixed=fixed,
-        warnings=remaining + job.warnings,
+        warnings=remaining + job.warnings, source_kind=kind, defaults=why,
     )
 
 
@@ -99,9 +102,14 @@ def sort_findings(findings: list[Any], written: Path) -> tuple[list[str], list[s
     return fixed, remaining
 
 
-def _calibrate(tmp: Path, job: Job, conv: Converter, ini: Initialised) -> CalibrationStatus:
+def _calibrate(tmp: Path, job: Job, conv: Converter, ini: Initialised, judge_only: bool = False) -> CalibrationStatus:
+    """The calibration step; ``judge_only``: no training (``steps`` 0), the judge scores the written drafter against
+    the source on the held-out suites (the default for EAGLE-3 sources on a CPU: convert/defaults.py)."""
     opts = job.opts
-    cal = run_calibration(tmp, job.target.spec, opts.calibration_settings(device=job.device, dtype=job.dtype, data=job.data),
+    settings = opts.calibration_settings(device=job.device, dtype=job.dtype, data=job.data)
+    if judge_only:
+        settings = settings.replace(steps=0)
+    cal = run_calibration(tmp, job.target.spec, settings,
                           loaded_target=job.target.loaded_or_none,
                           source_checkpoint=job.source if conv.traits.judged_against_source else None,
                           statistics_tokens=ini.statistics.num_tokens if ini.statistics is not None else None,

@@ -14,6 +14,17 @@ from .. import __version__
 from ..formats.aux_ids import AuxIds, Measurement
 from ..stats import TargetStatistics
 
+Kind = Literal["plain", "speculators-style", "eagle2", "eagle3.1"]
+
+
+class SourceKind(BaseModel):
+    """The kind of source convert read, and where its ``norm_before_residual`` came from."""
+
+    kind: Kind
+    norm_before_residual: bool | None = Field(None, description="EAGLE-3 sources: the flag the conversion used")
+    decided_by: str = Field("", description="config | measurement | override (--norm-before-residual) | layout default")
+    meaning: str = ""
+
 
 class FcNormWeight(BaseModel):
     layer_id: int
@@ -74,7 +85,9 @@ class NormInit(BaseModel):
 
 
 class CalibrationStatus(BaseModel):
-    status: Literal["calibrated", "not calibrated"] = "not calibrated"
+    status: Literal["calibrated", "judged", "not calibrated"] = Field(
+        "not calibrated", description="calibrated: the fine-tune ran (its best, or the initial weights, returned); judged: "
+        "no fine-tune, the judge scored the conversion against the source; not calibrated: neither")
     required: bool = Field(False, description="the converted drafter needs the calibration fine-tune to be useful (EAGLE-2 sources)")
     reason: str = ""
     improved: bool | None = Field(None, description="the fine-tune beat the initialised drafter on the held-out suites beyond noise (None: not run)")
@@ -121,6 +134,7 @@ class Provenance(BaseModel):
     norm_output_scale: float | None = None
     calibration_required: bool = False
     calibration: str = "not calibrated"
+    source_kind: str | None = Field(None, description="plain / speculators-style / eagle2 / eagle3.1 (convert/defaults.py)")
     calibration_verdict: str | None = None
     step0_agreement: float | None = Field(None, description="top-1 agreement of the converted drafter's step-0 drafts with the source's (before calibration)")
     statistics: TargetStatistics | None = None
@@ -157,5 +171,8 @@ class ConvertResult(BaseModel):
     provenance: Provenance
     fixed: list[str] = Field(default_factory=list, description="the source's findings (inspect) that the output no "
                              "longer has: the conversion fixed them")
+    source_kind: SourceKind | None = Field(None, description="plain / speculators-style / eagle2 / eagle3.1, and where "
+                                           "its norm_before_residual came from")
+    defaults: str = Field("", description="why the calibration step did what it did (convert/defaults.py)")
     warnings: list[str] = Field(default_factory=list, description="what still needs attention, each with one label "
                                 "(error: / warning: for the source's findings that the output still has)")

@@ -338,3 +338,26 @@ def test_the_verdict_names_what_was_fine_tuned():
     assert source_verdict(within, {}, {})[1].startswith("EAGLE-3.1 conversion is within noise of the source")
     ok, line = source_verdict(within, {}, {}, what="fine-tuned EAGLE-3 drafter (architecture kept)")
     assert not ok and line.startswith("fine-tuned EAGLE-3 drafter (architecture kept) is within noise")
+
+
+def test_steps_0_is_the_judge_alone(target, monkeypatch):
+    """steps 0 (convert's CPU default for an EAGLE-3 source): no training feature is captured and nothing trains; the
+    judge scores the drafter and the source on the held-out suites, and a broken conversion is still caught."""
+    import eagle_migrate.calibrate.run as run_mod
+
+    def no_features(*a, **kw):
+        raise AssertionError("the judge alone must not capture training features")
+
+    monkeypatch.setattr(run_mod, "_training_features", no_features)
+    m = _drafter(8.0)
+    start = {n: p.detach().clone() for n, p in m.named_parameters()}
+    with pytest.warns(UserWarning, match="below the source"):
+        res = calibrate(m, target, None, _heldout(), train="norms", steps=0, k=3, device="cpu", source=_drafter(1.0))
+    assert res.steps_run == 0 and res.best_step == 0 and not res.history and res.tokens_seen == 0
+    assert res.judge.worse_than_source and res.judge.vs_initial is None and res.judge.training_tokens is None
+    assert res.score_after == res.score_before < res.score_source
+    for n, p in m.named_parameters():
+        assert torch.equal(p, start[n]), n
+    ok = calibrate(_drafter(1.0), target, None, _heldout(), train="norms", steps=0, k=3, device="cpu",
+                   source=_drafter(1.0))
+    assert ok.judge.worse_than_source is False and ok.warning is None

