@@ -75,7 +75,7 @@ def arms(a: argparse.Namespace) -> dict[str, Path]:
     return paths
 
 
-def compare(drift: dict[str, Any], names: list[str]) -> dict[str, Any]:
+def compare(drift: dict[str, Any], names: list[str], twin: dict[str, str] | None = None) -> dict[str, Any]:
     """Per cell of drift.json (and ``long``: every long bucket's requests pooled): each arm against the source and
     each calibrated arm against its control, paired per request (validate.metrics.paired_ratio)."""
     per = {n: {c: [RequestCounts.from_counts(q) for q in reqs] for c, reqs in drift["per_request"][n].items()}
@@ -94,10 +94,69 @@ def compare(drift: dict[str, Any], names: list[str]) -> dict[str, Any]:
             if n.startswith("cal-") and ("ctl-" + n[4:]) in names:
                 pairs.append(("ctl-" + n[4:], n))
             for ref, new in pairs:
+                if (twin or {}).get(new, new) == (twin or {}).get(ref, ref):
+                    row[f"{new} / {ref}"] = {"ratio": 1.0, "se": 0.0, "verdict": "same weights (served once)"}
+                    continue
                 pr = paired_ratio(per[ref][cell], per[new][cell])
                 row[f"{new} / {ref}"] = pr | {"verdict": verdict(pr["ratio"], pr["se"])}
         out[cell] = row
     return out
+
+
+def weights_digest(folder: Path) -> str:
+    """sha256 over every tensor of the folder's safetensors files (names, dtypes, shapes and bytes; not the files'
+    metadata, which records how they were written)."""
+    import hashlib
+
+    import torch
+    from safetensors import safe_open
+
+    h = hashlib.sha256()
+    for f in sorted(Path(folder).glob("*.safetensors")):
+        with safe_open(str(f), "pt") as st:
+            for name in sorted(st.keys()):
+                t = st.get_tensor(name).contiguous()
+                h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
+                h.update(t.view(-1).view(dtype=torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def twins(paths: dict[str, Path]) -> dict[str, str]:
+    """{arm: the earlier arm with the same weights} (a fine-tune whose judge returned its initial weights is its
+    initial drafter: the control's is the source, a 3.1 arm's its own structural conversion)."""
+    seen: dict[str, str] = {}
+    out: dict[str, str] = {}
+    for n, p in paths.items():
+        dg = weights_digest(p)
+        if dg in seen:
+            out[n] = seen[dg]
+        else:
+            seen[dg] = n
+    return out
+
+
+def _drift_curve(d: Path, names: list[str], paths: dict[str, Path], target: str, k: int, quick: bool) -> dict[str, Any]:
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "drift_curve.py"), "--target", target, "-k", str(k), "--out", str(d),
+           *(["--quick"] if quick else [])]
+    for n in names:
+        cmd += ["--drafter", f"{n}={paths[n]}"]
+    subprocess.run(cmd, check=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    return json.loads((d / "drift.json").read_text())
+
+
+def served(d: Path, names: list[str], paths: dict[str, Path], target: str, k: int, quick: bool) -> dict[str, Any]:
+    """drift.json of ``names`` at k in ``d``: served there once; an arm added later is served alone into
+    ``d/add-ARM`` and its per-request counters merged (the same prompt sets, checked by their hashes, and settings)."""
+    if not (d / "drift.json").is_file():
+        return _drift_curve(d, names, paths, target, k, quick)
+    drift = json.loads((d / "drift.json").read_text())
+    for n in [n for n in names if n not in drift["per_request"]]:
+        extra = json.loads((d / f"add-{n}" / "drift.json").read_text()) if (d / f"add-{n}" / "drift.json").is_file() \
+            else _drift_curve(d / f"add-{n}", [n], paths, target, k, quick)
+        if extra["settings"] != drift["settings"] or [c["hash"] for c in extra["cells"]] != [c["hash"] for c in drift["cells"]]:
+            raise SystemExit(f"{d / f'add-{n}'}: other prompts or settings than {d}; serve every arm again (remove {d})")
+        drift["per_request"][n] = extra["per_request"][n]
+    return drift
 
 
 def main() -> None:
@@ -129,17 +188,15 @@ def main() -> None:
     report: dict[str, Any] = {"source": str(a.source), "target": a.target, "data": a.data, "steps": a.steps,
                               "lr": {m: a.lr[m] for m in a.train}, "arms": {n: str(p) for n, p in paths.items()},
                               "k": {}}
+    twin = twins(paths)
+    report["same_weights_as"] = twin
     for kq in [x.strip() for x in a.k.split(",") if x.strip()]:
         k, quick = int(kq.rstrip("q")), a.quick or kq.endswith("q")
         d = a.out / f"drift-k{k}{'-quick' if quick else ''}"
-        if not (d / "drift.json").is_file():
-            cmd = [sys.executable, str(ROOT / "benchmarks" / "drift_curve.py"), "--target", a.target, "-k", str(k),
-                   "--out", str(d), *(["--quick"] if quick else [])]
-            for n in names:
-                cmd += ["--drafter", f"{n}={paths[n]}"]
-            subprocess.run(cmd, check=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
-        drift = json.loads((d / "drift.json").read_text())
-        report["k"][kq] = compare(drift, names)
+        drift = served(d, [n for n in names if n not in twin], paths, a.target, k, quick)
+        for n, t in twin.items():  # the same weights serve the same tokens (greedy): served once
+            drift["per_request"][n] = drift["per_request"][t]
+        report["k"][kq] = compare(drift, names, twin)
     (a.out / "warm_start.json").write_text(json.dumps(report, indent=1, default=str))
     lines = [f"# Warm start: {a.source}", ""]
     for k, cells in report["k"].items():

@@ -48,3 +48,42 @@ def test_compare_pairs_each_arm_with_the_source_and_each_calibration_with_its_co
     assert better["requests"] == 48 and out["chat"]["cal-norms / source"]["requests"] == 24
     ctl = out["long"]["cal-norms / ctl-norms"]
     assert ctl["ratio"] == pytest.approx(1.0) and ctl["verdict"] != "improved"
+
+
+def test_arms_with_the_same_weights_are_served_once_and_said_to_be(ws, tmp_path):
+    """A fine-tune whose judge returned its initial weights is its initial drafter: twins() finds it by the tensors
+    (not the files' metadata), compare() says "same weights", and served() merges an arm served later only when its
+    prompts and settings are the run's."""
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+
+    def arm(name: str, scale: float, meta: str) -> Path:
+        d = tmp_path / name
+        d.mkdir()
+        save_file({"fc.weight": torch.ones(2, 2) * scale, "norm.weight": torch.ones(2)}, str(d / "model.safetensors"),
+                  metadata={"written_by": meta})
+        return d
+
+    paths = {"source": arm("source", 1.0, "a"), "structural": arm("structural", 2.0, "b"),
+             "cal-all": arm("cal-all", 2.0, "c"), "ctl-all": arm("ctl-all", 1.0, "d"), "new": arm("new", 3.0, "e")}
+    assert ws.twins(paths) == {"cal-all": "structural", "ctl-all": "source"}
+    per = {n: {"chat": _reqs(0.2 if n != "new" else 0.3, 8, 1)} for n in ("source", "structural", "new")}
+    twin = ws.twins(paths)
+    for n, t in twin.items():
+        per[n] = per[t]
+    out = ws.compare({"per_request": per}, list(paths), twin)
+    assert out["chat"]["ctl-all / source"]["verdict"] == "same weights (served once)"
+    assert out["chat"]["cal-all / ctl-all"]["verdict"] != "same weights (served once)"
+    # an arm added to a served run: merged from its own folder when the prompts match, refused when they do not
+    d = tmp_path / "drift-k3"
+    (d / "add-new").mkdir(parents=True)
+    base = {"settings": {"k": 3}, "cells": [{"hash": "sha256:1"}], "per_request": {n: per[n] for n in ("source", "structural")}}
+    (d / "drift.json").write_text(json.dumps(base))
+    (d / "add-new" / "drift.json").write_text(json.dumps({**base, "per_request": {"new": per["new"]}}))
+    got = ws.served(d, ["source", "structural", "new"], paths, "target", 3, False)
+    assert got["per_request"]["new"] == per["new"] and got["per_request"]["source"] == per["source"]
+    (d / "add-new" / "drift.json").write_text(json.dumps({**base, "cells": [{"hash": "sha256:2"}], "per_request": {"new": per["new"]}}))
+    with pytest.raises(SystemExit, match="other prompts or settings"):
+        ws.served(d, ["source", "structural", "new"], paths, "target", 3, False)
