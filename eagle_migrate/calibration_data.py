@@ -31,7 +31,7 @@ def _seq_hash(seqs: Sequence[Sequence[int]], extra: Any) -> str:
 def heldout_sequences(target: Any, prompts: Sequence[Any], new_tokens: int, cache_dir: Path | None, name: str,
                       progress: StageProgress | None = None) -> list[HeldoutSequence]:
     """Held-out sequences: given ones as they are; token lists are prompts, continued greedily by the target
-    (transformers' generate, batch by batch: ``progress`` gets ``held-out continuations (NAME, transformers)`` after
+    (transformers' generate, batches of similar length: ``progress`` gets ``held-out continuations (NAME, transformers)`` after
     each batch; cached as JSON in ``cache_dir`` so a re-run does not generate again)."""
     ready = [p for p in prompts if isinstance(p, HeldoutSequence)]
     if len(ready) == len(prompts):
@@ -46,7 +46,7 @@ def heldout_sequences(target: Any, prompts: Sequence[Any], new_tokens: int, cach
             return _read_cached({"": json.loads(f.read_text())})[""]
     stage = f"held-out continuations ({name}, transformers)"
     tick = (lambda done, total: progress(stage, done, total, f"{new_tokens} new tokens each")) if progress else None
-    out = greedy_continuations(target, plain, new_tokens, batch=4, progress=tick)
+    out = greedy_continuations(target, plain, new_tokens, progress=tick)
     if f is not None:
         f.parent.mkdir(parents=True, exist_ok=True)
         _write_cached(f, _as_json({"": out})[""])

@@ -361,3 +361,23 @@ def test_steps_0_is_the_judge_alone(target, monkeypatch):
     ok = calibrate(_drafter(1.0), target, None, _heldout(), train="norms", steps=0, k=3, device="cpu",
                    source=_drafter(1.0))
     assert ok.judge.worse_than_source is False and ok.warning is None
+
+
+def test_held_out_continuations_batch_prompts_of_similar_length_and_keep_their_order(target):
+    """transformers' generate in batches of similar length within a token budget (fewer, fuller batches than
+    fixed-size ones over prompts of every length); each continuation equals the one generated alone, in the order of
+    the prompts (the toy target's greedy continuation of x is x+1, x+2, ...)."""
+    from eagle_migrate.judge import _length_batches, greedy_continuations
+
+    lengths = [300, 5, 290, 7, 6, 310]
+    groups = _length_batches(lengths, 64, batch=32, budget=1024)
+    assert sorted(i for g in groups for i in g) == list(range(6))
+    assert groups[0] == [1, 4, 3] and all(len(g) * (max(lengths[i] for i in g) + 64) <= 1024 or len(g) == 1 for g in groups)
+    assert _length_batches([10] * 5, 0, batch=2, budget=10**6) == [[0, 1], [2, 3], [4]]
+    prompts = [p[: n] for p, n in zip(toy.prompts(n=6, length=12, seed=7), (12, 3, 9, 4, 12, 5))]
+    seen = []
+    held = greedy_continuations(target, prompts, 5, batch=3, token_budget=60, progress=lambda d, t: seen.append((d, t)))
+    assert [h.prompt_len for h in held] == [len(p) for p in prompts] and seen[-1] == (6, 6)
+    for p, h in zip(prompts, held):
+        assert h.ids == p + [(p[-1] + i) % toy.H for i in range(1, 6)]
+        assert greedy_continuations(target, [p], 5)[0].ids == h.ids
