@@ -103,9 +103,10 @@ def test_held_out_continuations_by_transformers_report_each_batch(tmp_path):
 
     tgt = load_target(str(toy.write_target(tmp_path / "t")), device="cpu", with_tokenizer=False)
     seen = []
-    out = heldout_sequences(tgt, [[1, 2, 3]] * 10, 4, None, "chat", progress=lambda *e: seen.append(e))
-    assert len(out) == 10 and all(len(h.ids) == 7 for h in out)
-    assert [(s, d, t) for s, d, t, _ in seen] == [("held-out continuations (chat, transformers)", n, 10) for n in (4, 8, 10)]
+    out = heldout_sequences(tgt, [[1, 2, 3]] * 40, 4, None, "chat", progress=lambda *e: seen.append(e))
+    assert len(out) == 40 and all(len(h.ids) == 7 for h in out)
+    # batches of similar length up to judge.GENERATE_MAX_BATCH (32) sequences: one event after each
+    assert [(s, d, t) for s, d, t, _ in seen] == [("held-out continuations (chat, transformers)", n, 40) for n in (32, 40)]
 
 
 def test_the_vllm_worker_reports_each_suite_while_it_runs(tmp_path):
