@@ -13,7 +13,9 @@ Then ``benchmarks/drift_curve.py`` serves every arm on the same prompts at each 
 drift_curve's ``--quick`` size, as ``--quick`` does for every k): per cell AL +-
 SE, per-position acceptance, the paired ratio against the source; this script adds the paired ratio of each
 calibrated arm against its control (``validate.metrics.paired_ratio`` on the per-request counters in drift.json) and
-writes OUT/warm_start.md and OUT/warm_start.json (pooled cells: ``long`` = every long bucket's requests).
+writes OUT/warm_start.md and OUT/warm_start.json (pooled cells: ``long`` = every long bucket's requests). Arms whose
+tensors are the same (a fine-tune whose judge returned its initial weights) are served once and reported as such; an
+arm added to a served run is served alone (``drift-kK/add-ARM``) and merged when its prompts and settings match.
 
 Train and judge corpora (docs/calibration.md): ``--data drift`` trains on ``corpora.drift`` (stdlib code and packed
 ShareGPT chat of 1k-4k tokens, chats under other templates / system prompts, plain chat; ShareGPT from record 8,000),
