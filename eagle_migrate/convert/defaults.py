@@ -48,9 +48,11 @@ _CPU_PLAIN = ("on a CPU the fine-tune is not run by default for a plain source: 
               "source\"). --calibrate runs the fine-tune")
 _CPU_SPEC = ("on a CPU the fine-tune is not run by default for a speculators-style source: the conversion is exact "
              "but for fc_norm, it served within noise of the source in every drift cell (0.996 to 1.009), and each "
-             "fine-tune measured returned it unchanged (judge +0.000 +/- 0.000; docs/benchmarks.md \"The drift curve of the "
-             "best source\"); "
-             "the judge still scores the conversion against the source. --calibrate runs the fine-tune")
+             "3.1 fine-tune measured returned it unchanged (norms on chat data: judge +0.000 +/- 0.000; norms+fc on "
+             "drift data: +0.021 +/- 0.011 at step 20, short of 2 SE after 15 min, where the same fine-tune without "
+             "the 3.1 norms reached +0.024 +/- 0.011; docs/benchmarks.md \"The speculators-style source on drift "
+             "data\"); the judge still scores the conversion against the source. --calibrate --train norms+fc "
+             "--data drift runs the fine-tune")
 _GPU = ("on a GPU the fine-tune runs by default: it takes minutes there, and the judge keeps it only when it beats the "
         "structural conversion beyond noise on the held-out suites (the CPU measurements found no gain; no GPU run "
         "of this comparison exists yet)")
