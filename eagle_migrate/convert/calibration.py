@@ -28,24 +28,23 @@ def run_calibration(ckpt_dir: Path, target: str, settings: CalibrationSettings, 
     res = calibrate.calibrate_checkpoint(ckpt_dir, target, settings, in_place=True, loaded_target=loaded_target,
                                source_checkpoint=source_checkpoint, statistics_tokens=statistics_tokens)
     j = res.judge
-    if res.settings.get("steps") == 0:  # judge only: no fine-tune ran
-        score = "no held-out suites" if j is None else f"held-out simulated AL {res.score_before:.3f}" + (
-            f", source {res.score_source:.3f}" if res.score_source is not None else "")
-        return CalibrationStatus(status="judged", reason=f"judge only, no fine-tune: {score}"
-                                 + (f"; WARNING: {res.warning}" if res.warning else "")
-                                 + "".join(f"; not measured: {m}" for m in res.not_measured),
-                                 worse_than_source=j.worse_than_source if j else None, verdict=j.verdict if j else None,
-                                 details=res.model_dump(mode="json"))
-    kept = (f"best step {res.best_step} of {res.steps_run}" if res.best_step
-            else f"initial weights kept: {initial} is returned")
-    if res.stopped_early and res.stop_reason:
-        planned = res.settings.get("steps")
-        kept += f"; stopped after step {res.steps_run}" + (f" of {planned}" if planned else "") + f": {res.stop_reason}"
-    paired = (f", paired {j.vs_initial.diff:+.3f} +/- {j.vs_initial.se:.3f} over {j.heldout_positions} positions"
-              if j is not None and j.vs_initial is not None else "")
-    reason = (f"--train {res.train}: held-out simulated AL {res.score_before:.3f} -> {res.score_after:.3f}{paired} ({kept})"
-              + (f"; WARNING: {res.warning}" if res.warning else "")
+    judged = res.settings.get("steps") == 0  # judge only: no fine-tune ran
+    if judged:
+        head = "judge only, no fine-tune: " + ("no held-out suites" if j is None else
+                                               f"held-out simulated AL {res.score_before:.3f}" + (
+            f", source {res.score_source:.3f}" if res.score_source is not None else ""))
+    else:
+        kept = (f"best step {res.best_step} of {res.steps_run}" if res.best_step
+                else f"initial weights kept: {initial} is returned")
+        if res.stopped_early and res.stop_reason:
+            planned = res.settings.get("steps")
+            kept += f"; stopped after step {res.steps_run}" + (f" of {planned}" if planned else "") + f": {res.stop_reason}"
+        paired = (f", paired {j.vs_initial.diff:+.3f} +/- {j.vs_initial.se:.3f} over {j.heldout_positions} positions"
+                  if j is not None and j.vs_initial is not None else "")
+        head = f"--train {res.train}: held-out simulated AL {res.score_before:.3f} -> {res.score_after:.3f}{paired} ({kept})"
+    reason = (head + (f"; WARNING: {res.warning}" if res.warning else "")
               + "".join(f"; not measured: {m}" for m in res.not_measured))
-    return CalibrationStatus(status="calibrated", reason=reason, improved=res.improved,
+    return CalibrationStatus(status="judged" if judged else "calibrated", reason=reason,
+                             improved=None if judged else res.improved,
                              worse_than_source=j.worse_than_source if j else None, verdict=j.verdict if j else None,
                              details=res.model_dump(mode="json"))
