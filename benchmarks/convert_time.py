@@ -14,24 +14,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
-import resource
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
+
+from demo_time import timed_cli  # noqa: E402  (the same timed subprocess as the demo's benchmark)
+
+from eagle_migrate import toy  # noqa: E402
 
 LINE = re.compile(r"^convert: (?P<stage>.+?) \S+ \((?P<t>\d+) s")
-
-
-def _children_cpu() -> float:
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
 
 
 def stages(stderr: str) -> dict[str, int]:
@@ -45,35 +41,27 @@ def stages(stderr: str) -> dict[str, int]:
 
 
 def run_once(engine: str, work: Path) -> dict:
-    from eagle_migrate import toy
-
     pair = work / "toy"
     if not (pair / "target" / "config.json").is_file():
         toy.write_target(pair / "target")
         toy.write_drafter(pair / "drafter", "random")
-    out = work / f"out-{engine}-{time.time_ns()}"
-    load0, cpu0, t0 = os.getloadavg()[0], _children_cpu(), time.perf_counter()
-    r = subprocess.run([sys.executable, "-m", "eagle_migrate", "convert", str(pair / "drafter"), "--target",
-                        str(pair / "target"), "-o", str(out), "--engine", engine, "--json"],
-                       capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
-    wall, cpu = time.perf_counter() - t0, _children_cpu() - cpu0
-    if r.returncode != 0:
-        raise SystemExit(f"convert failed (exit {r.returncode}):\n{r.stderr[-2000:]}")
-    doc = json.loads(r.stdout)
-    st = stages(r.stderr)
-    return {"engine": engine, "wall_s": round(wall, 1), "cpu_s": round(cpu, 1),
-            "load_before": round(load0, 2), "load_after": round(os.getloadavg()[0], 2),
-            "calibration": doc["calibration"]["status"], "source_kind": (doc.get("source_kind") or {}).get("kind"),
-            "last_progress_s": st}
+    out = work / f"out-{engine}-{time.time_ns()}"  # a new folder each run: nothing in the work folder is replaced
+    p, t = timed_cli(["convert", str(pair / "drafter"), "--target", str(pair / "target"), "-o", str(out),
+                      "--engine", engine, "--json"], "convert")
+    doc = json.loads(p.stdout)
+    return {"engine": engine, **t, "calibration": doc["calibration"]["status"],
+            "source_kind": (doc.get("source_kind") or {}).get("kind"), "last_progress_s": stages(p.stderr)}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--engine", nargs="+", default=["auto", "reference"])
     ap.add_argument("--repeat", type=int, default=1)
-    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--out", type=Path, default=None, help="work folder (default: a temporary one, removed)")
     a = ap.parse_args()
-    work = a.out or Path(tempfile.mkdtemp(prefix="convert-time-"))
+    tmp = None if a.out is not None else tempfile.TemporaryDirectory(prefix="convert-time-")
+    work = a.out if a.out is not None else Path(tmp.name)
+    work.mkdir(parents=True, exist_ok=True)
     rows = []
     for _ in range(a.repeat):
         for e in a.engine:
@@ -84,6 +72,8 @@ def main() -> None:
     for r in rows:
         print(f"| {r['engine']} | {r['wall_s']} | {r['cpu_s']} | {r['load_before']} / {r['load_after']} "
               f"| {r['calibration']} ({r['source_kind']}) |")
+    if tmp is not None:
+        tmp.cleanup()
 
 
 if __name__ == "__main__":

@@ -32,23 +32,30 @@ def _children_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
+def timed_cli(args: list[str], what: str) -> tuple[subprocess.CompletedProcess, dict]:
+    """``python -m eagle_migrate ARGS`` in a subprocess (this checkout first on PYTHONPATH), as a user runs it: the
+    finished process and its wall seconds, CPU seconds (user + sys of it and its children) and the 1-minute load
+    average before and after. A non-zero exit ends the benchmark with the command's last stderr (``what`` names it)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    load0, cpu0, t0 = os.getloadavg()[0], _children_cpu(), time.perf_counter()
+    p = subprocess.run([sys.executable, "-m", "eagle_migrate", *args], env=env, capture_output=True, text=True)
+    wall, cpu, load1 = time.perf_counter() - t0, _children_cpu() - cpu0, os.getloadavg()[0]
+    if p.returncode != 0:
+        raise SystemExit(f"{what} failed (exit {p.returncode}):\n{p.stderr[-3000:]}")
+    return p, {"wall_s": round(wall, 1), "cpu_s": round(cpu, 1), "load_before": round(load0, 2),
+               "load_after": round(load1, 2)}
+
+
 def run_once(engine: str, out: Path) -> dict:
     """One demo in a fresh folder under ``out``; its wall time, CPU time, stages and table."""
     work = out / f"demo-{engine}"
     if work.exists():
         shutil.rmtree(work)
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    cmd = [sys.executable, "-m", "eagle_migrate", "demo", "--out", str(work), "--json"] + (
-        [] if engine == "auto" else ["--engine", engine])
-    load0, cpu0, t0 = os.getloadavg()[0], _children_cpu(), time.perf_counter()
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    wall, cpu, load1 = time.perf_counter() - t0, _children_cpu() - cpu0, os.getloadavg()[0]
-    if p.returncode != 0:
-        raise SystemExit(f"demo failed (exit {p.returncode}):\n{p.stderr[-3000:]}")
+    p, t = timed_cli(["demo", "--out", str(work), "--json"] + ([] if engine == "auto" else ["--engine", engine]), "demo")
     res = json.loads(p.stdout)
     return {"engine_asked": engine, "engine": res["engine"], "engine_version": res.get("engine_version"),
-            "wall_s": round(wall, 1), "cpu_s": round(cpu, 1), "load1_before": round(load0, 2), "load1_after": round(load1, 2),
+            "wall_s": t["wall_s"], "cpu_s": t["cpu_s"], "load1_before": t["load_before"], "load1_after": t["load_after"],
             "cores": os.cpu_count(), "stages_s": {s["name"]: s["seconds"] for s in res["pipeline"]["stages"]},
             "rows": [(r["suite"], r["source_al"], r["new_al"]) for r in res["rows"]], "verdict": res.get("verdict")}
 

@@ -26,6 +26,7 @@ the long suite's modules).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import subprocess
@@ -33,6 +34,9 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+import torch
+from safetensors import safe_open
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -108,11 +112,6 @@ def compare(drift: dict[str, Any], names: list[str], twin: dict[str, str] | None
 def weights_digest(folder: Path) -> str:
     """sha256 over every tensor of the folder's safetensors files (names, dtypes, shapes and bytes; not the files'
     metadata, which records how they were written)."""
-    import hashlib
-
-    import torch
-    from safetensors import safe_open
-
     h = hashlib.sha256()
     for f in sorted(Path(folder).glob("*.safetensors")):
         with safe_open(str(f), "pt") as st:
