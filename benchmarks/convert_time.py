@@ -16,14 +16,13 @@ import argparse
 import json
 import re
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
-from demo_time import timed_cli  # noqa: E402  (the same timed subprocess as the demo's benchmark)
+from demo_time import each_run, timed_cli  # noqa: E402  (the demo's benchmark: the same timed runs)
 
 from eagle_migrate import toy  # noqa: E402
 
@@ -59,21 +58,11 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--out", type=Path, default=None, help="work folder (default: a temporary one, removed)")
     a = ap.parse_args()
-    tmp = None if a.out is not None else tempfile.TemporaryDirectory(prefix="convert-time-")
-    work = a.out if a.out is not None else Path(tmp.name)
-    work.mkdir(parents=True, exist_ok=True)
-    rows = []
-    for _ in range(a.repeat):
-        for e in a.engine:
-            res = run_once(e, work)
-            print(json.dumps(res), flush=True)
-            rows.append(res)
+    rows = each_run(run_once, a.engine, a.repeat, a.out, "convert-time-")
     print("\n| engine | wall s | CPU s | load before / after | calibration |\n|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['engine']} | {r['wall_s']} | {r['cpu_s']} | {r['load_before']} / {r['load_after']} "
               f"| {r['calibration']} ({r['source_kind']}) |")
-    if tmp is not None:
-        tmp.cleanup()
 
 
 if __name__ == "__main__":

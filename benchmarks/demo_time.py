@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,30 +61,37 @@ def run_once(engine: str, out: Path) -> dict:
             "rows": [(r["suite"], r["source_al"], r["new_al"]) for r in res["rows"]], "verdict": res.get("verdict")}
 
 
+def each_run(run_once: Callable[[str, Path], dict], engines: list[str], repeat: int, out: Path | None,
+             prefix: str) -> list[dict]:
+    """``run_once(engine, work folder)`` for every engine, ``repeat`` times, in ``out`` (default: a temporary folder,
+    removed afterwards); each result printed as one JSON line as it comes, all returned."""
+    tmp = tempfile.TemporaryDirectory(prefix=prefix) if out is None else None
+    work = Path(tmp.name) if tmp is not None else out
+    work.mkdir(parents=True, exist_ok=True)
+    rows = []
+    try:
+        for _ in range(repeat):
+            for eng in engines:
+                r = run_once(eng, work)
+                print(json.dumps(r), flush=True)
+                rows.append(r)
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--engine", nargs="+", default=["auto", "reference"], choices=["auto", "vllm", "reference"])
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--out", type=Path, default=None, help="work folder (default: a temporary one, removed)")
     a = ap.parse_args()
-    tmp = None
-    out = a.out
-    if out is None:
-        tmp = tempfile.TemporaryDirectory(prefix="demo-time-")
-        out = Path(tmp.name)
-    out.mkdir(parents=True, exist_ok=True)
-    runs = []
-    for _ in range(a.repeat):
-        for eng in a.engine:
-            r = run_once(eng, out)
-            print(json.dumps(r), flush=True)
-            runs.append(r)
+    runs = each_run(run_once, a.engine, a.repeat, a.out, "demo-time-")
     print("\n| engine | wall s | CPU s (user+sys) | 1-min load before / after | cores |\n|---|---|---|---|---|")
     for r in runs:
         print(f"| {r['engine']} {r['engine_version'] or ''} | {r['wall_s']} | {r['cpu_s']} | "
               f"{r['load1_before']} / {r['load1_after']} | {r['cores']} |")
-    if tmp is not None:
-        tmp.cleanup()
 
 
 if __name__ == "__main__":
