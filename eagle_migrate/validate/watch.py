@@ -135,7 +135,8 @@ class Watcher:
     def begin(self) -> None:
         self.prev, self.k, self.ref, self.base_prev = first_readings(self.o, self.scrape, self.names)
         self.ever = {u: True for u in self.o.servers}
-        self.t0, self.wall0 = self.clock(), self.wall()
+        self.t0 = self.clock()
+        self.read_at = self.wall()  # when the counters every next difference starts from were read
         self.break_even = break_even_of(self.k, self.o.draft_cost, None, None,
                                         "until the baseline server has served" if self.o.baseline_server else None)
 
@@ -173,7 +174,9 @@ class Watcher:
         if self.o.duration is not None:
             end = min(end, self.t0 + self.o.duration)
         us = self.o.servers
-        cur = _Window(index, self.wall0 + (start - self.t0), {u: [] for u in us}, {u: False for u in us},
+        # the window covers the counters from the last reading before it to its own last reading: a window reads on
+        # schedule, but on a loaded host a reading can end late, and the times say what the counts cover
+        cur = _Window(index, self.read_at, {u: [] for u in us}, {u: False for u in us},
                       {u: None for u in us}, {u: None for u in us})
         self.current = cur
         t = start
@@ -211,6 +214,7 @@ class Watcher:
             cur.slices[u].append(sl)
             self.all_slices[u].append(sl)
             self.prev[u] = s
+        self.read_at = self.wall()
         if self.o.baseline_server and self.base_prev is not None:
             try:
                 b = self.scrape(self.o.baseline_server)
@@ -231,7 +235,7 @@ class Watcher:
                               any(cur.reached.values()), self.ref)
         self.break_even = self._break_even(cur)
         alerts = [] if partial else self._alerts([*reps, pooled])
-        t_end = self.wall()
+        t_end = self.read_at if cur.readings else self.wall()
         return WindowResult(index=cur.index, t_start=cur.t_start, t_end=t_end, seconds=round(t_end - cur.t_start, 3),
                             partial=partial, replicas=reps, pooled=pooled, break_even=self.break_even, alerts=alerts)
 

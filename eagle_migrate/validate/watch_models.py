@@ -132,8 +132,9 @@ class Alert(BaseModel):
 class WindowResult(BaseModel):
     type: Literal["window"] = "window"
     index: int
-    t_start: float = Field(..., description="unix time")
-    t_end: float
+    t_start: float = Field(..., description="unix time of the reading the window's counts start from (the last one "
+                                            "before it)")
+    t_end: float = Field(..., description="unix time of the window's last reading: its counts lie between the two")
     seconds: float
     partial: bool = Field(False, description="cut short (Ctrl-C)")
     replicas: list[ScopeWindow]

@@ -272,9 +272,11 @@ def test_drifting_traffic_alerts_within_two_windows_and_exits_1(replicas, refere
     assert before and all(x["pooled"]["al"] in (None, 4.0) for x in before)
     fired = [x for x in wins if any(al["fired"] and al["scope"] == "pooled" for al in x["alerts"])]
     assert fired and fired[0] is wins[-1]
-    assert after and fired[0]["index"] <= after[0]["index"] + 1, [(x["index"], x["pooled"]["al"]) for x in wins]
-    drop = [x for x in wins if x["t_start"] >= t_switch and x["pooled"]["drafts"]]
+    drop = [x for x in after if x["pooled"]["drafts"]]  # windows of drifting traffic with drafts
     assert drop and all(x["pooled"]["al"] < 2.5 for x in drop)  # the windows' AL dropped (AL 2 at ~1k tokens)
+    # it fires on the second of them at the latest (a window without drafts, a long prefill on a loaded host, neither
+    # counts nor breaks the run)
+    assert fired[0]["index"] <= drop[min(1, len(drop) - 1)]["index"], [(x["index"], x["pooled"]["al"]) for x in wins]
     al = next(x for x in fired[0]["alerts"] if x["scope"] == "pooled")
     assert al["rule"] == "below_reference" and al["threshold"] == 4.0 and al["windows"] >= 2
     pos = fired[0]["pooled"]["vs_reference"]["per_position"]

@@ -132,14 +132,19 @@ def test_idle_window_says_no_drafts_never_al_1():
 
 def test_slow_readings_keep_windows_on_schedule():
     """Readings slower than a slice (0.8 s for two replicas, slices of 0.5 s) skip the points they overran: each
-    window still ends on schedule (plus one reading at most), so the lag never accumulates."""
+    window still ends on schedule (plus one reading at most), so the lag never accumulates. A window's times are
+    those of the readings its counts lie between: the windows adjoin, and a late reading shows in them."""
     w = World(a=Replica(), b=Replica())
     w.scrape_cost = 0.4
     steady(w, "a", 1.0, 12.0, requests=1, drafts=4, per_pos=[4, 4, 4])
     res, wins = w.run(window=2.0, scrape_every=0.5, duration=12.0)
     assert len(wins) == 6 and res.ended_by == "duration"
+    t0 = wins[0].t_start
     for i, x in enumerate(wins):
-        assert x.t_start == pytest.approx(wins[0].t_start + 2.0 * i) and 2.0 <= x.seconds <= 2.0 + 0.8 + 1e-9
+        assert 2.0 * (i + 1) <= x.t_end - t0 <= 2.0 * (i + 1) + 0.8 + 1e-9  # on schedule, one reading late at most
+        assert x.seconds == pytest.approx(x.t_end - x.t_start, abs=1e-3)
+        if i:
+            assert x.t_start == wins[i - 1].t_end  # adjoining: each count lies in one window's times
     assert res.replicas[0].drafts == 48  # nothing lost between readings
 
 
