@@ -36,11 +36,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from eagle_migrate.formats import read_checkpoint  # noqa: E402
 from eagle_migrate.validate.metrics import RequestCounts, paired_ratio, verdict  # noqa: E402
 
 MODES = ("norms", "norms+fc", "all")
@@ -110,15 +110,16 @@ def compare(drift: dict[str, Any], names: list[str], twin: dict[str, str] | None
 
 
 def weights_digest(folder: Path) -> str:
-    """sha256 over every tensor of the folder's safetensors files (names, dtypes, shapes and bytes; not the files'
-    metadata, which records how they were written)."""
-    h = hashlib.sha256()
-    for f in sorted(Path(folder).glob("*.safetensors")):
-        with safe_open(str(f), "pt") as st:
-            for name in sorted(st.keys()):
-                t = st.get_tensor(name).contiguous()
-                h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
-                h.update(t.view(-1).view(dtype=torch.uint8).numpy().tobytes())
+    """sha256 over the drafter as eagle-migrate reads it (``formats.read_checkpoint``, any producer's layout): its
+    config and every canonical tensor (names, dtypes, shapes and bytes), so a control written in vLLM's layout that
+    returned its initial weights is the twin of a source written in speculators' layout. ``t2d`` is left out: vLLM
+    does not read it (it follows from ``d2t``), and writers differ in keeping it."""
+    ck = read_checkpoint(Path(folder))
+    h = hashlib.sha256(ck.config.model_dump_json().encode())
+    for name in sorted(n for n in ck.canonical_names() if n != "t2d"):
+        t = ck.tensor(name).contiguous()
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
+        h.update(t.view(-1).view(dtype=torch.uint8).numpy().tobytes())
     return h.hexdigest()
 
 

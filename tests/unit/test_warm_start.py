@@ -51,23 +51,32 @@ def test_compare_pairs_each_arm_with_the_source_and_each_calibration_with_its_co
 
 
 def test_arms_with_the_same_weights_are_served_once_and_said_to_be(ws, tmp_path):
-    """A fine-tune whose judge returned its initial weights is its initial drafter: twins() finds it by the tensors
-    (not the files' metadata), compare() says "same weights", and served() merges an arm served later only when its
-    prompts and settings are the run's."""
+    """A fine-tune whose judge returned its initial weights is its initial drafter: twins() finds it by the drafter as
+    read (config and canonical tensors, in any producer's layout; not the files' names or metadata), compare() says
+    "same weights", and served() merges an arm served later only when its prompts and settings are the run's."""
     import json
 
     import torch
-    from safetensors.torch import save_file
 
-    def arm(name: str, scale: float, meta: str) -> Path:
-        d = tmp_path / name
-        d.mkdir()
-        save_file({"fc.weight": torch.ones(2, 2) * scale, "norm.weight": torch.ones(2)}, str(d / "model.safetensors"),
-                  metadata={"written_by": meta})
-        return d
+    from eagle_migrate import toy
+    from eagle_migrate.formats import read_checkpoint
+    from tests.layouts import write_layout
 
-    paths = {"source": arm("source", 1.0, "a"), "structural": arm("structural", 2.0, "b"),
-             "cal-all": arm("cal-all", 2.0, "c"), "ctl-all": arm("ctl-all", 1.0, "d"), "new": arm("new", 3.0, "e")}
+    cfg = toy.drafter_config()
+    base_sd = toy.drafter_state_dict("random")
+
+    def arm(name: str, layout: str, scale: float, like: Path | None = None) -> Path:
+        if like is not None:  # the tensors as another folder holds them (a control that returned its source)
+            ck = read_checkpoint(like)
+            sd = {n: ck.tensor(n) for n in ck.canonical_names()}
+        else:
+            sd = {n: t * scale if n == "fc.weight" else t for n, t in base_sd.items()}
+        return write_layout(layout, cfg, sd, tmp_path / name, dtype=torch.bfloat16)  # convert keeps the dtype
+
+    src = arm("source", "speculators", 1.0)
+    paths = {"source": src, "structural": arm("structural", "vllm", 2.0), "cal-all": arm("cal-all", "vllm", 2.0),
+             "ctl-all": arm("ctl-all", "vllm", 1.0, like=src), "new": arm("new", "vllm", 3.0)}
+    assert read_checkpoint(paths["ctl-all"]).layout != read_checkpoint(src).layout  # written differently
     assert ws.twins(paths) == {"cal-all": "structural", "ctl-all": "source"}
     per = {n: {"chat": _reqs(0.2 if n != "new" else 0.3, 8, 1)} for n in ("source", "structural", "new")}
     twin = ws.twins(paths)
