@@ -96,3 +96,32 @@ def test_arms_with_the_same_weights_are_served_once_and_said_to_be(ws, tmp_path)
     (d / "add-new" / "drift.json").write_text(json.dumps({**base, "cells": [{"hash": "sha256:2"}], "per_request": {"new": per["new"]}}))
     with pytest.raises(SystemExit, match="other prompts or settings"):
         ws.served(d, ["source", "structural", "new"], paths, "target", 3, False)
+
+
+def test_arm_at_step_replaces_the_trained_tensors_and_nothing_else(tmp_path):
+    """benchmarks/arm_at_step.py: the step-N drafter is the returned folder with the trained tensors of the step-N
+    resume state (in the folder's dtype); every other tensor and the source folder are unchanged."""
+    import torch
+
+    from eagle_migrate import toy
+    from eagle_migrate.formats import read_checkpoint
+    from tests.layouts import write_layout
+
+    spec = importlib.util.spec_from_file_location("arm_at_step", ROOT / "benchmarks" / "arm_at_step.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    cfg, sd = toy.drafter_config(), toy.drafter_state_dict("random")
+    run = write_layout("vllm", cfg, sd, tmp_path / "run", dtype=torch.bfloat16)
+    before = {n: read_checkpoint(run).tensor(n) for n in read_checkpoint(run).canonical_names()}
+    trained = {"fc.weight": sd["fc.weight"] * 3 + 1, "norm.weight": sd["norm.weight"] * 0 + 2}
+    torch.save({"step": 20, "params": trained}, tmp_path / "state-20.pt")
+    done = mod.write_at_step(run, tmp_path / "state-20.pt", tmp_path / "step-20")
+    assert sorted(done) == ["fc.weight", "norm.weight"]
+    got = read_checkpoint(tmp_path / "step-20")
+    for n, t in before.items():
+        want = trained[n].to(torch.bfloat16) if n in trained else t
+        assert got.tensor(n).dtype == torch.bfloat16 and torch.equal(got.tensor(n), want), n
+    assert all(torch.equal(read_checkpoint(run).tensor(n), t) for n, t in before.items())  # the run is untouched
+    torch.save({"step": 30, "params": {"nope.weight": sd["fc.weight"]}}, tmp_path / "state-30.pt")
+    with pytest.raises(SystemExit, match="nope.weight"):
+        mod.write_at_step(run, tmp_path / "state-30.pt", tmp_path / "step-30")
