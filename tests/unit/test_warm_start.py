@@ -38,10 +38,12 @@ def test_compare_pairs_each_arm_with_the_source_and_each_calibration_with_its_co
         "structural": {c: _reqs(0.2, 24, i) for i, c in enumerate(cells)},  # the same counters: ratio 1, SE 0
         "cal-norms": {c: _reqs(0.3, 24, 10 + i) for i, c in enumerate(cells)},  # clearly better
         "ctl-norms": {c: _reqs(0.3, 24, 10 + i) for i, c in enumerate(cells)},  # the same as the calibrated arm
+        "cal-norms@20": {c: _reqs(0.3, 24, 20 + i) for i, c in enumerate(cells)},  # an arm at a step: vs its control
     }}
     out = ws.compare(drift, list(drift["per_request"]))
     assert set(out) == {*cells, "long"}  # the long buckets pooled
-    assert set(out["chat"]) == {"structural / source", "cal-norms / source", "ctl-norms / source", "cal-norms / ctl-norms"}
+    assert set(out["chat"]) == {"structural / source", "cal-norms / source", "ctl-norms / source", "cal-norms / ctl-norms",
+                                "cal-norms@20 / source", "cal-norms@20 / ctl-norms"}
     assert out["chat"]["structural / source"]["ratio"] == pytest.approx(1.0)
     better = out["long"]["cal-norms / source"]
     assert better["ratio"] > 1.1 and better["ratio"] - 2 * better["se"] > 1.0 and better["verdict"] == "improved"
