@@ -2,7 +2,7 @@
 
     python benchmarks/warm_start.py --source DIR --out DIR [--target PATH] [--train norms,norms+fc,all]
         [--lr norms=5e-3,norms+fc=5e-4,all=1e-3] [--steps N] [--data drift] [-k 3,5q] [--quick] [--max-minutes M]
-        [--arm NAME=DIR ...] [--serve ARM,...]
+        [--heldout-long N] [--arm NAME=DIR ...] [--serve ARM,...]
 
 Arms, each a folder under OUT (a step whose output folder exists is skipped: the script resumes):
 * ``source``: the EAGLE-3 drafter as it is;
@@ -71,7 +71,8 @@ def arms(a: argparse.Namespace) -> dict[str, Path]:
     paths["structural"] = s
     for mode in a.train:
         ft = ["--train", mode, "--data", a.data, "--steps", str(a.steps), "--lr", str(a.lr[mode]),
-              *(["--max-minutes", str(a.max_minutes)] if a.max_minutes else [])]
+              *(["--max-minutes", str(a.max_minutes)] if a.max_minutes else []),
+              *(["--heldout-long", str(a.heldout_long)] if a.heldout_long else [])]
         for arm, extra in ((f"cal-{mode}", []), (f"ctl-{mode}", ["--keep-architecture"])):
             d = out / arm
             if not (d / "config.json").is_file():
@@ -178,6 +179,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="drift_curve.py --quick")
     ap.add_argument("--max-minutes", type=float, default=None, help="each fine-tune's wall-clock budget")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--heldout-long", type=int, default=None,
+                    help="convert --heldout-long: long documents per bucket of the judge's long suite (use a new --out)")
     ap.add_argument("--arm", action="append", default=[], metavar="NAME=PATH",
                     help="one more arm to serve and compare (e.g. cal-norms+fc@20=DIR from arm_at_step.py)")
     ap.add_argument("--serve", default="", help="ARM,...: serve and compare only these arms (default: every arm)")

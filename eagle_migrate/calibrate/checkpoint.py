@@ -69,7 +69,7 @@ def calibrate_checkpoint(
         train_seqs, held = default_data(tgt, data, s.num_sequences or 64, s.seed, seq_len, suites=s.suites,
                                         heldout_per_suite=s.heldout_per_suite or dflt["heldout_per_suite"],
                                         long_buckets=dflt["heldout_long_buckets"], shift_max=dflt["heldout_shift_max"],
-                                        long_per_bucket=dflt["heldout_long_per_bucket"])
+                                        long_per_bucket=s.heldout_long_per_bucket or dflt["heldout_long_per_bucket"])
     if not _is_target(target) and tgt.tokenizer is not None and held:
         held = _vllm_heldout(str(target), held, s.heldout_new_tokens or dflt["heldout_new_tokens"], s)
     res = calibrate(model, tgt, train_seqs, held, s.replace(device=dev, seq_len=seq_len, require_improvement=False),

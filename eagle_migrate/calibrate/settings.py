@@ -120,6 +120,8 @@ class CalibrationSettings(Options):
     num_sequences: Optional[int] = None
     suites: tuple[str, ...] = ("chat", "long", "template-shift")
     heldout_per_suite: Optional[int] = None
+    heldout_long_per_bucket: Optional[int] = Field(None, ge=1, description="long documents per bucket of the judge's "
+                                                   "long suite (None: the device's default)")
     heldout_new_tokens: Optional[int] = None
     eval_every: Optional[int] = None
     patience: Optional[int] = None

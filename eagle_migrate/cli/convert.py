@@ -40,6 +40,7 @@ HiddenStatesOpt = Annotated[Optional[Path], typer.Option("--hidden-states", help
 NumSeqOpt = Annotated[int, typer.Option("--num-sequences", "-n", min=2, help="Calibration sequences (norm statistics use at most 256, a quarter of those up to 16 held out for the agreement).")]
 RequireImprovementOpt = Annotated[bool, typer.Option("--require-improvement", help="Exit 1 (output still written) when calibration does not beat the initialised drafter beyond noise, or the result is below the source beyond noise.")]
 CacheDirOpt = Annotated[Optional[Path], typer.Option("--cache-dir", help="Keep the target's hidden states for calibration on disk here (reused by later runs).")]
+HeldoutLongOpt = Annotated[Optional[int], typer.Option("--heldout-long", min=1, help="Long documents per length bucket in the calibration judge's long suite (default 2 on a CPU, 4 on a GPU). The judge's pooled score is the mean of its suites, and the long suite is the smallest: more documents let it see a long-context gain, at the cost of longer held-out generation.")]
 ResumeOpt = Annotated[Optional[Path], typer.Option("--resume", help="Folder for the calibration's checkpoints; a run interrupted with the same folder continues from its last saved step.")]
 
 
@@ -62,6 +63,7 @@ def convert(
     require_improvement: RequireImprovementOpt = False,
     cache_dir: CacheDirOpt = None,
     resume_dir: ResumeOpt = None,
+    heldout_long_per_bucket: HeldoutLongOpt = None,
     output_format: FormatOpt = "vllm",
     aux_ids_convention: AuxIdsConventionOpt = None,
     norm_before_residual: NbrOpt = None,

@@ -381,3 +381,25 @@ def test_held_out_continuations_batch_prompts_of_similar_length_and_keep_their_o
     for p, h in zip(prompts, held):
         assert h.ids == p + [(p[-1] + i) % toy.H for i in range(1, 6)]
         assert greedy_continuations(target, [p], 5)[0].ids == h.ids
+
+
+def test_heldout_long_sizes_the_judges_long_suite(toy_target, toy_oracle, monkeypatch):
+    """--heldout-long N (CalibrationSettings.heldout_long_per_bucket) reaches the held-out suites: N long documents
+    per bucket instead of the device's default (2 on a CPU)."""
+    from eagle_migrate.calibrate import checkpoint as ck
+    from eagle_migrate.calibrate.settings import CPU_DEFAULTS
+
+    seen: list[int] = []
+
+    class Stop(Exception):
+        pass
+
+    def fake_default_data(*args, **kw):
+        seen.append(kw["long_per_bucket"])
+        raise Stop
+
+    monkeypatch.setattr(ck, "default_data", fake_default_data)
+    for n in (None, 7):
+        with pytest.raises(Stop):
+            ck.calibrate_checkpoint(toy_oracle, toy_target, device="cpu", heldout_long_per_bucket=n)
+    assert seen == [CPU_DEFAULTS["heldout_long_per_bucket"], 7]
