@@ -49,7 +49,7 @@ _CPU_PLAIN = ("on a CPU the fine-tune is not run by default for a plain source: 
               "source\"). --calibrate runs the fine-tune")
 _CPU_SPEC = ("on a CPU the fine-tune is not run by default for a speculators-style source: the conversion is exact "
              "but for fc_norm and served within 1 % of the source in every cell (k = 3: 0.994 to 1.011); the one "
-             "fine-tune that served a gain, 20 steps of norms+fc on drift data, took 30-40 min on 2 cores and served "
+             "fine-tune that served a gain, 20 steps of norms+fc on drift data, took 18-29 min on 2 cores and served "
              "+4.5 % +/- 1.1 % on long contexts with the 3.1 norms and +4.1 % +/- 1.1 % without them (the same to "
              "within 0.4 %, chat and template shift unchanged), but the judge kept only the control (+0.024 +/- 0.011, "
              "2.1 SE) and returned the 3.1 arm's initial weights (+0.021 +/- 0.011, 1.9 SE): its long suite is too "
