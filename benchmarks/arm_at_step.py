@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from eagle_migrate.formats import read_checkpoint  # noqa: E402
+from eagle_migrate.formats.output import atomic_output_dir  # noqa: E402
 
 
 def run_keeping_states(args: list[str], out: Path, poll: float = 1.0) -> dict:
@@ -66,26 +67,24 @@ def write_at_step(run: Path, state_file: Path, dest: Path) -> list[str]:
     if missing:
         raise SystemExit(f"{run}: no tensor {missing[0]} (trained) in the output folder")
     stored = {ck.name_map[n]: t for n, t in st["params"].items()}
-    tmp = dest.with_name(dest.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(run, tmp)
     done: list[str] = []
-    for f in sorted(tmp.glob("*.safetensors")):
-        with safe_open(str(f), "pt") as sf:
-            meta, tensors = sf.metadata(), {k: sf.get_tensor(k) for k in sf.keys()}
-        hit = [k for k in tensors if k in stored]
-        for k in hit:
-            tensors[k] = stored[k].to(tensors[k].dtype).reshape(tensors[k].shape).contiguous()
-        if hit:
-            save_file(tensors, str(f), metadata=meta)
-            done += hit
-    if sorted(done) != sorted(stored):
-        raise SystemExit(f"{run}: replaced {len(done)} of {len(stored)} trained tensors")
-    (tmp / "arm_at_step.json").write_text(json.dumps(
-        {"step": int(st["step"]), "from": str(run), "replaced": sorted(done),
-         "note": "benchmark weights: the fine-tune's trained tensors at this step, whatever its judge returned"},
-        indent=1))
-    os.replace(tmp, dest)
+    with atomic_output_dir(dest, inputs=[run]) as tmp:  # the project's output folder: appears whole or not at all
+        shutil.copytree(run, tmp, dirs_exist_ok=True)
+        for f in sorted(tmp.glob("*.safetensors")):
+            with safe_open(str(f), "pt") as sf:
+                meta, tensors = sf.metadata(), {k: sf.get_tensor(k) for k in sf.keys()}
+            hit = [k for k in tensors if k in stored]
+            for k in hit:
+                tensors[k] = stored[k].to(tensors[k].dtype).reshape(tensors[k].shape).contiguous()
+            if hit:
+                save_file(tensors, str(f), metadata=meta)
+                done += hit
+        if sorted(done) != sorted(stored):
+            raise SystemExit(f"{run}: replaced {len(done)} of {len(stored)} trained tensors")
+        (tmp / "arm_at_step.json").write_text(json.dumps(
+            {"step": int(st["step"]), "from": str(run), "replaced": sorted(done),
+             "note": "benchmark weights: the fine-tune's trained tensors at this step, whatever its judge returned"},
+            indent=1))
     return done
 
 

@@ -13,13 +13,18 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def ws():
-    spec = importlib.util.spec_from_file_location("warm_start", ROOT / "benchmarks" / "warm_start.py")
+def _bench(name: str):
+    """benchmarks/NAME.py as a module."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
-    sys.modules["warm_start"] = mod
+    sys.modules[name] = mod
     spec.loader.exec_module(mod)
     return mod
+
+
+@pytest.fixture(scope="module")
+def ws():
+    return _bench("warm_start")
 
 
 def _reqs(rate: float, n: int, seed: int, drafts: int = 40) -> list[dict]:
@@ -109,9 +114,7 @@ def test_arm_at_step_replaces_the_trained_tensors_and_nothing_else(tmp_path):
     from eagle_migrate.formats import read_checkpoint
     from tests.layouts import write_layout
 
-    spec = importlib.util.spec_from_file_location("arm_at_step", ROOT / "benchmarks" / "arm_at_step.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _bench("arm_at_step")
     cfg, sd = toy.drafter_config(), toy.drafter_state_dict("random")
     run = write_layout("vllm", cfg, sd, tmp_path / "run", dtype=torch.bfloat16)
     before = {n: read_checkpoint(run).tensor(n) for n in read_checkpoint(run).canonical_names()}
