@@ -185,7 +185,7 @@ def stage_args(source: Path, target: str, opts: MigrateOptions) -> dict[str, dic
     c, cal, q, v, p = opts.convert, opts.convert.calibration, opts.quantization, opts.validation, opts.publishing
     convert = {"source": source, "target": target, "data": opts.data, "num_sequences": c.num_sequences,
                "output_format": c.output_format, "device": opts.device, "dtype": opts.dtype, "calibrate": c.calibrate,
-               "steps": cal.steps, "train": cal.train, "seed": opts.seed, "num_speculative_tokens": opts.num_speculative_tokens,
+               "steps": cal.steps, "train": cal.mode, "seed": opts.seed, "num_speculative_tokens": opts.num_speculative_tokens,
                "max_minutes": cal.max_minutes, "aux_ids_convention": opts.aux_ids_convention}
     # given only when not the default: the stage hashes of earlier runs stay as they were
     if c.norm_before_residual is not None:

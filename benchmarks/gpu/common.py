@@ -16,7 +16,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 OUT_FILE_LIMIT = 15 * 2**20  # the device tool returns files of at most 16 MiB
 
 # The Python distributions of the device image ('cuda'), as /work/.library/device/KINDS.md lists them (read off a
-# machine on 2026-11-17), and those prepare.sh carries in .gpu/b because the image lacks them. No vllm among them.
+# machine on 2026-11-17), and those prepare.py carries because the image lacks them. No vllm among them.
 DEVICE_IMAGE_PACKAGES = frozenset({
     "absl-py", "accelerate", "aiofiles", "aiohappyeyeballs", "aiohttp", "aiosignal", "annotated-doc", "anyio",
     "attrs", "botorch", "build", "certifi", "charset-normalizer", "chex", "click", "cloudpickle", "cmake",
@@ -119,7 +119,7 @@ def imported_by_us() -> dict[str, list[str]]:
 
 def missing_on_device() -> list[str]:
     """Modules imported by our code in this process that no distribution of the device image provides and
-    prepare.sh does not carry (must be empty: importing one fails there)."""
+    prepare.py does not carry (must be empty: importing one fails there)."""
     have = {_norm(n) for n in DEVICE_IMAGE_PACKAGES | CARRIED_PACKAGES}
     return [m for m, dists in imported_by_us().items() if not have.intersection(dists)]
 

@@ -31,6 +31,7 @@ LIMIT = 64 * 2**20
 MARGIN = 2 * 2**20  # what changes before the call, rounding
 PY_WHEELS = ["pydantic==2.14.4", "pydantic-core==2.50.5", "annotated-types==0.8.0", "typing-inspection==0.4.5",
              "gguf==0.19.0", "typing-extensions==4.16.0"]
+BEGIN, END = "# gpu-untracked: begin (prepare.py --untrack)", "# gpu-untracked: end"
 PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64"]
 
 
@@ -45,18 +46,16 @@ def tree_bytes() -> int:
 
 
 def untrack(paths: list[str], exclude: Path) -> None:
-    lines = []
+    with open(exclude, "a") as f:  # gitignore has no trailing comments: the block is marked by its own lines
+        f.write(f"{BEGIN}\n" + "".join("/" + p.strip("/") + "\n" for p in paths) + f"{END}\n")
     for p in paths:
         git("rm", "-r", "-q", "--cached", "--", p)
-        lines.append("/" + p.strip("/"))
-        with open(exclude, "a") as f:
-            f.write("/" + p.strip("/") + "  # gpu-untracked\n")
     restore = Path(".gpu/restore.sh")
     restore.write_text("#!/usr/bin/env bash\n# undo prepare.py --untrack: back into the index, out of the exclude file\n"
                        "set -e\ncd \"$(git rev-parse --show-toplevel)\"\n"
                        f"git reset -q -- {' '.join(paths)}\n"
-                       f"sed -i '/  # gpu-untracked$/d' {exclude}\n"
-                       "git status --short | head\n")
+                       f"sed -i '/^{BEGIN}$/,/^{END}$/d' {exclude}\n"
+                       "rm -f .gpu/restore.sh\ngit status --short | head\n")
     print(f"untracked {' '.join(paths)}: run bash .gpu/restore.sh after the last device call", file=sys.stderr)
 
 
@@ -100,6 +99,9 @@ def main() -> None:
     room = LIMIT - tree_bytes() - MARGIN
     if room < 8 * 2**20:
         sys.exit(f"prepare.py: the working tree leaves {room} bytes a call: --untrack the large committed files")
+    too_big = [rel for size, rel, _ in items if size > room]
+    if too_big:
+        sys.exit(f"prepare.py: {too_big[0]} is larger than what a call can carry ({room} bytes beside the tree)")
     total = sum(s for s, _, _ in items) + smol.stat().st_size
     n = -(-total // room)
     while True:  # whole items first fit, decreasing; the SmolLM2 wheel fills what is left, split

@@ -75,7 +75,15 @@ def worker(spec: dict) -> None:
 
     Eagle3Converter._plan = keep_init  # a benchmark's hook: records, changes nothing
     t0 = time.time()
-    res = convert(spec["source"], spec["target"], d / "out", resume_dir=d / "resume", seed=0,
+    last: dict[str, float] = {}
+
+    def progress(stage: str, done: int, total: int | None, info: str = "") -> None:  # plain lines, every 15 s
+        now = time.time()
+        if now - last.get(stage, 0.0) >= 15 or done == total:
+            last[stage] = now
+            print(f"[{now - t0:6.1f} s] {stage} {done}/{total} {info}", file=sys.stderr, flush=True)
+
+    res = convert(spec["source"], spec["target"], d / "out", resume_dir=d / "resume", seed=0, progress=progress,
                   max_minutes=spec["max_minutes"], command=f"benchmarks/gpu/warm_start_gpu.py ({spec['arm']})",
                   **spec["options"])
     (d / "result.json").write_text(json.dumps({"seconds": round(time.time() - t0, 1),
@@ -111,31 +119,30 @@ class Arm:
 
 
 def thin(steps: list[int], keep: set[int], bytes_per: int, limit: int) -> list[int]:
-    """Evenly spaced steps (the first and last, and ``keep``) whose tensors fit ``limit`` bytes together with one more
-    set (the judge's choice)."""
+    """The saved steps whose tensors fit ``limit`` bytes together with one more set (the judge's choice): all of
+    them when they fit, else ``keep`` and evenly spaced others, the last one always among them."""
     room = max(1, limit // max(1, bytes_per) - 1)
     if len(steps) <= room:
         return steps
-    idx = {round(i * (len(steps) - 1) / max(1, room - 1)) for i in range(room)}
-    picked = sorted({steps[i] for i in idx} | (keep & set(steps)))
-    while len(picked) > room:
-        drop = [s for s in picked[1:-1] if s not in keep]
-        if not drop:
-            break
-        picked.remove(drop[len(drop) // 2])
-    return picked
+    kept = sorted(keep & set(steps))[:room]
+    others = [s for s in steps if s not in keep]
+    n = room - len(kept)
+    if n <= 0 or not others:
+        return kept
+    idx = [len(others) - 1] if n == 1 else sorted({round(i * (len(others) - 1) / (n - 1)) for i in range(n)})
+    return sorted(set(kept) | {others[i] for i in idx})
 
 
-def pack(arm: Arm, out: Path) -> dict:
+def pack(arm: Arm, out: Path, limit: int = OUT_FILE_LIMIT) -> dict:
     """``OUT/ARM.safetensors`` with the kept steps and the judge's choice; what it holds."""
     from safetensors import safe_open
     from safetensors.torch import save_file
 
     steps = sorted(arm.states)
     per = sum(t.numel() * t.element_size() for t in next(iter(arm.states.values())).values()) if steps else 0
-    kept = thin(steps, {arm.best_step}, per, OUT_FILE_LIMIT - 64 * 2**10)  # init/: fc_norm + w_norm, a few KiB
+    kept = thin(steps, {arm.best_step}, per, limit - 64 * 2**10)  # init/: fc_norm + w_norm, a few KiB
     tensors = {f"step{s}/{n}": t.contiguous() for s in kept for n, t in arm.states[s].items()}
-    tensors |= {f"best/{n}": t.contiguous() for n, t in arm.best.items()}
+    tensors |= {f"best/{n}": t.clone().contiguous() for n, t in arm.best.items()}  # never shares a step's storage
     meta = {"steps": json.dumps(kept), "best_step": str(arm.best_step), "arm": arm.name}
     init = arm.dir / "init.safetensors"  # a 3.1 arm's structural choices (fc_norm init, the norm_output fold)
     if init.is_file():
@@ -174,6 +181,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--max-minutes", type=float, required=True, help="each fine-tune's wall-clock budget")
     ap.add_argument("--deadline-minutes", type=float, required=True,
                     help="from the script's start: workers still running then are stopped (their saved states stand)")
+    ap.add_argument("--file-mib", type=float, default=OUT_FILE_LIMIT / 2**20,
+                    help="each arm's returned file at most this large (the tool returns 64 MiB a call in all)")
+    ap.add_argument("--logs", type=Path, default=None, help="a folder whose files go into OUT/logs.tar.gz too")
     ap.add_argument("--smoke", action="store_true", help="toy sizes, to prove the script on a CPU")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -222,7 +232,7 @@ def main(argv: list[str] | None = None) -> dict:
                  "arms": {}}
     for x in arms:
         r = x.dir / "result.json"
-        doc["arms"][x.name] = {"exit": x.proc.returncode, **pack(x, a.out),
+        doc["arms"][x.name] = {"exit": x.proc.returncode, **pack(x, a.out, int(a.file_mib * 2**20)),
                                "convert": json.loads(r.read_text()) if r.is_file() else None}
         cfg = x.dir / "out" / "config.json"
         if cfg.is_file():
@@ -233,6 +243,9 @@ def main(argv: list[str] | None = None) -> dict:
     with tarfile.open(a.out / "logs.tar.gz", "w:gz") as tf:
         for x in arms:
             tf.add(x.dir / "worker.log", arcname=f"{x.name}.log")
+        for f in sorted(a.logs.iterdir()) if a.logs and a.logs.is_dir() else []:
+            if f.is_file():
+                tf.add(f, arcname=f.name)
     compact = {n: {"exit": v["exit"], "best_step": v["best_step"], "steps": v["steps_saved"],
                    "history": [{k: h.get(k) for k in ("step", "score", "best_step")} for h in v["history"]]}
                for n, v in doc["arms"].items()}

@@ -76,9 +76,9 @@ def calibrate(
     seq_len = s.seq_len or dflt["seq_len"]
     batch = s.batch or dflt["batch"]
     new_tokens = s.heldout_new_tokens or dflt["heldout_new_tokens"]
-    names = trainable_names(model, s.train)
+    names = trainable_names(model, s.mode)
     if not names:
-        raise InputError(f"--train {s.train}: the drafter has no such parameters")
+        raise InputError(f"--train {s.mode}: the drafter has no such parameters")
     layer_ids = model.cfg.aux_layer_ids or vllm_default_aux_ids(target.info.num_layers)
     cdir = Path(s.cache_dir) if s.cache_dir is not None else None
 
@@ -118,7 +118,7 @@ def calibrate(
         warnings.warn(warning, stacklevel=2)
         report({"phase": "warning", "message": warning})
     result = CalibrationResult(
-        train=s.train, trainable=names, device=str(dev),
+        train=s.mode, trainable=names, device=str(dev),
         settings={**cfg.model_dump(), "seq_len": seq_len, "batch": batch, "heldout_new_tokens": new_tokens,
                   "aux_layer_ids": list(layer_ids)},
         steps_run=fr.steps_run, best_step=fr.best_step, stopped_early=fr.stopped_early, stop_reason=fr.stop_reason,

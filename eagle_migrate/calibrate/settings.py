@@ -24,7 +24,8 @@ __all__ = ["TRAIN_MODES", "DEFAULT_LR", "DEFAULTS", "CPU_DEFAULTS", "DRIFT_SEQ_L
            "defaults_for", "resolve_device", "seq_len_for", "trainable_names"]
 # learning rates per mode (docs/calibration.md has the sweep they come from)
 # all: 1e-3 from a sweep of the EAGLE-2 -> 3.1 fine-tune on the SmolLM2 pair (3e-4 / 1e-3 / 3e-3 at 120 steps: held-out
-# simulated AL 1.214 / 1.277 / 1.271, 3e-3 already past its best at step 100; docs/benchmarks.md); norms+fc unmeasured
+# simulated AL 1.214 / 1.277 / 1.271, 3e-3 already past its best at step 100; docs/benchmarks.md); norms+fc not
+# swept (the rate of the drift fine-tunes that served a gain)
 DEFAULT_LR: dict[str, float] = {"norms": 5e-3, "norms+fc": 5e-4, "all": 1e-3}
 # held-out sizes: docs/calibration.md "How many held-out drafts" (a 2 % AL change at AL 1.3 and 2.5 needs about
 # 2,200-2,500 drafts per suite for one AL's standard error, fewer for a paired difference): chat and template-shift
@@ -35,10 +36,12 @@ DEFAULTS: dict[str, Any] = {"steps": 200, "warmup": 10, "schedule": "cosine", "c
                             "heldout_per_suite": 48, "heldout_long_buckets": (1024, 2048, 4096, 8192),
                             "heldout_long_per_bucket": 4, "heldout_shift_max": 48}
 # on a CPU the fine-tune must finish in minutes for a small target (docs/benchmarks.md "calibration": the SmolLM2
-# pair peaked at step 30 of 40 with 256-token sequences): fewer, shorter steps, and no 4k/8k-token documents
+# pair peaked at step 30 of 40 with 256-token sequences): fewer, shorter steps, and no 4k/8k-token documents; 8 long
+# documents per bucket (16 of 1k/2k tokens): with 2 the long suite carried 76 % of the judge's pooled variance and
+# lost a served +4.5 % long-context gain (docs/calibration.md "Defaults by kind of source")
 CPU_DEFAULTS: dict[str, Any] = {"steps": 60, "seq_len": 256, "eval_every": 10, "patience": 3,
                                 "heldout_per_suite": 40, "heldout_long_buckets": (1024, 2048),
-                                "heldout_long_per_bucket": 2, "heldout_shift_max": 40}
+                                "heldout_long_per_bucket": 8, "heldout_shift_max": 40}
 
 
 # --data drift trains on 1k-4k-token contexts (corpora.drift.DRIFT_LENGTHS): the sequence length that keeps them whole
@@ -103,7 +106,7 @@ class CalibrationSettings(Options):
     ``engine`` / ``vllm_python``: what generates the held-out continuations (``vllm``, its interpreter; ``reference``:
     transformers' generate; ``auto``: vLLM when it is importable there)."""
 
-    train: choice(TrainMode, "--train") = "norms"
+    train: Optional[choice(TrainMode, "--train")] = None  # None: norms (convert lays the recipe of the source's kind over it)
     steps: Optional[int] = None
     lr: Optional[float] = None
     warmup: Optional[int] = None
@@ -133,13 +136,19 @@ class CalibrationSettings(Options):
     vllm_python: Optional[str] = None
     progress: Any = Field(None, exclude=True, repr=False)  # a StageProgress (the run's events), not an option
 
+    @property
+    def mode(self) -> str:
+        """What trains: ``train`` as given, else ``norms`` (convert sets ``norms+fc`` for an EAGLE-3 source:
+        convert/defaults.py :data:`~eagle_migrate.convert.defaults.RECIPE`)."""
+        return self.train or "norms"
+
     def fit_config(self, dflt: dict[str, Any]) -> FitConfig:
         """The trainer's settings: these where given, else the device's defaults ``dflt`` (:func:`defaults_for`)."""
         return FitConfig(
-            steps=dflt["steps"] if self.steps is None else self.steps, lr=self.lr or DEFAULT_LR.get(self.train, 5e-4),
+            steps=dflt["steps"] if self.steps is None else self.steps, lr=self.lr or DEFAULT_LR.get(self.mode, 5e-4),
             warmup=dflt["warmup"] if self.warmup is None else self.warmup, schedule=self.schedule or dflt["schedule"],
             clip=self.clip or dflt["clip"], k=self.k or dflt["k"], seed=self.seed,
             eval_every=self.eval_every or dflt["eval_every"],
-            patience=_default_patience(self.train, dflt) if self.patience is None else self.patience,
+            patience=_default_patience(self.mode, dflt) if self.patience is None else self.patience,
             max_seconds=None if self.max_minutes is None else self.max_minutes * 60.0,
         )

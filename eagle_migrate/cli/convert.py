@@ -40,7 +40,7 @@ HiddenStatesOpt = Annotated[Optional[Path], typer.Option("--hidden-states", help
 NumSeqOpt = Annotated[int, typer.Option("--num-sequences", "-n", min=2, help="Calibration sequences (norm statistics use at most 256, a quarter of those up to 16 held out for the agreement).")]
 RequireImprovementOpt = Annotated[bool, typer.Option("--require-improvement", help="Exit 1 (output still written) when calibration does not beat the initialised drafter beyond noise, or the result is below the source beyond noise.")]
 CacheDirOpt = Annotated[Optional[Path], typer.Option("--cache-dir", help="Keep the target's hidden states for calibration on disk here (reused by later runs).")]
-HeldoutLongOpt = Annotated[Optional[int], typer.Option("--heldout-long", min=1, help="Long documents per length bucket in the calibration judge's long suite (default 2 on a CPU, 4 on a GPU). The judge's pooled score is the mean of its suites, and the long suite is the smallest: more documents let it see a long-context gain, at the cost of longer held-out generation.")]
+HeldoutLongOpt = Annotated[Optional[int], typer.Option("--heldout-long", min=1, help="Long documents per length bucket in the calibration judge's long suite (default 8 on a CPU, of 1k and 2k tokens; 4 on a GPU, of 1k to 8k). The judge's pooled score is the mean of its suites, and the long suite is the smallest: more documents let it see a long-context gain, at the cost of longer held-out generation.")]
 ResumeOpt = Annotated[Optional[Path], typer.Option("--resume", help="Folder for the calibration's checkpoints; a run interrupted with the same folder continues from its last saved step.")]
 
 
@@ -59,7 +59,7 @@ def convert(
     lr: LrOpt = None,
     max_minutes: MaxMinutesOpt = None,
     calibrate: CalibrateOpt = None,
-    train: TrainOpt = "norms",
+    train: TrainOpt = None,
     require_improvement: RequireImprovementOpt = False,
     cache_dir: CacheDirOpt = None,
     resume_dir: ResumeOpt = None,

@@ -72,7 +72,7 @@ def migrate(
     steps: StepsOpt = None,
     max_minutes: MaxMinutesOpt = None,
     calibrate: CalibrateOpt = None,
-    train: TrainOpt = "norms",
+    train: TrainOpt = None,
     output_format: FormatOpt = "vllm",
     scheme: Annotated[Optional[str], typer.Option("--quantize", help="fp8-dynamic | fp8 | nvfp4a16 | nvfp4 (off by default).")] = None,
     quantize_fc: QuantizeFcOpt = False,

@@ -17,7 +17,7 @@ from ..formats.output import atomic_output_dir, write_json
 from ..formats.traps import TRAPS
 from . import eagle2, eagle3, passthrough  # noqa: F401  (the built-in converters register themselves)
 from .calibration import run_calibration
-from .defaults import choose, source_kind
+from .defaults import choose, recipe, source_kind
 from .options import ConvertOptions
 from .passthrough import KeepArchitecture
 from .read import Job, check_pairing, map_source, now, read, resolve_data
@@ -66,12 +66,15 @@ def run(source: Path, target: str, out: Path, opts: ConvertOptions) -> ConvertRe
         verify_written(tmp, eagle31=not opts.keep_architecture)
         fixed, remaining = sort_findings(job.source_findings, tmp)
         if want_cal:
-            calibration = _calibrate(tmp, job, conv, ini, judge_only)
+            calibration = _calibrate(tmp, job, conv, ini, judge_only, kind)
             if calibration.worse_than_source and calibration.verdict:
                 job.warnings.append(calibration.verdict)
             required = required and calibration.status != "calibrated"  # judged only: a warm start still needs it
         else:
             calibration.reason = (calibration.reason + "; " if calibration.reason else "") + why
+        if job.recipe:
+            why += (f"; the fine-tune's recipe for a {kind.kind} source: "
+                    + " ".join(f"--{k} {v}" for k, v in job.recipe.items()) + " (convert/defaults.py RECIPE)")
         prov.calibration = calibration.status
         prov.calibration_verdict = calibration.verdict
         prov.calibration_required = required
@@ -102,13 +105,21 @@ def sort_findings(findings: list[Any], written: Path) -> tuple[list[str], list[s
     return fixed, remaining
 
 
-def _calibrate(tmp: Path, job: Job, conv: Converter, ini: Initialised, judge_only: bool = False) -> CalibrationStatus:
+def _calibrate(tmp: Path, job: Job, conv: Converter, ini: Initialised, judge_only: bool = False,
+               kind: Any = None) -> CalibrationStatus:
     """The calibration step; ``judge_only``: no training (``steps`` 0), the judge scores the written drafter against
-    the source on the held-out suites (the default for EAGLE-3 sources on a CPU: convert/defaults.py)."""
+    the source on the held-out suites (the default for EAGLE-3 sources on a CPU: convert/defaults.py). A fine-tune of
+    an EAGLE-3 source takes what its options leave open from :data:`~.defaults.RECIPE` (``--train norms+fc`` on
+    ``--data drift``); the norm statistics before it ran on the run's own data."""
     opts = job.opts
     settings = opts.calibration_settings(device=job.device, dtype=job.dtype, data=job.data)
     if judge_only:
         settings = settings.replace(steps=0)
+    elif kind is not None:
+        given = opts.data is not None or opts.hidden_states_dir is not None
+        if upd := recipe(kind, opts.calibration, given, job.target.tokenizer is not None):
+            settings = settings.replace(**upd)
+            job.recipe = upd
     cal = run_calibration(tmp, job.target.spec, settings,
                           loaded_target=job.target.loaded_or_none,
                           source_checkpoint=job.source if conv.traits.judged_against_source else None,

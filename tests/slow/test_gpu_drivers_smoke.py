@@ -109,3 +109,40 @@ def test_train_source_smoke_control_is_eagle31_on_the_same_vocabulary(source, sm
     assert control.cfg.fc_norm and control.cfg.norm_output and not control.cfg.norm_before_residual
     ids = torch.arange(control.cfg.draft_vocab_size)
     assert torch.equal(control.to_target_ids(ids), src.to_target_ids(ids))
+
+
+def test_warm_start_gpu_smoke_rebuilds_the_devices_drafters_here(tmp_path, smollm2):
+    """Issue 38's GPU run (warm_start_gpu.py) at toy sizes on the committed plain source, then arms_from_device.py:
+    the drafter rebuilt here from what comes back (the 3.1 arm's structural choices and trained tensors; the
+    control's trained tensors) is the device's own output tensor for tensor, config included, and each arm's
+    last step differs from its initial weights in the trained tensors only."""
+    import torch
+    from safetensors.torch import load_file
+
+    plain = ROOT / "benchmarks" / "strong_source" / "plain"
+    out, work = tmp_path / "out", tmp_path / "work"
+    s = _run("warm_start_gpu.py", "--smoke", "--source", f"plain={plain}", "--arms", "plain-cal,plain-ctl", "--work",
+             str(work), "--out", str(out), "--max-minutes", "3", "--deadline-minutes", "8", "--file-mib", "4",
+             tmp=tmp_path)
+    assert s["missing_on_device"] == [] and s["stopped"] == []
+    assert {a: v["exit"] for a, v in s["arms"].items()} == {"plain-cal": 0, "plain-ctl": 0}
+    files = [f for f in out.iterdir() if f.is_file()]
+    assert len(files) <= 8 and all(f.stat().st_size < LIMIT for f in files)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu" / "arms_from_device.py"), "--returned",
+                        str(out), "--out", str(tmp_path / "arms"), "--source", f"plain={plain}", "--steps", "best,last"],
+                       env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    built = json.loads((tmp_path / "arms" / "arms.json").read_text())
+
+    def tensors(d: str) -> dict:
+        return {k: v for f in sorted(Path(d).glob("*.safetensors")) for k, v in load_file(str(f)).items()}
+
+    for arm in ("plain-cal", "plain-ctl"):
+        device, here = tensors(str(work / arm / "out")), tensors(built[f"{arm}@best"])
+        assert sorted(device) == sorted(here) and all(torch.equal(device[k], here[k]) for k in device), arm
+        assert json.loads((work / arm / "out" / "config.json").read_text()) == \
+            json.loads((Path(built[f"{arm}@best"]) / "config.json").read_text())
+        last = tensors(built[f"{arm}@last"])
+        changed = {k for k in device if not torch.equal(device[k], last[k])}
+        assert changed and changed <= {"fc.weight", "norm.weight"} | {k for k in device if "norm" in k}, changed

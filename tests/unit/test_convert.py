@@ -401,7 +401,7 @@ def test_cli_require_improvement_exits_1_after_writing(world, target, monkeypatc
     from eagle_migrate import cli as cli_mod
 
     def fake(checkpoint, target, settings, **kw):
-        return cal_mod.CalibrationResult(train=settings.train, trainable=[], device="cpu", settings={}, steps_run=3,
+        return cal_mod.CalibrationResult(train=settings.mode, trainable=[], device="cpu", settings={}, steps_run=3,
                                          best_step=3 if improved else 0, stopped_early=False, improved=improved,
                                          score_before=2.0, score_after=2.5 if improved else 2.0, suites={}, seconds=0.1,
                                          tokens_seen=1, train_sequences=1)
@@ -453,7 +453,7 @@ def test_calibration_runs_on_the_written_checkpoint_with_the_options(world, targ
         assert isinstance(settings, cal_mod.CalibrationSettings)  # the options travel as one object
         seen.update(checkpoint=checkpoint, target=target, files=sorted(p.name for p in Path(checkpoint).iterdir()),
                     **vars(settings), **kw)
-        return cal_mod.CalibrationResult(train=settings.train, trainable=["fc_norm.0.weight"], device="cpu", settings={},
+        return cal_mod.CalibrationResult(train=settings.mode, trainable=["fc_norm.0.weight"], device="cpu", settings={},
                                          steps_run=5, best_step=0, stopped_early=False, improved=False, score_before=2.0,
                                          score_after=2.0, suites={}, seconds=0.1, tokens_seen=10, train_sequences=2)
 
@@ -485,7 +485,7 @@ def test_keep_architecture_writes_the_source_and_calibrates_it_as_a_conversion(w
     def fake(checkpoint, target, settings, **kw):
         seen.update(files=sorted(p.name for p in Path(checkpoint).iterdir()), **vars(settings), **kw)
         seen["cfg"] = json.loads((Path(checkpoint) / "config.json").read_text())
-        return cal_mod.CalibrationResult(train=settings.train, trainable=["norm.weight"], device="cpu", settings={},
+        return cal_mod.CalibrationResult(train=settings.mode, trainable=["norm.weight"], device="cpu", settings={},
                                          steps_run=3, best_step=0, stopped_early=False, improved=False, score_before=2.0,
                                          score_after=2.0, suites={}, seconds=0.1, tokens_seen=10, train_sequences=2)
 
@@ -531,7 +531,7 @@ def fake_calibration(monkeypatch):
     def fake(checkpoint, target, settings, **kw):
         seen.append(settings)
         steps = settings.steps if settings.steps is not None else 60
-        return cal_mod.CalibrationResult(train=settings.train, trainable=["norm.weight"], device="cpu",
+        return cal_mod.CalibrationResult(train=settings.mode, trainable=["norm.weight"], device="cpu",
                                          settings={"steps": steps}, steps_run=min(steps, 3), best_step=0,
                                          stopped_early=False, improved=False, score_before=1.5, score_after=1.5,
                                          score_source=1.5, suites={}, seconds=0.1, tokens_seen=0, train_sequences=0)
@@ -565,6 +565,38 @@ def test_a_fine_tune_option_or_calibrate_asks_for_the_fine_tune(world, target, f
     assert res.calibration.status == "judged" and "--steps 0" in res.defaults
     res = convert(src, target, world / "ask-none", **KW)
     assert res.calibration.status == "not calibrated" and "--no-calibrate" in res.calibration.reason
+
+
+def test_an_eagle3_fine_tune_takes_the_recipe_of_its_kind(world, target, fake_calibration):
+    """A fine-tune of an EAGLE-3 source trains norms+fc when --train is not given (convert/defaults.py RECIPE: the one
+    fine-tune that served a gain under drift) and the report says so; a given --train wins; an EAGLE-2 source keeps
+    norms. (The toy target has no tokenizer, so its data stays the run's: drift data is text; see the next test.)"""
+    for nbr in (False, True):
+        src = write_src(world / f"recipe-{nbr}", cfg=toy_cfg(norm_before_residual=nbr))
+        res = convert(src, target, world / f"recipe-{nbr}-31", **{**KW, "calibrate": True})
+        assert fake_calibration[-1].train == "norms+fc" and fake_calibration[-1].steps != 0
+        assert "recipe for a" in res.defaults and "--train norms+fc" in res.defaults and "--data" not in res.defaults
+    res = convert(src, target, world / "recipe-given", **{**KW, "calibrate": True}, train="norms")
+    assert fake_calibration[-1].train == "norms" and "recipe for a" not in res.defaults
+    res = convert(src, target, world / "recipe-judged", **{**KW, "calibrate": None})  # judge only: nothing trains
+    assert fake_calibration[-1].steps == 0 and fake_calibration[-1].train is None and "recipe for a" not in res.defaults
+    res = convert(eagle2_oracle(world / "recipe-e2"), target, world / "recipe-e2-31", **{**KW, "calibrate": None})
+    assert fake_calibration[-1].mode == "norms" and "recipe for a" not in res.defaults
+
+
+def test_recipe_fills_only_what_the_options_leave_open():
+    from eagle_migrate.calibrate import CalibrationSettings
+    from eagle_migrate.convert.defaults import RECIPE, recipe, source_kind
+    from eagle_migrate.convert.registry import Traits
+
+    plain = source_kind(toy_cfg(), {}, Traits())
+    e2 = source_kind(toy_cfg(), {}, Traits(calibration_required=True))
+    open_ = CalibrationSettings()
+    assert recipe(plain, open_, False, True) == RECIPE["plain"] == {"train": "norms+fc", "data": "drift"}
+    assert recipe(plain, open_, True, True) == {"train": "norms+fc"}  # --data or --hidden-states given
+    assert recipe(plain, open_, False, False) == {"train": "norms+fc"}  # no tokenizer: drift data is text
+    assert recipe(plain, CalibrationSettings(train="all"), False, True) == {"data": "drift"}
+    assert recipe(e2, open_, False, True) == {}
 
 
 def test_defaults_policy_by_kind_and_device():

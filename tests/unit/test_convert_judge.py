@@ -40,7 +40,7 @@ def test_cli_require_improvement_exits_1_when_the_source_is_better(world, target
         assert kw["source_checkpoint"] is not None  # convert hands the source over
         judge = cal_mod.Judge(block=16, heldout_sequences=3, heldout_drafts=900, heldout_positions=1200,
                               training_tokens=10, worse_than_source=True, verdict=verdict)
-        return cal_mod.CalibrationResult(train=settings.train, trainable=[], device="cpu", settings={}, steps_run=3,
+        return cal_mod.CalibrationResult(train=settings.mode, trainable=[], device="cpu", settings={}, steps_run=3,
                                          best_step=3, stopped_early=False, improved=True, score_before=2.0,
                                          score_after=2.5, suites={}, seconds=0.1, tokens_seen=1, train_sequences=1,
                                          judge=judge)
