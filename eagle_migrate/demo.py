@@ -188,7 +188,10 @@ def run_demo(out: Path, *, real: bool = False, drafter: Path | None = None, fres
     if real:
         target, source = _real_pair(drafter)
         about: list[str] = []
-        opts = MigrateOptions.of(steps=200, num_sequences=64, scheme="fp8-dynamic", run_validate=True, engine=engine,
+        # norms on chat, named: an EAGLE-3 source's recipe (norms+fc on 1k-4k-token drift data, convert/defaults.py)
+        # takes 18-29 min for 20 steps on 2 CPU cores, and 200 of its steps would be hours
+        opts = MigrateOptions.of(steps=200, train="norms", num_sequences=64, scheme="fp8-dynamic", run_validate=True,
+                                 engine=engine,
                                  suites=["chat", "template-shift"], num_prompts=8, max_tokens=64,
                                  num_speculative_tokens=K, repo_id="demo/smollm2-135m-eagle3.1", dry_run=True)
     else:

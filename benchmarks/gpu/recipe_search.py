@@ -5,7 +5,7 @@ recipe that closes the gap (what trains, calibration sequence length, data mix, 
         --max-minutes 2 --budget-minutes 8 [--recipes NAME,NAME,...] [--keep 2]
 
 1. ``convert(source, calibrate=False)``: the structural EAGLE-3.1 conversion (fc_norm + norm_output from the
-   target's statistics), shared by every recipe; then ``convert`` with its defaults (recipe ``defaults``: norms,
+   target's statistics), shared by every recipe; then ``convert`` with its defaults (recipe ``defaults``: norms+fc,
    the GPU defaults of docs/calibration.md, ShareGPT).
 2. Every recipe of :data:`RECIPES` (or ``--recipes``) calibrates that structural conversion through
    ``calibrate.calibrate_checkpoint`` with its own train mode, sequence length, data mix, k and steps, each bounded
