@@ -117,7 +117,8 @@ def _calibrate(tmp: Path, job: Job, conv: Converter, ini: Initialised, judge_onl
         settings = settings.replace(steps=0)
     elif kind is not None:
         given = opts.data is not None or opts.hidden_states_dir is not None
-        if upd := recipe(kind, opts.calibration, given, job.target.tokenizer is not None):
+        # the tokenizer only when the data is open: asking a --hidden-states run's target for it would load the model
+        if upd := recipe(kind, opts.calibration, given, not given and job.target.tokenizer is not None):
             settings = settings.replace(**upd)
             job.recipe = upd
     cal = run_calibration(tmp, job.target.spec, settings,

