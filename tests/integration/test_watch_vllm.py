@@ -272,11 +272,17 @@ def test_drifting_traffic_alerts_within_two_windows_and_exits_1(replicas, refere
     assert before and all(x["pooled"]["al"] in (None, 4.0) for x in before)
     fired = [x for x in wins if any(al["fired"] and al["scope"] == "pooled" for al in x["alerts"])]
     assert fired and fired[0] is wins[-1]
+    seen = [(x["index"], round(x["t_start"] - t_switch, 2), x["pooled"]["al"], x["pooled"]["drafts"]) for x in wins]
     drop = [x for x in after if x["pooled"]["drafts"]]  # windows of drifting traffic with drafts
-    assert drop and all(x["pooled"]["al"] < 2.5 for x in drop)  # the windows' AL dropped (AL 2 at ~1k tokens)
-    # it fires on the second of them at the latest (a window without drafts, a long prefill on a loaded host, neither
-    # counts nor breaks the run)
-    assert fired[0]["index"] <= drop[min(1, len(drop) - 1)]["index"], [(x["index"], x["pooled"]["al"]) for x in wins]
+    assert drop and all(x["pooled"]["al"] < 4.0 for x in drop), seen  # every one of them dropped
+    # once both clients send long prompts, AL 2 at ~1k tokens (before that a window can pool the other client's last
+    # short requests, AL 4, with the first one's long ones: seen on a slow host)
+    pure = [x for x in drop if x["t_start"] >= max(switched.values())]
+    assert all(x["pooled"]["al"] < 2.5 for x in pure), seen
+    # it fires on the second window of drifting traffic at the latest, counted from when both clients send it (a
+    # window without drafts, a long prefill on a loaded host, neither counts nor breaks the run)
+    ref = pure or drop
+    assert fired[0]["index"] <= ref[min(1, len(ref) - 1)]["index"], seen
     al = next(x for x in fired[0]["alerts"] if x["scope"] == "pooled")
     assert al["rule"] == "below_reference" and al["threshold"] == 4.0 and al["windows"] >= 2
     pos = fired[0]["pooled"]["vs_reference"]["per_position"]
