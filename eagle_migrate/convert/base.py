@@ -17,7 +17,7 @@ from ..formats.output import atomic_output_dir, write_json
 from ..formats.traps import TRAPS
 from . import eagle2, eagle3, passthrough  # noqa: F401  (the built-in converters register themselves)
 from .calibration import run_calibration
-from .defaults import choose, recipe, source_kind
+from .defaults import SourceKind, choose, recipe, source_kind
 from .options import ConvertOptions
 from .passthrough import KeepArchitecture
 from .read import Job, check_pairing, map_source, now, read, resolve_data
@@ -47,6 +47,10 @@ def run(source: Path, target: str, out: Path, opts: ConvertOptions) -> ConvertRe
         job.warnings.extend(f"warning: {w}" for w in ini.norm_init.warnings)
     kind = source_kind(job.cfg, job.ck.meta, traits)
     want_cal, judge_only, why = choose(kind, job.device, traits, opts.calibrate, opts.calibration)
+    taken = _recipe_taken(job, kind) if want_cal and not judge_only else {}
+    if taken:
+        why += (f"; the fine-tune's recipe for a {kind.kind} source: "
+                + " ".join(f"--{k} {v}" for k, v in taken.items()) + " (convert/defaults.py RECIPE)")
     required = traits.calibration_required
     prov = job.provenance
     prov.num_sequences = ini.statistics.num_sequences if ini.statistics is not None else 0
@@ -66,15 +70,12 @@ def run(source: Path, target: str, out: Path, opts: ConvertOptions) -> ConvertRe
         verify_written(tmp, eagle31=not opts.keep_architecture)
         fixed, remaining = sort_findings(job.source_findings, tmp)
         if want_cal:
-            calibration = _calibrate(tmp, job, conv, ini, judge_only, kind)
+            calibration = _calibrate(tmp, job, conv, ini, judge_only, taken)
             if calibration.worse_than_source and calibration.verdict:
                 job.warnings.append(calibration.verdict)
             required = required and calibration.status != "calibrated"  # judged only: a warm start still needs it
         else:
             calibration.reason = (calibration.reason + "; " if calibration.reason else "") + why
-        if job.recipe:
-            why += (f"; the fine-tune's recipe for a {kind.kind} source: "
-                    + " ".join(f"--{k} {v}" for k, v in job.recipe.items()) + " (convert/defaults.py RECIPE)")
         prov.calibration = calibration.status
         prov.calibration_verdict = calibration.verdict
         prov.calibration_required = required
@@ -105,22 +106,27 @@ def sort_findings(findings: list[Any], written: Path) -> tuple[list[str], list[s
     return fixed, remaining
 
 
+def _recipe_taken(job: Job, kind: SourceKind) -> dict[str, str]:
+    """The options a fine-tune of this kind of source takes from :data:`~.defaults.RECIPE` (``--train norms+fc`` on
+    ``--data drift`` for an EAGLE-3 source) because the run leaves them open; the norm statistics before it ran on
+    the run's own data."""
+    opts = job.opts
+    given = opts.data is not None or opts.hidden_states_dir is not None
+    # the tokenizer only when the data is open: asking a --hidden-states run's target for it would load the model
+    return recipe(kind, opts.calibration, given, not given and job.target.tokenizer is not None)
+
+
 def _calibrate(tmp: Path, job: Job, conv: Converter, ini: Initialised, judge_only: bool = False,
-               kind: Any = None) -> CalibrationStatus:
+               taken: dict[str, str] | None = None) -> CalibrationStatus:
     """The calibration step; ``judge_only``: no training (``steps`` 0), the judge scores the written drafter against
-    the source on the held-out suites (the default for EAGLE-3 sources on a CPU: convert/defaults.py). A fine-tune of
-    an EAGLE-3 source takes what its options leave open from :data:`~.defaults.RECIPE` (``--train norms+fc`` on
-    ``--data drift``); the norm statistics before it ran on the run's own data."""
+    the source on the held-out suites (the default for EAGLE-3 sources on a CPU: convert/defaults.py); ``taken``: the
+    fine-tune's options from the recipe of the source's kind (:func:`_recipe_taken`)."""
     opts = job.opts
     settings = opts.calibration_settings(device=job.device, dtype=job.dtype, data=job.data)
     if judge_only:
         settings = settings.replace(steps=0)
-    elif kind is not None:
-        given = opts.data is not None or opts.hidden_states_dir is not None
-        # the tokenizer only when the data is open: asking a --hidden-states run's target for it would load the model
-        if upd := recipe(kind, opts.calibration, given, not given and job.target.tokenizer is not None):
-            settings = settings.replace(**upd)
-            job.recipe = upd
+    elif taken:
+        settings = settings.replace(**taken)
     cal = run_calibration(tmp, job.target.spec, settings,
                           loaded_target=job.target.loaded_or_none,
                           source_checkpoint=job.source if conv.traits.judged_against_source else None,

@@ -62,7 +62,6 @@ class Job:
     started: str
     data: str | None = None  # the data actually used (a default picked for a real target)
     warnings: list[str] = field(default_factory=list)
-    recipe: dict[str, str] = field(default_factory=dict)  # the fine-tune's options taken from convert/defaults.RECIPE
     source_findings: list[Any] = field(default_factory=list)  # the source's error / warning findings (formats Finding)
     aux: AuxIds | None = None
     nbr_measurement: Any = None  # aux_ids.Measurement of norm_before_residual (when the config did not state it)
