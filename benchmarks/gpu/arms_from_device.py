@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import hashlib
 import json
 import os
 import subprocess
@@ -28,10 +27,14 @@ import torch
 from safetensors import safe_open
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT))
 
 from arm_at_step import write_with  # noqa: E402
+from common import tensor_sha256  # noqa: E402
+
+from eagle_migrate import assets  # noqa: E402
 
 from eagle_migrate.convert.eagle3 import scale_columns  # noqa: E402
 from eagle_migrate.formats import read_checkpoint  # noqa: E402
@@ -70,7 +73,7 @@ def structural(params: dict[str, dict], meta: dict[str, str], source: Path) -> d
         out["lm_head.weight"] = scale_columns(lm, init["w_norm"] / r_bar)
     want = meta.get("lm_head_sha256")
     if want:
-        got = hashlib.sha256(out["lm_head.weight"].contiguous().view(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
+        got = tensor_sha256(out["lm_head.weight"])
         if got != want:
             raise SystemExit(f"{source}: lm_head rebuilt here differs from the device's (sha256 {got[:12]} != {want[:12]})")
     return out
@@ -110,8 +113,6 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--steps", default="best,last", help="labels to write: best, last, or step numbers")
     a = ap.parse_args(argv)
     if a.target is None:
-        from eagle_migrate import assets
-
         a.target = str(assets.smollm2_target())
     sources = {k: Path(v) for k, v in (s.split("=", 1) for s in a.source)}
     doc = a.returned / "warm_start_gpu.json"

@@ -3,11 +3,14 @@ writing a drafter so that it comes back through $OUT (files of at most 16 MiB ea
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
 import time
 from pathlib import Path
+
+import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -88,6 +91,11 @@ def reshard(folder: Path, max_bytes: int = OUT_FILE_LIMIT) -> list[str]:
         json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
     f.unlink()
     return files
+
+
+def tensor_sha256(t) -> str:
+    """sha256 of a tensor's bytes (its dtype's own encoding, row-major)."""
+    return hashlib.sha256(t.contiguous().view(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
 
 
 def _norm(name: str) -> str:

@@ -24,7 +24,6 @@ each arm's convert result (when it finished), its evaluation history, timings an
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import signal
@@ -37,7 +36,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
-from common import OUT_FILE_LIMIT, ROOT, log, missing_on_device
+from common import OUT_FILE_LIMIT, ROOT, log, missing_on_device, tensor_sha256
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from eagle_migrate import assets
 
 KINDS = {
     "cal": {"train": "norms+fc", "data": "drift", "num_sequences": 128},
@@ -54,20 +57,18 @@ STORE_DTYPE = torch.bfloat16  # convert writes SmolLM2's drafters in bf16: nothi
 
 def worker(spec: dict) -> None:
     """One arm: ``convert`` in this process, its result as JSON in ``work/ARM/result.json``."""
-    if spec.get("smoke"):
-        from eagle_migrate import calibrate
-
-        calibrate.DEFAULTS.update(SMOKE_CALIBRATION)
-        calibrate.CPU_DEFAULTS.update(SMOKE_CALIBRATION)
+    from eagle_migrate import calibrate  # the worker's: the parent never converts
     from eagle_migrate.convert import convert
     from eagle_migrate.convert.eagle3 import Eagle3Converter
+
+    if spec.get("smoke"):
+        calibrate.DEFAULTS.update(SMOKE_CALIBRATION)
+        calibrate.CPU_DEFAULTS.update(SMOKE_CALIBRATION)
 
     d = Path(spec["dir"])
     plan = Eagle3Converter._plan
 
     def keep_init(self, job, chosen_w, r_bar, w_norm):  # the structural conversion's own choices, exactly
-        from safetensors.torch import save_file
-
         save_file({**{f"fc_norm.{i}.weight": w.float().contiguous() for i, w in enumerate(chosen_w)},
                    "w_norm": w_norm.float().contiguous()}, str(d / "init.safetensors"),
                   metadata={"r_bar": repr(r_bar)})
@@ -135,9 +136,6 @@ def thin(steps: list[int], keep: set[int], bytes_per: int, limit: int) -> list[i
 
 def pack(arm: Arm, out: Path, limit: int = OUT_FILE_LIMIT) -> dict:
     """``OUT/ARM.safetensors`` with the kept steps and the judge's choice; what it holds."""
-    from safetensors import safe_open
-    from safetensors.torch import save_file
-
     steps = sorted(arm.states)
     per = sum(t.numel() * t.element_size() for t in next(iter(arm.states.values())).values()) if steps else 0
     kept = thin(steps, {arm.best_step}, per, limit - 64 * 2**10)  # init/: fc_norm + w_norm, a few KiB
@@ -161,13 +159,10 @@ def pack(arm: Arm, out: Path, limit: int = OUT_FILE_LIMIT) -> dict:
 def lm_head_sha256(folder: Path) -> str | None:
     """sha256 of the written lm_head's bytes (the one tensor a 3.1 conversion changes that no fine-tune trains):
     arms_from_device.py rebuilds it here and checks it against this."""
-    from safetensors import safe_open
-
     for f in sorted(folder.glob("*.safetensors")) if folder.is_dir() else []:
         with safe_open(str(f), "pt") as sf:
             if "lm_head.weight" in sf.keys():
-                t = sf.get_tensor("lm_head.weight").contiguous()
-                return hashlib.sha256(t.view(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
+                return tensor_sha256(sf.get_tensor("lm_head.weight"))
     return None
 
 
@@ -191,8 +186,6 @@ def main(argv: list[str] | None = None) -> dict:
         worker(json.loads(a.worker))
         return {}
     t0 = time.time()
-    from eagle_migrate import assets
-
     target = a.target or str(assets.smollm2_target())
     sources = dict(s.split("=", 1) for s in a.source)
     names = a.arms.split(",") if a.arms else [f"{s}-{k}" for s in sources for k in KINDS]

@@ -5,33 +5,20 @@ device's own output tensor for tensor: tests/slow/test_gpu_drivers_smoke.py.)"""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _load(name: str):
-    sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / "gpu" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+from .test_warm_start import _bench
 
 
 @pytest.fixture(scope="module")
 def ws():
-    return _load("warm_start_gpu")
+    return _bench("gpu/warm_start_gpu")
 
 
 @pytest.fixture(scope="module")
 def back():
-    return _load("arms_from_device")
+    return _bench("gpu/arms_from_device")
 
 
 def test_thin_keeps_the_ends_and_the_judges_step_within_the_limit(ws):

@@ -14,10 +14,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _bench(name: str):
-    """benchmarks/NAME.py as a module."""
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    """benchmarks/NAME.py as a module (NAME may name a subfolder: ``gpu/warm_start_gpu``)."""
+    spec = importlib.util.spec_from_file_location(Path(name).name, ROOT / "benchmarks" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
+    sys.modules[Path(name).name] = mod
     spec.loader.exec_module(mod)
     return mod
 
