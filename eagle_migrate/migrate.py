@@ -28,7 +28,6 @@ from . import convert as _convert
 from . import inspection as _inspection
 from . import publish as _publish
 from . import quantize as _quantize
-from .calibrate.settings import CONTEXT as CALIBRATION_CONTEXT
 from .choices import AuxIdsConvention, Device, Dtype, Engine
 from .convert.options import ConvertOptions
 from .corpora import SUITE_NAMES
@@ -172,28 +171,29 @@ def _also_set(model: Options, args: dict[str, Any], part: str) -> dict[str, Any]
     run_wide = {f for names in RUN_WIDE.values() for p, f in names.items() if p == part}
     out = {f: getattr(model, f) for f in sorted(model.model_fields_set)
            if f not in args and f not in run_wide and not isinstance(getattr(model, f), Options)}
-    if isinstance(model, ConvertOptions):
-        cal = model.calibration
-        out.update({f: getattr(cal, f) for f in sorted(cal.model_fields_set)
-                    if f not in args and f not in run_wide and f not in CALIBRATION_CONTEXT})
     return out
+
+
+def convert_options(opts: MigrateOptions) -> ConvertOptions:
+    """convert's options: the user's own (``opts.convert``, holding only what was given) with the run-wide values laid
+    over, handed to convert whole. Never spread into keywords and parsed again: a resolved default (``train`` resolved
+    to ``norms`` by ``CalibrationSettings.mode``) would reach convert as if typed and turn its judge-only default into
+    a fine-tune of the wrong recipe (issue 48)."""
+    wide: dict[str, Any] = {"data": opts.data, "device": opts.device, "dtype": opts.dtype, "seed": opts.seed,
+                            "num_speculative_tokens": opts.num_speculative_tokens,
+                            "aux_ids_convention": opts.aux_ids_convention}
+    if opts.engine != "auto":  # the calibration's held-out continuations (vLLM, or transformers with reference)
+        wide["engine"] = opts.engine
+    if opts.vllm_python is not None:
+        wide["vllm_python"] = opts.vllm_python
+    return opts.convert.replace(**wide)
 
 
 def stage_args(source: Path, target: str, opts: MigrateOptions) -> dict[str, dict[str, Any]]:
     """The keyword arguments each stage's library function is called with (and that the pipeline hashes), from the
-    composed options: each stage's own options and the run-wide ones it takes (:data:`RUN_WIDE`)."""
-    c, cal, q, v, p = opts.convert, opts.convert.calibration, opts.quantization, opts.validation, opts.publishing
-    convert = {"source": source, "target": target, "data": opts.data, "num_sequences": c.num_sequences,
-               "output_format": c.output_format, "device": opts.device, "dtype": opts.dtype, "calibrate": c.calibrate,
-               "steps": cal.steps, "train": cal.mode, "seed": opts.seed, "num_speculative_tokens": opts.num_speculative_tokens,
-               "max_minutes": cal.max_minutes, "aux_ids_convention": opts.aux_ids_convention}
-    # given only when not the default: the stage hashes of earlier runs stay as they were
-    if c.norm_before_residual is not None:
-        convert["norm_before_residual"] = c.norm_before_residual
-    if opts.engine != "auto":  # the calibration's held-out continuations (vLLM, or transformers with reference)
-        convert["engine"] = opts.engine
-    if opts.vllm_python is not None:
-        convert["vllm_python"] = opts.vllm_python
+    composed options: each stage's own options and the run-wide ones it takes (:data:`RUN_WIDE`). convert takes its
+    options model whole (:func:`convert_options`); its hash is that model's dump, less its defaults."""
+    q, v, p = opts.quantization, opts.validation, opts.publishing
     validate = {"target": target, "engine": opts.engine, "suites": v.suites,
                 "prompts_file": str(v.prompts_file) if v.prompts_file is not None else None,
                 "k": opts.num_speculative_tokens, "baseline": source, "min_acceptance_length": v.min_acceptance_length,
@@ -201,7 +201,7 @@ def stage_args(source: Path, target: str, opts: MigrateOptions) -> dict[str, dic
                 "seed": opts.seed, "vllm_python": opts.vllm_python, "device": opts.device}
     out = {
         "inspect": {"path": source, "target": target, "aux_ids_convention": opts.aux_ids_convention, "device": opts.device},
-        "convert": convert,
+        "convert": {"source": source, "target": target, "options": convert_options(opts)},
         "quantize": {"scheme": q.scheme, "target": target, "data": opts.data, "quantize_fc": q.quantize_fc,
                      "validate": "none"},
         "validate": validate,
@@ -209,10 +209,20 @@ def stage_args(source: Path, target: str, opts: MigrateOptions) -> dict[str, dic
                     "dry_run": p.dry_run, "target": target, "num_speculative_tokens": opts.num_speculative_tokens,
                     "force": not will_validate(opts), "forced_by": "--no-validate"},
     }
-    for name, part, model in (("convert", "convert", c), ("quantize", "quantization", q), ("validate", "validation", v),
+    for name, part, model in (("quantize", "quantization", q), ("validate", "validation", v),
                               ("publish", "publishing", p)):
         out[name].update(_also_set(model, out[name], part))
     return out
+
+
+def calibration_decision(res: Any) -> dict[str, Any]:
+    """What convert's calibration step did, as convert's own report says it (``res``: a ConvertResult): its one-line
+    ``decision`` ("judged only (CPU default)") and, where a fine-tune ran, its train mode, data and steps. The migrate
+    manifest records them beside convert's ``defaults`` (why)."""
+    d = res.calibration.details or {}
+    ran = res.calibration.status == "calibrated"
+    return {"decision": res.decision, "train": d.get("train") if ran else None, "data": d.get("data") if ran else None,
+            "steps_run": d.get("steps_run") if ran else None}
 
 
 def build_stages(source: Path, target: str, opts: MigrateOptions, progress: StageProgress | None = None) -> list[Stage]:
@@ -229,6 +239,10 @@ def build_stages(source: Path, target: str, opts: MigrateOptions, progress: Stag
 
     def hashed(args: dict[str, Any]) -> dict[str, Any]:
         h = dict(args)
+        if isinstance(h.get("options"), Options):  # an options model: its dump less its defaults, data by content
+            o = h["options"]
+            h["options"] = o.model_dump(mode="json", exclude_defaults=True)
+            h["data"] = getattr(o, "data", None)
         h["target"] = {"spec": args.get("target"), "content": tprint} if args.get("target") == target else args.get("target")
         for key in ("data", "prompts_file"):
             if key in h and isinstance(h[key], str):
@@ -251,13 +265,18 @@ def build_stages(source: Path, target: str, opts: MigrateOptions, progress: Stag
         )
 
     def convert_stage(ctx: StageContext) -> StageResult:
-        res = _convert.convert(out=ctx.out / "model", progress=progress, **convert_args)
+        res = _convert.convert(convert_args["source"], convert_args["target"], ctx.out / "model",
+                               options=convert_args["options"], progress=progress)
         _dump(ctx.out / "convert.json", res)
         _settle_paths(ctx)
         a = res.agreement.step0
+        decided = calibration_decision(res)
         return StageResult(outputs={"model": "convert/model", "step0_agreement": res.agreement.step0,
-                                    "calibration": res.calibration.status, "calibration_required": res.calibration_required},
-                           message="step-0 agreement " + ("not measured" if a is None else f"{a:.3f}"))
+                                    "calibration": res.calibration.status, "calibration_required": res.calibration_required,
+                                    "source_kind": res.source_kind.kind if res.source_kind else None,
+                                    "defaults": res.defaults, **decided},
+                           message="; ".join(["step-0 agreement " + ("not measured" if a is None else f"{a:.3f}"),
+                                              decided["decision"]]))
 
     def model_dir(ctx: StageContext) -> Path:
         q = ctx.path("quantize") / "model"

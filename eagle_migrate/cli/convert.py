@@ -164,6 +164,8 @@ def render_result(r) -> None:
         t.add_row("agreement with source", f"step 0: {_pct(a.step0)}; steps 1..{len(a.steps)}: {', '.join(_pct(x) for x in a.steps)}"
                   f"  ({a.held_out_sequences} held-out sequences, {a.num_positions} positions, {a.num_chains} chains)")
     cal = r.calibration
+    if r.decision:
+        t.add_row("decision", r.decision)
     t.add_row("calibration", f"{cal.status}" + (" (REQUIRED)" if r.calibration_required else "") + (f": {cal.reason}" if cal.reason else ""))
     if r.defaults and r.defaults not in (cal.reason or ""):
         t.add_row("why", r.defaults)

@@ -51,11 +51,12 @@ __all__ = [
 ]
 
 
-def convert(source: Path | str, target: str, out: Path | str, *, progress: StageProgress | None = None,
-            **options: Any) -> ConvertResult:
-    """Convert an EAGLE-2/EAGLE-3 drafter to EAGLE-3.1 (see the module docstring and docs/norm-init.md): the keyword
-    form of ``base.run`` with ``ConvertOptions.of(**options)`` (every option by name; the calibration's, such as
-    ``steps`` or ``train``, go to ``ConvertOptions.calibration``).
+def convert(source: Path | str, target: str, out: Path | str, *, options: ConvertOptions | None = None,
+            progress: StageProgress | None = None, **overrides: Any) -> ConvertResult:
+    """Convert an EAGLE-2/EAGLE-3 drafter to EAGLE-3.1 (see the module docstring and docs/norm-init.md): ``base.run``
+    with ``options`` (a :class:`ConvertOptions`, handed whole: what migrate does) and ``overrides`` laid over it, each
+    option by name (``ConvertOptions.of``; the calibration's, such as ``steps`` or ``train``, go to
+    ``ConvertOptions.calibration``).
 
     ``calibrate``: None = run the calibration fine-tune when it is available and the source is not already
     EAGLE-3.1; True/False force it on/off. ``steps``, ``train`` (norms | norms+fc | all), ``cache_dir`` (target
@@ -72,4 +73,4 @@ def convert(source: Path | str, target: str, out: Path | str, *, progress: Stage
     writer-unique fingerprint decides, or a measurement on the target (:mod:`eagle_migrate.formats.aux_ids`), and when
     neither decides, PairingError (exit 2) names both readings.
     """
-    return run(Path(source), target, Path(out), ConvertOptions.of(progress=progress, **options))
+    return run(Path(source), target, Path(out), ConvertOptions.of(options, progress=progress, **overrides))

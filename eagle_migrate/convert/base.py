@@ -46,7 +46,8 @@ def run(source: Path, target: str, out: Path, opts: ConvertOptions) -> ConvertRe
     if ini.norm_init is not None:
         job.warnings.extend(f"warning: {w}" for w in ini.norm_init.warnings)
     kind = source_kind(job.cfg, job.ck.meta, traits)
-    want_cal, judge_only, why = choose(kind, job.device, traits, opts.calibrate, opts.calibration)
+    choice = choose(kind, job.device, traits, opts.calibrate, opts.calibration)
+    want_cal, judge_only, why = choice.run, choice.judge_only, choice.why
     taken = _recipe_taken(job, kind) if want_cal and not judge_only else {}
     if taken:
         why += (f"; the fine-tune's recipe for a {kind.kind} source: "
@@ -89,7 +90,7 @@ def run(source: Path, target: str, out: Path, opts: ConvertOptions) -> ConvertRe
         norm_before_residual_evidence=job.nbr_measurement, norm_init=ini.norm_init,
         norm_output=ini.norm_output, eagle2_mapping=ini.eagle2_mapping, agreement=ini.agreement, calibration=calibration,
         calibration_required=required, output_files=files, provenance=prov, fixed=fixed,
-        warnings=remaining + job.warnings, source_kind=kind, defaults=why,
+        warnings=remaining + job.warnings, source_kind=kind, defaults=why, decision=choice.line(taken),
     )
 
 

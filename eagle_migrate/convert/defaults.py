@@ -6,7 +6,7 @@ Imports: convert.result (SourceKind); drafter.config and convert.registry as typ
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .result import Kind, SourceKind
 
@@ -14,7 +14,8 @@ if TYPE_CHECKING:
     from ..drafter.config import DrafterConfig
     from .registry import Traits
 
-__all__ = ["Kind", "SourceKind", "Default", "POLICY", "RECIPE", "source_kind", "asked_for_fine_tune", "choose", "recipe"]
+__all__ = ["Kind", "SourceKind", "Default", "Choice", "POLICY", "RECIPE", "source_kind", "asked_for_fine_tune", "choose",
+           "recipe"]
 
 MEANING: dict[str, str] = {
     "plain": "the residual is kept before the hidden norm (SafeAILab, SpecForge, most public EAGLE-3 drafters), so "
@@ -120,22 +121,40 @@ def recipe(kind: SourceKind, calibration: Any, data_given: bool, has_tokenizer: 
     return out
 
 
-def choose(kind: SourceKind, device: str, traits: Traits, calibrate: bool | None, calibration: Any) -> tuple[bool, bool, str]:
-    """(run the calibration step, judge only, why): ``calibrate`` as given (``--calibrate`` / ``--no-calibrate``) or
-    the converter's default, and for an EAGLE-3 source the :data:`POLICY` of its kind on ``device``, unless a
-    fine-tune option was given (then it fine-tunes; ``--steps 0`` asks for the judge alone)."""
+class Choice(NamedTuple):
+    """What the calibration step does (:func:`choose`), why, and who decided it in a few words (``by``)."""
+
+    run: bool  # run the calibration step
+    judge_only: bool  # no fine-tune: the judge scores the conversion against the source
+    why: str
+    by: str  # "CPU default", "GPU default", "--calibrate", "--train given", ...
+
+    def line(self, taken: dict[str, str] | None = None) -> str:
+        """The decision in one short line, the same in convert's report and migrate's manifest: "judged only (CPU
+        default)", "fine-tuned (GPU default; recipe --train norms+fc --data drift)", "not calibrated (--no-calibrate)"."""
+        what = "not calibrated" if not self.run else "judged only" if self.judge_only else "fine-tuned"
+        recipe_ = "; recipe " + " ".join(f"--{k} {v}" for k, v in taken.items()) if taken else ""
+        return f"{what} ({self.by}{recipe_})"
+
+
+def choose(kind: SourceKind, device: str, traits: Traits, calibrate: bool | None, calibration: Any) -> Choice:
+    """(run the calibration step, judge only, why, by whom): ``calibrate`` as given (``--calibrate`` /
+    ``--no-calibrate``) or the converter's default, and for an EAGLE-3 source the :data:`POLICY` of its kind on
+    ``device``, unless a fine-tune option was given (then it fine-tunes; ``--steps 0`` asks for the judge alone)."""
     dev = "cuda" if str(device).startswith("cuda") else "cpu"
     if calibrate is False:
-        return False, False, "--no-calibrate: no calibration step"
+        return Choice(False, False, "--no-calibrate: no calibration step", "--no-calibrate")
     if kind.kind == "eagle2":
-        return True, False, "EAGLE-2 source: the fine-tune is required (the 3.1 structure is only a warm start)"
+        return Choice(True, False, "EAGLE-2 source: the fine-tune is required (the 3.1 structure is only a warm start)",
+                      "EAGLE-2 source: required")
     if calibration.steps == 0:
-        return True, True, "--steps 0: the judge alone, no fine-tune"
+        return Choice(True, True, "--steps 0: the judge alone, no fine-tune", "--steps 0")
     if calibrate:
-        return True, False, "--calibrate: the fine-tune runs"
+        return Choice(True, False, "--calibrate: the fine-tune runs", "--calibrate")
     if kind.kind == "eagle3.1":
-        return traits.calibrate_by_default, False, "already EAGLE-3.1: re-written as it is, no calibration by default"
+        return Choice(traits.calibrate_by_default, False,
+                      "already EAGLE-3.1: re-written as it is, no calibration by default", "already EAGLE-3.1")
     if asked := asked_for_fine_tune(calibration):
-        return True, False, f"{asked[0]} given: the fine-tune runs"
+        return Choice(True, False, f"{asked[0]} given: the fine-tune runs", f"{asked[0]} given")
     pol = POLICY[(kind.kind, dev)]
-    return True, not pol.fine_tune, pol.evidence
+    return Choice(True, not pol.fine_tune, pol.evidence, f"{'GPU' if dev == 'cuda' else 'CPU'} default")

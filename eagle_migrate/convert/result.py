@@ -174,5 +174,7 @@ class ConvertResult(BaseModel):
     source_kind: SourceKind | None = Field(None, description="plain / speculators-style / eagle2 / eagle3.1, and where "
                                            "its norm_before_residual came from")
     defaults: str = Field("", description="why the calibration step did what it did (convert/defaults.py)")
+    decision: str = Field("", description="what the calibration step did and who decided it, in one short line: "
+                          "'judged only (CPU default)', 'fine-tuned (--calibrate; recipe --train norms+fc --data drift)'")
     warnings: list[str] = Field(default_factory=list, description="what still needs attention, each with one label "
                                 "(error: / warning: for the source's findings that the output still has)")

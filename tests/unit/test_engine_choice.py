@@ -90,11 +90,8 @@ def test_migrate_gives_the_engine_choice_to_convert_and_validate(pair):
 
     target, src = pair
     args = stage_args(src, str(target), MigrateOptions.of(engine="vllm", vllm_python=sys.executable, run_validate=True))
-    assert (args["convert"]["engine"], args["convert"]["vllm_python"]) == ("vllm", sys.executable)
+    c = args["convert"]["options"]  # convert's options model, handed whole
     assert (args["validate"]["engine"], args["validate"]["vllm_python"]) == ("vllm", sys.executable)
-    plain = stage_args(src, str(target), MigrateOptions.of(run_validate=True))
-    assert "engine" not in plain["convert"] and "vllm_python" not in plain["convert"]  # earlier runs' hashes stay
-    from eagle_migrate.convert import ConvertOptions
-
-    c = ConvertOptions.of(**{k: v for k, v in args["convert"].items() if k not in ("source", "target")})
+    plain = stage_args(src, str(target), MigrateOptions.of(run_validate=True))["convert"]["options"].calibration
+    assert (plain.engine, plain.vllm_python) == ("auto", None)
     assert (c.calibration.engine, c.calibration.vllm_python) == ("vllm", sys.executable)

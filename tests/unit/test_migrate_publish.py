@@ -57,7 +57,7 @@ def test_migrate_publish_dry_run_card(pair, tmp_path):
     assert res.ok, res
     stages = {s.name: s for s in res.stages}
     assert list(stages) == ["inspect", "convert", "quantize", "validate", "publish"]
-    assert stages["convert"].message == "step-0 agreement 1.000"
+    assert stages["convert"].message == "step-0 agreement 1.000; not calibrated (--no-calibrate)"
     msg = stages["validate"].message
     assert msg.startswith("reference") and "chat AL" in msg and "no gate set" in msg and "passed" not in msg
     repo = tmp_path / "run" / "publish" / "repo"

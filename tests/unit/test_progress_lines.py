@@ -51,7 +51,7 @@ def test_migrate_hands_its_progress_to_convert(tmp_path, monkeypatch):
 
     seen = {}
 
-    def fake_convert(**kw):
+    def fake_convert(*args, **kw):
         seen["progress"] = kw.get("progress")
         raise CheckFailed("stop here")
 

@@ -285,10 +285,15 @@ def fake_stages(monkeypatch):
     def rec(name, kw):
         calls[name] = kw
 
-    def convert(**kw):
-        rec("convert", kw)
-        kw["out"].mkdir()
-        return _NS(agreement=_NS(step0=1.0), calibration=_NS(status="x"), calibration_required=False)
+    def convert(source, target, out, *, options, progress=None):
+        # convert takes its options model whole: recorded by field, the calibration's too (as the flags name them)
+        # (convert's own field wins: the calibration's run-wide context, such as dtype, is convert's)
+        flat = {**{f: getattr(options.calibration, f) for f in options.calibration.model_fields},
+                **{f: getattr(options, f) for f in options.model_fields if f != "calibration"}}
+        rec("convert", {**flat, "source": source, "target": target, "out": out})
+        out.mkdir()
+        return _NS(agreement=_NS(step0=1.0), calibration=_NS(status="x", details=None), calibration_required=False,
+                   source_kind=None, defaults="", decision="x")
 
     def quantize(src, out, **kw):
         rec("quantize", kw)
