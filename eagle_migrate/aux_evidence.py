@@ -2,9 +2,14 @@
 (when the config does not state it) ``norm_before_residual`` -- by running the drafter's step 0 on the target
 (docs/formats.md section 4, "The measurement").
 
-Two readings (the two conventions; the flag's two values) are compared on the *same* positions: at every position
-i of the calibration sequences, the log-likelihood of the target's own next token under the drafter's step-0
-distribution (draft logits through ``d2t``), ``d_i = log p_first(t_i) - log p_second(t_i)``. The whole distribution
+Two readings (the two conventions; the flag's two values) are compared on the *same* positions, and only where vLLM
+drafts: after text the target itself wrote. Each measured sequence is a prompt (from the data) followed by the target's
+own greedy continuation (:class:`~eagle_migrate.judge.HeldoutSequence`), and step 0 is scored at the continuation's
+positions alone, where the token it is fed is the target's own greedy token, as in serving; never at the prompt's
+positions (a drafter whose first draft comes from the aux states is right on the target's text and can be confidently
+wrong on anybody else's: scored there, it looked dead under every reading). At each scored position i, the
+log-likelihood of the target's own next token under the drafter's step-0 distribution (draft logits through
+``d2t``), ``d_i = log p_first(t_i) - log p_second(t_i)``. The whole distribution
 enters, not only its top-1, so a weak drafter on a target with similar adjacent layers still separates them.
 Positions within a sequence are not independent: the standard error is clustered by sequence. Sampling is
 sequential: sequences are added until, at one of the fixed looks (:data:`LOOKS`), the readings are shown equivalent
@@ -17,10 +22,13 @@ target's next token is above :data:`MIN_AGREEMENT`, its mean beats a uniform gue
 (``-ln Vd``), and most of its positions are off the floor. Where no reading drafts, or the winner does not, or the
 standard error is zero while the difference is not, the verdict is ``no-evidence``: the numbers then say nothing
 about the readings (a dead drafter is equally wrong under both, and a saturated one differs by the same amount at
-every position), and the caller must not decide from them. The target runs once per
-sequence for both readings; the states it captured are kept on the :class:`~eagle_migrate.target.LazyTarget` for the statistics pass that follows in convert.
+every position), and the caller must not decide from them. The target generates the continuations in batches with
+its KV cache, then runs once per sequence for both readings; the states it captured are kept on the
+:class:`~eagle_migrate.target.LazyTarget`, so the ``norm_before_residual`` measurement on the same sequences does not
+run it again.
 
-Layer: beside ``judge`` (may run a drafter on a target): imports aux_ids, corpora, drafter, target. ``aux_ids``
+Layer: beside ``judge`` (may run a drafter on a target): imports aux_ids, corpora, drafter, judge (the held-out
+sequence and its greedy continuations), target. ``aux_ids``
 keeps vLLM's rule, the fingerprints and the convention type, and imports none of these.
 """
 
@@ -36,6 +44,7 @@ import torch
 
 from .corpora import calibration_sequences
 from .formats.aux_ids import CONVENTIONS, AuxIds, Convention, Measurement, from_stored, resolve
+from .judge import HeldoutSequence, greedy_continuations
 from .loader import load_drafter
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -56,10 +65,15 @@ EQUIVALENCE_NATS = 0.01
 LOOKS = (8, 12, 16, 24, 32, 48, 64)
 BUDGET_SEQUENCES = LOOKS[-1]
 BUDGET_POSITIONS = 16384
-# tokens per measured sequence: convert's --max-length default, so the statistics pass finds the states of the
-# measured sequences kept (LazyTarget.keep) and does not run the target on them again. The target's forward is the
-# cost (SmolLM2-135M: about 10 CPU-seconds per 512 tokens on the loaded 2-core box, docs/benchmarks.md).
+# a measured sequence: a prompt of at most PROMPT_TOKENS tokens from the data (its first tokens), then the target's
+# own greedy continuation of CONTINUATION_TOKENS tokens (fewer where it ends its answer: EOS), scored alone; one
+# whose continuation is shorter than MIN_CONTINUATION is not measured. The target's forwards and its generation are
+# the cost (SmolLM2-135M: about 10 CPU-seconds per 512 tokens on the loaded 2-core box, docs/benchmarks.md).
 MAX_LENGTH = 512
+PROMPT_TOKENS = 96
+CONTINUATION_TOKENS = 96
+MIN_CONTINUATION = 8
+GENERATE_BATCH = 8
 LOGP_FLOOR = -50.0  # a draft probability that underflows counts as e^-50, never -inf
 # A reading drafts (:func:`drafts`) when its top-1 agreement with the target's next token is at least MIN_AGREEMENT
 # over at least MIN_HITS hits, its mean beats a uniform guess over the draft vocabulary by UNIFORM_MARGIN nats, and
@@ -165,6 +179,9 @@ class Paired:
         if all(dead.values()) and (final or self.positions >= DEAD_AFTER_POSITIONS):
             return "the drafter drafts under no reading: " + "; ".join(f"{r}: {w}" for r, w in dead.items())
         if math.isfinite(se) and len(self.sizes) >= 2 and se <= 1e-9 * max(1.0, abs(d)) and abs(d) > EQUIVALENCE_NATS:
+            win, lose = (self.readings[0], self.readings[1]) if d > 0 else (self.readings[1], self.readings[0])
+            if self.why_not(win) is None and self.why_not(lose) is not None:
+                return ""  # one reading drafts and the other does not: evidence whatever the SE (an exact toy drafter)
             return (f"a zero standard error with a difference of {d:+.4f} nats: every sequence differs by the same "
                     "amount, which a working drafter does not do (saturated or degenerate outputs)")
         return ""
@@ -266,13 +283,17 @@ class Step0:
         """The target id step 0 drafts at positions 0..T-2 [T-1] (what vLLM proposes first there)."""
         return self.m.to_target_ids(self.logits(aux, ids).argmax(-1)).cpu()
 
-    def __call__(self, aux: torch.Tensor, ids: list[int], want: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def __call__(self, aux: torch.Tensor, ids: list[int], want: torch.Tensor,
+                 scored: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """aux [T-1, K*Ht] at positions 0..T-2, tokens ids[1:], ``want`` [T-1] the target's next tokens ->
-        (logp [n], hit [n], kept mask [T-1]) over the positions whose target token is in the draft vocabulary."""
+        (logp [n], hit [n], kept mask [T-1]) over the positions ``scored`` (bool [T-1]; default: all) whose target
+        token is in the draft vocabulary."""
         logits = self.logits(aux, ids)
         lp = torch.log_softmax(logits, dim=-1).cpu()
         d = self.t2d[want]
         keep = d >= 0
+        if scored is not None:
+            keep = keep & scored
         logp = lp[keep].gather(1, d[keep].unsqueeze(1)).squeeze(1).clamp_min(LOGP_FLOOR)
         hit = self.m.to_target_ids(logits.argmax(-1)).cpu()[keep] == want[keep]
         return logp, hit, keep
@@ -294,119 +315,127 @@ def worse_than_literal(m: Measurement, literal: str) -> str:
     return ""
 
 
-# ----- the target's states, once per sequence ------------------------------------------------------------------------
+# ----- the target's own text, and its states once per sequence ------------------------------------------------------
 def measurement_sequences(target: LazyTarget, data: Any, seed: int, first: list[list[int]] | None = None,
-                          max_length: int = MAX_LENGTH) -> Iterator[list[int]]:
-    """``first`` (convert: the statistics pass's own sequences, so their states are reused), then more from the same
-    data up to the budget; a tokenizer-less target without data: its own greedy continuations of random first tokens
-    (text it would write: a drafter trained on it predicts it). When the data runs out before the budget (a small
-    data set, or a target whose greedy text repeats: many random starts continue alike), the target's own
-    continuations of what it has: a sequence already measured, cut at a random point, one token there replaced at
-    random, and continued greedily (:func:`_continuations`), until the budget is reached."""
+                          max_length: int = MAX_LENGTH) -> Iterator[HeldoutSequence]:
+    """The measured sequences: prompts, each continued greedily by the target (:func:`continued`). The prompts are the
+    first :data:`PROMPT_TOKENS` tokens of ``first`` (convert: the statistics pass's sequences), then of more
+    sequences from the same data up to the budget; a tokenizer-less target without data: random first tokens. When
+    the data runs out before the budget (a small data set), prompts made from what was measured: a measured sequence
+    cut at a random point, one token there replaced at random (:func:`_perturbed`), until the budget is reached."""
     seen: set[tuple[int, ...]] = set()
     have: list[list[int]] = []
+    plen = max(1, min(PROMPT_TOKENS, max_length - MIN_CONTINUATION))
+    new = max(MIN_CONTINUATION, min(CONTINUATION_TOKENS, max_length - 1))
 
-    def fresh(s: list[int]) -> bool:
-        if tuple(s) in seen:
-            return False
-        seen.add(tuple(s))
-        have.append(s)
-        return True
+    def prompts() -> Iterator[list[int]]:
+        for s in first or []:
+            yield list(s[:plen])
+        if data is None and target.tokenizer is None:
+            g = torch.Generator().manual_seed(seed)
+            yield from torch.randint(0, target.info.vocab_size, (BUDGET_SEQUENCES, 1), generator=g).tolist()
+        else:
+            for s in calibration_sequences(data, target.tokenizer, target.info.vocab_size, BUDGET_SEQUENCES, max_length, seed):
+                yield list(s[:plen])
 
-    for s in first or []:
-        s = s[:max_length]
-        if fresh(s):
-            yield s
-    if data is None and target.tokenizer is None:
-        more = _own_sequences(target, BUDGET_SEQUENCES, min(max_length, 48), seed)
-    else:
-        more = calibration_sequences(data, target.tokenizer, target.info.vocab_size, BUDGET_SEQUENCES, max_length, seed)
-    for s in more:
-        if fresh(s):
-            yield s
+    def fresh(ps: Iterable[list[int]]) -> Iterator[list[int]]:
+        for p in ps:
+            if len(p) >= 1 and tuple(p) not in seen:
+                seen.add(tuple(p))
+                yield p
+
+    for h in continued(target, fresh(prompts()), new):
+        have.append(h.ids)
+        yield h
     if have:
-        for s in _continuations(target, have, seed, max_length):
-            if fresh(s):
-                yield s
+        yield from continued(target, fresh(_perturbed(target, have, seed)), new)
 
 
-def _own_sequences(target: LazyTarget, n: int, length: int, seed: int, batch: int = 8) -> Iterator[list[int]]:
-    """The target's greedy continuations of random first tokens, ``batch`` at a time (made only when needed)."""
-    g = torch.Generator().manual_seed(seed)
-    model = target.loaded.model
-    for _ in range(0, n, batch):
-        x = torch.randint(0, target.info.vocab_size, (batch, 1), generator=g)
-        with torch.no_grad():
-            for _ in range(length - 1):
-                nxt = model(input_ids=x.to(target.loaded.device), use_cache=False).logits[:, -1].argmax(-1, keepdim=True)
-                x = torch.cat([x, nxt.cpu()], dim=1)
-        yield from x.tolist()
+def continued(target: LazyTarget, prompts: Iterable[list[int]], new_tokens: int,
+              batch: int = GENERATE_BATCH) -> Iterator[HeldoutSequence]:
+    """``prompts`` continued greedily by the target (transformers' generate with its KV cache, ``batch`` prompts a
+    call, made only as the caller asks for more), each as prompt + continuation of ``new_tokens``; one shorter than
+    :data:`MIN_CONTINUATION` is left out."""
+    it = iter(prompts)
+    while True:
+        chunk = [p for _, p in zip(range(batch), it)]
+        if not chunk:
+            return
+        # the continuation runs its full length (ignore_eos, as vLLM can serve): a target that ends its answers early
+        # (a toy whose greedy text reaches its end-of-sequence id) still measures; a position where the suppressed
+        # end-of-sequence token was the greedy one is not scored (drafted_positions)
+        for h in greedy_continuations(target.loaded, chunk, new_tokens, batch=batch, ignore_eos=True):
+            if len(h.ids) - h.prompt_len >= MIN_CONTINUATION:
+                yield h
 
 
-def _continuations(target: LazyTarget, have: list[list[int]], seed: int, max_length: int,
-                   batch: int = 8, tries: int = 4 * BUDGET_SEQUENCES) -> Iterator[list[int]]:
-    """The target's own continuations of ``have`` (grows as the caller adds what it keeps): a random sequence of it,
-    cut at a random point (at least 2 tokens kept), the token there replaced by a random one, continued greedily to
-    its length (at most ``max_length``, at least 24 tokens) with the KV cache; ``batch`` prefixes of one length per
-    generate call; at most ``tries`` sequences made. Stops when the caller stops asking (the budget)."""
+def _perturbed(target: LazyTarget, have: list[list[int]], seed: int,
+               tries: int = 4 * BUDGET_SEQUENCES) -> Iterator[list[int]]:
+    """Prompts made from the measured sequences ``have`` (grows as the caller measures): one of them cut at a random
+    point (at least 2 tokens kept), the token there replaced by a random one; at most ``tries``."""
     g = torch.Generator().manual_seed(seed + 7919)
-    tg = target.loaded
-    made = 0
-    while made < tries:
+    for _ in range(tries):
         base = have[int(torch.randint(len(have), (1,), generator=g))]
-        n = max(24, min(len(base), max_length))
-        cut = int(torch.randint(2, max(3, min(len(base), n - 8)), (1,), generator=g))
-        prefixes = []
-        for _ in range(batch):
-            b = have[int(torch.randint(len(have), (1,), generator=g))]
-            p = list(b[:cut]) if len(b) >= cut else list(b)
-            p[-1] = int(torch.randint(target.info.vocab_size, (1,), generator=g))
-            prefixes.append(p[:cut])
-        x = torch.tensor([p for p in prefixes if len(p) == cut] or [prefixes[0][:cut]])
-        with torch.no_grad():
-            out = tg.model.generate(input_ids=x.to(tg.device), attention_mask=torch.ones_like(x).to(tg.device),
-                                    max_new_tokens=n - cut, min_new_tokens=n - cut, do_sample=False, use_cache=True,
-                                    pad_token_id=0)
-        made += len(x)
-        yield from out.cpu().tolist()
+        cut = int(torch.randint(2, max(3, len(base) - MIN_CONTINUATION), (1,), generator=g))
+        p = list(base[:cut])
+        p[-1] = int(torch.randint(target.info.vocab_size, (1,), generator=g))
+        yield p
+
+
+def drafted_positions(h: HeldoutSequence, nxt: torch.Tensor) -> torch.Tensor:
+    """bool [T-1]: the step-0 positions of ``h`` where vLLM drafts. Position i feeds token ids[i+1] with the aux
+    states of position i: drafted when ids[i+1] is the target's own greedy token there (``nxt`` [T], the target's
+    greedy next token at each position, from the same forward), i.e. in the continuation (i >= prompt_len - 1)."""
+    ids = torch.tensor(h.ids)
+    t = len(h.ids)
+    pos = torch.arange(t - 1)
+    return (pos >= h.prompt_len - 1) & (ids[1:] == nxt[: t - 1])
 
 
 def _states(target: LazyTarget, seq: list[int], ids: list[int]) -> tuple[dict[int, torch.Tensor], torch.Tensor]:
-    """{vLLM id: state [T, Ht]} and the target's greedy next token at every position [T] (one forward)."""
-    tg = target.loaded
-    union = sorted(set(ids))
-    aux, logits = tg.forward(torch.tensor([seq]), union)
+    """{vLLM id: state [T, Ht]} and the target's greedy next token at every position [T]: the ones kept for ``seq``
+    when they hold every id in ``ids``, else one forward."""
+    kept = target.kept(seq)
+    if kept is not None and kept[1] is not None and all(i in kept[0] for i in ids):
+        return kept[0], kept[1]
+    aux, logits = target.loaded.forward(torch.tensor([seq]), sorted(set(ids)))
     ht = target.info.hidden_size
-    states = {i: aux[0, :, j * ht:(j + 1) * ht].float().cpu() for j, i in enumerate(union)}
+    states = {i: aux[0, :, j * ht:(j + 1) * ht].float().cpu() for j, i in enumerate(sorted(set(ids)))}
     return states, logits[0].argmax(-1).cpu()
+
+
+def _scorer(target: LazyTarget, step: Step0, readings: dict[str, tuple[list[int], Callable[[], None]]], keep: bool):
+    """``score(h)`` for :func:`sequential`: step 0 under each reading (name -> (its vLLM aux ids, what sets it up on
+    the drafter)) at the positions of ``h`` where vLLM drafts, from one target pass (kept on ``target``: ``keep``)."""
+    union = sorted({i for ids, _ in readings.values() for i in ids})
+
+    def score(h: HeldoutSequence):
+        states, nxt = _states(target, h.ids, union)
+        if keep:
+            target.keep(h.ids, states, nxt)
+        want, scored = nxt[1:], drafted_positions(h, nxt)
+        logp, hit, excl = {}, {}, 0
+        for name, (ids, setup) in readings.items():
+            setup()
+            aux = torch.cat([states[i] for i in sorted(ids)], dim=-1)[: len(h.ids) - 1]
+            logp[name], hit[name], kept = step(aux, h.ids, want, scored)
+            excl = int((scored & ~kept).sum())
+        return logp, hit, excl
+
+    return score
 
 
 def measure(ck: Checkpoint, target: LazyTarget, candidates: list[list[int]], *, seed: int = 0, data: Any = None,
             sequences: list[list[int]] | None = None, max_length: int = MAX_LENGTH, keep_states: bool = True,
             progress: Callable[[int, int], None] | None = None) -> Measurement:
     """The aux-id measurement: ``candidates`` (vLLM ids of each reading, in the order of :data:`CONVENTIONS`)
-    compared by :func:`sequential`. ``sequences``: the statistics pass's sequences, measured first; their states are
-    kept on ``target`` (``keep_states``) so convert does not run the target on them again."""
+    compared by :func:`sequential` where vLLM drafts (:func:`drafted_positions`). ``sequences``: the statistics
+    pass's sequences, whose first tokens are the first prompts. The measured sequences' states are kept on
+    ``target`` (``keep_states``) for the ``norm_before_residual`` measurement on the same sequences."""
     t0 = time.perf_counter()
     m = load_drafter(ck, target.loaded, device=target.device, dtype=target.dtype)
     step = Step0(m, target.info.vocab_size, target.device, target.dtype)
-    union = sorted({i for c in candidates for i in c})
-    reused = {tuple(s) for s in sequences or []}  # only the statistics pass's sequences are kept (memory)
-
-    def score(seq: list[int]):
-        if len(seq) < 3:
-            return None
-        states, nxt = _states(target, seq, union)
-        if keep_states and tuple(seq) in reused:
-            target.keep(seq, states, nxt)
-        want = nxt[1:]
-        logp, hit, excl = {}, {}, 0
-        for conv, cand in zip(CONVENTIONS, candidates):
-            aux = torch.cat([states[i] for i in sorted(cand)], dim=-1)[: len(seq) - 1]
-            logp[conv], hit[conv], keep = step(aux, seq, want)
-            excl = int((~keep).sum())
-        return logp, hit, excl
-
+    score = _scorer(target, step, {c: (ids, lambda: None) for c, ids in zip(CONVENTIONS, candidates)}, keep_states)
     res = sequential(list(CONVENTIONS), measurement_sequences(target, data, seed, sequences, max_length), score,
                      progress=progress, uniform=-math.log(m.cfg.draft_vocab_size))
     return res.model_copy(update={"seconds": round(time.perf_counter() - t0, 2)})  # target and drafter load included
@@ -416,30 +445,16 @@ def measure_norm_before_residual(ck: Checkpoint, target: LazyTarget, ids: list[i
                                  sequences: list[list[int]] | None = None, max_length: int = MAX_LENGTH,
                                  progress: Callable[[int, int], None] | None = None) -> Measurement:
     """``norm_before_residual`` true vs false (step 0's layer 0 takes ``hidden_norm(g)`` or ``g`` as its residual),
-    compared by :func:`sequential` on the aux states at ``ids`` (vLLM ids, decided). Reuses kept states."""
+    compared by :func:`sequential` where vLLM drafts, on the aux states at ``ids`` (vLLM ids, decided). The same
+    sequences as the aux-id measurement: their kept states are reused."""
     m = load_drafter(ck, target.loaded, device=target.device, dtype=target.dtype)
     step = Step0(m, target.info.vocab_size, target.device, target.dtype)
     layer0 = m.layers[0]
-    ids = sorted(ids)
 
-    def score(seq: list[int]):
-        if len(seq) < 3:
-            return None
-        kept = target.kept(seq)
-        if kept is not None and kept[1] is not None and all(i in kept[0] for i in ids):
-            states, nxt = kept
-        else:
-            states, nxt = _states(target, seq, ids)
-        want = nxt[1:]
-        aux = torch.cat([states[i] for i in ids], dim=-1)[: len(seq) - 1]
-        logp, hit = {}, {}
-        excl = 0
-        for r in ("true", "false"):
-            layer0.norm_before_residual = r == "true"
-            logp[r], hit[r], keep = step(aux, seq, want)
-            excl = int((~keep).sum())
-        return logp, hit, excl
+    def flag(v: bool) -> Callable[[], None]:
+        return lambda: setattr(layer0, "norm_before_residual", v)
 
+    score = _scorer(target, step, {"true": (ids, flag(True)), "false": (ids, flag(False))}, keep=False)
     try:
         return sequential(["true", "false"], measurement_sequences(target, data, seed, sequences, max_length), score,
                           progress=progress, uniform=-math.log(m.cfg.draft_vocab_size))

@@ -213,10 +213,12 @@ def _length_batches(lengths: Sequence[int], new_tokens: int, batch: int, budget:
 def greedy_continuations(target: Any, prompts: Sequence[Sequence[int]], max_new_tokens: int,
                          batch: int = GENERATE_MAX_BATCH, eos_ids: Iterable[int] | None = None,
                          progress: Callable[[int, int], None] | None = None,
-                         token_budget: int = GENERATE_TOKEN_BUDGET) -> list[HeldoutSequence]:
+                         token_budget: int = GENERATE_TOKEN_BUDGET, ignore_eos: bool = False) -> list[HeldoutSequence]:
     """The target's own greedy continuations of ``prompts`` (transformers ``generate`` with its KV cache, left-padded
     batches of prompts of similar length, at most ``batch`` sequences and ``token_budget`` padded tokens each), in
-    the order of ``prompts``; ``progress(done, total)`` after each batch (sequences)."""
+    the order of ``prompts``; ``progress(done, total)`` after each batch (sequences). ``ignore_eos``: every
+    continuation runs ``max_new_tokens`` (an end-of-sequence token is not written where it would end it, as vLLM's
+    ``ignore_eos``)."""
     model = target.model
     gc = getattr(model, "generation_config", None)
     eos = set(eos_ids) if eos_ids is not None else set()
@@ -236,11 +238,12 @@ def greedy_continuations(target: Any, prompts: Sequence[Sequence[int]], max_new_
             attn[r, t - len(p):] = 1
         gen = model.generate(input_ids=ids.to(target.device), attention_mask=attn.to(target.device), do_sample=False,
                              max_new_tokens=max_new_tokens, pad_token_id=pad,
-                             eos_token_id=sorted(eos) if eos else None, temperature=None, top_p=None, top_k=None)
+                             eos_token_id=sorted(eos) if eos else None, temperature=None, top_p=None, top_k=None,
+                             **({"min_new_tokens": max_new_tokens} if ignore_eos else {}))
         for r, (i, p) in enumerate(zip(idx, chunk)):
             cont = gen[r, t:].tolist()
             for c, tok in enumerate(cont):
-                if tok in eos:
+                if tok in eos and not ignore_eos:
                     cont = cont[: c + 1]
                     break
             out[i] = HeldoutSequence(p + cont, len(p))

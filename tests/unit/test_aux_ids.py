@@ -511,9 +511,10 @@ def test_norm_before_residual_not_in_the_config_is_measured(world, target):
     assert convert(stated, target, world / "nbr-s-31", **KW).norm_before_residual_evidence is None
 
 
-def test_one_target_pass_serves_both_readings_and_the_statistics_pass(world, target):
-    """The target runs once per measured sequence for both readings, and the statistics pass that follows in
-    convert finds those sequences' states kept (LazyTarget.capture does not run the target on them again)."""
+def test_one_target_pass_serves_both_readings_and_the_flag_measurement(world, target):
+    """The target runs once per measured sequence for both readings (the prompt and the target's own continuation of
+    it, issue 49), and the norm_before_residual measurement that follows on the same sequences finds their states
+    kept (it does not run the target on them again)."""
     import torch
 
     from eagle_migrate import aux_evidence
@@ -522,19 +523,21 @@ def test_one_target_pass_serves_both_readings_and_the_statistics_pass(world, tar
     src = write_layout("vllm-plain", W.drafter_config(), W.drafter_state_dict("right"), world / "reuse", aux_convention="vllm")
     ck = read_checkpoint(src)
     lt = LazyTarget(target, "cpu", torch.float32)
-    text = [[(s + i) % W.V for i in range(40)] for s in range(W.V)]  # the target's own text: x, x + 1, ...
+    text = [[(s + 3 * i) % W.V for i in range(40)] for s in range(W.V)]  # not the target's text: only prompts
     calls = []
     tg = lt.loaded
     fwd = tg.forward
     tg.forward = lambda *a, **k: (calls.append(1), fwd(*a, **k))[1]
     m = aux_evidence.measure(ck, lt, [[1, 2, 3], [2, 3, 4]], data=text, sequences=text[:8])
     assert m.winner == "vllm" and len(calls) == m.sequences
-    lt.keep_only([1, 2, 3])
-    tg.capture = lambda *a, **k: pytest.fail("the target ran again on a measured sequence")
-    recs = list(lt.capture(text[:8], [1, 2, 3], want_last=False))
-    assert len(recs) == 8 and recs[0].aux.shape == (40, 3 * W.H)
-    want, _ = fwd(torch.tensor([text[0]]), [1, 2, 3])
-    assert torch.allclose(recs[0].aux, want[0].float())
+    calls.clear()
+    n = aux_evidence.measure_norm_before_residual(ck, lt, [1, 2, 3], data=text, sequences=text[:8])
+    assert n.positions > 0 and len(calls) == max(0, n.sequences - m.sequences)
+    h = next(aux_evidence.measurement_sequences(lt, text, 0, text[:8]))
+    states, nxt = lt.kept(h.ids)
+    want, logits = fwd(torch.tensor([h.ids]), [1, 2, 3])
+    assert torch.allclose(torch.cat([states[i] for i in (1, 2, 3)], dim=-1), want[0].float())
+    assert torch.equal(nxt, logits[0].argmax(-1))
 
 
 def test_validate_serves_undecided_ids_literally_records_them_and_warns(world, target):
@@ -554,11 +557,11 @@ def test_validate_serves_undecided_ids_literally_records_them_and_warns(world, t
 
 
 def test_when_the_data_runs_out_the_targets_own_continuations_fill_the_budget(tmp_path):
-    """Issue 37, item 3: a tokenizer-less target without data is measured on its own greedy continuations of random
-    first tokens; on the successor toy (next token = x + 1) those repeat (64 starts, about 40 distinct), so the
-    measurement stopped short of its budget. Now more come from the target: a measured sequence cut at a random point,
-    the token there replaced, continued greedily. Every sequence is distinct, and past the cut each is the target's
-    own greedy text."""
+    """Issue 37, item 3, and issue 49: every measured sequence is a prompt and the target's own greedy continuation
+    of it (only the continuation is scored, as vLLM drafts there). A tokenizer-less target without data is prompted
+    with random first tokens; on the successor toy (V = 64) those run out before the budget, so more prompts come
+    from what was measured: a sequence cut at a random point, the token there replaced. Every sequence is distinct,
+    reaches the budget, and its continuation is the target's greedy successor text."""
     import torch
 
     from eagle_migrate import aux_evidence as ev
@@ -567,13 +570,18 @@ def test_when_the_data_runs_out_the_targets_own_continuations_fill_the_budget(tm
 
     lt = LazyTarget(str(toy.write_target(tmp_path / "t")), "cpu", torch.float32)
     seqs = []
-    for s in ev.measurement_sequences(lt, None, seed=0):
-        seqs.append(s)
+    for h in ev.measurement_sequences(lt, None, seed=0):
+        seqs.append(h)
         if len(seqs) == ev.BUDGET_SEQUENCES:
             break
-    assert len(seqs) == ev.BUDGET_SEQUENCES and len({tuple(s) for s in seqs}) == len(seqs)
-    own = len({tuple(s) for s in ev._own_sequences(lt, ev.BUDGET_SEQUENCES, 48, 0)})
-    assert own < ev.BUDGET_SEQUENCES  # the starts alone do not reach the budget here
-    for s in seqs[own:]:  # continuations: the target's greedy successor text after some point
-        tail = s[-8:]
-        assert len(s) >= 24 and all(b == (a + 1) % toy.H for a, b in zip(tail, tail[1:])), s
+    assert len(seqs) == ev.BUDGET_SEQUENCES and len({tuple(h.ids) for h in seqs}) == len(seqs)
+    assert any(h.prompt_len > 1 for h in seqs)  # the single-token starts ran out: perturbed prompts followed
+    eos = toy.H - 1  # the toy's end-of-sequence id: not written where it would end the answer (ignore_eos)
+    for h in seqs:
+        cont = h.ids[h.prompt_len - 1:]
+        assert len(cont) > ev.MIN_CONTINUATION
+        assert all(b == (a + 1) % toy.H or (a + 1) % toy.H == eos for a, b in zip(cont, cont[1:])), h
+        nxt = torch.tensor([(t + 1) % toy.H for t in h.ids])  # the successor target's greedy next tokens
+        scored = ev.drafted_positions(h, nxt)
+        own = torch.tensor([h.ids[i + 1] == (h.ids[i] + 1) % toy.H for i in range(len(h.ids) - 1)])
+        assert not scored[: h.prompt_len - 1].any() and torch.equal(scored[h.prompt_len - 1:], own[h.prompt_len - 1:])

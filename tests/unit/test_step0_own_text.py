@@ -1,0 +1,119 @@
+"""Issue 49: step 0 is measured where vLLM drafts, after text the target itself wrote.
+
+A drafter whose first draft comes from the aux states alone (``fc`` copies them, attention and MLP add nothing,
+``hidden_norm`` is zero with ``norm_before_residual`` false, ``lm_head`` reads the residual) is right on the target's
+own text and confidently wrong on anybody else's: scored at every position of teacher-forced data it looked dead
+under every reading, and convert refused a drafter vLLM serves with every first draft right. Scored at the
+continuation's positions, it drafts, and the flag is read the way it was trained. A drafter that drafts under no
+reading on the target's own text is still refused, naming the flag."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from eagle_migrate import aux_evidence as ev
+from eagle_migrate import toy
+from eagle_migrate.convert import convert
+from eagle_migrate.errors import PairingError
+from eagle_migrate.formats import read_checkpoint
+from eagle_migrate.target import LazyTarget
+
+from ..layouts import write_layout
+
+H, K = toy.H, len(toy.AUX_IDS)
+
+
+def fc_path_state_dict(dead: bool = False) -> dict[str, torch.Tensor]:
+    """The toy drafter whose step-0 draft depends only on the fc path: residual g = fc(aux) = E[x_i] (x_i: the token
+    at the aux states' position), lm_head reads x_i + 2, which is right where vLLM feeds the target's own token
+    x_i + 1. ``dead``: lm_head reads x_i + 5 instead (wrong on any text, under any reading)."""
+    sd = toy.drafter_state_dict("aux-only")
+    sd["fc.weight"] = torch.cat([torch.eye(H) / (K * toy.aux_rms(i)) for i in toy.AUX_IDS], dim=1)
+    sd["layers.0.mlp.down_proj.weight"] = torch.zeros(H, H)
+    sd["layers.0.hidden_norm.weight"] = torch.zeros(H)
+    sd["lm_head.weight"] = toy._shift(H, 5 if dead else 2)
+    return sd
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    d = tmp_path_factory.mktemp("step0-own-text")
+    target = str(toy.write_target(d / "target"))
+    cfg = toy.drafter_config(norm_before_residual=False)
+    src = _unstated(write_layout("specforge", cfg, fc_path_state_dict(), d / "fc-path"))
+    dead = _unstated(write_layout("specforge", cfg, fc_path_state_dict(dead=True), d / "dead"))
+    return d, target, src, dead
+
+
+def _unstated(folder):
+    """The config without norm_before_residual, as SpecForge's exporter writes it (the flag is then measured)."""
+    f = folder / "config.json"
+    cfg = json.loads(f.read_text())
+    cfg.pop("norm_before_residual")
+    f.write_text(json.dumps(cfg))
+    return folder
+
+
+def _random_text(n: int = 80, length: int = 128) -> list[list[int]]:
+    g = torch.Generator().manual_seed(3)
+    return torch.randint(0, H, (n, length), generator=g).tolist()
+
+
+def test_the_fc_path_drafter_drafts_on_the_targets_own_text_only(world):
+    """The planted drafter's step 0 is right at every position of the target's own continuation and at almost no
+    position of text the target did not write: the measurement must score the former."""
+    _, target, src, _ = world
+    ck = read_checkpoint(src)
+    assert ck.meta.get("norm_before_residual_stated") is False
+    lt = LazyTarget(target, "cpu", torch.float32)
+    from eagle_migrate.loader import load_drafter
+
+    m = load_drafter(ck, lt.loaded, device="cpu", dtype=torch.float32)
+    m.layers[0].norm_before_residual = False
+    step = ev.Step0(m, H, "cpu", torch.float32)
+    ids = sorted(toy.AUX_IDS)
+    h = next(ev.measurement_sequences(lt, _random_text(), seed=0))
+    states, nxt = ev._states(lt, h.ids, ids)
+    aux = torch.cat([states[i] for i in ids], dim=-1)[: len(h.ids) - 1]
+    scored = ev.drafted_positions(h, nxt)
+    _, hit, keep = step(aux, h.ids, nxt[1:], scored)
+    assert int(keep.sum()) >= ev.MIN_CONTINUATION and bool(hit.all())  # every first draft right where vLLM drafts
+    _, hit_prompt, _ = step(aux, h.ids, nxt[1:], ~scored)
+    assert hit_prompt.float().mean() < 0.2  # the prompt's own positions: not the target's text
+
+
+def test_measurements_on_other_text_decide_by_the_continuations(world):
+    """Given data the target did not write (random tokens), the flag is measured on the target's continuations of
+    it: false wins (with true, the zero hidden_norm leaves nothing to draft from), and the aux-id reading is not
+    'no evidence'. Scored at every position of the data, both were no evidence."""
+    _, target, src, _ = world
+    ck = read_checkpoint(src)
+    lt = LazyTarget(target, "cpu", torch.float32)
+    data = _random_text()
+    m = ev.measure_norm_before_residual(ck, lt, sorted(toy.AUX_IDS), data=data)
+    assert m.verdict == "second" and m.winner == "false", m.rule
+    assert all(h.prompt_len > 1 for h in [next(ev.measurement_sequences(lt, data, seed=0))])
+    cands = [sorted(toy.AUX_IDS), sorted(i + 1 for i in toy.AUX_IDS)]
+    a = ev.measure(read_checkpoint(src), lt, cands, data=data)
+    assert a.verdict != "no-evidence" and a.drafts["vllm"], a.rule
+
+
+def test_convert_reads_the_flag_as_trained_and_keeps_the_drafts(world):
+    """convert with its defaults decides norm_before_residual false by measurement and writes a drafter whose step 0
+    drafts the target's own text as the source does."""
+    d, target, src, _ = world
+    res = convert(src, target, d / "fc-path-31", num_sequences=8, calibrate=False, command="test")
+    assert res.norm_before_residual_evidence is not None and res.norm_before_residual_evidence.winner == "false"
+    assert res.source_kind.kind == "plain" and res.source_kind.decided_by == "measurement"
+    assert res.agreement.step0 is not None and res.agreement.step0 > 0.95
+
+
+def test_a_drafter_that_drafts_under_no_reading_is_still_refused(world):
+    d, target, _, dead = world
+    with pytest.raises(PairingError, match="predicts none of the target's tokens") as ei:
+        convert(dead, target, d / "dead-31", num_sequences=8, calibrate=False, command="test")
+    assert ei.value.exit_code == 2 and "--aux-ids-convention" in ei.value.hint  # names the flag
+    assert not (d / "dead-31").exists()
