@@ -42,10 +42,16 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .corpora import calibration_sequences
 from .formats.aux_ids import CONVENTIONS, AuxIds, Convention, Measurement, from_stored, resolve
-from .judge import HeldoutSequence, greedy_continuations
+from .judge import HeldoutSequence
 from .loader import load_drafter
+from .own_text import (  # noqa: F401  (re-exported: the measured sequences are the measurement's)
+    CONTINUATION_TOKENS,
+    MIN_CONTINUATION,
+    PROMPT_TOKENS,
+    drafted_positions,
+    measurement_sequences,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from .formats.base import Checkpoint
@@ -65,15 +71,9 @@ EQUIVALENCE_NATS = 0.01
 LOOKS = (8, 12, 16, 24, 32, 48, 64)
 BUDGET_SEQUENCES = LOOKS[-1]
 BUDGET_POSITIONS = 16384
-# a measured sequence: a prompt of at most PROMPT_TOKENS tokens from the data (its first tokens), then the target's
-# own greedy continuation of CONTINUATION_TOKENS tokens (fewer where it ends its answer: EOS), scored alone; one
-# whose continuation is shorter than MIN_CONTINUATION is not measured. The target's forwards and its generation are
-# the cost (SmolLM2-135M: about 10 CPU-seconds per 512 tokens on the loaded 2-core box, docs/benchmarks.md).
+# the measured sequences: a data prompt and the target's own greedy continuation (own_text.py); the statistics pass's
+# sequences are cut to MAX_LENGTH
 MAX_LENGTH = 512
-PROMPT_TOKENS = 96
-CONTINUATION_TOKENS = 96
-MIN_CONTINUATION = 8
-GENERATE_BATCH = 8
 LOGP_FLOOR = -50.0  # a draft probability that underflows counts as e^-50, never -inf
 # A reading drafts (:func:`drafts`) when its top-1 agreement with the target's next token is at least MIN_AGREEMENT
 # over at least MIN_HITS hits, its mean beats a uniform guess over the draft vocabulary by UNIFORM_MARGIN nats, and
@@ -315,83 +315,7 @@ def worse_than_literal(m: Measurement, literal: str) -> str:
     return ""
 
 
-# ----- the target's own text, and its states once per sequence ------------------------------------------------------
-def measurement_sequences(target: LazyTarget, data: Any, seed: int, first: list[list[int]] | None = None,
-                          max_length: int = MAX_LENGTH) -> Iterator[HeldoutSequence]:
-    """The measured sequences: prompts, each continued greedily by the target (:func:`continued`). The prompts are the
-    first :data:`PROMPT_TOKENS` tokens of ``first`` (convert: the statistics pass's sequences), then of more
-    sequences from the same data up to the budget; a tokenizer-less target without data: random first tokens. When
-    the data runs out before the budget (a small data set), prompts made from what was measured: a measured sequence
-    cut at a random point, one token there replaced at random (:func:`_perturbed`), until the budget is reached."""
-    seen: set[tuple[int, ...]] = set()
-    have: list[list[int]] = []
-    plen = max(1, min(PROMPT_TOKENS, max_length - MIN_CONTINUATION))
-    new = max(MIN_CONTINUATION, min(CONTINUATION_TOKENS, max_length - 1))
-
-    def prompts() -> Iterator[list[int]]:
-        for s in first or []:
-            yield list(s[:plen])
-        if data is None and target.tokenizer is None:
-            g = torch.Generator().manual_seed(seed)
-            yield from torch.randint(0, target.info.vocab_size, (BUDGET_SEQUENCES, 1), generator=g).tolist()
-        else:
-            for s in calibration_sequences(data, target.tokenizer, target.info.vocab_size, BUDGET_SEQUENCES, max_length, seed):
-                yield list(s[:plen])
-
-    def fresh(ps: Iterable[list[int]]) -> Iterator[list[int]]:
-        for p in ps:
-            if len(p) >= 1 and tuple(p) not in seen:
-                seen.add(tuple(p))
-                yield p
-
-    for h in continued(target, fresh(prompts()), new):
-        have.append(h.ids)
-        yield h
-    if have:
-        yield from continued(target, fresh(_perturbed(target, have, seed)), new)
-
-
-def continued(target: LazyTarget, prompts: Iterable[list[int]], new_tokens: int,
-              batch: int = GENERATE_BATCH) -> Iterator[HeldoutSequence]:
-    """``prompts`` continued greedily by the target (transformers' generate with its KV cache, ``batch`` prompts a
-    call, made only as the caller asks for more), each as prompt + continuation of ``new_tokens``; one shorter than
-    :data:`MIN_CONTINUATION` is left out."""
-    it = iter(prompts)
-    while True:
-        chunk = [p for _, p in zip(range(batch), it)]
-        if not chunk:
-            return
-        # the continuation runs its full length (ignore_eos, as vLLM can serve): a target that ends its answers early
-        # (a toy whose greedy text reaches its end-of-sequence id) still measures; a position where the suppressed
-        # end-of-sequence token was the greedy one is not scored (drafted_positions)
-        for h in greedy_continuations(target.loaded, chunk, new_tokens, batch=batch, ignore_eos=True):
-            if len(h.ids) - h.prompt_len >= MIN_CONTINUATION:
-                yield h
-
-
-def _perturbed(target: LazyTarget, have: list[list[int]], seed: int,
-               tries: int = 4 * BUDGET_SEQUENCES) -> Iterator[list[int]]:
-    """Prompts made from the measured sequences ``have`` (grows as the caller measures): one of them cut at a random
-    point (at least 2 tokens kept), the token there replaced by a random one; at most ``tries``."""
-    g = torch.Generator().manual_seed(seed + 7919)
-    for _ in range(tries):
-        base = have[int(torch.randint(len(have), (1,), generator=g))]
-        cut = int(torch.randint(2, max(3, len(base) - MIN_CONTINUATION), (1,), generator=g))
-        p = list(base[:cut])
-        p[-1] = int(torch.randint(target.info.vocab_size, (1,), generator=g))
-        yield p
-
-
-def drafted_positions(h: HeldoutSequence, nxt: torch.Tensor) -> torch.Tensor:
-    """bool [T-1]: the step-0 positions of ``h`` where vLLM drafts. Position i feeds token ids[i+1] with the aux
-    states of position i: drafted when ids[i+1] is the target's own greedy token there (``nxt`` [T], the target's
-    greedy next token at each position, from the same forward), i.e. in the continuation (i >= prompt_len - 1)."""
-    ids = torch.tensor(h.ids)
-    t = len(h.ids)
-    pos = torch.arange(t - 1)
-    return (pos >= h.prompt_len - 1) & (ids[1:] == nxt[: t - 1])
-
-
+# ----- the states, once per sequence --------------------------------------------------------------------------------
 def _states(target: LazyTarget, seq: list[int], ids: list[int]) -> tuple[dict[int, torch.Tensor], torch.Tensor]:
     """{vLLM id: state [T, Ht]} and the target's greedy next token at every position [T]: the ones kept for ``seq``
     when they hold every id in ``ids``, else one forward."""

@@ -250,7 +250,11 @@ def test_measurement_picks_the_convention_the_ids_were_written_in(world, target,
     assert r.aux_layer_ids == W.IDS and r.aux_layer_ids_convention == conv
     other = "vllm" if conv == "output-of-layer" else "output-of-layer"
     assert e.measurement.agreement[conv] > 0.95 and e.measurement.agreement[other] < 0.2
-    assert e.measurement.positions >= 300
+    from eagle_migrate.own_text import CONTINUATION_TOKENS
+
+    # scored on the continuations alone: most of each one's positions (the ones where the toy's greedy token was its
+    # end-of-sequence id, not written under ignore_eos, are left out)
+    assert e.measurement.positions >= 0.8 * e.measurement.sequences * CONTINUATION_TOKENS
     f = [x for x in r.findings if x.code == "aux_ids_measured"]
     assert f and f"{e.measurement.agreement[conv]:.3f}" in f[0].message and f"{e.measurement.agreement[other]:.3f}" in f[0].message
 

@@ -1,0 +1,133 @@
+"""The target's own text, where vLLM drafts (issue 49): prompts from the data, each followed by the target's own greedy
+continuation (:class:`~eagle_migrate.judge.HeldoutSequence`), and the step-0 positions of such a sequence where vLLM
+drafts: those whose fed token is the target's own greedy token, i.e. the continuation's. The aux-id and
+``norm_before_residual`` measurements (:mod:`eagle_migrate.aux_evidence`) score step 0 there alone: a drafter whose
+first draft comes from the aux states is right on the target's text and can be confidently wrong on anybody else's.
+
+Layer: beside ``judge``: imports corpora, judge (HeldoutSequence, greedy_continuations), target (a type).
+"""
+
+from __future__ import annotations
+
+import json
+import weakref
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from .corpora import calibration_sequences
+from .judge import HeldoutSequence, greedy_continuations
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .target import LazyTarget
+
+# a measured sequence: a prompt of PROMPT_TOKENS tokens from the data (its first tokens; a shorter one as it is), then
+# the target's own greedy continuation of CONTINUATION_TOKENS tokens, scored alone. The continuations are made
+# GENERATE_BATCH at a time, enough for the first three looks in one generate call: a decode step reads every weight
+# once, so it costs little more for 16 sequences than for 8 (SmolLM2-135M on one core of the 2-core box: 0.12 s a step
+# for 8 sequences, 0.29 s for 32), while the prefill and the scoring forward cost per token.
+PROMPT_TOKENS = 48
+CONTINUATION_TOKENS = 40
+MIN_CONTINUATION = 8
+GENERATE_BATCH = 16
+# the measurement's budget of sequences (aux_evidence.LOOKS[-1]): the prompts made at most
+BUDGET_SEQUENCES = 64
+
+
+_MADE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> {key: (sequences made, their source)}
+
+
+def measurement_sequences(target: LazyTarget, data: Any, seed: int, first: list[list[int]] | None = None,
+                          max_length: int = 512) -> Iterator[HeldoutSequence]:
+    """The measured sequences: prompts, each continued greedily by the target (:func:`continued`). The prompts are the
+    first :data:`PROMPT_TOKENS` tokens of ``first`` (convert: the statistics pass's sequences), then of more
+    sequences from the same data up to the budget; a tokenizer-less target without data: random first tokens. When
+    the data runs out before the budget (a small data set), prompts made from what was measured: a measured sequence
+    cut at a random point, one token there replaced at random (:func:`_perturbed`), until the budget is reached.
+    Made once per target and arguments: a second measurement on them (``norm_before_residual`` after the aux ids)
+    replays what the first made before the target generates more."""
+    key = json.dumps([data if isinstance(data, (list, tuple)) else str(data), seed, first, max_length], default=str)
+    made, source = _MADE.setdefault(target, {}).setdefault(key, ([], _made(target, data, seed, first, max_length)))
+    i = 0
+    while True:
+        if i == len(made):
+            nxt = next(source, None)
+            if nxt is None:
+                return
+            made.append(nxt)
+        yield made[i]
+        i += 1
+
+
+def _made(target: LazyTarget, data: Any, seed: int, first: list[list[int]] | None, max_length: int) -> Iterator[HeldoutSequence]:
+    """:func:`measurement_sequences`' sequences as the target makes them."""
+    seen: set[tuple[int, ...]] = set()
+    have: list[list[int]] = []
+    plen = max(1, min(PROMPT_TOKENS, max_length - MIN_CONTINUATION))
+    new = max(MIN_CONTINUATION, min(CONTINUATION_TOKENS, max_length - 1))
+
+    def prompts() -> Iterator[list[int]]:
+        for s in first or []:
+            yield list(s[:plen])
+        if data is None and target.tokenizer is None:
+            g = torch.Generator().manual_seed(seed)
+            yield from torch.randint(0, target.info.vocab_size, (BUDGET_SEQUENCES, 1), generator=g).tolist()
+        else:
+            for s in calibration_sequences(data, target.tokenizer, target.info.vocab_size, BUDGET_SEQUENCES, max_length, seed):
+                yield list(s[:plen])
+
+    def fresh(ps: Iterable[list[int]]) -> Iterator[list[int]]:
+        for p in ps:
+            if len(p) >= 1 and tuple(p) not in seen:
+                seen.add(tuple(p))
+                yield p
+
+    for h in continued(target, fresh(prompts()), new):
+        have.append(h.ids)
+        yield h
+    if have:
+        yield from continued(target, fresh(_perturbed(target, have, seed)), new)
+
+
+def continued(target: LazyTarget, prompts: Iterable[list[int]], new_tokens: int,
+              batch: int = GENERATE_BATCH) -> Iterator[HeldoutSequence]:
+    """``prompts`` continued greedily by the target (transformers' generate with its KV cache, ``batch`` prompts a
+    call, made only as the caller asks for more), each as prompt + continuation of ``new_tokens``; one shorter than
+    :data:`MIN_CONTINUATION` is left out."""
+    it = iter(prompts)
+    while True:
+        chunk = [p for _, p in zip(range(batch), it)]
+        if not chunk:
+            return
+        # the continuation runs its full length (ignore_eos, as vLLM can serve): a target that ends its answers early
+        # (a toy whose greedy text reaches its end-of-sequence id) still measures; a position where the suppressed
+        # end-of-sequence token was the greedy one is not scored (drafted_positions)
+        for h in greedy_continuations(target.loaded, chunk, new_tokens, batch=batch, ignore_eos=True):
+            if len(h.ids) - h.prompt_len >= MIN_CONTINUATION:
+                yield h
+
+
+def _perturbed(target: LazyTarget, have: list[list[int]], seed: int,
+               tries: int = 4 * BUDGET_SEQUENCES) -> Iterator[list[int]]:
+    """Prompts made from the measured sequences ``have`` (grows as the caller measures): one of them cut at a random
+    point (at least 2 tokens kept), the token there replaced by a random one; at most ``tries``."""
+    g = torch.Generator().manual_seed(seed + 7919)
+    for _ in range(tries):
+        base = have[int(torch.randint(len(have), (1,), generator=g))]
+        cut = int(torch.randint(2, max(3, len(base) - MIN_CONTINUATION), (1,), generator=g))
+        p = list(base[:cut])
+        p[-1] = int(torch.randint(target.info.vocab_size, (1,), generator=g))
+        yield p
+
+
+def drafted_positions(h: HeldoutSequence, nxt: torch.Tensor) -> torch.Tensor:
+    """bool [T-1]: the step-0 positions of ``h`` where vLLM drafts. Position i feeds token ids[i+1] with the aux
+    states of position i: drafted when ids[i+1] is the target's own greedy token there (``nxt`` [T], the target's
+    greedy next token at each position, from the same forward), i.e. in the continuation (i >= prompt_len - 1)."""
+    ids = torch.tensor(h.ids)
+    t = len(h.ids)
+    pos = torch.arange(t - 1)
+    return (pos >= h.prompt_len - 1) & (ids[1:] == nxt[: t - 1])
+
+
