@@ -9,7 +9,8 @@ this repository on PYTHONPATH for the toy targets (eagle_migrate/toy.py: H = 64,
     TORCHSPEC_SRC=<lightseekorg/TorchSpec checkout> PYTHONPATH=$PWD /work/wt/peer-venv-torchspec/bin/python \
         scripts/make_producer_fixtures.py torchspec
 
-(speculators after specforge: `speculators convert` reads SpecForge's fixture.) Venvs: judge-venv has speculators
+(speculators after specforge: `speculators convert` reads SpecForge's fixture.) `--only NAME...` writes just those
+fixtures of the producer and leaves its others as they are. Venvs: judge-venv has speculators
 0.9.0; peer-venv torch 2.13 CPU + nvidia-modelopt 0.47.0 + transformers 5.19 + accelerate + requests;
 peer-venv-specforge torch 2.13 CPU + specforge 0.2.0 --no-deps + transformers 5.8.1 (+ safetensors, pydantic, ...);
 peer-venv-torchspec torch 2.13 CPU + transformers 4.57 + numba + wandb.
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import importlib.metadata as md
 import json
+import math
 import os
 import shutil
 import sys
@@ -38,6 +40,12 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "tests" / "fixtures" / "producers"
+ONLY: set[str] = set()  # --only: write just these fixtures (the producer's others are left as they are)
+WRITTEN: set[str] = set()
+
+
+def wanted(name: str) -> bool:
+    return not ONLY or name in ONLY
 
 
 @contextmanager
@@ -71,7 +79,42 @@ def finish(src: Path, name: str, package: str, how: str, extra: str = "", versio
         f"{md.version('transformers')}): {how}.\nCommand: `{cmd}.\nFiles: {files}.\n{extra}"
     )
     size = sum(p.stat().st_size for p in dst.iterdir())
+    WRITTEN.add(name)
     print(f"{name}: {size / 1024:.0f} KiB", file=sys.stderr)
+
+
+FCPATH_NOTE = ("Whichever layers the ids are read as, the first drafts are the same (the captured states differ only "
+               "in scale and the final norm removes it): the fixture tells norm_before_residual apart, not the ids' "
+               "convention.\n")
+
+
+def fcpath_state_dict(ids: list[int]) -> dict[str, torch.Tensor]:
+    """Toy tensors (vLLM layout) of a drafter whose first draft depends only on the fc path, for the layer *outputs*
+    ``ids`` a producer's training hook captures (vLLM id + 1): fc copies the aux states of token x_i to E[x_i] (chunk
+    k = I / (K * RMS of the captured layer), as the oracle variants scale them), attention and MLP add nothing
+    (o_proj and down_proj zero), hidden_norm is zero (so a reader that takes the residual after hidden_norm, i.e.
+    norm_before_residual true, gets 0) and lm_head reads the residual shifted by 2: the draft at step 0 (fed the
+    target's greedy token x_i + 1) is x_i + 2, the target's next greedy token."""
+    from eagle_migrate import toy
+
+    h = toy.H
+    sd = toy.drafter_state_dict("aux-only")
+    sd["fc.weight"] = torch.cat([torch.eye(h) / (len(ids) * toy.aux_rms(i + 1)) for i in ids], dim=1)
+    sd["layers.0.hidden_norm.weight"] = torch.zeros(h)
+    sd["lm_head.weight"] = toy._shift(h, 2)
+    assert not sd["layers.0.self_attn.o_proj.weight"].any() and not sd["layers.0.mlp.down_proj.weight"].any()
+    # step 0 by hand, in the dtype the exporters write: residual = fc(aux) (norm_before_residual false), attention
+    # and MLP add 0, final norm, lm_head -> x + 2 for every x; read with norm_before_residual true it drafts nothing
+    for dt in (torch.float32, torch.bfloat16):
+        w = {k: v.to(dt).float() for k, v in sd.items()}
+        x = torch.arange(h)
+        aux = torch.cat([toy.aux_rms(i + 1) * math.sqrt(h) * torch.nn.functional.one_hot(x, h).float() for i in ids],
+                        dim=1)
+        r = aux @ w["fc.weight"].T
+        normed = r * torch.rsqrt(r.pow(2).mean(-1, keepdim=True) + 1e-6) * w["norm.weight"]
+        assert torch.equal((normed @ w["lm_head.weight"].T).argmax(-1), (x + 2) % h), dt
+        assert not (r * w["layers.0.hidden_norm.weight"]).any()
+    return sd
 
 
 # ----- speculators (vllm-project/speculators) ----------------------------------------------------------------------
@@ -104,6 +147,8 @@ def speculators() -> None:
 
     def trained(target: str, arch: str, name: str, how: str, *, ids, oracle: bool, draft_vocab: int | None = None,
                 fc_norm: bool = False, norm_before_fc: bool = True, norm_output: bool = True, extra: str = "") -> None:
+        if not wanted(name):
+            return
         # the train CLI's eagle3 defaults (speculators/train/config/schema.py): llama draft, 1 layer, sliding window
         # 2048 on every layer, norm_before_residual / norm_before_fc / norm_output true (norm_before_fc false with
         # --fc-norm: they are mutually exclusive)
@@ -152,6 +197,8 @@ def speculators() -> None:
         # Eagle3Speculator model has no fc_norm parameters, so the weights are dropped ("Unexpected keys")
         from speculators.convert.entrypoints import convert_model
 
+        if not wanted("speculators-convert-specforge-fcnorm"):
+            return
         src = OUT / "specforge-llama-sglang-fcnorm-dv32"
         convert_model(model=str(src), verifier="toy-llama8-target", algorithm="eagle3", output_path="converted",
                       eagle_aux_hidden_state_layer_ids=[1, 3, 4])
@@ -182,13 +229,17 @@ def modelopt() -> None:
     torch.manual_seed(0)
 
     def export(target: str, name: str, how: str, *, oracle_ids: list[int] | None = None,
-               draft_vocab: int | None = None, extra: str = "") -> None:
+               draft_vocab: int | None = None, extra: str = "", fcpath: bool = False) -> None:
+        if not wanted(name):
+            return
         model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.bfloat16)
         cfg = copy.deepcopy(EAGLE3_DEFAULT_CFG["config"])
         arch = {"intermediate_size": toy.H, "num_attention_heads": toy.HEADS, "num_key_value_heads": toy.KV_HEADS,
                 "head_dim": toy.HEAD_DIM}
         if draft_vocab is not None:
             arch["draft_vocab_size"] = draft_vocab
+        if fcpath and draft_vocab is None:  # the draft's own full-vocabulary head (EagleModule makes one with it)
+            arch["has_lm_head"] = True
         cfg["eagle_architecture_config"].update(arch)
         mtsp.convert(model, [("eagle", cfg)])
         ids = model.eagle_config.eagle_aux_hidden_state_layer_ids
@@ -197,15 +248,21 @@ def modelopt() -> None:
             used = torch.tensor(sorted(range(0, toy.H, toy.H // draft_vocab))[:draft_vocab])
             em.d2t.copy_(used - torch.arange(draft_vocab))
         if oracle_ids is not None:
-            # the toy oracle, with the target's own head (ModelOpt copies the base lm_head in when the draft has
-            # none): fc maps the aux states of x_i to E[x_i] (chunk k divided by the RMS of the layer whose *output*
-            # ModelOpt's hook captured, i.e. vLLM id ids[k] + 1), the layer adds +1, the target's head adds +1
+            # the toy oracle (not fcpath), with the target's own head (ModelOpt copies the base lm_head in when the
+            # draft has none): fc maps the aux states of x_i to E[x_i] (chunk k divided by the RMS of the layer whose
+            # *output* ModelOpt's hook captured, i.e. vLLM id ids[k] + 1), the layer adds +1, the target's head adds +1
             assert ids == oracle_ids, ids
-            sd = toy.drafter_state_dict("oracle")
-            sd["fc.weight"] = torch.cat([torch.eye(toy.H) / (len(ids) * toy.aux_rms(i + 1)) for i in ids], dim=1)
-            mine = {k: v for k, v in sd.items() if k != "lm_head.weight"}
-            if draft_vocab is not None:  # its own reduced head: the base head's rows of the draft vocabulary
-                mine["lm_head.weight"] = model.lm_head.weight.detach()[used].clone()
+            if fcpath:  # fc copies the captures, the layer adds nothing, the draft's own head shifts by 2
+                sd = fcpath_state_dict(ids)
+                mine = dict(sd)
+                if draft_vocab is not None:  # the reduced head: the full one's rows of the draft vocabulary
+                    mine["lm_head.weight"] = sd["lm_head.weight"][used].clone()
+            else:
+                sd = toy.drafter_state_dict("oracle")
+                sd["fc.weight"] = torch.cat([torch.eye(toy.H) / (len(ids) * toy.aux_rms(i + 1)) for i in ids], dim=1)
+                mine = {k: v for k, v in sd.items() if k != "lm_head.weight"}
+                if draft_vocab is not None:  # its own reduced head: the base head's rows of the draft vocabulary
+                    mine["lm_head.weight"] = model.lm_head.weight.detach()[used].clone()
             missing, unexpected = em.load_state_dict(mine, strict=False)
             assert not unexpected and not [k for k in missing if "rotary" not in k and k != "d2t"], (missing, unexpected)
         export_speculative_decoding(model, export_dir="export")
@@ -232,6 +289,29 @@ def modelopt() -> None:
                "default aux layers collapse to two: sorted({1, 6 // 2 - 1, 6 - 4}) = [1, 2]) then "
                "`export_speculative_decoding`; random init, d2t set as load_draft_vocab_cache would",
                draft_vocab=32, extra="Target: `toy.write_target(path)` (6 layers).\n")
+        # the first draft depends only on the fc path (fcpath_state_dict): read with the captured ids as
+        # output-of-layer (vLLM ids [2, 4, 5]) and norm_before_residual false (ModelOpt's EAGLE-3 layer keeps the
+        # un-normed fc output as the residual; its config does not say so), every first draft is the target's token
+        export("toy-llama8-target", "modelopt-llama-fcpath",
+               "`mtsp.convert` with EAGLE3_DEFAULT_CFG plus `has_lm_head: true` (the draft's own full-vocabulary "
+               "head) then `export_speculative_decoding`; draft tensor values: fc copies the captured states (chunk "
+               "k = I / (3 * RMS of the captured layer's output)), o_proj and down_proj zero, hidden_norm zero, "
+               "lm_head = shift by 2 (the first draft depends only on the fc path)", oracle_ids=[1, 3, 4], fcpath=True,
+               extra="Target: `toy.write_target(path, layers=8)`; served with vLLM ids [2, 4, 5] (the "
+                     "output-of-layer reading) and norm_before_residual false (ModelOpt's layer: the residual is "
+                     "the un-normed fc output), every first draft is the target's next token (first-position "
+                     "acceptance 1.0); with norm_before_residual true the residual is hidden_norm(fc) = 0. "
+                     + FCPATH_NOTE)
+        export("toy-llama8-target", "modelopt-llama-fcpath-dv32",
+               "`mtsp.convert` with EAGLE3_DEFAULT_CFG and draft_vocab_size 32 (every other token, d2t set as "
+               "load_draft_vocab_cache would) then `export_speculative_decoding`; draft tensor values: fc copies the "
+               "captured states (chunk k = I / (3 * RMS of the captured layer's output)), o_proj and down_proj zero, "
+               "hidden_norm zero, lm_head = the shift-by-2 head's rows of the draft vocabulary (the first draft "
+               "depends only on the fc path)", oracle_ids=[1, 3, 4], draft_vocab=32, fcpath=True,
+               extra="Target: `toy.write_target(path, layers=8)`; served with vLLM ids [2, 4, 5] and "
+                     "norm_before_residual false, every first draft whose token is in the draft vocabulary (the "
+                     "even ones: x_i even) is the target's next token; the odd ones are never drafted. With "
+                     "norm_before_residual true the residual is hidden_norm(fc) = 0. " + FCPATH_NOTE)
 
 
 # ----- SpecForge (sgl-project) ---------------------------------------------------------------------------------------
@@ -257,7 +337,9 @@ def specforge() -> None:
 
     def draft(name: str, how: str, *, to: str, ids_in_config: list[int] | None, oracle_ids: list[int] | None,
               draft_vocab: int = toy.H, fc_norm: bool = False, norm_output: bool | None = None,
-              extra: str = "", mapping: bool = False) -> None:
+              extra: str = "", mapping: bool = False, fcpath: bool = False) -> None:
+        if not wanted(name):
+            return
         # a draft config as SpecForge's configs/*-eagle3.json are written (sizes shrunk to the toy's)
         dc = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_act": "silu",
               "hidden_size": toy.H, "intermediate_size": toy.H, "num_attention_heads": toy.HEADS,
@@ -280,7 +362,15 @@ def specforge() -> None:
             torch.save({"d2t": d2t, "t2d": t2d}, "vocab_mapping.pt")
             vm = "vocab_mapping.pt"
             model.load_vocab_mapping(vm)
-        if oracle_ids is not None:  # toy oracle for the ids the trainer captured (layer outputs: vLLM id + 1)
+        if oracle_ids is not None and fcpath:  # fc copies the captures, the layer adds nothing, lm_head shifts by 2
+            sd = fcpath_state_dict(oracle_ids)
+            if vm is not None:  # the reduced head: the full one's rows of the draft vocabulary (target id d + d2t[d])
+                sd["lm_head.weight"] = sd["lm_head.weight"][torch.arange(draft_vocab) + d2t].clone()
+            sd = {k.replace("layers.0.", "midlayer."): v for k, v in sd.items()}
+            missing, unexpected = model.load_state_dict(sd, strict=False)
+            assert not unexpected, unexpected
+            assert not [k for k in missing if k not in ("embed_tokens.weight", "t2d", "d2t")], missing
+        elif oracle_ids is not None:  # toy oracle for the ids the trainer captured (layer outputs: vLLM id + 1)
             sd = toy.drafter_state_dict("oracle")
             p = toy._shift(toy.H, 1)
             sd["fc.weight"] = torch.cat([p / (len(oracle_ids) * toy.aux_rms(i + 1)) for i in oracle_ids], dim=1)
@@ -322,6 +412,32 @@ def specforge() -> None:
               "--to sglang`: no embedding); random init", to="sglang", ids_in_config=[1, 3, 4], oracle_ids=None,
               draft_vocab=32, fc_norm=True, norm_output=False,
               extra="Target: `toy.write_target(path, layers=8)`.\n")
+        # the first draft depends only on the fc path (fcpath_state_dict): read with the captured ids as
+        # output-of-layer (vLLM ids [2, 4, 5]) and norm_before_residual false (SpecForge's decoder layer keeps the
+        # un-normed fc output as the residual; its config does not say so), every first draft is the target's token
+        draft("specforge-llama-sglang-fcpath-dv32",
+              "draft config with eagle_config ids [1, 3, 4] (the captures its trainer makes on the 8-layer target), a "
+              "32-token draft vocab (process_token_dict_to_mappings), exported with `export_to_sglang` (`specforge "
+              "export --to sglang`: no embedding); tensor values: fc copies the captured states (chunk k = I / (3 * "
+              "RMS of the captured layer's output)), o_proj and down_proj zero, hidden_norm zero, lm_head = the "
+              "shift-by-2 head's rows of the draft vocabulary (the first draft depends only on the fc path)",
+              to="sglang", ids_in_config=[1, 3, 4], oracle_ids=[1, 3, 4], draft_vocab=32, fcpath=True,
+              extra="Target: `toy.write_target(path, layers=8)`; served with vLLM ids [2, 4, 5] (the output-of-layer "
+                    "reading) and norm_before_residual false (SpecForge's decoder layer: the residual is the "
+                    "un-normed fc output), every first draft whose token is in the draft vocabulary is the target's "
+                    "next token; the other tokens are never drafted. With norm_before_residual true the residual is "
+                    "hidden_norm(fc) = 0. " + FCPATH_NOTE)
+        draft("specforge-llama-hf-fcpath",
+              "draft config without aux ids (the trainer captures its default layer outputs [1, 3, 4] on the 8-layer "
+              "target), exported with `export_to_hf(..., embedding_source=target)` (`specforge export --to hf`); "
+              "tensor values: fc copies the captured states (chunk k = I / (3 * RMS of the captured layer's "
+              "output)), o_proj and down_proj zero, hidden_norm zero, lm_head = shift by 2 (the first draft depends "
+              "only on the fc path)", to="hf", ids_in_config=None, oracle_ids=[1, 3, 4], fcpath=True,
+              extra="Target: `toy.write_target(path, layers=8)`; with no ids stored vLLM uses its default [2, 4, 5] "
+                    "(= the trainer's captures read as output-of-layer); served without the identity d2t / t2d "
+                    "and with norm_before_residual false (SpecForge's decoder layer), every first draft is the "
+                    "target's next token (first-position acceptance 1.0); with norm_before_residual true the "
+                    "residual is hidden_norm(fc) = 0. " + FCPATH_NOTE)
 
 
 # ----- TorchSpec (lightseekorg/TorchSpec, not on PyPI: ``torchspec`` 0.0.1 there is a name placeholder) -----------
@@ -356,6 +472,8 @@ def torchspec() -> None:
            "qk_nope_head_dim": 32, "qk_rope_head_dim": 32, "v_head_dim": 32, "pretraining_tp": 1, "pad_token_id": 0}
 
     def export(name: str, cfg: dict, vllm: bool, how: str) -> None:
+        if not wanted(name):
+            return
         Path("draft.json").write_text(json.dumps(cfg))
         model = AutoEagle3DraftModel.from_config(AutoDraftModelConfig.from_file("draft.json")).to(torch.bfloat16)
         sd = {f"draft_model.{k}": v.contiguous() for k, v in model.state_dict().items() if "embed" not in k}
@@ -381,10 +499,15 @@ def torchspec() -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("producer", choices=["speculators", "modelopt", "specforge", "torchspec"])
+    ap.add_argument("--only", nargs="+", default=[], metavar="NAME",
+                    help="write only these fixtures of the producer (default: all of them)")
     args = ap.parse_args()
+    ONLY.update(args.only)
     OUT.mkdir(parents=True, exist_ok=True)
     {"speculators": speculators, "modelopt": modelopt, "specforge": specforge,
      "torchspec": torchspec}[args.producer]()
+    if ONLY - WRITTEN:
+        sys.exit(f"--only: no {args.producer} fixture named {', '.join(sorted(ONLY - WRITTEN))}")
 
 
 if __name__ == "__main__":

@@ -204,3 +204,25 @@ def test_converted_fixture_serves_at_the_sources_al(served_group):
             assert abs(cmp.ratio - 1.0) <= 2 * cmp.se + 1e-9 or cmp.ratio > 1.0, note
         else:  # the same AL on every request pair (exact toy drafters): equal
             assert o == pytest.approx(s, abs=1e-9) or o > s, note
+
+
+def test_fixtures_that_draft_convert_with_the_defaults_as_trained(served_group):
+    """Issue 49: every fixture that drafts (the oracles, and the ones whose first draft comes from the fc path alone)
+    converts with the defaults, no flag given, with the aux ids its README says vLLM serves it with and, for the
+    fc-path ones, norm_before_residual false (true would leave it nothing to draft from)."""
+    from ..unit.test_producer_fixtures import ORACLES
+
+    _, served, converted, _, _, _ = served_group
+    checked = 0
+    for name in served:
+        if name not in ORACLES:
+            continue
+        out, how = converted[name]
+        assert out is not None and how == "defaults", (name, how)
+        cfg = read_checkpoint(out).config
+        if m := re.search(r"vLLM ids \[(\d+), (\d+), (\d+)\]", (FIXTURES / name / "README.md").read_text()):
+            assert cfg.aux_layer_ids == [int(x) for x in m.groups()], (name, cfg.aux_layer_ids)
+        if "fcpath" in name:
+            assert cfg.norm_before_residual is False, name
+        checked += 1
+    assert checked or not (set(served) & ORACLES)

@@ -78,6 +78,20 @@ EXPECTED = {
         "flags": {"fc_norm": False, "norm_output": False, "norm_before_fc": False, "norm_before_residual": False},
         "d2t": True, "codes": {"aux_ids_convention_ambiguous", "aux_ids_nested_only"}, "target": "t8",
         "convention": "output-of-layer"},
+    # first drafts from the fc path alone (fc copies the captures, attention and MLP add nothing, hidden_norm zero,
+    # lm_head shifts by 2): right only with norm_before_residual false (under any reading of the ids)
+    "modelopt-llama-fcpath": {
+        "layout": "modelopt", "producer": "modelopt", "format": "eagle3", "family": "llama",
+        "sizes": (64, 3, 64, 64, 2, 1, 32), "stored": [1, 3, 4], "decided": None,
+        "flags": {"fc_norm": False, "norm_output": False, "norm_before_fc": False, "norm_before_residual": False},
+        "d2t": False, "codes": {"aux_ids_convention_ambiguous", "aux_ids_nested_only"}, "target": "t8",
+        "convention": "output-of-layer"},
+    "modelopt-llama-fcpath-dv32": {
+        "layout": "modelopt", "producer": "modelopt", "format": "eagle3", "family": "llama",
+        "sizes": (64, 3, 64, 32, 2, 1, 32), "stored": [1, 3, 4], "decided": None,
+        "flags": {"fc_norm": False, "norm_output": False, "norm_before_fc": False, "norm_before_residual": False},
+        "d2t": True, "codes": {"aux_ids_convention_ambiguous", "aux_ids_nested_only"}, "target": "t8",
+        "convention": "output-of-layer"},
     "specforge-llama-sglang-vfull-ids": {
         "layout": "specforge", "producer": "specforge", "format": "eagle3", "family": "llama",
         "sizes": (64, 3, 64, 64, 2, 1, 32), "stored": [1, 3, 4], "decided": None,
@@ -95,6 +109,17 @@ EXPECTED = {
         "flags": {"fc_norm": True, "norm_output": False, "norm_before_fc": False, "norm_before_residual": False},
         "d2t": True, "codes": {"aux_ids_convention_ambiguous", "specforge_norm_output_false", "fc_norm_all_ones"},
         "target": "t8", "convention": "output-of-layer"},
+    "specforge-llama-sglang-fcpath-dv32": {
+        "layout": "specforge", "producer": "specforge", "format": "eagle3", "family": "llama",
+        "sizes": (64, 3, 64, 32, 2, 1, 32), "stored": [1, 3, 4], "decided": None,
+        "flags": {"fc_norm": False, "norm_output": False, "norm_before_fc": False, "norm_before_residual": False},
+        "d2t": True, "codes": {"aux_ids_convention_ambiguous", "aux_ids_nested_only"}, "target": "t8",
+        "convention": "output-of-layer"},
+    "specforge-llama-hf-fcpath": {
+        "layout": "specforge", "producer": "specforge", "format": "eagle3", "family": "llama",
+        "sizes": (64, 3, 64, 64, 2, 1, 32), "stored": None, "decided": "none",
+        "flags": {"fc_norm": False, "norm_output": False, "norm_before_fc": False, "norm_before_residual": False},
+        "d2t": True, "codes": {"d2t_with_full_vocab", "aux_ids_missing"}, "target": "t8", "convention": None},
     "torchspec-llama": {
         "layout": "torchspec", "producer": "torchspec", "format": "eagle3", "family": "llama",
         "sizes": (64, 3, 64, 64, 2, 1, 32), "stored": None, "decided": "none",
@@ -242,7 +267,8 @@ def test_speculators_convert_output_without_fc_norm_weights_is_refused(targets, 
 
 CONVERTIBLE = [n for n in NAMES if "fc_norm_weights_missing" not in EXPECTED[n]["codes"]]
 ORACLES = {"speculators-llama", "speculators-llama-eagle3", "speculators-qwen3", "modelopt-llama", "specforge-llama-hf",
-           "modelopt-llama-dv32-oracle", "specforge-llama-sglang-vfull-ids"}
+           "modelopt-llama-dv32-oracle", "specforge-llama-sglang-vfull-ids", "modelopt-llama-fcpath",
+           "modelopt-llama-fcpath-dv32", "specforge-llama-sglang-fcpath-dv32", "specforge-llama-hf-fcpath"}
 
 
 def _flags_for(name: str) -> dict:
