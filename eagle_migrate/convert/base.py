@@ -19,7 +19,6 @@ from . import eagle2, eagle3, passthrough  # noqa: F401  (the built-in converter
 from .calibration import run_calibration
 from .defaults import SourceKind, choose, recipe, source_kind
 from .options import ConvertOptions
-from .passthrough import KeepArchitecture
 from .read import Job, check_pairing, map_source, now, read, resolve_data
 from .records import hidden_states_evidence
 from .registry import Converter, Initialised, converter_for
@@ -30,7 +29,7 @@ from .write import OutputLabels, verify_written, write_plan
 def run(source: Path, target: str, out: Path, opts: ConvertOptions) -> ConvertResult:
     """The skeleton: read -> map -> init -> write -> verify -> calibrate, then the result."""
     job = read(Path(source), target, Path(out), opts)
-    conv = KeepArchitecture.for_source(job.cfg) if opts.keep_architecture else converter_for(job.cfg)
+    conv = converter_for(job.cfg, "keep-architecture" if opts.keep_architecture else "auto")
     traits = conv.traits
     if traits.uses_data:
         resolve_data(job)

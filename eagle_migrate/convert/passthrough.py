@@ -33,30 +33,30 @@ class PassthroughConverter(Converter):
         return Initialised(plan)
 
 
+@register_converter
 class KeepArchitecture(Converter):
     """``convert --keep-architecture``: the control arm of the 3.1 conversion. The EAGLE-3 source is written as it
     is (no fc_norm, norm_output off; aux ids decided as a conversion decides them), and the calibration runs on it
     with the same data, steps, trainable set and learning rate (``--train norms`` trains the source's own norms),
     judged against the source. Without it no one can tell what the 3.1 norms did from what the fine-tune did.
-    Not registered: it is asked for by name, never picked by :func:`~.registry.converter_for`."""
+    Registered by name only: asked for (``converter_for(cfg, "keep-architecture")``), never picked by ``"auto"``."""
 
     name = "keep-architecture"
     traits = Traits(judged_against_source=True)
+    by_name_only = True
 
     @classmethod
     def accepts(cls, cfg: DrafterConfig) -> bool:
         return cfg.generation == "eagle3" and not cfg.is_eagle31
 
     @classmethod
-    def for_source(cls, cfg: DrafterConfig) -> KeepArchitecture:
-        """The converter for ``cfg``; InputError (exit 2) for a source that has no EAGLE-3 architecture to keep."""
-        if not cls.accepts(cfg):
-            what = "already EAGLE-3.1" if cfg.is_eagle31 else f"an {cfg.generation} drafter"
-            raise InputError(f"--keep-architecture: the source is {what}; it keeps the architecture of EAGLE-3 sources "
-                             "only (the control arm of their 3.1 conversion)",
-                             "drop --keep-architecture" + (", or pass --calibrate to fine-tune it as it is"
-                                                           if cfg.is_eagle31 else ""))
-        return cls()
+    def refusal(cls, cfg: DrafterConfig) -> InputError:
+        """A source that has no EAGLE-3 architecture to keep (exit 2)."""
+        what = "already EAGLE-3.1" if cfg.is_eagle31 else f"an {cfg.generation} drafter"
+        return InputError(f"--keep-architecture: the source is {what}; it keeps the architecture of EAGLE-3 sources "
+                          "only (the control arm of their 3.1 conversion)",
+                          "drop --keep-architecture" + (", or pass --calibrate to fine-tune it as it is"
+                                                        if cfg.is_eagle31 else ""))
 
     def init(self, job: Job) -> Initialised:
         plan = OutputPlan(job.cfg.model_copy(update=job.update))

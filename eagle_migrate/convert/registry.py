@@ -1,7 +1,8 @@
 """The converters, one per source generation, registered by name: what a :class:`Converter` is (its
 :class:`Traits`, which drafters it accepts, the aux ids it reads, its *init* step), :func:`register_converter`, and
-:func:`converter_for`, which finds the one registered converter that accepts a drafter (two that both accept it are
-a bug, reported as one). The built-in converters (``eagle3``, ``eagle2``, ``passthrough``) register themselves
+:func:`converter_for`, which gives the converter asked for by name, or with ``"auto"`` finds the one registered
+converter that accepts a drafter (two that both accept it are a bug, reported as one; a converter asked for by name
+only, such as the control arm ``keep-architecture``, is never picked so). The built-in converters (``eagle3``, ``eagle2``, ``passthrough``) register themselves
 when their modules are imported; the skeleton (``base.py``) imports them. This module imports none of them.
 Imports: drafter.config, errors, formats.aux_ids, stats (types), convert.{read, result, write}."""
 
@@ -48,6 +49,7 @@ class Converter(ABC):
 
     name: ClassVar[str]
     traits: ClassVar[Traits] = Traits()
+    by_name_only: ClassVar[bool] = False  # asked for by name (converter_for(cfg, name)), never picked by "auto"
 
     @classmethod
     @abstractmethod
@@ -57,6 +59,11 @@ class Converter(ABC):
     def aux_ids(self, job: Job) -> tuple[AuxIds | None, list[int]]:
         """The aux ids in vLLM's convention (EAGLE-3 and 3.1 sources: the stored ones, decided)."""
         return decide_aux_ids(job)
+
+    @classmethod
+    def refusal(cls, cfg: DrafterConfig) -> InputError:
+        """Why this converter, asked for by name, does not convert ``cfg`` (exit 2)."""
+        return InputError(f"the {cls.name} converter does not convert {a_an(cfg.generation)} drafter")
 
     @abstractmethod
     def init(self, job: Job) -> Initialised: ...
@@ -74,10 +81,19 @@ def register_converter(cls: C) -> C:
     return cls
 
 
-def converter_for(cfg: DrafterConfig) -> Converter:
-    """The one registered converter that accepts ``cfg``: InputError when none does; a RuntimeError naming them when
-    several do (their ``accepts`` overlap: a bug, never decided by registration order)."""
-    found = [cls for cls in CONVERTERS.values() if cls.accepts(cfg)]
+def converter_for(cfg: DrafterConfig, name: str = "auto") -> Converter:
+    """The converter ``name`` (its :meth:`Converter.refusal` when it does not accept ``cfg``), or with ``"auto"`` the
+    one registered converter, not asked for by name only, that accepts ``cfg``: InputError when none does; a
+    RuntimeError naming them when several do (their ``accepts`` overlap: a bug, never decided by registration
+    order)."""
+    if name != "auto":
+        if name not in CONVERTERS:
+            raise InputError(f"no converter named {name!r}", f"choose from {', '.join(sorted(CONVERTERS))}")
+        cls = CONVERTERS[name]
+        if not cls.accepts(cfg):
+            raise cls.refusal(cfg)
+        return cls()
+    found = [cls for cls in CONVERTERS.values() if not cls.by_name_only and cls.accepts(cfg)]
     if not found:
         raise InputError(f"no converter for {a_an(cfg.generation)} drafter")
     if len(found) > 1:

@@ -110,9 +110,19 @@ def test_every_source_generation_has_exactly_one_converter():
     cases = {"eagle3": toy_cfg(), "passthrough": toy_cfg(fc_norm=True, norm_output=True),
              "eagle2": toy_cfg().model_copy(update={"generation": "eagle2"})}
     for name, cfg in cases.items():
-        assert converter_for(cfg).name == name
-        assert [c.name for c in CONVERTERS.values() if c.accepts(cfg)] == [name]
-    assert set(CONVERTERS) == set(cases) and all(CONVERTERS[n].name == n for n in cases)
+        assert converter_for(cfg).name == name == converter_for(cfg, "auto").name
+        assert [c.name for c in CONVERTERS.values() if c.accepts(cfg) and not c.by_name_only] == [name]
+    by_name = {n for n, c in CONVERTERS.items() if c.by_name_only}
+    assert set(CONVERTERS) == set(cases) | by_name and by_name == {"keep-architecture"}
+    assert all(CONVERTERS[n].name == n for n in CONVERTERS)
+    # the control arm, asked for by name: it keeps an EAGLE-3 source's architecture and refuses anything else
+    assert converter_for(cases["eagle3"], "keep-architecture").name == "keep-architecture"
+    with pytest.raises(InputError, match="already EAGLE-3.1"):
+        converter_for(cases["passthrough"], "keep-architecture")
+    with pytest.raises(InputError, match="an eagle2 drafter"):
+        converter_for(cases["eagle2"], "keep-architecture")
+    with pytest.raises(InputError, match="no converter named 'nope'"):
+        converter_for(cases["eagle3"], "nope")
 
 
 # ----- the toy pair: exact ----------------------------------------------------------------------------------------
