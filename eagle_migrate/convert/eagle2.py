@@ -10,6 +10,7 @@ convert.agreement/registry/eagle3/records/result/write."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -112,50 +113,20 @@ class Eagle2Converter(Converter):
 
     def _mapping(self, job: Job, src_t: dict[str, torch.Tensor], w_fn: torch.Tensor, lm_head: torch.Tensor,
                  sp: _Pass) -> tuple[dict[str, torch.Tensor], DrafterConfig]:
-        """The EAGLE-3.1 tensors and config from the EAGLE-2 ones (docs/norm-init.md)."""
+        """The EAGLE-3.1 tensors and config from the EAGLE-2 ones: :data:`MAPPING`, row by row."""
         cfg = job.cfg
         h, kk = cfg.hidden_size, len(job.aux_ids)
-        ht = job.target.info.hidden_size
-        fc = src_t["fc.weight"]
-        w_e, w_h = fc[:, :h], fc[:, h:]
         bias = src_t.get("fc.bias")
-        last_chunk = kk - 1
+        m = _Source(cfg, src_t, w_fn, lm_head, sp, kk, job.target.info.hidden_size, src_t["fc.weight"][:, :h],
+                    src_t["fc.weight"][:, h:], bias, cfg.attention_bias or bias is not None, job.ck.has("embed_tokens.weight"))
         new: dict[str, torch.Tensor] = {}
-        fc_new = torch.zeros(h, kk * ht)
-        fc_new[:, last_chunk * ht:] = w_h
-        new["fc.weight"] = fc_new
-        for i in range(kk):
-            new[f"fc_norm.{i}.weight"] = w_fn.clone() if i == last_chunk else torch.full((ht,), sp.stats.layers[i].rms_mean)
-        attn_bias = cfg.attention_bias or bias is not None
-        for x in "qkv":
-            w = src_t[f"layers.0.self_attn.{x}_proj.weight"]
-            new[f"layers.0.self_attn.{x}_proj.weight"] = torch.cat([w @ w_e, w], dim=1)
-            if attn_bias:
-                b = src_t.get(f"layers.0.self_attn.{x}_proj.bias", torch.zeros(w.shape[0]))
-                new[f"layers.0.self_attn.{x}_proj.bias"] = b + (w @ bias if bias is not None else 0)
-        new["layers.0.input_layernorm.weight"] = torch.full((h,), sp.rho_e)
-        new["layers.0.hidden_norm.weight"] = torch.full((h,), sp.rho_g)
-        new["norm.weight"] = torch.full((h,), sp.rho_out)
-        new["lm_head.weight"] = lm_head
-        for n, t in src_t.items():
-            if n.startswith("layers.") and n not in new and not n.startswith("layers.0.self_attn.q_proj") \
-                    and not n.startswith("layers.0.self_attn.k_proj") and not n.startswith("layers.0.self_attn.v_proj"):
-                new[n] = t
-        if attn_bias:
-            for i in range(cfg.num_layers):
-                for x in "qkv":
-                    nm = f"layers.{i}.self_attn.{x}_proj.bias"
-                    if nm not in new:
-                        new[nm] = torch.zeros(src_t[f"layers.{i}.self_attn.{x}_proj.weight"].shape[0])
-                new[f"layers.{i}.self_attn.o_proj.bias"] = torch.zeros(h)  # vLLM builds o_proj with a bias too
-        own_embed = job.ck.has("embed_tokens.weight")
-        if own_embed:
-            new["embed_tokens.weight"] = src_t["embed_tokens.weight"]
+        for row in MAPPING:
+            new.update(row.make(m, new))
         cfg_out = DrafterConfig(**{
-            **cfg.model_dump(), **job.update, "generation": "eagle3", "target_hidden_size": ht, "num_aux": kk,
+            **cfg.model_dump(), **job.update, "generation": "eagle3", "target_hidden_size": m.ht, "num_aux": kk,
             "draft_vocab_size": cfg.vocab_size, "fc_norm": True, "norm_output": True, "norm_before_fc": False,
-            "norm_before_residual": False, "fc_bias": False, "has_lm_head": True, "has_embed_tokens": own_embed,
-            "attention_bias": attn_bias,
+            "norm_before_residual": False, "fc_bias": False, "has_lm_head": True, "has_embed_tokens": m.own_embed,
+            "attention_bias": m.attn_bias,
         })
         return new, cfg_out
 
@@ -187,3 +158,97 @@ class Eagle2Converter(Converter):
                                       exact="logits' argmax exact; the fed-back state is h * R / rms(h)")
         return Initialised(plan, norm_init=norm_init, norm_output=comp, agreement=agreement, statistics=sp.stats,
                            eagle2_mapping=e2map)
+
+
+# ----- the mapping, one row per EAGLE-3.1 part (docs/norm-init.md section 3 shows these rows, checked by a test) -----
+@dataclass(frozen=True)
+class _Source:
+    """What the mapping reads: the EAGLE-2 tensors (``w_e`` / ``w_h``: fc's embedding and hidden halves, ``bias``:
+    fc.bias), the target's final norm weight and head, the statistics pass, and the output's shape."""
+
+    cfg: DrafterConfig
+    t: dict[str, torch.Tensor]
+    w_fn: torch.Tensor
+    lm_head: torch.Tensor
+    sp: _Pass
+    kk: int
+    ht: int
+    w_e: torch.Tensor
+    w_h: torch.Tensor
+    bias: torch.Tensor | None
+    attn_bias: bool
+    own_embed: bool
+
+    @property
+    def last(self) -> int:
+        return self.kk - 1
+
+
+Tensors = dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Row:
+    """One part of the EAGLE-3.1 drafter: where it comes from and why (the docs' table), and the tensors it makes from
+    the source (``done``: the rows before it; a later row's tensor replaces an earlier one's of the same name)."""
+
+    part: str
+    source: str
+    why: str
+    make: Callable[[_Source, Tensors], Tensors]
+
+
+def _fc(m: _Source, done: Tensors) -> Tensors:
+    fc = torch.zeros(m.cfg.hidden_size, m.kk * m.ht)
+    fc[:, m.last * m.ht:] = m.w_h
+    return {"fc.weight": fc}
+
+
+def _qkv(m: _Source, done: Tensors) -> Tensors:
+    return {f"layers.0.self_attn.{x}_proj.weight": torch.cat([w @ m.w_e, w], dim=1)
+            for x in "qkv" for w in [m.t[f"layers.0.self_attn.{x}_proj.weight"]]}
+
+
+def _rest(m: _Source, done: Tensors) -> Tensors:
+    layer0_qkv = tuple(f"layers.0.self_attn.{x}_proj" for x in "qkv")
+    return {n: t for n, t in m.t.items() if n.startswith("layers.") and n not in done and not n.startswith(layer0_qkv)}
+
+
+def _biases(m: _Source, done: Tensors) -> Tensors:
+    if not m.attn_bias:
+        return {}
+    out: Tensors = {}
+    for x in "qkv":
+        w = m.t[f"layers.0.self_attn.{x}_proj.weight"]
+        b = m.t.get(f"layers.0.self_attn.{x}_proj.bias", torch.zeros(w.shape[0]))
+        out[f"layers.0.self_attn.{x}_proj.bias"] = b + (w @ m.bias if m.bias is not None else 0)
+    for i in range(m.cfg.num_layers):
+        for x in "qkv":
+            nm = f"layers.{i}.self_attn.{x}_proj.bias"
+            if nm not in done and nm not in out:
+                out[nm] = torch.zeros(m.t[f"layers.{i}.self_attn.{x}_proj.weight"].shape[0])
+        out[f"layers.{i}.self_attn.o_proj.bias"] = torch.zeros(m.cfg.hidden_size)  # vLLM builds o_proj with a bias too
+    return out
+
+
+MAPPING: tuple[Row, ...] = (
+    Row("`fc` `[H, K·Ht]`", "chunk K−1 = `W_h`, other chunks 0", "`fc_norm_{K−1}(h_{L−1}) ≈ norm(h_L) = f`", _fc),
+    Row("`fc_norm.{K−1}`", "the target's final norm weight", "reproduces `f = w_fn ⊙ h / rms(h)`",
+        lambda m, done: {f"fc_norm.{m.last}.weight": m.w_fn.clone()}),
+    Row("`fc_norm.{k<K−1}`", "mean RMS of layer k", "their fc columns are zero; a sensible start for calibration",
+        lambda m, done: {f"fc_norm.{i}.weight": torch.full((m.ht,), m.sp.stats.layers[i].rms_mean) for i in range(m.last)}),
+    Row("layer-0 `q/k/v` `[·, 2H]`", "`[W_q W_e | W_q]`", "attention of EAGLE-2 saw `W_q (W_e e + W_h f)`", _qkv),
+    Row("`input_layernorm`, `hidden_norm`", "`ρ_e · 1`, `ρ_g · 1` (mean RMS of `e`, of `W_h f`)",
+        "the norms return `≈ e`, `≈ g`",
+        lambda m, done: {"layers.0.input_layernorm.weight": torch.full((m.cfg.hidden_size,), m.sp.rho_e),
+                         "layers.0.hidden_norm.weight": torch.full((m.cfg.hidden_size,), m.sp.rho_g)}),
+    Row("`norm`, `lm_head`", "`R · 1` (mean RMS of EAGLE-2's output), the target's head",
+        "logits `= lm_head(h) · R / r`: same argmax",
+        lambda m, done: {"norm.weight": torch.full((m.cfg.hidden_size,), m.sp.rho_out), "lm_head.weight": m.lm_head}),
+    Row("every other `layers.*` tensor", "the source's, as it is", "the decoder layer is the same", _rest),
+    Row("`fc.bias` `b`", "folded into q/k/v biases `W_{q,k,v} b` (`attention_bias: true`, zero `o_proj.bias`)",
+        "vLLM builds `o_proj` with a bias whenever `attention_bias` is set", _biases),
+    Row("`embed_tokens`", "the source's own, when it has one (else the target's, from vLLM)",
+        "EAGLE-2 drafters share the target's embedding unless trained with their own",
+        lambda m, done: {"embed_tokens.weight": m.t["embed_tokens.weight"]} if m.own_embed else {}),
+)

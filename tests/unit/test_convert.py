@@ -642,3 +642,15 @@ def test_an_eagle2_warm_start_judged_only_still_needs_its_fine_tune(world, targe
     assert fake_calibration[-1].steps is None and "EAGLE-2 source" in res.defaults
     res = convert(src, target, world / "e2-kind-judged", **{**KW, "calibrate": None}, steps=0)
     assert res.calibration.status == "judged" and res.calibration_required
+
+
+def test_the_eagle2_mapping_table_is_the_one_in_the_docs():
+    """convert/eagle2.py MAPPING (one row per EAGLE-3.1 part, each with the function that makes its tensors) is the
+    table docs/norm-init.md shows, row for row (issue 52: the mapping is a table, not copy rules)."""
+    from eagle_migrate.convert.eagle2 import MAPPING
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "norm-init.md").read_text(encoding="utf-8")
+    body = doc.split("<!-- eagle2-mapping: begin")[1].split("<!-- eagle2-mapping: end -->")[0]
+    rows = [ln for ln in body.splitlines() if ln.startswith("| ") and not ln.startswith("| EAGLE-3.1 part")]
+    assert rows == [f"| {r.part} | {r.source} | {r.why} |" for r in MAPPING]
+    assert len({r.part for r in MAPPING}) == len(MAPPING)
