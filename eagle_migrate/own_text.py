@@ -4,7 +4,8 @@ drafts: those whose fed token is the target's own greedy token, i.e. the continu
 ``norm_before_residual`` measurements (:mod:`eagle_migrate.aux_evidence`) score step 0 there alone: a drafter whose
 first draft comes from the aux states is right on the target's text and can be confidently wrong on anybody else's.
 
-Layer: beside ``judge``: imports corpora, judge (HeldoutSequence, greedy_continuations), target (a type).
+Layer: beside ``judge``: imports corpora, judge (HeldoutSequence, greedy_continuations), target (a type), and
+``validate.vllm_engine`` lazily (a large target's continuations are made in vLLM).
 """
 
 from __future__ import annotations
@@ -33,6 +34,10 @@ MIN_CONTINUATION = 8
 GENERATE_BATCH = 16
 # the measurement's budget of sequences (aux_evidence.LOOKS[-1]): the prompts made at most
 BUDGET_SEQUENCES = 64
+# a target at least this large makes its continuations in vLLM where vLLM is importable: transformers' generate
+# reads every weight at each decode step, which costs seconds a step for a multi-billion-parameter model on a CPU,
+# while vLLM's start (about a minute on the 2-core box) is paid once for the whole budget
+VLLM_MIN_PARAMS = 1_000_000_000
 
 
 _MADE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> {key: (sequences made, their source)}
@@ -90,22 +95,55 @@ def _made(target: LazyTarget, data: Any, seed: int, first: list[list[int]] | Non
         yield from continued(target, fresh(_perturbed(target, have, seed)), new)
 
 
+def approx_params(info: Any) -> int:
+    """The target's parameter count, from its config alone (decoder layers' attention and MLP, embedding and head)."""
+    h, n, v = info.hidden_size, info.num_layers, info.vocab_size
+    inter = int(info.raw.get("intermediate_size") or 4 * h)
+    return n * (4 * h * h + 3 * h * inter) + 2 * v * h
+
+
+def in_vllm(target: LazyTarget) -> bool:
+    """Whether the continuations are made in vLLM: a target of at least :data:`VLLM_MIN_PARAMS` parameters, where vLLM
+    is importable in this Python (else transformers' generate, whatever the size)."""
+    if approx_params(target.info) < VLLM_MIN_PARAMS:
+        return False
+    from .validate import vllm_engine  # lazy: vLLM's availability is asked only for a large target
+
+    return vllm_engine.vllm_importable()
+
+
 def continued(target: LazyTarget, prompts: Iterable[list[int]], new_tokens: int,
               batch: int = GENERATE_BATCH) -> Iterator[HeldoutSequence]:
-    """``prompts`` continued greedily by the target (transformers' generate with its KV cache, ``batch`` prompts a
-    call, made only as the caller asks for more), each as prompt + continuation of ``new_tokens``; one shorter than
-    :data:`MIN_CONTINUATION` is left out."""
+    """``prompts`` continued greedily by the target, each as prompt + continuation of ``new_tokens`` (one shorter
+    than :data:`MIN_CONTINUATION` is left out), made only as the caller asks for more: transformers' generate with
+    its KV cache, ``batch`` prompts a call; a large target (:func:`in_vllm`) in vLLM, the whole budget in one call
+    (its start costs more than a batch)."""
+    vllm = in_vllm(target)
     it = iter(prompts)
     while True:
-        chunk = [p for _, p in zip(range(batch), it)]
+        chunk = [p for _, p in zip(range(BUDGET_SEQUENCES if vllm else batch), it)]
         if not chunk:
             return
-        # the continuation runs its full length (ignore_eos, as vLLM can serve): a target that ends its answers early
-        # (a toy whose greedy text reaches its end-of-sequence id) still measures; a position where the suppressed
+        # the continuation runs its full length (ignore_eos): a target that ends its answers early (a toy whose
+        # greedy text reaches its end-of-sequence id) still measures; a position where the suppressed
         # end-of-sequence token was the greedy one is not scored (drafted_positions)
-        for h in greedy_continuations(target.loaded, chunk, new_tokens, batch=batch, ignore_eos=True):
+        made = _vllm_continuations(target, chunk, new_tokens) if vllm else \
+            greedy_continuations(target.loaded, chunk, new_tokens, batch=batch, ignore_eos=True)
+        for h in made:
             if len(h.ids) - h.prompt_len >= MIN_CONTINUATION:
                 yield h
+
+
+def _vllm_continuations(target: LazyTarget, prompts: list[list[int]], new_tokens: int) -> list[HeldoutSequence]:
+    """``prompts`` continued greedily by the target served in vLLM (no drafter), in the target's dtype."""
+    from .validate import vllm_engine  # lazy: vLLM runs in its worker process, only for a large target
+
+    longest = max(len(p) for p in prompts) + new_tokens
+    res = vllm_engine.measure(str(target.spec), None, {"own": {"prompts": prompts, "max_tokens": new_tokens,
+                                                               "ignore_eos": True}},
+                              dtype=str(target.dtype).replace("torch.", ""), max_model_len=longest + 16,
+                              skip_tokenizer_init=True)  # token ids in, token ids out
+    return [HeldoutSequence(list(p) + list(o), len(p)) for p, o in zip(prompts, res["own"][1]["outputs"])]
 
 
 def _perturbed(target: LazyTarget, have: list[list[int]], seed: int,

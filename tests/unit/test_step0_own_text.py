@@ -117,3 +117,36 @@ def test_a_drafter_that_drafts_under_no_reading_is_still_refused(world):
         convert(dead, target, d / "dead-31", num_sequences=8, calibrate=False, command="test")
     assert ei.value.exit_code == 2 and "--aux-ids-convention" in ei.value.hint  # names the flag
     assert not (d / "dead-31").exists()
+
+
+def test_a_large_target_continues_its_prompts_in_vllm(world, monkeypatch):
+    """A target of at least VLLM_MIN_PARAMS parameters makes the measured continuations in vLLM where it is
+    importable: the whole budget of prompts in one call, token ids in and out, ignore_eos; a small one (or no vLLM)
+    in transformers' generate."""
+    from eagle_migrate import own_text
+    from eagle_migrate.validate import vllm_engine
+
+    _, target, _, _ = world
+    calls = []
+
+    def fake(tgt, drafter, suites, **kw):
+        calls.append((tgt, drafter, suites, kw))
+        job = suites["own"]
+        outs = [[(p[-1] + 1 + j) % H for j in range(job["max_tokens"])] for p in job["prompts"]]
+        return {"own": (None, {"outputs": outs})}
+
+    monkeypatch.setattr(vllm_engine, "measure", fake)
+    monkeypatch.setattr(vllm_engine, "vllm_importable", lambda python=None: True)
+    lt = LazyTarget(target, "cpu", torch.float32)
+    assert own_text.approx_params(lt.info) < own_text.VLLM_MIN_PARAMS and not own_text.in_vllm(lt)
+    monkeypatch.setattr(own_text, "VLLM_MIN_PARAMS", 1)
+    data = _random_text(n=80)
+    got = [h for _, h in zip(range(20), ev.measurement_sequences(lt, data, seed=5))]
+    assert len(calls) == 1 and calls[0][1] is None and calls[0][0] == target
+    suites, kw = calls[0][2], calls[0][3]
+    assert len(suites["own"]["prompts"]) == own_text.BUDGET_SEQUENCES and suites["own"]["ignore_eos"] is True
+    assert kw["skip_tokenizer_init"] is True and kw["dtype"] == "float32"
+    for h in got:
+        assert h.prompt_len == own_text.PROMPT_TOKENS and len(h.ids) == h.prompt_len + own_text.CONTINUATION_TOKENS
+        cont = h.ids[h.prompt_len - 1:]
+        assert all(b == (a + 1) % H for a, b in zip(cont, cont[1:]))
