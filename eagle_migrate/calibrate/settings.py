@@ -2,23 +2,25 @@
 :class:`CalibrationSettings`, every option of a run in one typed, checked options model (held whole by convert's
 ``ConvertOptions.calibration``, or built from the keywords of :func:`~eagle_migrate.calibrate.calibrate` /
 :func:`~eagle_migrate.calibrate.calibrate_checkpoint`) that flows from the checkpoint wrapper into the run.
-Imports: torch, pydantic, choices, devices, options, drafter.model (a type), train (FitConfig)."""
+Imports: pydantic, choices, devices, options; drafter.model (a type); torch and train (FitConfig) where a function
+needs them, never at import: the options model imports no torch."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
-import torch
 from pydantic import Field
 
 from ..choices import TRAIN_MODES, Engine, TrainMode
 from ..devices import resolve_device as _resolve
 from ..options import Options, check_choice, choice
-from ..train import FitConfig
 
 if TYPE_CHECKING:
+    import torch
+
     from ..drafter.model import EagleDrafter
+    from ..train import FitConfig
 
 __all__ = ["TRAIN_MODES", "DEFAULT_LR", "DEFAULTS", "CPU_DEFAULTS", "DRIFT_SEQ_LEN", "NORM_SUFFIXES", "CalibrationSettings",
            "defaults_for", "resolve_device", "seq_len_for", "trainable_names"]
@@ -63,9 +65,14 @@ def _default_patience(train: str, dflt: dict[str, Any]) -> int | None:
     return None if train == "all" else dflt["patience"]
 
 
+def device_type(device: Any) -> str:
+    """``cpu`` / ``cuda`` / ... of a device name (``cuda:1``) or a ``torch.device``, as ``torch.device(device).type``."""
+    return getattr(device, "type", None) or str(device).split(":")[0]
+
+
 def defaults_for(device: str | torch.device) -> dict[str, Any]:
     """:data:`DEFAULTS`, with :data:`CPU_DEFAULTS` over them on a CPU."""
-    return {**DEFAULTS, **(CPU_DEFAULTS if torch.device(device).type == "cpu" else {})}
+    return {**DEFAULTS, **(CPU_DEFAULTS if device_type(device) == "cpu" else {})}
 
 
 NORM_SUFFIXES = ("hidden_norm.weight", "input_layernorm.weight", "post_attention_layernorm.weight")
@@ -90,6 +97,8 @@ def trainable_names(model: EagleDrafter, mode: str) -> list[str]:
 
 def resolve_device(device: Any = "auto") -> torch.device:
     """:func:`eagle_migrate.devices.resolve_device` as a ``torch.device`` (cuda without CUDA is an InputError)."""
+    import torch  # lazy: the options module imports no torch
+
     return torch.device(_resolve(device))
 
 
@@ -144,6 +153,8 @@ class CalibrationSettings(Options):
 
     def fit_config(self, dflt: dict[str, Any]) -> FitConfig:
         """The trainer's settings: these where given, else the device's defaults ``dflt`` (:func:`defaults_for`)."""
+        from ..train import FitConfig  # lazy: the trainer imports torch, the options model does not
+
         return FitConfig(
             steps=dflt["steps"] if self.steps is None else self.steps, lr=self.lr or DEFAULT_LR.get(self.mode, 5e-4),
             warmup=dflt["warmup"] if self.warmup is None else self.warmup, schedule=self.schedule or dflt["schedule"],

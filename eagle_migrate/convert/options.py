@@ -3,14 +3,13 @@ through the skeleton. The calibration's options are not copied: :attr:`ConvertOp
 calibration's own :class:`~eagle_migrate.calibrate.CalibrationSettings`, and :meth:`ConvertOptions.calibration_settings`
 lays over it only what convert resolves for the whole run (seed, device, dtype, data, hidden states, sequences,
 progress). The source, target and output folder are convert's arguments, not options.
-Imports: pydantic, torch (a type), choices, errors, options, progress, calibrate.settings."""
+Imports: pydantic, choices, errors, options, progress, calibrate.settings (no torch: a torch.dtype is a type here)."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
-import torch
 from pydantic import Field, field_validator, model_validator
 
 from ..calibrate.settings import CONTEXT, CalibrationSettings
@@ -19,6 +18,9 @@ from ..choices import OutputFormat
 from ..errors import InputError
 from ..options import Options, choice
 from ..progress import no_progress
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
 
 
 class ConvertOptions(Options):

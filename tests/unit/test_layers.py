@@ -693,3 +693,21 @@ def test_store_array_is_exactly_the_tensor(tmp_path, dtype):
     want = (t.float() if t.is_floating_point() else t).numpy()
     assert a.shape == want.shape and a.dtype == want.dtype
     np.testing.assert_array_equal(a, want)  # NaN equals NaN here
+
+
+def test_no_options_module_imports_torch():
+    """Issue 52: the options models (each stage's one options model and their base) import no torch at module level
+    (a torch type only under TYPE_CHECKING, torch itself only inside the functions that need it)."""
+    import ast
+
+    root = Path(__file__).resolve().parents[2] / "eagle_migrate"
+    mods = ["options.py", "convert/options.py", "calibrate/settings.py", "quantize/options.py", "validate/options.py",
+            "publish/options.py"]
+    for m in mods:
+        tree = ast.parse((root / m).read_text(encoding="utf-8"))
+        for node in tree.body:  # module level only; `if TYPE_CHECKING:` blocks are not Import nodes here
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            assert not any(n == "torch" or n.startswith("torch.") for n in names), (m, names)
+            assert not (isinstance(node, ast.ImportFrom) and node.level and node.module == "train"), \
+                f"{m} imports the trainer (torch) at module level"
