@@ -322,9 +322,10 @@ def _states(target: LazyTarget, seq: list[int], ids: list[int]) -> tuple[dict[in
     kept = target.kept(seq)
     if kept is not None and kept[1] is not None and all(i in kept[0] for i in ids):
         return kept[0], kept[1]
-    aux, logits = target.loaded.forward(torch.tensor([seq]), sorted(set(ids)))
+    union = sorted(set(ids))
+    aux, logits = target.loaded.forward(torch.tensor([seq]), union)
     ht = target.info.hidden_size
-    states = {i: aux[0, :, j * ht:(j + 1) * ht].float().cpu() for j, i in enumerate(sorted(set(ids)))}
+    states = {i: aux[0, :, j * ht:(j + 1) * ht].float().cpu() for j, i in enumerate(union)}
     return states, logits[0].argmax(-1).cpu()
 
 

@@ -4,8 +4,8 @@ drafts: those whose fed token is the target's own greedy token, i.e. the continu
 ``norm_before_residual`` measurements (:mod:`eagle_migrate.aux_evidence`) score step 0 there alone: a drafter whose
 first draft comes from the aux states is right on the target's text and can be confidently wrong on anybody else's.
 
-Layer: beside ``judge``: imports corpora, judge (HeldoutSequence, greedy_continuations), target (a type), and
-``validate.vllm_engine`` lazily (a large target's continuations are made in vLLM).
+Layer: beside ``judge``: imports corpora, judge (HeldoutSequence, greedy_continuations), target (a type),
+``validate.vllm_engine`` (a large target's continuations are made in vLLM).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import torch
 
 from .corpora import calibration_sequences
 from .judge import HeldoutSequence, greedy_continuations
+from .validate import vllm_engine  # light: vLLM itself runs in its worker process, never imported here
 
 if TYPE_CHECKING:  # pragma: no cover
     from .target import LazyTarget
@@ -107,8 +108,6 @@ def in_vllm(target: LazyTarget) -> bool:
     is importable in this Python (else transformers' generate, whatever the size)."""
     if approx_params(target.info) < VLLM_MIN_PARAMS:
         return False
-    from .validate import vllm_engine  # lazy: vLLM's availability is asked only for a large target
-
     return vllm_engine.vllm_importable()
 
 
@@ -136,8 +135,6 @@ def continued(target: LazyTarget, prompts: Iterable[list[int]], new_tokens: int,
 
 def _vllm_continuations(target: LazyTarget, prompts: list[list[int]], new_tokens: int) -> list[HeldoutSequence]:
     """``prompts`` continued greedily by the target served in vLLM (no drafter), in the target's dtype."""
-    from .validate import vllm_engine  # lazy: vLLM runs in its worker process, only for a large target
-
     longest = max(len(p) for p in prompts) + new_tokens
     res = vllm_engine.measure(str(target.spec), None, {"own": {"prompts": prompts, "max_tokens": new_tokens,
                                                                "ignore_eos": True}},
