@@ -26,9 +26,7 @@ from pydantic import Field, model_validator
 # the stages, each called through its module when it runs (so a test that replaces one is obeyed)
 from . import convert as _convert
 from . import inspection as _inspection
-from . import publish as _publish
-from . import quantize as _quantize
-from .choices import AuxIdsConvention, Device, Dtype, Engine
+from .choices import AuxIdsConvention
 from .convert.options import ConvertOptions
 from .corpora import SUITE_NAMES
 from .devices import resolve_device
@@ -36,47 +34,36 @@ from .errors import InputError
 from .fingerprints import target_fingerprint
 from .formats.io import WEIGHT_SUFFIXES
 from .formats.output import check_writable_parent
-from .options import Options, choice
+from .options import Options, RunOptions, choice
 from .pipeline import Pipeline, PipelineResult, Stage, StageContext, StageResult
 from .progress import StageProgress
 from .publish.models import REPO_ID
+from .publish import stage as _publish
 from .publish.options import PublishOptions
 from .quant.schemes import get_scheme
+from .quantize import stage as _quantize
 from .quantize.options import QuantizeOptions
 from .validate import api as _validate
 from .validate.options import ValidateOptions
 from .validate.report import al_text
 
-# the run-wide options: one value, given to every stage that has the field (under the name on the right)
-RUN_WIDE: dict[str, dict[str, str]] = {
-    "device": {"convert": "device", "validation": "device"},  # and inspect's
-    "dtype": {"convert": "dtype", "validation": "dtype"},
-    "seed": {"convert": "seed", "validation": "seed"},
-    "num_speculative_tokens": {"convert": "num_speculative_tokens", "validation": "k",
-                               "publishing": "num_speculative_tokens", "quantization": "num_speculative_tokens"},
-    "data": {"convert": "data", "quantization": "data"},
-    "aux_ids_convention": {"convert": "aux_ids_convention"},  # and inspect's
-    "engine": {"convert": "engine", "validation": "engine"},  # convert: its calibration's held-out continuations
-    "vllm_python": {"convert": "vllm_python", "validation": "vllm_python"},
-}
+# the options migrate gives stages beside the run-wide ones (options.RunOptions): the stages that take each
+SHARED: dict[str, tuple[str, ...]] = {"data": ("convert", "quantization"), "aux_ids_convention": ("convert",)}
+_PARTS = ("convert", "quantization", "validation", "publishing")
 
 
 class MigrateOptions(Options):
-    """``migrate``'s options: each stage's own options model, composed, and the run-wide options once (each given to
-    every stage that takes it: :data:`RUN_WIDE`). ``MigrateOptions.of(steps=5, scheme="fp8-dynamic", repo_id=...)``
-    routes each keyword to its field (the CLI builds it so, flag by flag)."""
+    """``migrate``'s options: each stage's own options model, composed, the run-wide options once (:attr:`run`, laid
+    over every stage that takes them: each model's ``RUN_FIELDS``) and the shared ones (:data:`SHARED`).
+    ``MigrateOptions.of(steps=5, scheme="fp8-dynamic", repo_id=...)`` routes each keyword to its field (the CLI builds
+    it so, flag by flag)."""
 
-    ROUTES = {"suites": "validation"}  # quantize's gate has suites too (its jobs); migrate's --suite is validate's
+    # quantize's gate has suites too (its jobs): migrate's --suite is validate's; the run-wide keywords are run's
+    ROUTES = {"suites": "validation", **{name: "run" for name in RunOptions.model_fields}}
 
-    # run-wide
-    device: choice(Device, "--device") = "auto"
-    dtype: choice(Dtype, "--dtype") = "auto"
-    seed: int = 0
-    num_speculative_tokens: int = 3  # -k
+    run: RunOptions = Field(default_factory=RunOptions)
     data: Optional[str | Path] = None  # calibration data (convert) and activation ranges (quantize)
     aux_ids_convention: Optional[choice(AuxIdsConvention, "--aux-ids-convention")] = None
-    engine: choice(Engine, "--engine") = "auto"  # what serves the target: calibration's held-out set, validate
-    vllm_python: Optional[str] = None
     # the stages' own options
     convert: ConvertOptions = Field(default_factory=ConvertOptions)
     quantization: QuantizeOptions = Field(default_factory=QuantizeOptions)  # scheme None: no quantize stage
@@ -90,15 +77,11 @@ class MigrateOptions(Options):
 
     @model_validator(mode="after")
     def _run_wide_once(self) -> MigrateOptions:
-        """A run-wide option is set on migrate's options, never on one stage's (it would be overruled)."""
-        for part, model in (("convert", self.convert), ("quantization", self.quantization),
-                            ("validation", self.validation), ("publishing", self.publishing)):
-            own = {f for names in RUN_WIDE.values() for p, f in names.items() if p == part}
-            if part == "convert":
-                own |= {f for f in ("engine", "vllm_python") if f in model.calibration.model_fields_set}
-                own &= set(model.model_fields_set) | set(model.calibration.model_fields_set)
-            else:
-                own &= set(model.model_fields_set)
+        """A run-wide or shared option is set on migrate's options, never on one stage's (it would be overruled)."""
+        for part in _PARTS:
+            model = getattr(self, part)
+            own = set(self.run.set_on(model)) | {f for f, parts in SHARED.items()
+                                                 if part in parts and f in model.model_fields_set}
             if own:
                 raise InputError(f"migrate: {', '.join(sorted(own))} set on the {part} options; it is run-wide",
                                  "set it on MigrateOptions itself (one value for every stage)")
@@ -165,54 +148,28 @@ def _settle_paths(ctx: StageContext) -> None:
                 f.write_text(got, encoding="utf-8")
 
 
-def _also_set(model: Options, args: dict[str, Any], part: str) -> dict[str, Any]:
-    """The options of a stage's model set beyond ``args`` (a library caller's), except run-wide ones: they reach the
-    stage too. Only set ones: a default adds nothing, so the stage hashes of earlier runs stay as they were."""
-    run_wide = {f for names in RUN_WIDE.values() for p, f in names.items() if p == part}
-    out = {f: getattr(model, f) for f in sorted(model.model_fields_set)
-           if f not in args and f not in run_wide and not isinstance(getattr(model, f), Options)}
-    return out
-
-
 def convert_options(opts: MigrateOptions) -> ConvertOptions:
-    """convert's options: the user's own (``opts.convert``, holding only what was given) with the run-wide values laid
-    over, handed to convert whole. Never spread into keywords and parsed again: a resolved default (``train`` resolved
-    to ``norms`` by ``CalibrationSettings.mode``) would reach convert as if typed and turn its judge-only default into
-    a fine-tune of the wrong recipe (issue 48)."""
-    wide: dict[str, Any] = {"data": opts.data, "device": opts.device, "dtype": opts.dtype, "seed": opts.seed,
-                            "num_speculative_tokens": opts.num_speculative_tokens,
-                            "aux_ids_convention": opts.aux_ids_convention}
-    if opts.engine != "auto":  # the calibration's held-out continuations (vLLM, or transformers with reference)
-        wide["engine"] = opts.engine
-    if opts.vllm_python is not None:
-        wide["vllm_python"] = opts.vllm_python
-    return opts.convert.replace(**wide)
+    """convert's options: the user's own (``opts.convert``, holding only what was given) with the run-wide and shared
+    values laid over, handed to convert whole. Never spread into keywords and parsed again: a resolved default
+    (``train`` resolved to ``norms`` by ``CalibrationSettings.mode``) would reach convert as if typed and turn its
+    judge-only default into a fine-tune of the wrong recipe (issue 48)."""
+    return opts.run.onto(opts.convert, data=opts.data, aux_ids_convention=opts.aux_ids_convention)
 
 
-def stage_args(source: Path, target: str, opts: MigrateOptions) -> dict[str, dict[str, Any]]:
-    """The keyword arguments each stage's library function is called with (and that the pipeline hashes), from the
-    composed options: each stage's own options and the run-wide ones it takes (:data:`RUN_WIDE`). convert takes its
-    options model whole (:func:`convert_options`); its hash is that model's dump, less its defaults."""
-    q, v, p = opts.quantization, opts.validation, opts.publishing
-    validate = {"target": target, "engine": opts.engine, "suites": v.suites,
-                "prompts_file": str(v.prompts_file) if v.prompts_file is not None else None,
-                "k": opts.num_speculative_tokens, "baseline": source, "min_acceptance_length": v.min_acceptance_length,
-                "max_regression_pct": v.max_regression_pct, "num_prompts": v.num_prompts, "max_tokens": v.max_tokens,
-                "seed": opts.seed, "vllm_python": opts.vllm_python, "device": opts.device}
-    out = {
-        "inspect": {"path": source, "target": target, "aux_ids_convention": opts.aux_ids_convention, "device": opts.device},
-        "convert": {"source": source, "target": target, "options": convert_options(opts)},
-        "quantize": {"scheme": q.scheme, "target": target, "data": opts.data, "quantize_fc": q.quantize_fc,
-                     "validate": "none"},
-        "validate": validate,
-        "publish": {"repo_id": p.repo_id, "private": p.private, "create_pr": p.create_pr, "revision": p.revision,
-                    "dry_run": p.dry_run, "target": target, "num_speculative_tokens": opts.num_speculative_tokens,
-                    "force": not will_validate(opts), "forced_by": "--no-validate"},
-    }
-    for name, part, model in (("quantize", "quantization", q), ("validate", "validation", v),
-                              ("publish", "publishing", p)):
-        out[name].update(_also_set(model, out[name], part))
-    return out
+def quantize_options(opts: MigrateOptions, target: str) -> QuantizeOptions:
+    """quantize's options: the user's, the run's k and the shared data laid over; its own gate off (migrate
+    measures in its validate stage)."""
+    return opts.run.onto(opts.quantization, target=target, data=opts.data, validate="none")
+
+
+def validation_options(opts: MigrateOptions, source: Path) -> ValidateOptions:
+    """validate's options: the user's (suites, prompts, gates, sizes), the run-wide values, the source as baseline."""
+    return opts.run.onto(opts.validation, baseline=source)
+
+
+def publish_options(opts: MigrateOptions, target: str) -> PublishOptions:
+    """publish's options: the user's, the run's k, the target; unvalidated only by --no-validate (the card says so)."""
+    return opts.run.onto(opts.publishing, target=target, force=not will_validate(opts), forced_by="--no-validate")
 
 
 def calibration_decision(res: Any) -> dict[str, Any]:
@@ -228,30 +185,32 @@ def calibration_decision(res: Any) -> dict[str, Any]:
 def build_stages(source: Path, target: str, opts: MigrateOptions, progress: StageProgress | None = None) -> list[Stage]:
     """The stage list for one migration (exposed for tests and for the demo).
 
-    Each stage calls its library function with exactly the keyword arguments of its ``args`` dict
-    (:func:`stage_args`), and that dict (with the target by content and local data files by content) is what the
+    Each stage runs its library function with its own options model, built once here (:func:`convert_options`,
+    :func:`quantize_options`, :func:`validation_options`, :func:`publish_options`), and that model's dump less its
+    defaults (with the source, the target by content and local data / prompts files by content) is what the
     pipeline hashes: an option that reaches a stage re-runs it when it changes, and nothing else does. ``progress``
     (not hashed) receives convert's and validate's stage events (statistics, calibration steps, the held-out
     continuations, the validation suites)."""
     validate = will_validate(opts)
     source = Path(source)
     tprint = target_fingerprint(target, verify=opts.verify)
+    tkey = {"spec": target, "content": tprint}
 
-    def hashed(args: dict[str, Any]) -> dict[str, Any]:
-        h = dict(args)
-        if isinstance(h.get("options"), Options):  # an options model: its dump less its defaults, data by content
-            o = h["options"]
-            h["options"] = o.model_dump(mode="json", exclude_defaults=True)
-            h["data"] = getattr(o, "data", None)
-        h["target"] = {"spec": args.get("target"), "content": tprint} if args.get("target") == target else args.get("target")
+    def hashed(options: Options | dict[str, Any]) -> dict[str, Any]:
+        h = options.model_dump(mode="json", exclude_defaults=True) if isinstance(options, Options) else dict(options)
+        if isinstance(options, Options):
+            h = {"options": h, "source": source}
         for key in ("data", "prompts_file"):
-            if key in h and isinstance(h[key], str):
-                h[key] = _local(h[key])
+            v = getattr(options, key, None) if isinstance(options, Options) else options.get(key)
+            if isinstance(v, (str, Path)):
+                h[key] = _local(str(v))
+        h["target"] = tkey
         return h
 
-    args = stage_args(source, target, opts)
-    inspect_args, convert_args, quantize_args = args["inspect"], args["convert"], args["quantize"]
-    validate_args, publish_args = args["validate"], args["publish"]
+    inspect_args = {"path": source, "target": target, "aux_ids_convention": opts.aux_ids_convention,
+                    "device": opts.run.device}
+    conv, quant = convert_options(opts), quantize_options(opts, target)
+    val, pub = validation_options(opts, source), publish_options(opts, target)
 
     def inspect_stage(ctx: StageContext) -> StageResult:
         rep = _inspection.inspect_checkpoint(**inspect_args)
@@ -265,8 +224,7 @@ def build_stages(source: Path, target: str, opts: MigrateOptions, progress: Stag
         )
 
     def convert_stage(ctx: StageContext) -> StageResult:
-        res = _convert.convert(convert_args["source"], convert_args["target"], ctx.out / "model",
-                               options=convert_args["options"], progress=progress)
+        res = _convert.convert(source, target, ctx.out / "model", options=conv, progress=progress)
         _dump(ctx.out / "convert.json", res)
         _settle_paths(ctx)
         a = res.agreement.step0
@@ -283,18 +241,19 @@ def build_stages(source: Path, target: str, opts: MigrateOptions, progress: Stag
         return q if opts.quantization.scheme and q.exists() else ctx.path("convert") / "model"
 
     def quantize_stage(ctx: StageContext) -> StageResult:
-        res = _quantize.quantize(ctx.path("convert") / "model", ctx.out / "model", **quantize_args)
+        res = _quantize.run(ctx.path("convert") / "model", ctx.out / "model", quant)
         _dump(ctx.out / "quantize.json", res)
         _settle_paths(ctx)
         return StageResult(outputs={"model": "quantize/model", "ratio": res.checkpoint_ratio},
                            message=f"{res.scheme}: {res.checkpoint_ratio:.2f}x smaller")
 
     def validate_stage(ctx: StageContext) -> StageResult:
-        rep = _validate.validate(model_dir(ctx), report_dir=ctx.out / "report", progress=progress, **validate_args)
+        rep = _validate.run_validation(model_dir(ctx), target, val.replace(report_dir=ctx.out / "report"),
+                                       progress=progress)
         _settle_paths(ctx)
         table = {s.name: {"new": s.new.acceptance_length, "baseline": s.baseline.acceptance_length if s.baseline else None}
                  for s in rep.suites}
-        note = engine_note(opts.engine, rep.engine)
+        note = engine_note(opts.run.engine, rep.engine)
         if note:
             ctx.log(f"[validate] {note}")
         return StageResult(outputs={"report": "validate/report", "passed": rep.passed, "engine": rep.engine,
@@ -303,7 +262,7 @@ def build_stages(source: Path, target: str, opts: MigrateOptions, progress: Stag
 
     def publish_stage(ctx: StageContext) -> StageResult:
         report = ctx.path("validate") / "report" if validate else None
-        res = _publish.publish(model_dir(ctx), report_dir=report, out_dir=ctx.out / "repo", **publish_args)
+        res = _publish.run(model_dir(ctx), pub.replace(report_dir=report, out_dir=ctx.out / "repo"))
         _dump(ctx.out / "publish.json", res)
         _settle_paths(ctx)
         return StageResult(outputs={"repo": "publish/repo", "repo_id": res.repo_id, "dry_run": res.dry_run,
@@ -312,14 +271,14 @@ def build_stages(source: Path, target: str, opts: MigrateOptions, progress: Stag
 
     stages = [
         Stage("inspect", inspect_stage, hashed(inspect_args), "read the checkpoint and check it against the target"),
-        Stage("convert", convert_stage, hashed(convert_args), "EAGLE-3.1 structure, norm initialisation, calibration"),
+        Stage("convert", convert_stage, hashed(conv), "EAGLE-3.1 structure, norm initialisation, calibration"),
     ]
     if opts.quantization.scheme:
-        stages.append(Stage("quantize", quantize_stage, hashed(quantize_args), "compressed-tensors quantization"))
+        stages.append(Stage("quantize", quantize_stage, hashed(quant), "compressed-tensors quantization"))
     if validate:
-        stages.append(Stage("validate", validate_stage, hashed(validate_args), "acceptance length against the source drafter"))
+        stages.append(Stage("validate", validate_stage, hashed(val), "acceptance length against the source drafter"))
     if opts.publishing.repo_id:
-        stages.append(Stage("publish", publish_stage, hashed(publish_args), "model card, speculative configs, upload"))
+        stages.append(Stage("publish", publish_stage, hashed(pub), "model card, speculative configs, upload"))
     return stages
 
 
@@ -336,8 +295,8 @@ def check_options(source: Path, target: str, out: Path, opts: MigrateOptions) ->
         raise InputError("--target is empty", "pass the target model: a local folder or a hub id")
     if opts.quantization.scheme is not None:
         get_scheme(opts.quantization.scheme)  # an unknown --quantize is refused here, with the schemes listed
-    if opts.device == "cuda":
-        resolve_device(opts.device)  # --device cuda without CUDA
+    if opts.run.device == "cuda":
+        resolve_device(opts.run.device)  # --device cuda without CUDA
     if v.suites is not None:
         if not v.suites:
             raise InputError("--suite names no suite", f"choose from {', '.join(SUITE_NAMES)}")
@@ -347,9 +306,9 @@ def check_options(source: Path, target: str, out: Path, opts: MigrateOptions) ->
                                  f"pass --suite {SUITE_NAMES[0]} (see --help)")
     if v.prompts_file is not None and not Path(v.prompts_file).is_file():
         raise InputError(f"--prompts {v.prompts_file}: no such file")
-    if opts.vllm_python is not None and not Path(opts.vllm_python).is_file():
-        raise InputError(f"--vllm-python {opts.vllm_python}: no such file", "pass the path of a Python that has vLLM")
-    for flag, val, lo in (("-k", opts.num_speculative_tokens, 1), ("--num-prompts", v.num_prompts, 1),
+    if opts.run.vllm_python is not None and not Path(opts.run.vllm_python).is_file():
+        raise InputError(f"--vllm-python {opts.run.vllm_python}: no such file", "pass the path of a Python that has vLLM")
+    for flag, val, lo in (("-k", opts.run.num_speculative_tokens, 1), ("--num-prompts", v.num_prompts, 1),
                           ("--max-tokens", v.max_tokens, 1), ("--steps", opts.convert.calibration.steps, 0),
                           ("--num-sequences", opts.convert.num_sequences, 1)):
         if val is not None and val < lo:

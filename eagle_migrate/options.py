@@ -7,16 +7,20 @@ to the field of that name, or to the one nested options model that has it (``Con
 ``calibration.steps``), so a composed model is filled without repeating its parts' option lists. A keyword no field
 takes is a ``TypeError`` (as for a function); a value of the wrong type an :class:`~eagle_migrate.errors.InputError`
 (exit 2) naming the option. :func:`choice` is a Literal field checked with the flag's own name.
+
+:class:`RunOptions` holds the run-wide options (device, dtype, seed, k, engine, the vLLM interpreter) once; a stage's
+model declares which of them it takes, and under which of its own names, in ``RUN_FIELDS`` beside its fields, and
+:meth:`RunOptions.onto` lays them over it (``migrate`` gives every stage the run's values so).
 Imports: pydantic, ``choices``, ``errors`` (layer 0: no torch).
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar, get_args, get_origin
+from typing import Annotated, Any, ClassVar, Optional, get_args, get_origin
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
 
-from .choices import values
+from .choices import Device, Dtype, Engine, values
 from .errors import InputError
 
 
@@ -52,6 +56,9 @@ class Options(BaseModel):
 
     #: a flat keyword that several nested models take, and the one it goes to (a composed model settles it here)
     ROUTES: ClassVar[dict[str, str]] = {}
+    #: the run-wide options (:class:`RunOptions`' fields) this stage takes, each under the flat keyword that sets it
+    #: here (``{"num_speculative_tokens": "k"}``); :meth:`RunOptions.onto` lays them over
+    RUN_FIELDS: ClassVar[dict[str, str]] = {}
 
     @classmethod
     def nested(cls) -> dict[str, type[Options]]:
@@ -135,3 +142,35 @@ class Options(BaseModel):
         """A copy with ``fields`` (this model's own field names) replaced, checked again."""
         return type(self).of(self, **fields)
 
+
+
+class RunOptions(Options):
+    """The run-wide options, declared once: one value for every stage of a run that takes it (each stage's
+    ``RUN_FIELDS`` says which, and under which name). ``vllm_python`` None: vLLM in this Python."""
+
+    device: choice(Device, "--device") = "auto"
+    dtype: choice(Dtype, "--dtype") = "auto"
+    seed: int = 0
+    num_speculative_tokens: int = 3  # -k
+    engine: choice(Engine, "--engine") = "auto"  # what serves the target: calibration's held-out set, validate
+    vllm_python: Optional[str] = None
+
+    def onto(self, model: Options, **fields: Any) -> Options:
+        """``model`` with every run-wide value it takes (its ``RUN_FIELDS``; a None value is "not given" and stays
+        the model's own) and ``fields`` laid over, checked again: the stage's own options model, handed to it whole."""
+        run = {flat: getattr(self, name) for name, flat in model.RUN_FIELDS.items() if getattr(self, name) is not None}
+        return model.replace(**run, **fields)
+
+    def set_on(self, model: Options) -> list[str]:
+        """The run-wide options set on ``model`` itself (a stage's options inside a composed run), by ``model``'s
+        own names: a run gives them once, so a stage's own value would be overruled."""
+        out = []
+        for flat in model.RUN_FIELDS.values():
+            path, cur = type(model).route(flat) or [], model
+            for i, name in enumerate(path):
+                if name not in cur.model_fields_set:
+                    break
+                if i == len(path) - 1:
+                    out.append(flat)
+                cur = getattr(cur, name)
+        return sorted(out)

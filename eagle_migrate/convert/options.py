@@ -27,6 +27,10 @@ class ConvertOptions(Options):
     """The options of :func:`eagle_migrate.convert.convert` (documented there), checked on creation.
     ``ConvertOptions.of(steps=5, train="all")`` routes the calibration's options into :attr:`calibration`."""
 
+    # every run-wide option (options.RunOptions); engine and vllm_python are the calibration's (held-out continuations)
+    RUN_FIELDS = {"device": "device", "dtype": "dtype", "seed": "seed", "num_speculative_tokens": "num_speculative_tokens",
+                  "engine": "engine", "vllm_python": "vllm_python"}
+
     data: Optional[str | Path] = None
     hidden_states_dir: Optional[str | Path] = None
     num_sequences: int = 32

@@ -14,6 +14,8 @@ class PublishOptions(Options):
     """The options of :func:`eagle_migrate.publish.publish` (documented there). ``repo_id`` None: nothing to
     publish (``migrate`` runs no publish stage; ``publish()`` refuses it)."""
 
+    RUN_FIELDS = {"num_speculative_tokens": "num_speculative_tokens"}  # the run-wide options it takes (options.RunOptions)
+
     repo_id: Optional[str] = None
     report_dir: Optional[str | Path] = None
     private: bool = False

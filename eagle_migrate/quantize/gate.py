@@ -3,8 +3,8 @@ the measurement (through ``validate.engine.run_engine``, the one measurement, wi
 drop report: each AL with its standard error and the paired ratio AL(after) / AL(before) with its SE and verdict.
 
 Imports: pydantic, ``choices``, ``corpora``, ``devices``, ``errors``, ``drafter.config``, ``formats.write``,
-``quant.schemes``, ``target``, ``validate.engine`` (the engines, never validate's stage), ``validate.metrics`` (the SEs
-and the paired ratio).
+``quant.schemes``, ``target``, ``validate.engine`` (the engines, never validate's stage), ``validate.options`` (the
+measurement's options, taken whole), ``validate.metrics`` (the SEs and the paired ratio).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from ..quant.schemes import SchemeConfig
 from ..target import load_tokenizer, target_info
 from ..validate import engine as engines
 from ..validate.metrics import AcceptanceStats, PairedComparison, cell_stats, paired_comparison, per_request_counts
+from ..validate.options import ValidateOptions
 
 ValidateMode = Literal[QuantizeValidate, "off"]  # "off" = "none"
 
@@ -182,10 +183,11 @@ def measure_acceptance(engine: str, spec: SchemeConfig, *, source: Path, quantiz
         else:
             before = source
             target_obj = target_obj if target_obj is not None else load_target()
-        run = engines.run_engine(engine, target, [str(before), str(quantized)], sts, k=k,
-                             max_model_len=int(vopts.pop("max_model_len", mp)), vllm_python=vopts.pop("python", None),
-                             skip_tokenizer_init=all(isinstance(x, list) for st in sts.values() for x in st["prompts"]),
-                             target_obj=target_obj if engine == "reference" else None, per_request=True, **vopts)
+        max_len = int(vopts.pop("max_model_len", mp))
+        opts = ValidateOptions.of(k=k, vllm_python=vopts.pop("python", None), **vopts)
+        run = engines.run_engine(engine, target, [str(before), str(quantized)], sts, opts, max_model_len=max_len,
+                                 skip_tokenizer_init=all(isinstance(x, list) for st in sts.values() for x in st["prompts"]),
+                                 target_obj=target_obj if engine == "reference" else None, per_request=True)
     before_s, after_s = run.results
     note = None
     if engine == "reference":

@@ -18,6 +18,8 @@ with warnings.catch_warnings():  # the field "validate" (quantize's --validate) 
         """The options of :func:`eagle_migrate.quantize.quantize` (documented there). ``scheme`` None: nothing to
         quantize (``migrate`` runs no quantize stage; ``quantize()`` refuses it)."""
 
+        RUN_FIELDS = {"num_speculative_tokens": "num_speculative_tokens"}  # the run-wide options it takes (options.RunOptions)
+
         scheme: Any = None  # a SchemeName, or a quant.SchemeConfig; checked by quant.get_scheme (the one check)
         target: Optional[str | Path] = None
         data: Any = None  # a data spec, or token-id lists

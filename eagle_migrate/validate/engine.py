@@ -39,21 +39,18 @@ def resolve_engine(engine: str, vllm_python: str | None) -> str:
     return engine
 
 
-def run_engine(engine: str, target: str, drafters: list[Any], jobs: dict[str, dict[str, Any]], *, k: int = 3,
-               temperature: float = 0.0, seed: int = 0, dtype: str = "auto", max_model_len: int,
-               tensor_parallel_size: int = 1, vllm_python: str | None = None, skip_tokenizer_init: bool = False,
-               device: str = "auto", target_obj: Any = None, attention_backend: str | None = None,
+def run_engine(engine: str, target: str, drafters: list[Any], jobs: dict[str, dict[str, Any]], opts: ValidateOptions,
+               *, max_model_len: int, skip_tokenizer_init: bool = False, target_obj: Any = None,
                per_request: bool = False, progress: Progress | None = None) -> EngineRun:
     """Acceptance counters of each drafter (a checkpoint path, or None for the target alone) on each job
     (``{"prompts": [...], "max_tokens": n}``) in ``engine`` (``vllm`` or ``reference``, as :func:`resolve_engine`
-    returns): the registered engine's :meth:`~Engine.measure` with these keywords as its ValidateOptions.
+    returns): the registered engine's :meth:`~Engine.measure` with ``opts`` (k, temperature, seed, dtype,
+    tensor_parallel_size, vllm_python, device, attention_backend), taken whole.
     ``dtype`` ``auto``: float32 on CPU (both engines agree bit for bit there), the model's own on GPU.
     ``target_obj``: a target already loaded (reference engine; its device and dtype are used).
     ``attention_backend``: the vLLM attention backend for MLA models (default: chosen for this host,
     validate/attention_backend.py). ``per_request``: vLLM also returns each request's counters
     (``extra["per_request"]``, what a standard error needs; the reference engine always does)."""
-    opts = ValidateOptions.of(k=k, temperature=temperature, seed=seed, dtype=dtype, tensor_parallel_size=tensor_parallel_size,
-                              vllm_python=vllm_python, device=device, attention_backend=attention_backend)
     return get_engine(engine).measure(target, drafters, jobs, opts, max_model_len=max_model_len,
                                       skip_tokenizer_init=skip_tokenizer_init, target_obj=target_obj,
                                       per_request=per_request, progress=progress)

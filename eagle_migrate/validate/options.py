@@ -29,6 +29,11 @@ class ValidateOptions(Options):
     ``validate_server()``). ``server`` set: the server engine (a running vLLM server measured through its API),
     else ``engine`` (``auto`` | ``vllm`` | ``reference``) in-process."""
 
+    # the run-wide options it takes (options.RunOptions), k under its own name; not dtype: validate serves in the
+    # engine's dtype (auto: float32 on a CPU, the model's own on a GPU), not the calibration's
+    RUN_FIELDS = {"device": "device", "seed": "seed", "num_speculative_tokens": "k", "engine": "engine",
+                  "vllm_python": "vllm_python"}
+
     engine: str = "auto"  # a registered engine's name (engines.get_engine checks it when the validation starts)
     suites: Optional[list[str]] = None  # None: chat, code, long, template-shift (only --prompts when that is given)
     prompts_file: Optional[str | Path] = None

@@ -119,10 +119,12 @@ def test_no_field_is_left_without_a_flag_unless_named(name):
     named = UNMAPPED[name]
     covered = {f for f in unmapped if f in named or any(k.endswith(".*") and f.startswith(k[:-1]) for k in named)}
     if name == "migrate":  # a run-wide field is set on MigrateOptions, never on a stage's (the model refuses it)
-        from eagle_migrate.migrate import RUN_WIDE
+        from eagle_migrate.migrate import _PARTS, SHARED, MigrateOptions
 
-        covered |= {f"{part}.{f}" for names in RUN_WIDE.values() for part, f in names.items()}
-        covered |= {f"convert.calibration.{f}" for f in ("engine", "vllm_python")}
+        for part in _PARTS:  # each stage's run-wide fields, by its RUN_FIELDS, and the shared ones
+            model = MigrateOptions.model_fields[part].annotation
+            covered |= {f"{part}." + ".".join(model.route(f)) for f in model.RUN_FIELDS.values()}
+        covered |= {f"{part}.{f}" for f, parts in SHARED.items() for part in parts}
         covered |= {f"convert.calibration.{f}" for f in __import__("eagle_migrate.calibrate.settings",
                                                                    fromlist=["CONTEXT"]).CONTEXT}
     if name == "convert":  # the calibration's context is convert's own options (calibration_settings lays them over)
@@ -141,7 +143,7 @@ def test_migrate_routes_each_flag_to_its_stage():
     assert (o.convert.calibration.steps, o.convert.calibration.train) == (5, "all")
     assert (o.quantization.scheme, o.quantization.quantize_fc) == ("fp8", True)
     assert o.validation.suites == ["chat", "code"] and (o.publishing.repo_id, o.publishing.dry_run) == ("o/n", True)
-    assert (o.engine, o.vllm_python, o.num_speculative_tokens) == ("reference", "/py", 4)  # run-wide, once
+    assert (o.run.engine, o.run.vllm_python, o.run.num_speculative_tokens) == ("reference", "/py", 4)  # run-wide, once
     with pytest.raises(TypeError, match="ambiguous"):
         MigrateOptions.of(k=3)  # calibration's k or validate's k: a caller says which (num_speculative_tokens)
     from eagle_migrate.errors import InputError

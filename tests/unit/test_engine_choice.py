@@ -86,12 +86,12 @@ def test_an_engine_that_cannot_run_is_refused_before_serving(monkeypatch):
 
 
 def test_migrate_gives_the_engine_choice_to_convert_and_validate(pair):
-    from eagle_migrate.migrate import MigrateOptions, stage_args
+    from eagle_migrate.migrate import MigrateOptions, convert_options, validation_options
 
     target, src = pair
-    args = stage_args(src, str(target), MigrateOptions.of(engine="vllm", vllm_python=sys.executable, run_validate=True))
-    c = args["convert"]["options"]  # convert's options model, handed whole
-    assert (args["validate"]["engine"], args["validate"]["vllm_python"]) == ("vllm", sys.executable)
-    plain = stage_args(src, str(target), MigrateOptions.of(run_validate=True))["convert"]["options"].calibration
+    opts = MigrateOptions.of(engine="vllm", vllm_python=sys.executable, run_validate=True)
+    c, v = convert_options(opts), validation_options(opts, src)  # each stage's options model, handed whole
+    assert (v.engine, v.vllm_python, v.baseline) == ("vllm", sys.executable, src)
+    plain = convert_options(MigrateOptions.of(run_validate=True)).calibration
     assert (plain.engine, plain.vllm_python) == ("auto", None)
     assert (c.calibration.engine, c.calibration.vllm_python) == ("vllm", sys.executable)

@@ -36,7 +36,8 @@ def test_validate_runs_by_default_when_publishing(pair):
     assert _names(build_stages(drafter, str(target), MigrateOptions.of())) == ["inspect", "convert"]  # nothing to publish
     st = build_stages(drafter, str(target), MigrateOptions.of(repo_id="o/n", run_validate=False))  # an upload too: explicit
     assert _names(st) == ["inspect", "convert", "publish"]
-    assert st[-1].inputs["force"] is True and st[-1].inputs["forced_by"] == "--no-validate"
+    pub = st[-1].inputs["options"]  # publish's options model, hashed by its dump less its defaults
+    assert pub["force"] is True and pub["forced_by"] == "--no-validate"
 
 
 def test_no_validate_with_a_gate_is_refused(pair, tmp_path):

@@ -276,8 +276,8 @@ def fake_stages(monkeypatch):
     """The five library functions replaced by recorders (the pipeline wiring is what is under test)."""
     import eagle_migrate.convert as c
     import eagle_migrate.inspection as i
-    import eagle_migrate.publish as p
-    import eagle_migrate.quantize as q
+    import eagle_migrate.publish.stage as p
+    import eagle_migrate.quantize.stage as q
     import eagle_migrate.validate.api as v
 
     calls: dict[str, dict] = {}
@@ -295,24 +295,27 @@ def fake_stages(monkeypatch):
         return _NS(agreement=_NS(step0=1.0), calibration=_NS(status="x", details=None), calibration_required=False,
                    source_kind=None, defaults="", decision="x")
 
-    def quantize(src, out, **kw):
-        rec("quantize", kw)
-        Path(out).mkdir()
-        return _NS(checkpoint_ratio=2.0, scheme=kw["scheme"])
+    def fields(opts):  # a stage's options model, taken whole: recorded by field
+        return {f: getattr(opts, f) for f in opts.model_fields}
 
-    def validate(ckpt, **kw):
-        rec("validate", kw)
+    def quantize(src, out, opts):
+        rec("quantize", fields(opts))
+        Path(out).mkdir()
+        return _NS(checkpoint_ratio=2.0, scheme=opts.scheme)
+
+    def validate(ckpt, target, opts, **kw):
+        rec("validate", {**fields(opts), "target": target})
         return _NS(suites=[], passed=True, engine="reference", engine_version=None, gates=[], failures=[])
 
-    def publish(ckpt, **kw):
-        rec("publish", kw)
-        return _NS(repo_id=kw["repo_id"], dry_run=True, files=[], commit_url=None, pr_url=None)
+    def publish(ckpt, opts, **kw):
+        rec("publish", fields(opts))
+        return _NS(repo_id=opts.repo_id, dry_run=True, files=[], commit_url=None, pr_url=None)
 
     monkeypatch.setattr(i, "inspect_checkpoint", lambda **kw: (rec("inspect", kw), _NS(format="f", producer="p", findings=[]))[1])
     monkeypatch.setattr(c, "convert", convert)
-    monkeypatch.setattr(q, "quantize", quantize)
-    monkeypatch.setattr(v, "validate", validate)
-    monkeypatch.setattr(p, "publish", publish)
+    monkeypatch.setattr(q, "run", quantize)
+    monkeypatch.setattr(v, "run_validation", validate)
+    monkeypatch.setattr(p, "run", publish)
     return calls
 
 
