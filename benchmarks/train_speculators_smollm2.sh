@@ -19,7 +19,8 @@
 # that many optimizer steps, with --scheduler-total-steps SCHED_STEPS, default 537 = 3 epochs x 179 steps, so the
 # learning rate follows the full run's schedule up to the stop; default: all steps), STAGE (start at:
 # venv | data | hidden | subset | train | convert | measure), STOP (train: stop after training; the aux-id
-# benchmark benchmarks/aux_evidence_smollm2.py uses the trained drafter only).
+# benchmark benchmarks/aux_evidence_smollm2.py uses the trained drafter only), TARGET (the target folder, default
+# SmolLM2-135M-Instruct; the retarget test bed's arm 0 trains for a changed target B with it).
 #
 # Wall time on this 2-core box: data + prepare-data about 1 min idle (5.7 min under a load average of 10); hidden
 # states of 200 conversations 21 min under load; training 537 steps (3 epochs x 179) at OMP_NUM_THREADS=2: about
@@ -63,7 +64,7 @@ export TOKENIZERS_PARALLELISM=false
 if [ "$PLAIN" = 1 ]; then FLAGS=(--no-norm-before-fc --no-norm-output); CK=checkpoints-plain; else FLAGS=(); CK=checkpoints; fi
 if [ "$NBR" = 0 ]; then NBR_FLAG=--no-norm-before-residual; CK=$CK-nbr0; else NBR_FLAG=--norm-before-residual; fi
 if [ -n "$MAX_STEPS" ]; then FLAGS+=(--max-steps "$MAX_STEPS" --scheduler-total-steps "${SCHED_STEPS:-537}"); fi
-TARGET=$("$EM_PY" -c "from eagle_migrate import assets; print(assets.smollm2_target())")
+TARGET=${TARGET:-$("$EM_PY" -c "from eagle_migrate import assets; print(assets.smollm2_target())")}
 at() { case "$STAGE" in venv) return 0;; data) [[ $1 != venv ]];; hidden) [[ $1 =~ ^(hidden|subset|train|convert|measure)$ ]];;
        subset) [[ $1 =~ ^(subset|train|convert|measure)$ ]];; train) [[ $1 =~ ^(train|convert|measure)$ ]];; convert) [[ $1 =~ ^(convert|measure)$ ]];; measure) [[ $1 == measure ]];; esac; }
 
