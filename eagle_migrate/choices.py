@@ -13,8 +13,8 @@ Dtype = Literal["auto", "float32", "bfloat16", "float16"]
 OutputFormat = Literal["vllm", "speculators"]  # convert's output layout
 TrainMode = Literal["norms", "norms+fc", "all"]  # what the calibration fine-tune updates
 SchemeName = Literal["fp8-dynamic", "fp8", "nvfp4a16", "nvfp4"]  # quantize --scheme
-QuantizeValidate = Literal["auto", "vllm", "reference", "none"]  # quantize --validate: the engine, or none
-Engine = Literal["auto", "vllm", "reference"]  # validate / migrate --engine
+# --engine (validate, convert, migrate, demo) and quantize --validate are open: auto (and none) or a registered
+# engine's name (validate.engine.in_process_engines), checked where the engine is resolved
 AuxIdsConvention = Literal["vllm", "output-of-layer"]  # how stored aux layer ids are read (aux_ids.Convention)
 
 

@@ -44,6 +44,7 @@ from .quant.schemes import get_scheme
 from .quantize import stage as _quantize
 from .quantize.options import QuantizeOptions
 from .validate import api as _validate
+from .validate.engine import check_engine_name
 from .validate.options import ValidateOptions
 from .validate.report import al_text
 
@@ -295,6 +296,7 @@ def check_options(source: Path, target: str, out: Path, opts: MigrateOptions) ->
         raise InputError("--target is empty", "pass the target model: a local folder or a hub id")
     if opts.quantization.scheme is not None:
         get_scheme(opts.quantization.scheme)  # an unknown --quantize is refused here, with the schemes listed
+    check_engine_name(opts.run.engine)
     if opts.run.device == "cuda":
         resolve_device(opts.run.device)  # --device cuda without CUDA
     if v.suites is not None:

@@ -20,7 +20,7 @@ from typing import Annotated, Any, ClassVar, Optional, get_args, get_origin
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
 
-from .choices import Device, Dtype, Engine, values
+from .choices import Device, Dtype, values
 from .errors import InputError
 
 
@@ -152,7 +152,7 @@ class RunOptions(Options):
     dtype: choice(Dtype, "--dtype") = "auto"
     seed: int = 0
     num_speculative_tokens: int = 3  # -k
-    engine: choice(Engine, "--engine") = "auto"  # what serves the target: calibration's held-out set, validate
+    engine: str = "auto"  # what serves the target (calibration's held-out set, validate): auto or a registered engine
     vllm_python: Optional[str] = None
 
     def onto(self, model: Options, **fields: Any) -> Options:

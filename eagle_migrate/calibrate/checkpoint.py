@@ -21,7 +21,7 @@ from ..formats.output import atomic_output_dir
 from ..formats.write import write_vllm
 from ..loader import load_drafter
 from ..target import Target, TargetWeights, load_target
-from ..validate.engine import resolve_engine
+from ..validate.engine import get_engine, resolve_engine
 from .result import CalibrationResult, check_improvement
 from .run import calibrate
 from .settings import CalibrationSettings, defaults_for, resolve_device, seq_len_for
@@ -104,14 +104,14 @@ def _vllm_heldout(target: str, held: Any, new_tokens: int, s: CalibrationSetting
     (``s.vllm_python`` the interpreter that has vLLM): vLLM (``auto``: when it is importable there); else the prompts
     as they are, continued by transformers' generate in the run (the slower fallback; ``reference`` asks for it).
     With ``auto``, a vLLM that fails falls back to transformers with a warning; an asked-for ``vllm`` fails."""
-    if resolve_engine(s.engine, s.vllm_python) != "vllm":
+    if not get_engine(resolve_engine(s.engine, s.vllm_python)).writes_continuations:
         return held
     try:
         tick = (lambda stage, done, total, info="": s.progress(f"calibrate: {stage}", done, total, info)) \
             if s.progress is not None else None
         return vllm_continuations(target, held, new_tokens, cache_dir=s.cache_dir, python=s.vllm_python, progress=tick)
     except Exception as e:  # transformers' generate is the slower fallback
-        if s.engine == "vllm":
+        if s.engine != "auto":  # an engine asked for by name fails; auto falls back
             raise
         warnings.warn(f"vLLM could not generate the held-out continuations ({str(e)[:120]}); using transformers", stacklevel=3)
         return held

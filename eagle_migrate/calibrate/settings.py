@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from pydantic import Field
 
-from ..choices import TRAIN_MODES, Engine, TrainMode
+from ..choices import TRAIN_MODES, TrainMode
 from ..devices import resolve_device as _resolve
 from ..options import Options, check_choice, choice
 
@@ -141,7 +141,7 @@ class CalibrationSettings(Options):
     cache_dir: Optional[str | Path] = None
     resume_dir: Optional[str | Path] = None
     require_improvement: bool = False
-    engine: choice(Engine, "--engine") = "auto"
+    engine: str = "auto"  # auto or a registered engine (validate.engine.in_process_engines; checked when resolved)
     vllm_python: Optional[str] = None
     progress: Any = Field(None, exclude=True, repr=False)  # a StageProgress (the run's events), not an option
 

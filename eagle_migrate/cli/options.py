@@ -18,7 +18,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from ..choices import AuxIdsConvention, Device, Dtype, Engine, OutputFormat, TrainMode
+from ..choices import AuxIdsConvention, Device, Dtype, OutputFormat, TrainMode
 
 
 @dataclass(frozen=True)
@@ -73,9 +73,9 @@ NbrOpt = Annotated[Optional[bool], typer.Option(
          "SpecForge) as its residual, when its config does not say. Default: the config, else measured on the "
          "target; this overrides the measurement and is recorded.", show_default=False)]
 NumSpecTokensOpt = Annotated[int, typer.Option("--num-speculative-tokens", "-k", min=1, max=16, help="Draft tokens per step (k).")]
-EngineOpt = Annotated[Engine, typer.Option("--engine", help="What serves the target (acceptance; calibration's held-out "
-                                         "continuations): vllm (real vLLM in a subprocess), reference (pure PyTorch; "
-                                         "transformers' generate), auto: vllm when importable.")]
+EngineOpt = Annotated[str, typer.Option("--engine", help="What serves the target (acceptance; calibration's held-out "
+                                      "continuations): auto (vllm when importable) or a registered engine: vllm (real "
+                                      "vLLM in a subprocess), reference (pure PyTorch; transformers' generate).")]
 VllmPythonOpt = Annotated[Optional[str], typer.Option("--vllm-python", help="Python interpreter that has vLLM "
                                                       "(default: $EAGLE_MIGRATE_VLLM_PYTHON or this one).")]
 # convert's flags that migrate forwards to convert

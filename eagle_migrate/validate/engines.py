@@ -10,6 +10,11 @@ engine takes one :class:`~eagle_migrate.validate.options.ValidateOptions`:
   is the same code whichever engine measures.
 * :meth:`Engine.measure` (in-process engines): the counters of given drafters on given jobs (:class:`EngineRun`):
   what quantize's gate and calibration's held-out continuations call through ``validate.engine.run_engine``.
+* what callers would otherwise settle by the engine's name, asked of the engine: whether it runs a quantization
+  scheme here (:meth:`Engine.runs_scheme`), in which layout it loads a dense drafter (:meth:`Engine.dense_source`),
+  whether it reuses a target already loaded in this process (``reuses_loaded_target``), whether it writes the
+  calibration's held-out continuations itself (``writes_continuations``; else transformers' generate in the run
+  does), and what its measurement of a quantized drafter means (:meth:`Engine.quantized_note`).
 
 Built in: ``vllm`` and ``reference`` (in-process; ``validate/engine.py``), ``auto`` (vLLM when it is importable, else
 the reference engine; ``validate/engine.py``), ``server`` (a running vLLM server; ``validate/server.py``, registered
@@ -115,6 +120,23 @@ class Engine(ABC):
     name: ClassVar[str]
     description: ClassVar[str] = ""
     in_process: ClassVar[bool] = True
+    #: it measures on a target already loaded in this process (``target_obj``), which the caller may pass and reuse
+    reuses_loaded_target: ClassVar[bool] = False
+    #: it writes the calibration's held-out continuations itself (vLLM); else transformers' generate in the run does
+    writes_continuations: ClassVar[bool] = False
+
+    def runs_scheme(self, scheme: Any, cuda: bool) -> bool:
+        """Whether it measures a drafter quantized with ``scheme`` (a quant.SchemeConfig) here (``cuda``: a GPU)."""
+        return True
+
+    def dense_source(self, source: Any, cfg: Any, state_dict: dict[str, Any], work: Any) -> Any:
+        """The unquantized drafter in a layout this engine loads: ``source`` itself (any layout it reads), or a copy
+        it writes under the folder ``work`` (``cfg`` and ``state_dict``: the drafter read)."""
+        return source
+
+    def quantized_note(self, scheme: Any) -> str | None:
+        """What its measurement of a quantized drafter means, when that needs saying (the report's note)."""
+        return None
 
     def available(self, vllm_python: str | None = None) -> bool:
         """Whether the engine can run here (``vllm_python``: the interpreter that would serve vLLM)."""

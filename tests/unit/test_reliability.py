@@ -161,8 +161,9 @@ def test_every_bad_migrate_option_fails_before_the_first_stage(pair, tmp_path, c
     out = tmp_path / "run"
     code, stdout, err = _main(["migrate", str(drafter), "--target", str(target), "-o", str(out), *bad], capsys)
     assert code == 2, err
-    # --engine is one shared choice flag (cli/options.py, as validate's and convert's): typer refuses the value
-    assert bad[-1] in err and ("Invalid value for '--engine'" if bad[1] == "--engine" else "error:") in err
+    # --engine is one shared flag (cli/options.py, as validate's and convert's): the engine registry refuses the
+    # value before the first stage, naming the registered engines
+    assert bad[-1] in err and ("expected auto or one of vllm, reference" if bad[1] == "--engine" else "error:") in err
     assert not out.exists()  # not one stage ran
 
 
