@@ -12,11 +12,12 @@ it wrongly: exit 1), ``warning`` (probably wrong, or wrong on some vLLM versions
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import Any, get_type_hints
 
 import numpy as np
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, create_model
 
 from . import families
 from .devices import resolve_device, resolve_dtype
@@ -27,7 +28,7 @@ from .formats.aux_ids import AuxIds, Convention
 from .formats.base import Checkpoint, Finding
 from .formats.common import QUANT_SUFFIXES
 from .formats.traps import finding
-from .pairing import pairing_findings
+from .pairing import TargetInfo, pairing_findings
 
 SMALL_NUMEL = 1 << 16
 
@@ -64,22 +65,19 @@ class FileEntry(BaseModel):
     bytes: int
 
 
-class TargetSummary(BaseModel):
-    """The target's config as the pairing checks saw it."""
-
-    path: str
-    hidden_size: int
-    num_layers: int
-    vocab_size: int
-    max_position_embeddings: int | None
-    rope_theta: float
-    rope_scaling: dict[str, Any] | None
-    model_type: str
-
+class _TargetSummaryBase(BaseModel):
     @classmethod
     def of(cls, info: Any) -> TargetSummary:
-        """The summary of a :class:`eagle_migrate.target.TargetInfo` (its fields of the same names)."""
+        """The summary of a :class:`eagle_migrate.pairing.TargetInfo` (its fields of the same names)."""
         return cls.model_validate({name: getattr(info, name) for name in cls.model_fields} | {"path": str(info.path)})
+
+
+# the target's config as the report shows it: TargetInfo's fields (their one definition), less the two it keeps for
+# the run (rms_norm_eps, the raw config)
+_TARGET_HINTS = get_type_hints(TargetInfo)
+TargetSummary = create_model(
+    "TargetSummary", __base__=_TargetSummaryBase, __doc__="The target's config as the pairing checks saw it.",
+    **{f.name: (_TARGET_HINTS[f.name], ...) for f in dataclasses.fields(TargetInfo) if f.name not in ("rms_norm_eps", "raw")})
 
 
 class InspectReport(BaseModel):

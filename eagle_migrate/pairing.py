@@ -1,8 +1,9 @@
 """Whether a drafter and a target work together: the one home of the pairing rules. ``inspect`` reports them as
 findings (:func:`pairing_findings`), ``convert`` refuses a pair that breaks one (:func:`check_pairing`,
 PairingError, exit 2); both read the same size rules (:func:`size_mismatches`). Reads the target's config
-(:class:`~eagle_migrate.target.TargetInfo`) only, never its weights, and imports no torch.
-Imports: ``errors``, ``families``, ``drafter.config``, ``formats.base`` / ``traps`` / ``aux_ids``, ``target`` (a type).
+(:class:`TargetInfo`, defined here: ``target.target_info`` reads it, inspect's report shows it) only, never its
+weights, and imports no torch.
+Imports: ``errors``, ``families``, ``drafter.config``, ``formats.base`` / ``traps`` / ``aux_ids``.
 """
 
 from __future__ import annotations
@@ -18,7 +19,23 @@ from .formats.traps import finding
 
 if TYPE_CHECKING:  # pragma: no cover
     from .formats.base import Checkpoint, Finding
-    from .target import TargetInfo
+
+
+@dataclass(frozen=True)
+class TargetInfo:
+    """What the pairing checks need, read from config.json alone (``target.target_info``). The one definition of
+    these fields: inspect's report shows them less ``rms_norm_eps`` and ``raw`` (``inspection.TargetSummary``)."""
+
+    path: str
+    hidden_size: int
+    num_layers: int
+    vocab_size: int
+    max_position_embeddings: int | None
+    rope_theta: float
+    rope_scaling: dict[str, Any] | None
+    rms_norm_eps: float
+    model_type: str
+    raw: dict[str, Any]
 
 
 @dataclass(frozen=True)

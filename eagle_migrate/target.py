@@ -22,25 +22,10 @@ from .fingerprints import is_hub_id
 from .formats.io import TensorStore, open_checkpoint_path, read_json
 from .formats.vllm import rope_from_config
 from .hidden_states import HiddenRecord, SpeculatorsOffline, describe_hidden_states
+from .pairing import TargetInfo  # the one definition of the target's config fields (torch-free, for inspect too)
 
 # any of these in a local target folder means it ships a tokenizer
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model")
-
-
-@dataclass(frozen=True)
-class TargetInfo:
-    """What the pairing checks need, read from config.json alone."""
-
-    path: str
-    hidden_size: int
-    num_layers: int
-    vocab_size: int
-    max_position_embeddings: int | None
-    rope_theta: float
-    rope_scaling: dict[str, Any] | None
-    rms_norm_eps: float
-    model_type: str
-    raw: dict[str, Any]
 
 
 def _local_dir_and_gguf(spec: str) -> tuple[Path | None, str | None]:
@@ -362,7 +347,7 @@ class LazyTarget:
         w = tg.final_norm_weight
         if w is None:
             raise UnsupportedError(f"{self.spec}: cannot find the target's final norm weight")
-        # Gemma-style (1 + w) norms are not Llama RMSNorms; the drafter world is Llama-style
+        # Gemma-style (1 + w) norms are not plain RMSNorms; the drafter world has plain (w) ones
         return w.detach().float().cpu()
 
     def keep(self, seq: list[int], states: dict[int, torch.Tensor], next_tokens: torch.Tensor | None = None) -> None:

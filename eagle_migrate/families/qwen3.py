@@ -4,7 +4,8 @@ layer plus a per-head RMSNorm ``self_attn.q_norm`` / ``k_norm`` [head_dim] on qu
 sliding windows read through ``Qwen3Config`` (``use_sliding_window``, ``max_window_layers``).
 
 Decided by evidence first (docs/formats.md section 8): q/k norm weights in the weights, else the config as vLLM reads
-it (``config_archs`` / ``config_model_types``)."""
+it (``config_archs`` / ``config_model_types``). The data is :data:`ROW`; :class:`Qwen3` is the behaviour that differs
+from the Llama layer's."""
 
 from __future__ import annotations
 
@@ -13,8 +14,7 @@ import re
 from typing import Any
 
 from ..errors import CheckpointError
-from .base import MakeFinding, ShapeOf, cfg_int
-from .llama import Llama
+from .base import Family, FamilyRow, MakeFinding, ShapeOf, cfg_int
 
 QK_NORM_RE = re.compile(r"^layers\.(\d+)\.self_attn\.([qk])_norm\.weight$")
 DEFAULT_HEAD_DIM = 128  # transformers' Qwen3Config default, which vLLM uses when the config has no head_dim
@@ -38,34 +38,30 @@ def attention_class() -> type:
     return QKNormAttention
 
 
-def _qk_norm_weight(hd: int, which: str, layer: int) -> Any:
-    """Distinguishable, non-unit q_norm / k_norm weights (0.5 .. 1.5, different per layer and per q/k)."""
-    import torch  # lazy: torch stays out of inspect
-
-    g = torch.Generator().manual_seed(1000 + 2 * layer + (which == "k"))
-    return 0.5 + torch.rand(hd, generator=g)
-
-
-class Qwen3(Llama):
-    name = "qwen3"
-    title = "Qwen3"
-    vllm_arch = "Eagle3Qwen3ForCausalLM"
-    model_type = "qwen3"
-    hf_arch = "Qwen3ForCausalLM"
-    config_archs = ("Eagle3Qwen3ForCausalLM", "PeagleQwen3ForCausalLM", "Qwen3ForCausalLM")
-    config_model_types = ("qwen3",)
-    eagle3_archs = ("Eagle3Qwen3ForCausalLM",)
-    target_note = ("per-head `q_norm` / `k_norm`", ("qwen3",))
-    inspect_measures_aux_ids = False
-    short_layer_types_fail = False  # Qwen3Config: entries past the list are full attention
-    traps = (
+ROW = FamilyRow(
+    name="qwen3",
+    title="Qwen3",
+    vllm_arch="Eagle3Qwen3ForCausalLM",
+    model_type="qwen3",
+    hf_arch="Qwen3ForCausalLM",
+    config_archs=("Eagle3Qwen3ForCausalLM", "PeagleQwen3ForCausalLM", "Qwen3ForCausalLM"),
+    config_model_types=("qwen3",),
+    eagle3_archs=("Eagle3Qwen3ForCausalLM",),
+    target_note=("per-head `q_norm` / `k_norm`", ("qwen3",)),
+    inspect_measures_aux_ids=False,
+    short_layer_types_fail=False,  # Qwen3Config: entries past the list are full attention
+    traps=(
         ("qk_norm_weights_missing", "error", "a Qwen3 config without `q_norm` / `k_norm` weights: vLLM loads all-ones norms without a word (a drafter trained as a Llama layer must be written as `LlamaForCausalLMEagle3`)", ()),
         ("qk_norm_weights_incomplete", "error", "some layers lack `q_norm` or `k_norm`: all-ones for those", ()),
         ("family_mismatch", "error", "`q_norm` / `k_norm` weights under a Llama config: vLLM's Llama drafter has no such parameters", ()),
         ("head_dim_missing", "error", "a Qwen3 config without `head_dim` while the weights' head_dim is not 128: vLLM builds Qwen3Config's default 128", ()),
         ("head_dim_not_hidden_over_heads", "info", "head_dim != H / heads (legal in Qwen3): taken from the config or the `q_norm` width and written explicitly", ()),
-    )
-    toy_geometry = (4, 2, 32)  # head_dim 32 != H / heads = 16 on purpose
+    ),
+)
+
+
+class Qwen3(Family):
+    """The Llama layer's behaviour plus the per-head q/k norms and Qwen3Config's window and head_dim rules."""
 
     def window_keys(self, flat: dict[str, Any], num_layers: int) -> tuple[Any, Any]:
         """Qwen3Config sets ``sliding_window = None`` unless ``use_sliding_window`` and, without ``layer_types``,
@@ -125,13 +121,5 @@ class Qwen3(Llama):
         # vLLM loads all-ones norms without a word when these are missing
         return super().attention_tensor_names(cfg, prefix) + [prefix + "self_attn.q_norm.weight", prefix + "self_attn.k_norm.weight"]
 
-    # ----- the toy world ------------------------------------------------------------------------------------------
-    def toy_target(self, h: int, layers: int) -> tuple[str, str, dict[str, Any], dict[str, Any]]:
-        return self.hf_arch, self.model_type, {"attention_bias": False, "use_sliding_window": False}, {"head_dim": self.toy_geometry[2]}
 
-    def toy_norms(self, prefix: str, layer: int) -> dict[str, Any]:
-        hd = self.toy_geometry[2]
-        return {prefix + "q_norm.weight": _qk_norm_weight(hd, "q", layer), prefix + "k_norm.weight": _qk_norm_weight(hd, "k", layer)}
-
-
-QWEN3 = Qwen3()
+QWEN3 = Qwen3(ROW)

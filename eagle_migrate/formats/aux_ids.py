@@ -2,7 +2,7 @@
 conventions the same config key is written in (docs/formats.md, "Aux layer ids").
 
 vLLM 0.32 (``gpu_model_runner._get_eagle3_aux_layers_from_config``, ``interfaces.EagleModelMixin``, the decoder
-loops of ``llama.py``) reads ``eagle_aux_hidden_state_layer_ids`` (top level, else ``eagle_config``) **literally**:
+loops of its ``models/llama.py``) reads ``eagle_aux_hidden_state_layer_ids`` (top level, else ``eagle_config``) **literally**:
 id ``i`` is the residual stream after ``i`` decoder layers (0 = the embeddings, ``L`` = the last layer's output
 before the final norm). It keeps ``sorted(set(ids))``, so duplicates collapse and unsorted ids are concatenated in
 ascending order; an id outside ``0..L`` is never captured. With no ids it uses ``(2, L//2, L-3)`` through the same

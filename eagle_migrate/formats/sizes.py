@@ -9,7 +9,7 @@ the order ``derive`` has always raised them.
 * Ht: ``fc_norm.0.weight`` -> config ``target_hidden_size`` -> H; K = fc_in / Ht;
 * Vd: ``lm_head`` rows; V: ``t2d`` length -> ``embed_tokens`` rows -> config ``vocab_size`` -> Vd;
 * family: ``families.detect`` (evidence first), decided before the sizes; the layer-0 attention input and the heads
-  are the family's (``Family.attention_input``, ``Family.head_sizes``: for the Llama layer q/k/v rows divided by
+  are the family's (``Family.attention_input``, ``Family.head_sizes``: for the default layer q/k/v rows divided by
   ``head_dim``: config, else the family's hint, else rows / config heads).
 """
 

@@ -1,7 +1,7 @@
 """The vLLM layout (what ``vllm serve --speculative-config '{"method": "eagle3", ...}'`` loads): its config and tensor names
 (the writer is ``formats/write.py``: ``write_vllm``, ``write_checkpoint``).
 
-Written exactly per the emit checklist in docs/formats.md: ``LlamaForCausalLMEagle3`` + ``model_type: llama``
+Written exactly per the emit checklist in docs/formats.md: the family's vLLM drafter architecture + ``model_type``
 (per family: its ``vllm_arch`` + ``model_type``, its head keys, its attention tensors, the keys its vLLM drafter
 does not read left out; eagle_migrate/families/); 3.1 flags at the top level; aux layer ids at the top level and
 in ``eagle_config`` (+ ``num_aux_hidden_states`` when K != 3); no ``model.`` prefix; ``d2t`` iff Vd != V; never ``t2d``; ``tie_word_embeddings: false``.
@@ -59,7 +59,7 @@ def layer_config(cfg: DrafterConfig) -> dict[str, Any]:
         "vocab_size": cfg.vocab_size,
     }
     if cfg.layer_types is not None:  # sliding-window layers, read back by drafter/config.py attention_windows_of
-        # vLLM's Llama layer reads layer_types + sliding_window as given; other families' config classes keep
+        # the default family's layer reads layer_types + sliding_window as given; other families' config classes keep
         # sliding_window only with use_sliding_window (and then take layer_types: Family.window_keys)
         d.update(layer_types=list(cfg.layer_types), sliding_window=cfg.sliding_window, use_sliding_window=True)
     return d

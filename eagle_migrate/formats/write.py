@@ -1,7 +1,7 @@
 """``write_checkpoint``: a Checkpoint (any layout we read) or a DrafterConfig + canonical tensors, written as the
 vLLM layout (default) or the speculators layout, atomically (temporary sibling folder renamed into place).
 
-vLLM emit checklist (docs/formats.md): ``LlamaForCausalLMEagle3`` + ``model_type: llama``; real
+vLLM emit checklist (docs/formats.md): the family's ``vllm_arch`` + ``model_type`` (eagle_migrate/families/); real
 ``num_hidden_layers``; 3.1 flags top level + every ``fc_norm.{i}.weight``; no ``model.`` prefix; ``d2t`` iff
 Vd != V; never ``t2d``; own ``lm_head``; ``embed_tokens`` when H != Ht; aux ids at the top level and in
 ``eagle_config`` (+ ``num_aux_hidden_states`` when K != 3); ``norm_before_residual`` as trained.

