@@ -198,9 +198,7 @@ def build_stages(source: Path, target: str, opts: MigrateOptions, progress: Stag
     tkey = {"spec": target, "content": tprint}
 
     def hashed(options: Options | dict[str, Any]) -> dict[str, Any]:
-        h = options.model_dump(mode="json", exclude_defaults=True) if isinstance(options, Options) else dict(options)
-        if isinstance(options, Options):
-            h = {"options": h, "source": source}
+        h = {**options.to_dict(), "source": source} if isinstance(options, Options) else dict(options)
         for key in ("data", "prompts_file"):
             v = getattr(options, key, None) if isinstance(options, Options) else options.get(key)
             if isinstance(v, (str, Path)):

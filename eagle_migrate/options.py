@@ -59,6 +59,9 @@ class Options(BaseModel):
     #: the run-wide options (:class:`RunOptions`' fields) this stage takes, each under the flat keyword that sets it
     #: here (``{"num_speculative_tokens": "k"}``); :meth:`RunOptions.onto` lays them over
     RUN_FIELDS: ClassVar[dict[str, str]] = {}
+    #: the version of the model's meaning: raised when a field changes what it does (not when one is added with a
+    #: default that keeps the old behaviour), so a dump of the old meaning is never read as the new one
+    VERSION: ClassVar[int] = 1
 
     @classmethod
     def nested(cls) -> dict[str, type[Options]]:
@@ -137,6 +140,21 @@ class Options(BaseModel):
             err = e.errors()[0]
             where = ".".join(str(x) for x in err.get("loc", ())) or cls.__name__
             raise InputError(f"{where} = {err.get('input')!r}: {err.get('msg')}") from None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The versioned dump: ``{"type", "version", "options"}`` with the options that differ from the defaults (JSON
+        values). What a resumable run hashes and records (the pipeline's stage inputs)."""
+        return {"type": type(self).__name__, "version": self.VERSION,
+                "options": self.model_dump(mode="json", exclude_defaults=True)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]):
+        """The model back from :meth:`to_dict`'s dump; an InputError for another model's dump or another version
+        (its options may mean something else now)."""
+        if data.get("type") != cls.__name__ or data.get("version") != cls.VERSION:
+            raise InputError(f"options of {data.get('type')} version {data.get('version')}, not {cls.__name__} "
+                             f"version {cls.VERSION}", "re-run with this version's options (the meaning changed)")
+        return cls.build(**data.get("options", {}))
 
     def replace(self, **fields: Any):
         """A copy with ``fields`` (this model's own field names) replaced, checked again."""

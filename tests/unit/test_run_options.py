@@ -58,3 +58,26 @@ def test_migrate_gives_every_stage_the_run_values_and_refuses_one_set_on_a_stage
         MigrateOptions(quantization=QuantizeOptions(num_speculative_tokens=4))
     with pytest.raises(InputError, match="run-wide"):
         MigrateOptions(quantization=QuantizeOptions(data="chat"))  # a shared option: migrate's --data
+
+
+def test_a_dump_is_versioned_and_another_version_is_refused():
+    c = ConvertOptions.of(steps=5, train="all", num_speculative_tokens=4)
+    d = c.to_dict()
+    assert (d["type"], d["version"]) == ("ConvertOptions", ConvertOptions.VERSION)
+    assert d["options"] == {"num_speculative_tokens": 4, "calibration": {"train": "all", "steps": 5}}  # defaults left out
+    assert ConvertOptions.from_dict(d) == c
+    with pytest.raises(InputError, match="version 0, not ConvertOptions version"):
+        ConvertOptions.from_dict({**d, "version": 0})
+    with pytest.raises(InputError, match="not ValidateOptions"):
+        ValidateOptions.from_dict(d)
+
+
+def test_migrate_hashes_each_stage_by_its_versioned_dump(tmp_path):
+    from eagle_migrate import toy
+    from eagle_migrate.migrate import MigrateOptions, build_stages
+
+    target, drafter = toy.write_target(tmp_path / "t"), toy.write_drafter(tmp_path / "d", "oracle")
+    st = {s.name: s for s in build_stages(drafter, str(target), MigrateOptions.of(num_speculative_tokens=4,
+                                                                                run_validate=True))}
+    assert st["convert"].inputs["type"] == "ConvertOptions" and st["convert"].inputs["version"] == 1
+    assert st["validate"].inputs["options"]["k"] == 4 and st["validate"].inputs["options"]["baseline"] == str(drafter)
