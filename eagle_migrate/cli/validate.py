@@ -1,12 +1,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Optional, Tuple
 
 import typer
 from rich.console import Console
 
-from ..errors import CheckFailed
+from ..errors import CheckFailed, ServerError
 from . import app
 from .options import (
     COMMANDS,
@@ -110,6 +110,53 @@ def render(r) -> None:
     stdout.print(f"[green]{line}[/]" if r.passed and r.gates else line if r.passed else f"[red]{line}[/]", highlight=False)
 
 
+def _triage(opts, say, json: bool) -> None:
+    """validate --triage: replay, render (a table of the groups, the worst requests), exit 1 on a failed gate and
+    the replay's error (a server that dropped) after the report."""
+    from ..validate.server_replay import triage_server  # lazy: httpx (the validate package stays out of --help)
+
+    r = triage_server(opts, log=say)
+    print_json(r) if json else render_triage(r)
+    if r.error is not None:
+        raise ServerError(r.error, r.error_hint)
+    if not r.passed:
+        raise CheckFailed("; ".join(r.failures))
+
+
+def render_triage(r) -> None:
+    from rich.table import Table  # lazy: rich.table loads only when a table is printed (--help stays fast)
+
+    p = r.pooled
+    al = f"{p.acceptance_length:.3f}" + (f" ± {p.se:.3f}" if p.se is not None else "") if p.acceptance_length else "–"
+    stdout.print(f"[bold]triage[/] of {r.prompts_file} on {r.server.url} (vLLM {r.server.vllm_version or '?'}, "
+                 f"k={r.k}): {len(r.requests)}/{r.records} requests, per-request counters from {r.per_request}; "
+                 f"pooled AL {al}", highlight=False)
+    t = Table(show_header=True, header_style="bold")
+    for c in ("feature", "group", "n", "AL ± SE", "rest AL", "z", ""):
+        t.add_column(c, justify="right" if c in ("n", "AL ± SE", "rest AL", "z") else "left")
+    for g in r.groups:
+        t.add_row(g.feature, g.name, str(g.requests),
+                  f"{g.acceptance_length:.3f}" + (f" ± {g.se:.3f}" if g.se is not None else ""),
+                  "–" if g.rest_acceptance_length is None else f"{g.rest_acceptance_length:.3f}",
+                  "–" if g.z is None else f"{g.z:+.1f}", "[red]below[/]" if g.named else
+                  f"below, explained by {g.explained_by}" if g.below else "")
+    stdout.print(t)
+    for line in r.below:
+        stdout.print(f"  [red]below the pool:[/] {line}", highlight=False)
+    if not r.below and r.groups:
+        stdout.print("  no group below the pool beyond noise", highlight=False)
+    worst = sorted((q for q in r.requests if q.acceptance_length is not None), key=lambda q: q.acceptance_length)[:5]
+    for q in worst:
+        stdout.print(f"  line {q.line}: AL {q.acceptance_length:.2f} ({q.prompt_tokens} prompt tokens, {q.kind}, "
+                     f"{q.template}) histogram {q.histogram}", highlight=False)
+    if r.min_acceptance_length is not None:
+        stdout.print(f"  {r.below_floor} requests under --min-acceptance-length {r.min_acceptance_length:g}",
+                     highlight=False)
+    if r.worst is not None:
+        stdout.print(f"worst: {r.worst.records} prompts in {r.worst.file}, {r.worst.heldout_records} held out in "
+                     f"{r.worst.heldout_file}", highlight=False)
+
+
 COMMANDS["validate"] = CommandOptions("eagle_migrate.validate.options:ValidateOptions", inputs=("checkpoint", "target"))
 
 
@@ -153,10 +200,20 @@ def validate(
                                                            "--concurrency, both servers in alternation.",
                                                            rich_help_panel="Live server")] = None,
     concurrency: Annotated[str, typer.Option("--concurrency", help="Concurrent users for --baseline-server, "
-                                             "comma-separated.", rich_help_panel="Live server")] = "1,4,16",
+                                             "comma-separated; --triage replays at the largest.",
+                                             rich_help_panel="Live server")] = "1,4,16",
     block_size: Annotated[int, typer.Option("--block-size", min=1, help="Requests per block: the counters are read "
                                             "around each block (the standard error is across blocks).",
                                             rich_help_panel="Live server")] = 4,
+    triage: Annotated[bool, typer.Option("--triage", help="Which requests lose acceptance: replay --prompts on "
+                                         "--server at --concurrency (its largest value), the AL of each request, "
+                                         "grouped by prompt length, chat template, system prompt, kind and tenant "
+                                         "against the pool (docs/triage.md).", rich_help_panel="Live server")] = False,
+    worst: Annotated[Optional[Tuple[int, Path]], typer.Option("--worst", metavar="N FILE", help="With the triage: "
+                                                              "write the N lowest-AL requests and the requests of "
+                                                              "groups below the pool to FILE (JSONL that convert "
+                                                              "--data reads), a held-out part to FILE.heldout.jsonl.",
+                                                              rich_help_panel="Live server", show_default=False)] = None,
     seed: SeedOpt = 0,
     json: JsonOpt = False,
 ) -> None:
@@ -169,9 +226,11 @@ def validate(
     --baseline-server http://HOST:8001/v1 --api-key-env VLLM_API_KEY --report ./report
     """
     opts = options_of("validate", locals())
+    say = lambda m: log(f"[dim]{m}[/]")  # noqa: E731  (log lines go to stderr, with --json too: a CI log is never silent)
+    if opts.triage or opts.worst is not None:
+        return _triage(opts, say, json)
     from ..validate.api import run_validation  # lazy: torch (registering the commands and --help import none)
 
-    say = lambda m: log(f"[dim]{m}[/]")  # noqa: E731  (log lines go to stderr, with --json too: a CI log is never silent)
     r = run_validation(checkpoint, target, opts, log=say)
     print_json(r) if json else render(r)
     if not r.passed:

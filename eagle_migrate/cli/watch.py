@@ -15,7 +15,8 @@ from .render import log_plain, print_json_line, stdout
 _PANEL_ALERTS = "Alerts"
 
 
-def _table(title: str, scopes: list[Any], break_even: Any, alerts: list[Any], reference: Any) -> Any:
+def _table(title: str, scopes: list[Any], break_even: Any, alerts: list[Any], reference: Any,
+           per_request: Any = None) -> Any:
     """The live table: a row per replica and one pooled: AL ± SE, per-position rates, drafts, requests, the
     difference from the reference in SE, status."""
     from rich.table import Table  # lazy: rich.table loads only when a table is printed (--help stays fast)
@@ -23,6 +24,10 @@ def _table(title: str, scopes: list[Any], break_even: Any, alerts: list[Any], re
     cap = f"break-even AL {break_even.al:.3f} ({break_even.formula})" if break_even is not None else ""
     if reference is not None:
         cap += f"; reference: {reference.text()}"
+    if per_request is not None:
+        from ..validate.watch_responses import window_line  # lazy: the validate package stays out of --help
+
+        cap += "\n" + window_line(per_request)
     if alerts:
         cap += "\n" + "\n".join(f"[red]ALERT[/] {a.message}" for a in alerts)
     t = Table(title=title, caption=cap, caption_justify="left", show_header=True, header_style="bold")
@@ -90,7 +95,7 @@ class _Display:
             print_json_line(w)
             return
         t = _table(_window_title(w), [*w.replicas, w.pooled], w.break_even, w.alerts,
-                   self.started.reference if self.started else None)
+                   self.started.reference if self.started else None, w.per_request)
         if self.live is None:
             from rich.live import Live  # lazy: rich.live loads only when watching live (--help stays fast)
 
@@ -154,6 +159,12 @@ def watch(
                                                 "(CI, cron).", rich_help_panel=_PANEL_ALERTS)] = False,
     api_key_env: Annotated[Optional[str], typer.Option("--api-key-env", help="Name of the environment variable that "
                                                        "holds the servers' API key (never printed or stored).")] = None,
+    responses: Annotated[Optional[Path], typer.Option("--responses", help="A JSONL file your gateway appends the "
+                                                      "servers' responses to (vLLM >= 0.32 with "
+                                                      "--per-request-spec-decode-metrics summary: "
+                                                      "metrics.speculative_decoding): one line per window with the "
+                                                      "per-request AL histogram and how many requests fell below "
+                                                      "--min-al.")] = None,
     json: Annotated[bool, typer.Option("--json", help="One JSON line per window on stdout, the summary last (logs go "
                                        "to stderr); also without a TTY.")] = False,
 ) -> None:
@@ -175,7 +186,7 @@ def watch(
                               reference=reference, reference_suite=reference_suite, min_al=min_al,
                               baseline_server=baseline_server, draft_cost=draft_cost, sigma=sigma, tolerance=tolerance,
                               alert_windows=alert_windows, exit_on_alert=exit_on_alert,
-                              api_key=api_key_from_env(api_key_env))
+                              api_key=api_key_from_env(api_key_env), responses=responses)
     display = _Display(live=stdout.is_terminal and not json)
     try:
         with _sigterm_as_ctrl_c():

