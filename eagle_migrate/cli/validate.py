@@ -155,6 +155,44 @@ def render_triage(r) -> None:
     if r.worst is not None:
         stdout.print(f"worst: {r.worst.records} prompts in {r.worst.file}, {r.worst.heldout_records} held out in "
                      f"{r.worst.heldout_file}", highlight=False)
+    if r.comparison is not None:
+        render_comparison(r.comparison)
+
+
+def render_comparison(c) -> None:
+    """--compare: the old report's groups before and after on the paired requests, the pooled ratio, what was left out."""
+    from rich.table import Table  # lazy: rich.table loads only when a table is printed (--help stays fast)
+
+    def left(n: int, lines: list[int]) -> str:
+        more = ", ..." if n > len(lines) else ""
+        return f"{n}" + (f" (line{'s' if n > 1 else ''} {', '.join(map(str, lines))}{more})" if n else "")
+
+    stdout.print(f"[bold]before / after[/]: {c.before_file} ({c.before_server or '?'}) against this run: "
+                 f"{c.paired} requests paired by {c.keyed_by}; left out: {left(c.only_before, c.only_before_lines)} "
+                 f"only before, {left(c.only_after, c.only_after_lines)} only after", highlight=False)
+
+    def al(x, se) -> str:
+        return "–" if x is None else f"{x:.3f}" + ("" if se is None else f" ± {se:.3f}")
+
+    t = Table(show_header=True, header_style="bold")
+    for col in ("feature", "group", "n", "AL before", "AL after", "after/before ± SE", "verdict"):
+        num = col in ("n", "AL before", "AL after", "after/before ± SE")
+        t.add_column(col, justify="right" if num else "left", no_wrap=num or col == "verdict")
+    colour = {"improved": "green", "worse": "red"}
+    for g in [*c.groups, c.pooled]:
+        p = g.paired
+        ratio = "–" if p.ratio is None else f"{p.ratio:.3f}" + ("" if p.se is None else f" ± {p.se:.3f}")
+        v = p.verdict or (p.note or "–")
+        t.add_row(g.feature, g.name + (" (was below)" if g.below_before else ""), str(g.requests),
+                  al(g.al_before, g.se_before), al(g.al_after, g.se_after), ratio,
+                  f"[{colour[v]}]{v}[/]" if v in colour else v)
+    # the numbers unwrapped in a log or pipe, as render() does (a terminal keeps its width)
+    (stdout if stdout.is_terminal else Console(width=max(stdout.width, 120), soft_wrap=True)).print(t)
+    for line in c.improved:
+        stdout.print(f"  [green]improved:[/] {line}", highlight=False)
+    for line in c.worse:
+        stdout.print(f"  [red]worse:[/] {line}", highlight=False)
+    stdout.print(f"  pooled: {c.pooled.text}", highlight=False)
 
 
 COMMANDS["validate"] = CommandOptions("eagle_migrate.validate.options:ValidateOptions", inputs=("checkpoint", "target"))
@@ -214,6 +252,12 @@ def validate(
                                                               "groups below the pool to FILE (JSONL that convert "
                                                               "--data reads), a held-out part to FILE.heldout.jsonl.",
                                                               rich_help_panel="Live server", show_default=False)] = None,
+    compare: Annotated[Optional[Path], typer.Option("--compare", metavar="OLD/triage.json", help="With the triage: "
+                                                    "the groups of that earlier triage (--report DIR wrote it) before "
+                                                    "and after, on the requests of both runs (same line, same "
+                                                    "prompt): AL before, after, the paired ratio ± SE and its "
+                                                    "verdict per group, and pooled.", rich_help_panel="Live server",
+                                                    show_default=False)] = None,
     seed: SeedOpt = 0,
     json: JsonOpt = False,
 ) -> None:
@@ -227,7 +271,7 @@ def validate(
     """
     opts = options_of("validate", locals())
     say = lambda m: log(f"[dim]{m}[/]")  # noqa: E731  (log lines go to stderr, with --json too: a CI log is never silent)
-    if opts.triage or opts.worst is not None:
+    if opts.triage or opts.worst is not None or opts.compare is not None:
         return _triage(opts, say, json)
     from ..validate.api import run_validation  # lazy: torch (registering the commands and --help import none)
 

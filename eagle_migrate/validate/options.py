@@ -67,6 +67,7 @@ class ValidateOptions(Options):
     # the triage (validate/server_replay.py, validate/triage.py): per-request AL of --prompts on --server
     triage: bool = False
     worst: Optional[tuple[int, Path]] = None  # --worst N FILE: the N lowest-AL requests (+ groups below the pool)
+    compare: Optional[str | Path] = None  # --compare OLD/triage.json: its groups before and after (triage_compare.py)
 
     @field_validator("suites", mode="before")
     @classmethod
@@ -101,10 +102,11 @@ class ValidateOptions(Options):
             raise InputError("--baseline-server and --api-key-env need --server URL")
         if self.worst is not None and self.worst[0] < 0:
             raise InputError(f"--worst {self.worst[0]}: N must be 0 or more")
-        if (self.triage or self.worst is not None) and (self.server is None or self.prompts_file is None):
-            raise InputError("--triage / --worst replay your prompts on a running server: they need --server URL and "
+        replay = self.triage or self.worst is not None or self.compare is not None
+        if replay and (self.server is None or self.prompts_file is None):
+            raise InputError("--triage / --worst / --compare replay your prompts on a running server: they need --server URL and "
                              "--prompts FILE", "eagle-migrate validate --server URL --prompts traffic.jsonl --triage")
-        if (self.triage or self.worst is not None) and (self.suites is not None or self.baseline_server is not None):
+        if replay and (self.suites is not None or self.baseline_server is not None):
             raise InputError("--triage measures your --prompts request by request: --suite and --baseline-server do "
                              "not apply to it", "drop them, or run the suites without --triage")
         return self

@@ -15,9 +15,11 @@ run. Where it does not, that is said in one line and the requests are sent one a
 ``/metrics`` difference around it alone (slower, exact; other traffic is refused as ``validate --server`` refuses
 it). The first request, sent alone, tells which. A server that stops answering ends the
 replay: what was measured before is kept and reported, with the error. Progress: a line every 10 s.
-``--report DIR`` writes the report as ``DIR/triage.json``.
+``--report DIR`` writes the report as ``DIR/triage.json``. ``--compare OLD/triage.json``: the old report's groups
+before and after on the requests that pair (``triage_compare.py``; a file of other prompts is refused before any
+request is sent).
 Imports: errors, corpora, formats.output, validate.{metrics, options, report, server, server_client, server_tokenizer,
-triage}.
+triage, triage_compare}.
 """
 
 from __future__ import annotations
@@ -39,7 +41,19 @@ from .report import ServerInfo
 from .server import _key, _settle, check_block, describe
 from .server_client import Completion, ServerClient
 from .server_tokenizer import chat_refusal
-from .triage import GroupAL, Pooled, TriagedRequest, WorstFiles, features, group_requests, histogram_of, length_group, write_worst
+from .triage import (
+    GroupAL,
+    Pooled,
+    TriagedRequest,
+    WorstFiles,
+    features,
+    group_requests,
+    histogram_of,
+    length_group,
+    prompt_hash,
+    write_worst,
+)
+from .triage_compare import TriageComparison, check_pairs, compare, read_before
 
 DEFAULT_MAX_TOKENS = 64
 PROGRESS_SECONDS = 10.0
@@ -76,6 +90,8 @@ class TriageReport(BaseModel):
     worst: Optional[WorstFiles] = None
     passed: bool = True
     failures: list[str] = Field(default_factory=list)
+    comparison: Optional[TriageComparison] = Field(None, description="--compare: the old report's groups before and "
+                                                                     "after, paired by request")
 
 
 @dataclass
@@ -95,8 +111,11 @@ def triage_server(opts: ValidateOptions, log: Callable[[str], None] | None = Non
                          "eagle-migrate validate --server URL --prompts traffic.jsonl --triage")
     t0 = clock()
     if opts.report_dir is not None:
-        check_no_overlap(Path(opts.report_dir), [opts.prompts_file], what="--report")
+        check_no_overlap(Path(opts.report_dir), [opts.prompts_file, opts.compare], what="--report")
     convs = load_conversations(opts.prompts_file, limit=opts.num_prompts, seed=opts.seed, fetch=False)
+    before = None if opts.compare is None else read_before(opts.compare)
+    if before is not None:
+        check_pairs(before, convs, opts.compare, opts.prompts_file)
     conc = max(int(c) for c in opts.concurrency) if opts.concurrency else 1
     if conc < 1:
         raise InputError("--concurrency needs positive integers, e.g. 4")
@@ -124,6 +143,10 @@ def triage_server(opts: ValidateOptions, log: Callable[[str], None] | None = Non
         out.worst = write_worst(reqs, groups, convs, int(n), path, inputs=[opts.prompts_file])
         say(f"triage: wrote {out.worst.records} prompts to {out.worst.file} and {out.worst.heldout_records} held out "
             f"to {out.worst.heldout_file}")
+    if before is not None:
+        out.comparison = compare(before, reqs, opts.compare)
+        say(f"triage: compared with {opts.compare}: {out.comparison.paired} requests paired, "
+            f"{out.comparison.only_before} only before, {out.comparison.only_after} only after")
     _gates(out, opts.min_acceptance_length)
     if opts.report_dir is not None:
         Path(opts.report_dir).mkdir(parents=True, exist_ok=True)
@@ -169,7 +192,7 @@ def prepare(client: ServerClient, convs: list[Conversation], where: str, max_tok
         except EngineError as e:
             raise ServerError(f"{where}: line {c.line}: the server cannot tokenise this text prompt ({e.message})",
                               "serve the model with its tokenizer, or pass token ids ({\"token_ids\": [...]})") from None
-        base = TriagedRequest(index=i, line=c.line, id=c.id, **features(c, how))
+        base = TriagedRequest(index=i, line=c.line, id=c.id, prompt_hash=prompt_hash(c), **features(c, how))
         return _Prepared(c, ids, base)
 
     with ThreadPoolExecutor(max_workers=max(1, min(conc, 8))) as pool:

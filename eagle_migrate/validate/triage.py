@@ -55,6 +55,8 @@ class TriagedRequest(BaseModel):
     index: int = Field(..., description="its position among the file's usable records (0-based)")
     line: int = Field(0, description="its line in the JSONL file (0: a JSON list)")
     id: str = ""
+    prompt_hash: str = Field("", description="sha256 (16 hex) of the prompt's record as convert --data reads it "
+                                             "(prompt_hash): with line, what pairs a request across two triages")
     length: str = ""
     template: str = ""
     system: Optional[str] = None
@@ -246,6 +248,13 @@ def prompt_record(conv: Conversation) -> dict[str, Any]:
     if conv.shape == "prompt":
         return {"prompt": conv.messages[0]["content"]}
     return {"messages": [dict(m) for m in conv.prompt_messages()]}
+
+
+def prompt_hash(conv: Conversation) -> str:
+    """A short hash of the request's prompt (its :func:`prompt_record`, canonical JSON): the same prompt in two
+    runs has the same hash, whatever server renders it (``--compare`` pairs requests by line and this)."""
+    rec = json.dumps(prompt_record(conv), sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(rec.encode()).hexdigest()[:16]
 
 
 def heldout_path(path: str | Path) -> Path:

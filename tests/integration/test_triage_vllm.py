@@ -4,7 +4,8 @@ contexts and loses acceptance on long ones), started with --per-request-spec-dec
 One server start for the module. Fed a mix of short prompts (48 tokens) and long ones (2,500 tokens): every
 request's counters are the ones the server returned in its response, they sum to /metrics' difference over the run,
 every long prompt lands in the group below the pool, and the /metrics-difference path (the server's per-request
-metrics withheld) measures the same counters one request at a time.
+metrics withheld) measures the same counters one request at a time. --compare starts a second server, of the
+converted EAGLE-3.1 drafter, for the same prompts after (about 2 minutes on two cores, convert included).
 """
 
 from __future__ import annotations
@@ -160,3 +161,35 @@ def test_validate_server_alone_on_a_base_model_renders_plain_prompts(base_model_
     assert {q["template"] for q in doc["requests"]} == {"plain transcript (no chat template)", "plain prompt"}
     assert all(q["acceptance_length"] == 4.0 for q in doc["requests"]) and err.count("no chat template") == 1
     assert {q["kind"] for q in doc["requests"]} == {"prose", "code"}
+
+
+def test_compare_before_and_after_the_conversion(drift_server, traffic, tmp_path):
+    """--compare on live servers: the triage of the drift pair's EAGLE-3 drafter (before), then of its converted
+    EAGLE-3.1 drafter on a second server (after), on the same mixed prompts: every request pairs, the long prompts'
+    group (below the pool before) is improved (AL under 2.5 -> 4.0), the short prompts' is within noise (4.0 both)."""
+    from eagle_migrate.convert import convert
+
+    before = server_replay.triage_server(ValidateOptions.of(
+        server=drift_server.url, prompts_file=traffic, triage=True, max_tokens=MAX_TOKENS, concurrency="4",
+        report_dir=tmp_path / "before"), log=lambda m: None)
+    target, source = toy.write_drift_target(tmp_path / "target"), toy.write_drift_drafter(tmp_path / "source")
+    convert(source, str(target), tmp_path / "converted", calibrate=False, num_sequences=16)
+    srv = vllm_server.start(target, tmp_path / "after.log", drafter=tmp_path / "converted", k=3,
+                            skip_tokenizer_init=True, max_model_len=toy.DRIFT_MAX_POS,
+                            extra=["--per-request-spec-decode-metrics", "summary"])
+    try:
+        after = server_replay.triage_server(ValidateOptions.of(
+            server=srv.url, prompts_file=traffic, triage=True, max_tokens=MAX_TOKENS, concurrency="4",
+            compare=tmp_path / "before" / "triage.json"), log=lambda m: None)
+    finally:
+        vllm_server.stop(srv)
+    c = after.comparison
+    assert (c.paired, c.only_before, c.only_after) == (N_SHORT + N_LONG, 0, 0)
+    by = {g.name: g for g in c.groups}
+    long_ = next(g for g in before.groups if g.named)
+    assert long_.feature == "length" and by[long_.name].below_before and by[long_.name].requests == N_LONG
+    assert by[long_.name].al_before < 2.5 and by[long_.name].al_after == 4.0
+    assert by[long_.name].paired.verdict == "improved" and by[long_.name].paired.ratio > 1.6
+    short = by["prompts under 512 tokens"]
+    assert short.al_before == short.al_after == 4.0 and short.paired.verdict == "within noise"
+    assert c.pooled.paired.verdict == "improved" and not c.worse

@@ -31,7 +31,9 @@ class FakeServer:
     url = "http://fake:8000/v1"
 
     def __init__(self, per_request: bool = True, chat_template: bool = True, tokenizer: bool = True,
-                 spec: bool = True, drop_after: int | None = None, max_model_len: int = 4096, other_traffic: bool = False):
+                 spec: bool = True, drop_after: int | None = None, max_model_len: int = 4096, other_traffic: bool = False,
+                 long_accept: int = 1):
+        self.long_accept = long_accept  # tokens a draft accepts on a long prompt (3 after a recalibration: AL ~4)
         self.m = FakeVllmMetrics(k=K if spec else None)
         self.per_request, self.chat_template, self.tokenizer = per_request, chat_template, tokenizer
         self.drop_after, self.max_model_len, self.other_traffic = drop_after, max_model_len, other_traffic
@@ -90,7 +92,7 @@ class FakeServer:
                 raise ServerError(f"cannot reach the server at {self.url} (ConnectError: connection refused)",
                                   "check that the server is up")
             self.sent.append(ids)
-        base = 1 if len(ids) > LONG else 3
+        base = self.long_accept if len(ids) > LONG else 3
         hist, out = [0] * (K + 1), 0
         i = 0
         while out < max_tokens:
