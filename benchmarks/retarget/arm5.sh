@@ -29,15 +29,15 @@ OUT=$(cd "$OUT" && pwd)
 W=$(cd "$W" && pwd)
 [ -d "$W/dsA/hidden_states" ] || { echo "no $W/dsA/hidden_states: run arm 0's data stages first" >&2; exit 2; }
 rm -rf "$OUT/src" && cp -r "$SRC" "$OUT/src"
-if [ "$NORMS" = 1 ]; then
-  "$SPEC_VENV/bin/python" - "$OUT/src/config.json" <<'EOF'
+"$SPEC_VENV/bin/python" - "$OUT/src/config.json" "$NORMS" <<'EOF'
 import json, sys
 p = sys.argv[1]
 c = json.load(open(p))
-c["fc_norm"], c["norm_output"] = True, True  # EAGLE-3.1 in speculators 0.9's names; the new norms start at ones
+c["dtype"] = "float32"  # trained in fp32 on fp32 hidden states, as the source was (its checkpoint is stored in bf16)
+if sys.argv[2] == "1":
+    c["fc_norm"], c["norm_output"] = True, True  # EAGLE-3.1 in speculators 0.9's names; the new norms start at ones
 json.dump(c, open(p, "w"), indent=2)
 EOF
-fi
 echo "arm5: $SRC -> $OUT, ${WALL}s, lr $LR, norms $NORMS, start $(date -u)"
 set +e
 (cd "$W" && OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} timeout -s TERM "$WALL" "$SPEC_VENV/bin/python" \
