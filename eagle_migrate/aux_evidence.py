@@ -329,6 +329,9 @@ def _states(target: LazyTarget, seq: list[int], ids: list[int]) -> tuple[dict[in
     return states, logits[0].argmax(-1).cpu()
 
 
+target_states = _states  # the public name (target_fit measures step 0 on the same states)
+
+
 def _scorer(target: LazyTarget, step: Step0, readings: dict[str, tuple[list[int], Callable[[], None]]], keep: bool):
     """``score(h)`` for :func:`sequential`: step 0 under each reading (name -> (its vLLM aux ids, what sets it up on
     the drafter)) at the positions of ``h`` where vLLM drafts, from one target pass (kept on ``target``: ``keep``)."""

@@ -1,13 +1,16 @@
 """What calibration trains and judges on: the data choice (ShareGPT by default on a real target, the built-in set
 loudly), the training sequences and held-out prompts per drift-probing suite (:func:`default_data`), and the
-held-out continuations the target generates (vLLM or transformers), cached by content in ``--cache-dir``.
-Imports: corpora, fingerprints, formats.output, judge, progress, validate.engine. It never imports calibrate or
+held-out continuations the target generates (vLLM or transformers), cached by content in ``--cache-dir``; a file of
+served prompts (``--data FILE``) split by content into training prompts the target answers and the judge's own
+held-out suite (:func:`traffic_prompts`). Imports: corpora, fingerprints, formats.output, judge, progress, validate.engine. It never imports calibrate or
 train."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+import random
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -168,3 +171,89 @@ def default_data(target: Any, data: str | None, num_sequences: int, seed: int, s
         except Exception as e:  # a suite that cannot be built here is reported, not fatal
             warnings.warn(f"held-out suite {s} skipped: {e}", stacklevel=2)
     return train, held
+
+
+# ----- --data FILE: the prompts a team serves (issue 50) --------------------------------------------------------------
+# A held-out part of the file becomes the judge's own suite "traffic" beside chat, long and template shift; the rest
+# is trained on, each prompt answered by the target itself. Which prompt is held out is decided by its content alone
+# (sha256 of its messages or token ids): the same prompt is on the same side in every run, whatever the file's order
+# or size, and a duplicate of a judged prompt is judged too, never trained on.
+TRAFFIC_SUITE = "traffic"
+TRAFFIC_HELDOUT = 0.15  # the share of a file's prompts held out (by content hash)
+TRAFFIC_MIN_HELDOUT = 4  # held out at least this many (the smallest hashes), while at least as many are left to train
+TRAFFIC_ANSWER_TOKENS = 128  # the target's answer to a training prompt, at most (and within the sequence length)
+TRAFFIC_SUFFIXES = (".jsonl", ".json", ".gz")
+
+
+def is_traffic(data: Any) -> bool:
+    """Whether ``data`` is a file of served requests (JSONL / JSON, possibly gzipped, of prompts or chat messages),
+    not a named set (sharegpt, drift, ...) nor a file of ``token_ids`` records (whole sequences, trained as they are)."""
+    if data is None or isinstance(data, (list, tuple)):
+        return False
+    p = Path(str(data)).expanduser()
+    if p.suffix not in TRAFFIC_SUFFIXES or not p.is_file():
+        return False
+    st = p.stat()
+    return _requests_file(str(p.resolve()), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=16)
+def _requests_file(path: str, size: int, mtime_ns: int) -> bool:
+    """Whether the file's first record is a request (not ``token_ids``); keyed by size and mtime, read once."""
+    first = dm.sources.load_conversations(path, limit=1)
+    return bool(first) and first[0].token_ids is None
+
+
+def content_key(conv: Any) -> str:
+    """A prompt's identity by content: sha256 of its token ids, else of its messages as the target is asked them (the
+    reply the target must write is left out)."""
+    what = conv.token_ids if conv.token_ids is not None else conv.prompt_messages()
+    return hashlib.sha256(json.dumps(what, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+
+
+def split_traffic(convs: Sequence[Any], fraction: float = TRAFFIC_HELDOUT,
+                  min_heldout: int = TRAFFIC_MIN_HELDOUT) -> tuple[list[Any], list[Any]]:
+    """(trained on, held out): a conversation is held out when its :func:`content_key` read as a number in [0, 1) is
+    below ``fraction``; when that holds out fewer than ``min_heldout`` distinct prompts, the distinct prompts of the
+    smallest keys are (at most half of them). Every copy of a held-out prompt is held out."""
+    keys = [content_key(c) for c in convs]
+    distinct = sorted(set(keys))
+    held = {k for k in distinct if int(k[:13], 16) / 16**13 < fraction}
+    want = min(min_heldout, len(distinct) // 2)
+    if len(held) < want:
+        held = set(distinct[:want])
+    return ([c for c, k in zip(convs, keys) if k not in held], [c for c, k in zip(convs, keys) if k in held])
+
+
+def traffic_prompts(target: Any, data: Any, num_sequences: int, seed: int, seq_len: int,
+                    heldout_max: int) -> tuple[list[list[int]], list[list[int]]]:
+    """(training prompts, held-out prompts) of the file ``data`` (:func:`split_traffic`), each rendered as the target
+    is asked it (its chat template and generation prompt; a reply in the file is not used: the target writes its
+    own): a seeded sample of ``num_sequences`` training prompts, at most ``heldout_max`` held-out ones (the first by
+    content key), each cut to leave room for an answer within ``seq_len``."""
+    convs = dm.sources.load_conversations(data, seed=seed, training=True)
+    train, held = split_traffic(convs)
+    tok = target.tokenizer if target.tokenizer is not None else dm.ByteTokenizer(target.info.vocab_size)
+    room = max(3, seq_len - min(TRAFFIC_ANSWER_TOKENS, seq_len // 2))
+
+    def prompts(cs: Sequence[Any]) -> list[list[int]]:
+        out, seen = [], set()
+        for c in cs:
+            p = dm.render(c, tok)[:room]
+            if len(p) >= 1 and tuple(p) not in seen:
+                seen.add(tuple(p))
+                out.append(p)
+        return out
+
+    rng = random.Random(seed)
+    train = rng.sample(train, min(num_sequences, len(train))) if len(train) > num_sequences else train
+    held = sorted(held, key=content_key)
+    return prompts(train), prompts(held)[:heldout_max]
+
+
+def answered(target: Any, prompts: Sequence[Sequence[int]], seq_len: int, cache_dir: Path | None,
+             progress: StageProgress | None = None) -> list[list[int]]:
+    """The training sequences of traffic prompts: each prompt followed by the target's own greedy answer (at most
+    :data:`TRAFFIC_ANSWER_TOKENS`, within ``seq_len``), made by :func:`heldout_sequences` (cached in ``cache_dir``)."""
+    new = max(1, min(TRAFFIC_ANSWER_TOKENS, seq_len - max(len(p) for p in prompts))) if prompts else 1
+    return [h.ids[:seq_len] for h in heldout_sequences(target, list(prompts), new, cache_dir, "traffic-train", progress)]

@@ -3,8 +3,9 @@
 Cheap by construction: safetensors are read through their headers (names, shapes, dtypes); the only tensor data
 read are ``d2t``/``t2d`` and small tensors (norm weights and anything of at most ``SMALL_NUMEL`` elements, for the
 NaN/Inf check). ``deep=True`` checks every tensor for NaN/Inf, one tensor at a time. With a target, the pairing is
-checked from the target's config.json alone; the target is run only when the stored aux ids can be read two ways
-and nothing in the checkpoint decides (the measurement of :mod:`eagle_migrate.aux_evidence`).
+checked from the target's config.json; the target is run when the stored aux ids can be read two ways and nothing in
+the checkpoint decides (the measurement of :mod:`eagle_migrate.aux_evidence`), and for the drafter's fit to it
+(:mod:`eagle_migrate.target_fit`: step 0 on the target's own text; without --target nothing is run).
 
 Findings have a stable ``code`` (one table: formats/traps.py; docs/formats.md shows it) and a severity: ``error`` (vLLM refuses it or runs
 it wrongly: exit 1), ``warning`` (probably wrong, or wrong on some vLLM versions) and ``info``.
@@ -104,6 +105,9 @@ class InspectReport(BaseModel):
     total_bytes: int
     quantization: dict[str, Any] | None
     target: TargetSummary | None = None
+    target_fit: Any = Field(None, description="with --target: whether the drafter fits it (a target_fit.TargetFit: the "
+                            "config's evidence and step-0 agreement on the target's own text; --trained-for: the same "
+                            "on the target it was trained for, the reference)")
     deep: bool = Field(False, description="every tensor was checked for NaN/Inf")
     findings: list[Finding]
 
@@ -303,14 +307,37 @@ def _measure_nbr(ck: Checkpoint, lt: Any, ids: list[int]) -> None:
                                f"norm_before_residual is not in the config: {said} ({m.summary()})"))
 
 
+def _target_fit(ck: Checkpoint, target: str, ti: Any, trained_for: str | None, device: str) -> Any:
+    """Whether the drafter fits ``target`` (:func:`eagle_migrate.target_fit.assess`): measured where step 0 can run
+    on it (the sizes pair, the aux ids are decided and valid, the drafter is not quantized and its family measures),
+    else the config's evidence alone; a target without weights: the config alone, saying why."""
+    from .target import LazyTarget  # lazy: torch stays out of inspect unless it measures
+    from .target_fit import assess  # lazy: torch, as target
+
+    ids = ck.config.aux_layer_ids
+    ok = (_sizes_pair(ck, ti) and _measures_aux(ck) and ids is not None and (ck.aux is None or ck.aux.decided)
+          and not _aux.pairing_error(ids, ck.config.num_aux, ti.num_layers))
+    dev = resolve_device(device)
+    lt = LazyTarget(target, dev, resolve_dtype("auto", dev))
+    try:
+        return assess(ck, lt, list(ids) if ok else None, trained_for_path=trained_for, measure=ok)
+    except TargetError as e:  # a config-only target folder: the config's evidence alone
+        fit = assess(ck, lt, None, measure=False)
+        fit.message += f" (not measured: {e.message})"
+        return fit
+
+
 def report_from_checkpoint(ck: Checkpoint, target: str | None = None, deep: bool = False,
-                           aux_ids_convention: Convention | None = None, device: str = "auto") -> InspectReport:
+                           aux_ids_convention: Convention | None = None, device: str = "auto",
+                           trained_for: str | None = None) -> InspectReport:
     ti = None
     if target is not None:
         from .target import target_info  # lazy: target imports torch: inspect without --target needs none
 
         ti = target_info(target)
     _resolve_aux(ck, target, ti, aux_ids_convention, device)
+    fit = _target_fit(ck, target, ti, trained_for, device) if target is not None and ck.config.generation == "eagle3" \
+        else None
     findings = list(ck.findings)
     findings += _check_vocab_maps(ck, ti.vocab_size if ti else None)
     findings += _check_finite(ck, deep)
@@ -362,19 +389,25 @@ def report_from_checkpoint(ck: Checkpoint, target: str | None = None, deep: bool
         total_bytes=sum(f.bytes for f in files),
         quantization=ck.quantization,
         target=None if ti is None else TargetSummary.of(ti),
+        target_fit=fit,
         deep=deep,
         findings=uniq,
     )
 
 
 def inspect_checkpoint(path: str | Path, target: str | None = None, deep: bool = False,
-                       aux_ids_convention: Convention | None = None, device: str = "auto") -> InspectReport:
+                       aux_ids_convention: Convention | None = None, device: str = "auto",
+                       trained_for: str | None = None) -> InspectReport:
     """Read ``path`` (any supported layout; never modified) and report what it is and what is wrong with it.
 
-    ``aux_ids_convention`` (vllm | output-of-layer) overrides how stored aux ids are read. Raises CheckpointError
+    ``aux_ids_convention`` (vllm | output-of-layer) overrides how stored aux ids are read. With ``target``, whether
+    the drafter fits it (``target_fit``: :mod:`eagle_migrate.target_fit`, the target loaded for a step-0
+    measurement on its own text, seconds on a small target); ``trained_for``: the target it was trained for (a local
+    path or hub id), measured the same way as the reference. Raises CheckpointError
     (exit 2) when the input cannot be read at all; TargetError when ``target`` cannot; PairingError when the aux
     ids can be read two ways and measuring on ``target`` does not tell which.
     """
     ck = read_checkpoint(path)
     ck.meta["input_path"] = str(path)
-    return report_from_checkpoint(ck, target=target, deep=deep, aux_ids_convention=aux_ids_convention, device=device)
+    return report_from_checkpoint(ck, target=target, deep=deep, aux_ids_convention=aux_ids_convention, device=device,
+                                  trained_for=trained_for)

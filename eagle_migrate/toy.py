@@ -434,3 +434,28 @@ def write_drift_drafter(out: Path, dtype: torch.dtype | None = torch.float32) ->
     a = drift_short_rms()
     write_vllm(drift_drafter_config(), drafter_state_dict("oracle", fc_scales=[a] * len(AUX_IDS)), out, dtype=dtype)
     return out
+
+
+# ----- a changed target: the successor world's target after a "fine-tune" (issue 50, retargeting) -------------------
+# The same target with a changed lm_head: the greedy next token of x is x + 2 where x % every < changed and x + 1
+# elsewhere, so the hidden states are A's and only what B writes differs. The toy's drafters were built for A: step 0
+# at position i drafts x_i + 2 (the token after next) from the aux states of x_i, right on B's own text only where both
+# hops are +1: for every = 8, changed = 5 (0 -> 2 -> 4 -> 6 -> 7 -> 8 ...) at 1/5 of the positions, for every = 7,
+# changed = 1 at about 2/3.
+def changed_target_state_dict(every: int = 8, changed: int = 5, h: int = H) -> dict[str, torch.Tensor]:
+    sd = target_state_dict(h)
+    s = math.sqrt(h)
+    emb = torch.eye(h) * s
+    head = torch.zeros(h, h)
+    for x in range(h):
+        head[(x + (2 if x % every < changed else 1)) % h] += emb[x] / s
+    sd["lm_head.weight"] = head
+    return sd
+
+
+def write_changed_target(out: Path, every: int = 8, changed: int = 5, h: int = H) -> Path:
+    """Write the changed successor target (:func:`changed_target_state_dict`) as an HF folder, like :func:`write_target`."""
+    out.mkdir(parents=True, exist_ok=True)
+    save_safetensors(changed_target_state_dict(every, changed, h), out / "model.safetensors", {"format": "pt"})
+    write_json(out / "config.json", target_config(h))
+    return out

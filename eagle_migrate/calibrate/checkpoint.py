@@ -1,5 +1,6 @@
 """The checkpoint form of calibration (what convert calls): :func:`calibrate_checkpoint` loads the drafter of a
-folder in the vLLM layout and its target, picks the data and the held-out suites, runs :func:`~.run.calibrate`
+folder in the vLLM layout and its target, picks the data and the held-out suites (a file of served prompts: a
+held-out part is the suite ``traffic``, the rest answered by the target and trained on), runs :func:`~.run.calibrate`
 with the same :class:`~.settings.CalibrationSettings`, and writes the best weights back atomically.
 Imports: torch, calibration_data, devices, errors, formats (read, output, write), loader, target, validate.engine
 (which engine generates the held-out continuations), calibrate.{settings,result,run}."""
@@ -13,9 +14,18 @@ from typing import Any
 
 import torch
 
-from ..calibration_data import default_data, resolve_data, vllm_continuations
+from ..calibration_data import (
+    TRAFFIC_MIN_HELDOUT,
+    TRAFFIC_SUITE,
+    answered,
+    default_data,
+    is_traffic,
+    resolve_data,
+    traffic_prompts,
+    vllm_continuations,
+)
 from ..devices import resolve_dtype
-from ..errors import UnsupportedError
+from ..errors import DataError, UnsupportedError
 from ..formats import read_checkpoint
 from ..formats.output import atomic_output_dir
 from ..formats.write import write_vllm
@@ -70,6 +80,8 @@ def calibrate_checkpoint(
                                         heldout_per_suite=s.heldout_per_suite or dflt["heldout_per_suite"],
                                         long_buckets=dflt["heldout_long_buckets"], shift_max=dflt["heldout_shift_max"],
                                         long_per_bucket=s.heldout_long_per_bucket or dflt["heldout_long_per_bucket"])
+    if hs is None and is_traffic(data):  # the served prompts: a held-out part is the judge's own suite
+        train_seqs, held = _traffic(tgt, data, held or {}, seq_len, s, s.heldout_per_suite or dflt["heldout_per_suite"])
     if not _is_target(target) and tgt.tokenizer is not None and held:
         held = _vllm_heldout(str(target), held, s.heldout_new_tokens or dflt["heldout_new_tokens"], s)
     res = calibrate(model, tgt, train_seqs, held, s.replace(device=dev, seq_len=seq_len, require_improvement=False),
@@ -80,6 +92,22 @@ def calibrate_checkpoint(
     if s.require_improvement:
         check_improvement(res)
     return res
+
+
+def _traffic(tgt: Any, data: Any, held: dict[str, Any], seq_len: int, s: CalibrationSettings,
+             heldout_max: int) -> tuple[list[list[int]], dict[str, Any]]:
+    """``--data FILE`` of served prompts: (training sequences, held-out suites). The file is split by content
+    (:func:`eagle_migrate.calibration_data.split_traffic`): the training prompts are answered by the target (its own
+    greedy text, transformers' generate, cached in ``--cache-dir``), the held-out ones become the suite
+    :data:`~eagle_migrate.calibration_data.TRAFFIC_SUITE` beside the others; no held-out prompt is trained on."""
+    train_prompts, judged = traffic_prompts(tgt, data, s.num_sequences or 64, s.seed, seq_len, heldout_max)
+    if not train_prompts:
+        raise DataError(f"{data}: every prompt is held out for the judge; nothing is left to train on",
+                        f"give at least {2 * TRAFFIC_MIN_HELDOUT} distinct prompts")
+    tick = (lambda stage, done, total, info="": s.progress(f"calibrate: {stage}", done, total, info)) \
+        if s.progress is not None else None
+    train = answered(tgt, train_prompts, seq_len, Path(s.cache_dir) if s.cache_dir is not None else None, tick)
+    return train, {**held, TRAFFIC_SUITE: judged} if judged else dict(held)
 
 
 def _is_target(target: Any) -> bool:

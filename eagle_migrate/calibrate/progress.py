@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from ..progress import StageProgress
@@ -20,18 +21,42 @@ def _train_info(e: dict[str, Any], al_text: str) -> str:
     return f"loss {e['loss']:.3f}, top-1 per step {acc}" + (f"; held-out AL {al_text}" if al_text else "")
 
 
-def progress_adapter(progress: StageProgress | None) -> Progress:
+def _clock(seconds: float) -> str:
+    s = int(round(seconds))
+    return f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
+
+
+def eta(started: float, first_step: int, step: int, steps: int, now: float, budget_s: float | None = None) -> str:
+    """The fine-tune's remaining time at ``step`` of ``steps``: the mean time per step since ``first_step`` (the
+    step the clock started at, a resumed run's first) times the steps left, bounded by what is left of the
+    wall-clock budget ``budget_s`` (seconds since ``started``); '' before a step's time is known."""
+    done = step - first_step
+    if done <= 0 or steps <= step:
+        return ""
+    left = (now - started) / done * (steps - step)
+    if budget_s is not None:
+        left = min(left, max(0.0, budget_s - (now - started)))
+    return f"ETA {_clock(left)}"
+
+
+def progress_adapter(progress: StageProgress | None, budget_s: float | None = None) -> Progress:
     """The trainer's per-step records -> the library's stage events (``eagle_migrate.progress``): training steps
-    carry the loss, per-step top-1 and the last held-out AL as ``info``."""
+    carry the loss, per-step top-1, the last held-out AL and the fine-tune's ETA (:func:`eta`; ``budget_s``: its
+    wall-clock budget) as ``info``."""
     if progress is None:
         return lambda e: None
     counts = {"heldout": 0, "eval": 0}
     last_al = {"text": ""}
+    clock: dict[str, float] = {}
 
     def adapt(e: dict[str, Any]) -> None:
         ph = e.get("phase")
         if ph == "train":
-            progress("calibrate", e["step"], e["steps"], _train_info(e, last_al["text"]))
+            now = time.perf_counter()
+            clock.setdefault("t0", now)  # the clock starts at the first step's record: the ETA from the second on
+            clock.setdefault("first", float(e["step"]))
+            left = eta(clock["t0"], int(clock["first"]), e["step"], e["steps"], now, budget_s)
+            progress("calibrate", e["step"], e["steps"], _train_info(e, last_al["text"]) + (f"; {left}" if left else ""))
         elif ph == "generate":  # the held-out continuations, batch by batch (transformers' generate)
             progress(f"calibrate: {e['stage']}", e["done"], e["total"], e.get("info", ""))
         elif ph == "capture":

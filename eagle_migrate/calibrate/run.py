@@ -68,7 +68,7 @@ def calibrate(
     ``data_name`` and ``data_warning`` are reported as they are (convert's statistics pass, the data's name).
     """
     s = CalibrationSettings.of(settings, **options)
-    report = progress_adapter(s.progress)
+    report = progress_adapter(s.progress, None if s.max_minutes is None else s.max_minutes * 60.0)
     t0 = time.perf_counter()
     dev = resolve_device(s.device)
     dflt = defaults_for(dev)

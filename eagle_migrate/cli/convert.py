@@ -30,6 +30,7 @@ from .options import (
     OutputOpt,
     RequiredTargetOpt,
     SeedOpt,
+    TrainedForOpt,
     TrainOpt,
     VllmPythonOpt,
     options_of,
@@ -75,6 +76,7 @@ def convert(
     dtype: DtypeOpt = "auto",
     force: ForceOpt = False,
     seed: SeedOpt = 0,
+    trained_for: TrainedForOpt = None,
     json: JsonOpt = False,
 ) -> None:
     """Convert an EAGLE-2 / EAGLE-3 drafter to EAGLE-3.1 (fc_norm + norm_output) in the layout vLLM loads.
@@ -89,6 +91,12 @@ def convert(
     next token under each reading (paired, sequential): a winner decides; readings shown equivalent keep the stored
     ids (with a warning); when the evidence is inconclusive, convert stops (exit 2): pass --aux-ids-convention.
     An EAGLE-3.1 source (passthrough) keeps undecided ids as stored, marked undecided.
+
+    It says whether the drafter fits the target: the target its config names, and its step-0 agreement with the
+    target's greedy next token on the target's own text (against --trained-for's when given). A drafter that does not
+    fit is fine-tuned by default, on a CPU too (a wall-clock budget there); the judge keeps the fine-tune only when it
+    beats the structural conversion beyond noise. --data FILE.jsonl of served prompts: a held-out part (by content
+    hash) is the judge's own suite "traffic", the rest is answered by the target and trained on.
 
     Exit codes: 0 ok, 1 --require-improvement and calibration did not improve the drafter, 2 bad input (unreadable
     checkpoint, drafter/target mismatch, undecidable aux-id convention, existing output without --force).
@@ -119,6 +127,23 @@ def _label(line: str) -> tuple[str, str]:
     ``warning | warning: ...``); a line without one is a warning."""
     head, sep, rest = line.partition(": ")
     return (head, rest) if sep and head in ("error", "warning", "info") else ("warning", line)
+
+
+def suite_rows(details: dict) -> list[tuple[str, str]]:
+    """Per held-out suite of the judge: simulated AL before -> after (the source's), and the returned drafter minus
+    the source, paired on the same positions (``gain vs source``)."""
+    vs = ((details.get("judge") or {}).get("vs_source") or {}).get("suites") or {}
+    rows = []
+    for name, su in (details.get("suites") or {}).items():
+        b, a, s = (su.get(x) or {} for x in ("before", "after", "source"))
+        line = f"AL {b.get('acceptance_length', float('nan')):.3f} -> {a.get('acceptance_length', float('nan')):.3f}"
+        if s:
+            line += f" (source {s['acceptance_length']:.3f})"
+        if name in vs:
+            d = vs[name]
+            line += f"; gain vs source {d['diff']:+.3f} +/- {d['se']:.3f} ({100 * d['relative']:+.1f} %)"
+        rows.append((f"suite {name}", line + f"; {su.get('num_sequences', '?')} sequences"))
+    return rows
 
 
 def render_result(r) -> None:
@@ -163,6 +188,8 @@ def render_result(r) -> None:
     if a.step0 is not None:
         t.add_row("agreement with source", f"step 0: {_pct(a.step0)}; steps 1..{len(a.steps)}: {', '.join(_pct(x) for x in a.steps)}"
                   f"  ({a.held_out_sequences} held-out sequences, {a.num_positions} positions, {a.num_chains} chains)")
+    if r.target_fit is not None:
+        t.add_row("target fit", f"{r.target_fit.verdict}: {r.target_fit.message}")
     cal = r.calibration
     if r.decision:
         t.add_row("decision", r.decision)
@@ -177,6 +204,8 @@ def render_result(r) -> None:
                   f"{j['heldout_sequences']} sequences)"
                   + (f"; training set {j['training_tokens']} tokens" if j.get("training_tokens") is not None else "")
                   + (f"; statistics {j['statistics_tokens']} tokens" if j.get("statistics_tokens") is not None else ""))
+    for k, v in suite_rows(cal.details or {}):
+        t.add_row(k, v)
     for w in r.fixed:
         t.add_row("fixed", w)
     for w in r.warnings:

@@ -6,25 +6,37 @@ import typer
 
 from ..errors import EXIT_CHECK_FAILED
 from . import app
-from .options import COMMANDS, AuxIdsConventionOpt, CheckpointArg, CommandOptions, DeviceOpt, JsonOpt, TargetOpt
+from .options import (
+    COMMANDS,
+    AuxIdsConventionOpt,
+    CheckpointArg,
+    CommandOptions,
+    DeviceOpt,
+    JsonOpt,
+    TargetOpt,
+    TrainedForOpt,
+)
 from .render import evidence_rows, print_json, stdout
 
 DeepOpt = Annotated[bool, typer.Option("--deep", help="Check every tensor for NaN/Inf (reads all weights; default: norms and small tensors).")]
 
 
-# four options, passed straight to the library function: its keyword parameters are their one declaration
+# five options, passed straight to the library function: its keyword parameters are their one declaration
 COMMANDS["inspect"] = CommandOptions("eagle_migrate.inspection:inspect_checkpoint", inputs=("ckpt",))
 
 
 @app.command(short_help="What a drafter checkpoint is and what vLLM will do with it.")
 def inspect(ckpt: CheckpointArg, target: TargetOpt = None, deep: DeepOpt = False, aux_ids_convention: AuxIdsConventionOpt = None,
-            device: DeviceOpt = "auto", json: JsonOpt = False) -> None:
+            device: DeviceOpt = "auto", trained_for: TrainedForOpt = None, json: JsonOpt = False) -> None:
     """What a drafter checkpoint is (format, producer, sizes, aux ids, flags) and every trap vLLM would hit.
 
     Reads any layout: SafeAILab EAGLE-1/2/3, SpecForge, speculators, ModelOpt, TorchSpec, vLLM, sharded or not.
     The input is never modified; safetensors are read through their headers only. With --target, stored aux layer
     ids that can be read two ways and carry no deciding fingerprint are measured on the target (it is loaded); an
-    inconclusive measurement is a warning that names both readings and --aux-ids-convention.
+    inconclusive measurement is a warning that names both readings and --aux-ids-convention. With --target it also
+    says whether the drafter fits that target: the target its config names, and its step-0 agreement with the
+    target's greedy next token on the target's own text (seconds on a small target), against --trained-for's when
+    given, else a fixed threshold.
 
     Exit codes: 0 no error finding, 1 a finding of severity error, 2 unreadable input.
 
@@ -33,7 +45,7 @@ def inspect(ckpt: CheckpointArg, target: TargetOpt = None, deep: DeepOpt = False
     from ..inspection import inspect_checkpoint  # lazy: the checkpoint readers (formats/) stay out of --help
 
     report = inspect_checkpoint(ckpt, target=target, deep=deep, device=device,
-                                aux_ids_convention=aux_ids_convention)
+                                aux_ids_convention=aux_ids_convention, trained_for=trained_for)
     if json:
         print_json(report)
     else:
@@ -71,6 +83,8 @@ def render_report(r) -> None:
     if r.target is not None:
         tg = r.target
         t.add_row("target", f"{tg.path}: H={tg.hidden_size} layers={tg.num_layers} V={tg.vocab_size} max_pos={tg.max_position_embeddings} theta={tg.rope_theta:g}")
+    if r.target_fit is not None:
+        t.add_row("target fit", f"{r.target_fit.verdict}: {r.target_fit.message}")
     stdout.print(t)
     if not r.findings:
         stdout.print("[green]no findings[/]")

@@ -86,7 +86,7 @@ LrOpt = Annotated[Optional[float], typer.Option("--lr", min=0.0, help="Calibrati
 KeepArchitectureOpt = Annotated[bool, typer.Option(
     "--keep-architecture", help="The control arm of a measurement: keep the EAGLE-3 source's architecture (no "
     "EAGLE-3.1 norms) and run the same calibration fine-tune on it (EAGLE-3 sources only).")]
-CalibrateOpt = Annotated[Optional[bool], typer.Option("--calibrate/--no-calibrate", help="Run the calibration fine-tune after the structural conversion (default by kind of source: EAGLE-2 always; EAGLE-3 on a GPU, judged only on a CPU; EAGLE-3.1 never; docs/calibration.md). --no-calibrate: neither fine-tune nor judge.")]
+CalibrateOpt = Annotated[Optional[bool], typer.Option("--calibrate/--no-calibrate", help="Run the calibration fine-tune after the structural conversion (default by kind of source: EAGLE-2 always; EAGLE-3 on a GPU, judged only on a CPU, but fine-tuned on a CPU too when it does not fit the target it is served with; EAGLE-3.1 never; docs/calibration.md). --no-calibrate: neither fine-tune nor judge.")]
 FormatOpt = Annotated[OutputFormat, typer.Option("--output-format", help="Layout of the output: vllm (HF folder vLLM loads) or speculators.")]
 QuantizeFcOpt = Annotated[bool, typer.Option("--quantize-fc", help="Quantize fc too (kept 16-bit by default: its input mixes K target states with outliers).")]
 # validate's flags that migrate forwards to validate
@@ -105,3 +105,8 @@ MaxRegressionOpt = Annotated[Optional[float], typer.Option("--max-regression", h
 PrivateOpt = Annotated[bool, typer.Option("--private", help="Create the repository private (an existing one keeps its visibility).")]
 CreatePrOpt = Annotated[bool, typer.Option("--create-pr", help="Open a pull request instead of committing to the branch.")]
 RevisionOpt = Annotated[Optional[str], typer.Option("--revision", help="Branch to commit to (created if missing) or, with --create-pr, to open the PR against.")]
+# inspect --target and convert: the target the drafter was trained for, measured as the reference of the target fit
+TrainedForOpt = Annotated[Optional[str], typer.Option("--trained-for", metavar="MODEL", help="The target the drafter was "
+                          "trained for (local folder or hub id): its step-0 agreement on that target's own text is the "
+                          "reference against which the fit to --target is judged (else a fixed threshold; "
+                          "docs/calibration.md \"Retargeting\").")]

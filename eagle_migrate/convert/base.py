@@ -3,18 +3,20 @@
 A :class:`~.registry.Converter` per source generation fills in what differs (the aux ids it reads, the norm
 initialisation and the agreement it measures); :func:`run` takes the one registered converter that accepts the
 source (``registry.converter_for``). Imports: errors, formats (the reader, the trap table, the carried mark,
-the atomic output folder), every convert.* module (the built-in converters, which register themselves)."""
+the atomic output folder), target_fit (whether the source fits its target), every convert.* module (the built-in
+converters, which register themselves)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from ..errors import CheckFailed
+from ..errors import CheckFailed, TargetError
 from ..formats import read_checkpoint
 from ..formats.common import carried_mark
 from ..formats.output import atomic_output_dir, write_json
 from ..formats.traps import TRAPS
+from ..target_fit import TargetFit, assess
 from . import eagle2, eagle3, passthrough  # noqa: F401  (the built-in converters register themselves)
 from .calibration import run_calibration
 from .defaults import SourceKind, choose, recipe, source_kind
@@ -45,12 +47,16 @@ def run(source: Path, target: str, out: Path, opts: ConvertOptions) -> ConvertRe
     if ini.norm_init is not None:
         job.warnings.extend(f"warning: {w}" for w in ini.norm_init.warnings)
     kind = source_kind(job.cfg, job.ck.meta, traits)
-    choice = choose(kind, job.device, traits, opts.calibrate, opts.calibration)
+    fit = target_fit(job, traits)
+    if fit is not None and fit.stale:
+        job.warnings.append(f"warning: target fit: {fit.message}")
+    choice = choose(kind, job.device, traits, opts.calibrate, opts.calibration, fit)
     want_cal, judge_only, why = choice.run, choice.judge_only, choice.why
-    taken = _recipe_taken(job, kind) if want_cal and not judge_only else {}
+    taken = _recipe_taken(job, kind, retarget=choice.by == "trained for another target") \
+        if want_cal and not judge_only else {}
     if taken:
         why += (f"; the fine-tune's recipe for a {kind.kind} source: "
-                + " ".join(f"--{k} {v}" for k, v in taken.items()) + " (convert/defaults.py RECIPE)")
+                + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in taken.items()) + " (convert/defaults.py RECIPE)")
     required = traits.calibration_required
     prov = job.provenance
     prov.num_sequences = ini.statistics.num_sequences if ini.statistics is not None else 0
@@ -59,6 +65,7 @@ def run(source: Path, target: str, out: Path, opts: ConvertOptions) -> ConvertRe
     prov.norm_output_scale = ini.norm_output.scale if ini.norm_output else None
     prov.calibration_required = required
     prov.source_kind = kind.kind
+    prov.target_fit = fit
     prov.step0_agreement = ini.agreement.step0
     labels = OutputLabels(source_format=job.ck.format, source_producer=job.ck.producer, source_sha256=job.source_sha256,
                           norm_init=prov.norm_init, norm_output_scale=prov.norm_output_scale, calibration_required=required,
@@ -90,6 +97,7 @@ def run(source: Path, target: str, out: Path, opts: ConvertOptions) -> ConvertRe
         norm_output=ini.norm_output, eagle2_mapping=ini.eagle2_mapping, agreement=ini.agreement, calibration=calibration,
         calibration_required=required, output_files=files, provenance=prov, fixed=fixed,
         warnings=remaining + job.warnings, source_kind=kind, defaults=why, decision=choice.line(taken),
+        target_fit=fit,
     )
 
 
@@ -106,14 +114,36 @@ def sort_findings(findings: list[Any], written: Path) -> tuple[list[str], list[s
     return fixed, remaining
 
 
-def _recipe_taken(job: Job, kind: SourceKind) -> dict[str, str]:
+def target_fit(job: Job, traits: Any) -> TargetFit | None:
+    """Whether the source fits the target it is converted for (:func:`eagle_migrate.target_fit.assess`): the
+    config's evidence, and step 0 on the target's own text (the sequences the aux-id measurement made, replayed),
+    with ``--trained-for`` the same on that target as the reference. None for a passthrough or EAGLE-2 source;
+    the config alone with ``--hidden-states`` (the target is not run) or a target without weights."""
+    opts = job.opts
+    if traits.passthrough or job.cfg.generation != "eagle3":
+        return None
+    measure = opts.hidden_states_dir is None
+    opts.progress("target fit", 0, 1)
+    try:
+        fit = assess(job.ck, job.target, job.aux_ids, trained_for_path=opts.trained_for, seed=opts.seed,
+                     data=job.data, sequences=job.first_sequences if measure else None, max_length=opts.max_length,
+                     measure=measure, progress=lambda which, d, t: opts.progress(f"target fit ({which})", d, t))
+    except TargetError as e:  # e.g. a config-only target folder: the config's evidence alone
+        fit = assess(job.ck, job.target, job.aux_ids, measure=False)
+        fit.message += f" (not measured: {e.message})"
+    opts.progress("target fit", 1, 1)
+    return fit
+
+
+def _recipe_taken(job: Job, kind: SourceKind, retarget: bool = False) -> dict[str, str]:
     """The options a fine-tune of this kind of source takes from :data:`~.defaults.RECIPE` (``--train norms+fc`` on
     ``--data drift`` for an EAGLE-3 source) because the run leaves them open; the norm statistics before it ran on
     the run's own data."""
     opts = job.opts
     given = opts.data is not None or opts.hidden_states_dir is not None
     # the tokenizer only when the data is open: asking a --hidden-states run's target for it would load the model
-    return recipe(kind, opts.calibration, given, not given and job.target.tokenizer is not None)
+    return recipe(kind, opts.calibration, given, not given and job.target.tokenizer is not None,
+                  retarget_cpu=retarget and not str(job.device).startswith("cuda"))
 
 
 def _calibrate(tmp: Path, job: Job, conv: Converter, ini: Initialised, judge_only: bool = False,

@@ -1,7 +1,8 @@
 """What ``convert`` does when it is not told: the kind of source it read (plain, speculators-style, EAGLE-2, already
 EAGLE-3.1), and for each kind and device whether the calibration fine-tunes or only judges, with the measurement
 that decided it (docs/calibration.md "Defaults by kind of source"; the numbers are in docs/benchmarks.md).
-Imports: convert.result (SourceKind); drafter.config and convert.registry as types."""
+Imports: convert.result (SourceKind); drafter.config and convert.registry as types (the target's fit is read by
+its attributes)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ if TYPE_CHECKING:
     from ..drafter.config import DrafterConfig
     from .registry import Traits
 
-__all__ = ["Kind", "SourceKind", "Default", "Choice", "POLICY", "RECIPE", "source_kind", "asked_for_fine_tune", "choose",
-           "recipe"]
+__all__ = ["Kind", "SourceKind", "Default", "Choice", "POLICY", "RECIPE", "RETARGET", "RETARGET_CPU_MINUTES",
+           "source_kind", "asked_for_fine_tune", "choose", "recipe"]
 
 MEANING: dict[str, str] = {
     "plain": "the residual is kept before the hidden norm (SafeAILab, SpecForge, most public EAGLE-3 drafters), so "
@@ -72,6 +73,17 @@ RECIPE: dict[str, dict[str, str]] = {
     "speculators-style": {"train": "norms+fc", "data": "drift"},
 }
 
+# When the drafter does not fit the target it is served with (eagle_migrate/target_fit.py: trained for another model,
+# or its step-0 agreement on the target's own text below what it agrees with its own target), the default is the
+# fine-tune on every device, with the recipe above, and on a CPU a wall-clock budget for it (RETARGET_CPU_MINUTES,
+# unless --max-minutes is given) so that convert with the defaults stays within about 15 minutes on 2 cores for a
+# SmolLM2-135M-sized pair (the statistics, the held-out continuations and the judge take the rest). The judge keeps
+# the fine-tune only when it beats the structural conversion beyond noise, as for every fine-tune. Not measured on a
+# changed SmolLM2 target yet (issue 50's arms); the drafter that fits keeps the defaults of POLICY.
+RETARGET = ("the drafter does not fit the target it is served with, so the fine-tune runs by default (on a CPU too, "
+            "within a wall-clock budget); the judge keeps it only when it beats the structural conversion beyond noise")
+RETARGET_CPU_MINUTES = 8.0
+
 POLICY: dict[tuple[str, str], Default] = {
     ("plain", "cpu"): Default(False, _CPU_PLAIN),
     ("speculators-style", "cpu"): Default(False, _CPU_SPEC),
@@ -108,16 +120,20 @@ def asked_for_fine_tune(calibration: Any) -> list[str]:
             if getattr(calibration, n) != fields[n].default and not (n == "steps" and calibration.steps == 0)]
 
 
-def recipe(kind: SourceKind, calibration: Any, data_given: bool, has_tokenizer: bool) -> dict[str, str]:
+def recipe(kind: SourceKind, calibration: Any, data_given: bool, has_tokenizer: bool,
+           retarget_cpu: bool = False) -> dict[str, str]:
     """The fine-tune options :data:`RECIPE` sets for ``kind`` that the run leaves open: ``train`` when ``--train`` is
     not given, ``data`` when neither ``--data`` nor precomputed hidden states are (and the target has a tokenizer:
-    drift data is text)."""
+    drift data is text); ``retarget_cpu`` (the default fine-tune of a drafter that does not fit, on a CPU): also
+    ``max_minutes`` :data:`RETARGET_CPU_MINUTES` unless ``--max-minutes`` is given."""
     r = RECIPE.get(kind.kind, {})
-    out = {}
+    out: dict[str, Any] = {}
     if "train" in r and calibration.train is None:
         out["train"] = r["train"]
     if "data" in r and not data_given and has_tokenizer:
         out["data"] = r["data"]
+    if retarget_cpu and r and calibration.max_minutes is None:
+        out["max_minutes"] = RETARGET_CPU_MINUTES
     return out
 
 
@@ -133,14 +149,18 @@ class Choice(NamedTuple):
         """The decision in one short line, the same in convert's report and migrate's manifest: "judged only (CPU
         default)", "fine-tuned (GPU default; recipe --train norms+fc --data drift)", "not calibrated (--no-calibrate)"."""
         what = "not calibrated" if not self.run else "judged only" if self.judge_only else "fine-tuned"
-        recipe_ = "; recipe " + " ".join(f"--{k} {v}" for k, v in taken.items()) if taken else ""
+        recipe_ = "; recipe " + " ".join(f"--{k.replace('_', '-')} {v:g}" if isinstance(v, float) else f"--{k} {v}"
+                                         for k, v in taken.items()) if taken else ""
         return f"{what} ({self.by}{recipe_})"
 
 
-def choose(kind: SourceKind, device: str, traits: Traits, calibrate: bool | None, calibration: Any) -> Choice:
+def choose(kind: SourceKind, device: str, traits: Traits, calibrate: bool | None, calibration: Any,
+           fit: Any = None) -> Choice:
     """(run the calibration step, judge only, why, by whom): ``calibrate`` as given (``--calibrate`` /
     ``--no-calibrate``) or the converter's default, and for an EAGLE-3 source the :data:`POLICY` of its kind on
-    ``device``, unless a fine-tune option was given (then it fine-tunes; ``--steps 0`` asks for the judge alone)."""
+    ``device``, unless a fine-tune option was given (then it fine-tunes; ``--steps 0`` asks for the judge alone) or
+    ``fit`` (a :class:`~eagle_migrate.target_fit.TargetFit`) says the drafter does not fit its target (then it
+    fine-tunes on every device: :data:`RETARGET`)."""
     dev = "cuda" if str(device).startswith("cuda") else "cpu"
     if calibrate is False:
         return Choice(False, False, "--no-calibrate: no calibration step", "--no-calibrate")
@@ -156,5 +176,7 @@ def choose(kind: SourceKind, device: str, traits: Traits, calibrate: bool | None
                       "already EAGLE-3.1: re-written as it is, no calibration by default", "already EAGLE-3.1")
     if asked := asked_for_fine_tune(calibration):
         return Choice(True, False, f"{asked[0]} given: the fine-tune runs", f"{asked[0]} given")
+    if fit is not None and fit.stale and kind.kind in RECIPE:
+        return Choice(True, False, f"{RETARGET}: {fit.message}", "trained for another target")
     pol = POLICY[(kind.kind, dev)]
     return Choice(True, not pol.fine_tune, pol.evidence, f"{'GPU' if dev == 'cuda' else 'CPU'} default")

@@ -53,6 +53,9 @@ class ConvertOptions(Options):
     # the same calibration run on it; EAGLE-3 sources only
     keep_architecture: bool = False
     calibration: CalibrationSettings = Field(default_factory=CalibrationSettings)
+    # the target the drafter was trained for (a local path or hub id, --trained-for): its step-0 agreement on that
+    # target's own text is the reference of the target-fit measurement (eagle_migrate/target_fit.py)
+    trained_for: Optional[str] = None
     progress: Any = Field(no_progress, exclude=True, repr=False)  # a StageProgress (the run's events), not an option
 
     @field_validator("progress", mode="before")

@@ -71,6 +71,7 @@ class Job:
     source_sha256: str = ""
     store_dtype: torch.dtype = torch.bfloat16
     provenance: Provenance | None = None
+    first_sequences: list[list[int]] | None = None  # the aux-id measurement's first prompts (target_fit replays them)
 
     @property
     def cfg(self) -> DrafterConfig:
@@ -136,6 +137,9 @@ def decide_aux_ids(job: Job, measure: bool = True) -> tuple[AuxIds | None, list[
              and cfg.generation == "eagle3")
     if needs or (measure and ev.norm_before_residual_open(ck)):
         first = _first_sequences(job)
+    elif measure and job.opts.hidden_states_dir is None:  # the target-fit measurement's prompts (base.target_fit)
+        first = _first_sequences(job)
+    job.first_sequences = first
 
     def tick(done: int, total: int) -> None:
         progress("aux ids", done, total)

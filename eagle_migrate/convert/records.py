@@ -1,12 +1,14 @@
 """The calibration records the norm initialisation and the agreement read: the target's aux states on token
 sequences (captured one sequence at a time) or a precomputed ``--hidden-states`` folder, split into a statistics set
-and a held-out set. Imports: corpora (the one home of calibration sequences), hidden_states, target."""
+and a held-out set. Imports: calibration_data (a file of served prompts: its training part), corpora (the one home
+of calibration sequences), hidden_states, target."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
 
+from ..calibration_data import is_traffic, traffic_prompts
 from ..corpora import calibration_sequences, random_sequences
 from ..hidden_states import HiddenRecord, check_last_slice, count_hidden_states, iter_hidden_states
 from ..target import LazyTarget
@@ -20,7 +22,11 @@ STATS_MAX_SEQUENCES = 256
 def sequences_for(data: str | None, target: LazyTarget, num_sequences: int, seed: int, max_length: int) -> list[list[int]]:
     """Token-id sequences to estimate statistics on: :func:`eagle_migrate.corpora.calibration_sequences` with the
     target's tokenizer. No ``--data`` and a tokenizer-less (toy) target: random token sequences
-    (:func:`eagle_migrate.corpora.random_sequences`, at most 64 tokens) instead of byte-rendered text."""
+    (:func:`eagle_migrate.corpora.random_sequences`, at most 64 tokens) instead of byte-rendered text. A file of served
+    prompts: its training part only (:func:`eagle_migrate.calibration_data.traffic_prompts`): the judge's held-out
+    prompts shape nothing of the drafter."""
+    if is_traffic(data):
+        return traffic_prompts(target, data, num_sequences, seed, max_length, 0)[0]
     tok = target.tokenizer
     if data is None and tok is None:
         return random_sequences(target.info.vocab_size, num_sequences, min(max_length, 64), seed)

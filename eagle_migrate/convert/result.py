@@ -1,6 +1,6 @@
 """convert's typed results: what was inserted, how the norms were initialised, the agreement with the source, the
 calibration status and the provenance record written next to the weights. Imports: pydantic, torch (its version),
-the version string, stats and formats.aux_ids (their result types)."""
+the version string, stats, formats.aux_ids and target_fit (their result types)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from pydantic import BaseModel, Field
 from .. import __version__
 from ..formats.aux_ids import AuxIds, Measurement
 from ..stats import TargetStatistics
+from ..target_fit import TargetFit
 
 Kind = Literal["plain", "speculators-style", "eagle2", "eagle3.1"]
 
@@ -143,6 +144,7 @@ class Provenance(BaseModel):
                                                               "target (the config did not state it)")
     started_at: str
     finished_at: str | None = None
+    target_fit: TargetFit | None = Field(None, description="whether the source fits this target (target_fit.py)")
     python: str = platform.python_version()
     torch: str = torch.__version__
 
@@ -178,3 +180,5 @@ class ConvertResult(BaseModel):
                           "'judged only (CPU default)', 'fine-tuned (--calibrate; recipe --train norms+fc --data drift)'")
     warnings: list[str] = Field(default_factory=list, description="what still needs attention, each with one label "
                                 "(error: / warning: for the source's findings that the output still has)")
+    target_fit: TargetFit | None = Field(None, description="whether the source fits this target: the config's "
+                                         "evidence and step 0 on the target's own text (target_fit.py)")

@@ -1,0 +1,255 @@
+"""Whether a drafter fits the target it is served with (issue 50): a drafter trained for target A, served with B (a
+fine-tune, an RL run, a quantized or abliterated A), drafts what A would write. Two kinds of evidence:
+
+* the config: the target the drafter's producer recorded (:func:`trained_for`: speculators'
+  ``speculators_config.verifier.name_or_path``, a SpecForge / SafeAILab / ModelOpt config's target or base-model
+  key, this project's ``provenance.json``) against the served target's name (:func:`eagle_migrate.fingerprints.
+  target_name`). A fine-tune saved with ``save_pretrained`` keeps A's ``_name_or_path``, so equal names prove
+  nothing: the config can only say "another model";
+* a measurement on B's own text: the drafter's step-0 top-1 agreement with B's greedy next token where vLLM drafts
+  (prompts from the data, each continued greedily by B: :mod:`eagle_migrate.own_text`), from at most
+  :data:`MAX_SEQUENCES` sequences (seconds on the toy, about 15 s on SmolLM2-135M on a CPU). With the target the
+  drafter was trained for (``trained_for``: a local path), the same measurement on A's own text is the reference,
+  and B's agreement below it beyond noise says the drafter is stale; without it, B's agreement is compared with
+  :data:`THRESHOLD` (what drafters agree with their own target, measured here), which says less, and the message
+  says which was measured.
+
+The verdict (:class:`TargetFit`): ``stale`` (recalibration recommended: convert fine-tunes by default),
+``fits``, ``no-evidence`` (the drafter drafts almost nothing on B: random weights or a wrong pairing, which a
+recalibration does not fix) or ``not measured`` (no target weights, a quantized drafter: the config's evidence
+alone, which decides nothing).
+
+Layer: beside ``aux_evidence`` (runs a drafter's step 0 on a target): imports pydantic, torch, aux_evidence (Step0,
+the target's states), fingerprints (target_name), loader (load_drafter), own_text (the measured sequences, the drafted
+positions), target (LazyTarget: the reference target).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import torch
+from pydantic import BaseModel, Field
+
+from .aux_evidence import Step0, target_states
+from .fingerprints import target_name
+from .loader import load_drafter
+from .own_text import drafted_positions, measurement_sequences
+from .target import LazyTarget
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .formats.base import Checkpoint
+
+# the measured sequences (each a data prompt and the target's own greedy continuation of 40 tokens: own_text.py)
+MAX_SEQUENCES = 16
+# below this step-0 agreement on the served target the drafter drafts almost nothing there: random weights, a wrong
+# pairing, or a target changed beyond what a recalibration of the norms and fc can follow (a random toy drafter agrees
+# 1 / 64; a real one trained for SmolLM2-135M agrees 0.545 on its own target's text, 0.18 with a wrong flag:
+# docs/benchmarks.md, aux-id evidence)
+FLOOR = 0.05
+# without the reference target, an agreement below this on the served target's own text says the drafter does not
+# fit it: about 3 standard errors below what the SmolLM2-135M drafters trained for their target agree with it on its
+# own text (0.437 +/- 0.040 and 0.423 +/- 0.037, 16 sequences of built-in chat prompts; the toy's exact drafters 1.0;
+# docs/calibration.md "Retargeting"). A weaker drafter on its own target can fall below it: pass the reference
+THRESHOLD = 0.30
+# with the reference: B's agreement below A's by more than 3 standard errors of the difference and this much
+REFERENCE_MARGIN = 0.03
+# where a producer records the target it trained for (dotted paths in config.json)
+CONFIG_KEYS = ("speculators_config.verifier.name_or_path", "verifier.name_or_path", "target_model",
+               "target_model_path", "target_model_name_or_path", "base_model", "base_model_name_or_path",
+               "eagle_config.target_model", "eagle_migrate.target")
+PROVENANCE_KEYS = ("target_hub_id", "target_name")
+
+Verdict = Literal["fits", "stale", "no-evidence", "not measured"]
+
+
+class Agreement(BaseModel):
+    """Step-0 top-1 agreement of the drafter with one target's greedy next token on that target's own text."""
+
+    target: str
+    agreement: float
+    standard_error: float = Field(..., description="clustered by sequence")
+    positions: int
+    sequences: int
+    seconds: float
+
+    def text(self) -> str:
+        return f"{self.agreement:.2f} +/- {self.standard_error:.2f} ({self.positions} positions, {self.sequences} sequences)"
+
+
+class TargetFit(BaseModel):
+    """Whether the drafter fits the served target (module docstring)."""
+
+    trained_for: str | None = Field(None, description="the target the drafter's config names, as recorded")
+    trained_for_key: str | None = Field(None, description="where it is recorded (config key or provenance.json)")
+    served_with: str | None = Field(None, description="the served target's name (Hub id, else its folder's name)")
+    config: Literal["same", "other", "unknown"] = "unknown"
+    on_target: Agreement | None = Field(None, description="step-0 agreement on the served target's own text")
+    on_trained_for: Agreement | None = Field(None, description="the same on the target it was trained for (given)")
+    threshold: float = THRESHOLD
+    verdict: Verdict = "not measured"
+    message: str = ""
+
+    @property
+    def stale(self) -> bool:
+        return self.verdict == "stale"
+
+
+def _dig(d: Any, dotted: str) -> Any:
+    for k in dotted.split("."):
+        if not isinstance(d, dict):
+            return None
+        d = d.get(k)
+    return d
+
+
+def trained_for(ck: Checkpoint) -> tuple[str | None, str | None]:
+    """(the target the drafter's producer recorded, where): speculators' verifier, a config key of
+    :data:`CONFIG_KEYS`, else this project's provenance.json beside the weights; (None, None) when none says."""
+    v = ck.meta.get("verifier")
+    if isinstance(v, dict) and isinstance(v.get("name_or_path"), str) and v["name_or_path"].strip():
+        return v["name_or_path"], "speculators_config.verifier.name_or_path"
+    raw = ck.raw_config or {}
+    for key in CONFIG_KEYS:
+        got = _dig(raw, key)
+        if isinstance(got, str) and got.strip():
+            return got, key
+    prov = Path(ck.path) / "provenance.json"
+    if prov.is_file():
+        try:
+            p = json.loads(prov.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            p = {}
+        for key in PROVENANCE_KEYS:
+            if isinstance(p.get(key), str) and p[key].strip():
+                return p[key], f"provenance.json {key}"
+    return None, None
+
+
+def _short(name: str) -> str:
+    return name.rstrip("/\\").replace("\\", "/").rsplit("/", 1)[-1].lower()
+
+
+def same_model(recorded: str, served: str | None, served_spec: str) -> bool:
+    """Whether the recorded target names the served one: the same Hub id, path, or final name component."""
+    cands = {_short(x) for x in (served, served_spec) if x}
+    return recorded == served or recorded == served_spec or _short(recorded) in cands
+
+
+def step0_agreement(ck: Checkpoint, target: LazyTarget, ids: list[int], *, seed: int = 0, data: Any = None,
+                    sequences: list[list[int]] | None = None, max_length: int = 512,
+                    max_sequences: int = MAX_SEQUENCES, progress: Callable[[int, int], None] | None = None) -> Agreement:
+    """The drafter's step-0 top-1 agreement with ``target``'s greedy next token where vLLM drafts, on at most
+    ``max_sequences`` of the target's own sequences (:func:`eagle_migrate.own_text.measurement_sequences`: the same
+    ones the aux-id measurement made, replayed), aux states at ``ids`` (vLLM ids)."""
+    t0 = time.perf_counter()
+    m = load_drafter(ck, target.loaded, device=target.device, dtype=target.dtype)
+    step = Step0(m, target.info.vocab_size, target.device, target.dtype)
+    hits: list[int] = []
+    sizes: list[int] = []
+    for h in measurement_sequences(target, data, seed, sequences, max_length):
+        states, nxt = target_states(target, h.ids, ids)
+        aux = torch.cat([states[i] for i in sorted(ids)], dim=-1)[: len(h.ids) - 1]
+        _, hit, _ = step(aux, h.ids, nxt[1:], drafted_positions(h, nxt))
+        if hit.numel():
+            hits.append(int(hit.sum()))
+            sizes.append(int(hit.numel()))
+        if progress is not None:
+            progress(len(sizes), max_sequences)
+        if len(sizes) >= max_sequences:  # before the next one is asked for: it would generate a whole new batch
+            break
+    n, g = sum(sizes), len(sizes)
+    p = sum(hits) / n if n else 0.0
+    se = math.sqrt(g / (g - 1) * sum((x - p * k) ** 2 for x, k in zip(hits, sizes)) / n**2) if g >= 2 and n else 1.0
+    return Agreement(target=str(target.spec), agreement=p, standard_error=se, positions=n, sequences=g,
+                     seconds=round(time.perf_counter() - t0, 2))
+
+
+def assess(ck: Checkpoint, target: LazyTarget | None, ids: list[int] | None, *, trained_for_path: str | None = None,
+           seed: int = 0, data: Any = None, sequences: list[list[int]] | None = None, max_length: int = 512,
+           measure: bool = True, progress: Callable[[str, int, int], None] | None = None) -> TargetFit:
+    """The fit of the drafter ``ck`` to ``target`` (module docstring). ``ids``: the decided aux ids (vLLM's
+    convention); ``trained_for_path``: the target it was trained for, measured the same way as the reference;
+    ``measure`` False (or no target, no ids): the config's evidence alone. ``progress(which, done, total)``: after
+    each measured sequence (``which``: ``target`` or ``trained-for``)."""
+    rec, key = trained_for(ck)
+    spec = str(target.spec) if target is not None else ""
+    tn = target_name(spec) if spec else None
+    served = tn.name if tn else None
+    config = "unknown" if rec is None or not spec else "same" if same_model(rec, served, spec) else "other"
+    fit = TargetFit(trained_for=rec, trained_for_key=key, served_with=served, config=config)
+    found = trained_for_path is None and config == "other" and _local_model(rec) and not _same_folder(rec, spec)
+    if found:  # the target its config names is here: measured as the reference, as --trained-for would
+        trained_for_path = rec
+    if measure and target is not None and ids and not ck.quantization and ck.config.generation == "eagle3":
+        fit.on_target = step0_agreement(ck, target, ids, seed=seed, data=data, sequences=sequences, max_length=max_length,
+                                        progress=(lambda d, t: progress("target", d, t)) if progress else None)
+        if trained_for_path:
+            ref = LazyTarget(trained_for_path, target.device, target.dtype)
+            fit.on_trained_for = step0_agreement(ck, ref, ids, seed=seed, data=data, sequences=sequences,
+                                                 max_length=max_length,
+                                                 progress=(lambda d, t: progress("trained-for", d, t)) if progress else None)
+    fit.verdict = _verdict(fit)
+    fit.message = _message(fit, trained_for_path, found)
+    return fit
+
+
+def _local_model(path: str | None) -> bool:
+    """Whether ``path`` is a model folder on this machine (its config.json there)."""
+    return bool(path) and (Path(path).expanduser() / "config.json").is_file()
+
+
+def _same_folder(a: str, b: str) -> bool:
+    try:
+        return Path(a).expanduser().resolve() == Path(b).expanduser().resolve()
+    except OSError:
+        return False
+
+
+def _verdict(f: TargetFit) -> Verdict:
+    b, a = f.on_target, f.on_trained_for
+    if b is None or b.positions == 0:
+        return "not measured"
+    if a is not None:
+        if a.agreement < FLOOR or a.positions == 0:
+            return "no-evidence"
+        se = math.hypot(a.standard_error, b.standard_error)
+        return "stale" if a.agreement - b.agreement > max(3 * se, REFERENCE_MARGIN) else "fits"
+    if b.agreement < FLOOR:
+        return "no-evidence"
+    # without the reference, the config naming another model is said, not acted on: the same model in another folder
+    # (or under another name) must not be fine-tuned by default; the agreement on the target's own text decides
+    return "stale" if b.agreement < f.threshold else "fits"
+
+
+def _message(f: TargetFit, trained_for_path: str | None, found: bool = False) -> str:
+    """One sentence: what the config says, what was measured, and the verdict."""
+    served = f.served_with or "the served target"
+    if f.config == "other":
+        head = f"trained for {f.trained_for} (its {f.trained_for_key}), served with {served}"
+    elif f.config == "same":
+        head = (f"its config names {f.trained_for}, the served target's name (a fine-tune saved from it keeps that "
+                "name, so the config alone cannot tell)")
+    else:
+        head = "its config names no target it was trained for"
+    b, a = f.on_target, f.on_trained_for
+    if b is None:
+        return head + "; not measured on the target's text (no verdict from the config alone)"
+    meas = f"step-0 agreement {b.agreement:.2f} on {served}'s own text"
+    if a is not None:
+        where = "named by its config, found here" if found else "--trained-for"
+        ref = f"{meas} against {a.agreement:.2f} on its own target's ({trained_for_path}: {where})"
+    else:
+        ref = (f"{meas} (its own target not measured: pass --trained-for PATH; threshold {f.threshold:.2f}, what "
+               "drafters agree with their own target here)")
+    tail = {"stale": "recalibration recommended",
+            "fits": "it fits: no recalibration needed",
+            "no-evidence": (f"it drafts almost nothing there (below {FLOOR:.2f}): random weights, a wrong pairing, or a "
+                            "target changed beyond what recalibration follows; no verdict"),
+            "not measured": "no verdict"}[f.verdict]
+    return f"{head}: {ref}; {tail}"

@@ -1,0 +1,267 @@
+"""Retargeting (issue 50): a drafter trained for target A, served with a changed target B.
+
+* detection (target_fit.py): the config's evidence and step 0 on B's own text, against A's (``--trained-for``) or a
+  threshold; it fires on the toy's changed targets and not when B is A;
+* the default: convert fine-tunes a drafter that does not fit its target on a CPU too (within a wall-clock budget),
+  and judges only when it fits, as before;
+* traffic data (``--data FILE``): malformed lines are named by their line, the held-out split is by content and a
+  judged prompt is never trained on, and the held-out part is the judge's own suite.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from eagle_migrate import toy
+from eagle_migrate.calibration_data import TRAFFIC_SUITE, content_key, split_traffic, traffic_prompts
+from eagle_migrate.corpora.sources import Conversation
+from eagle_migrate.errors import DataError
+from eagle_migrate.formats import read_checkpoint
+from eagle_migrate.target import LazyTarget
+from eagle_migrate.target_fit import THRESHOLD, assess, trained_for
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("retarget")
+    return {"A": toy.write_target(d / "A"), "B": toy.write_changed_target(d / "B", every=8, changed=5),
+            "B-mild": toy.write_changed_target(d / "B-mild", every=7, changed=1), "oracle": toy.write_drafter(d / "oracle"),
+            "random": toy.write_drafter(d / "random", "random"), "root": d}
+
+
+def _fit(pair, drafter: str, target: str, ref: str | None = None):
+    ck = read_checkpoint(pair[drafter])
+    lt = LazyTarget(str(pair[target]), "cpu", torch.float32)
+    return assess(ck, lt, ck.config.aux_layer_ids, trained_for_path=str(pair[ref]) if ref else None)
+
+
+def test_the_changed_targets_write_other_text(pair):
+    """B's greedy next token differs from A's at 5 tokens of 8; its hidden states are A's."""
+    a, b = toy.target_state_dict(), toy.changed_target_state_dict(8, 5)
+    assert all(torch.equal(a[k], b[k]) for k in a if k != "lm_head.weight")
+    assert not torch.equal(a["lm_head.weight"], b["lm_head.weight"])
+
+
+def test_detection_fires_on_a_changed_target(pair):
+    f = _fit(pair, "oracle", "B")  # no reference: B's agreement (1/5) against the threshold
+    assert f.verdict == "stale" and f.stale
+    assert 0.15 < f.on_target.agreement < THRESHOLD and f.on_trained_for is None
+    assert "recalibration recommended" in f.message and "--trained-for" in f.message
+    g = _fit(pair, "oracle", "B", ref="A")  # with A: 1/5 against 1.0 on A's own text
+    assert g.verdict == "stale" and g.on_trained_for.agreement == pytest.approx(1.0)
+    assert f"against {g.on_trained_for.agreement:.2f} on its own target's" in g.message
+
+
+def test_a_mild_change_needs_the_reference(pair):
+    """B-mild keeps 2/3 of the drafts: above the threshold (fits without A), below A's 1.0 beyond noise (stale with
+    A): the message says which was measured."""
+    f = _fit(pair, "oracle", "B-mild")
+    assert f.verdict == "fits" and f.on_target.agreement > THRESHOLD
+    assert _fit(pair, "oracle", "B-mild", ref="A").verdict == "stale"
+
+
+def test_detection_does_not_fire_when_b_is_a(pair):
+    for ref in (None, "A"):
+        f = _fit(pair, "oracle", "A", ref)
+        assert f.verdict == "fits" and not f.stale and f.on_target.agreement == pytest.approx(1.0)
+
+
+def test_a_drafter_that_drafts_nothing_gives_no_verdict(pair):
+    """A random drafter agrees about 1/64 on A: no evidence either way (a recalibration does not make it a
+    drafter), so the default does not change."""
+    f = _fit(pair, "random", "A")
+    assert f.verdict == "no-evidence" and not f.stale and "drafts almost nothing" in f.message
+
+
+def test_config_evidence(pair, tmp_path):
+    """The target a producer recorded: speculators' verifier, a config key, this project's provenance.json. A name
+    equal to the served target's proves nothing (a fine-tune keeps it): the measurement decides."""
+    d = toy.write_drafter(tmp_path / "d")
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["base_model_name_or_path"] = "org/Some-Other-Model"
+    (d / "config.json").write_text(json.dumps(cfg))
+    ck = read_checkpoint(d)
+    assert trained_for(ck) == ("org/Some-Other-Model", "base_model_name_or_path")
+    f = assess(ck, LazyTarget(str(pair["A"]), "cpu", torch.float32), ck.config.aux_layer_ids)
+    # the config names another model, but the drafter drafts A's own text as well as ever: said, not acted on (a
+    # model under another name or in another folder must not be fine-tuned by default)
+    assert f.config == "other" and f.verdict == "fits"
+    assert f.message.startswith("trained for org/Some-Other-Model (its base_model_name_or_path), served with A")
+    # the target the config names is here (a folder): measured as the reference, as --trained-for would be
+    cfg["base_model_name_or_path"] = str(pair["A"])
+    (d / "config.json").write_text(json.dumps(cfg))
+    ck = read_checkpoint(d)
+    f = assess(ck, LazyTarget(str(pair["B"]), "cpu", torch.float32), ck.config.aux_layer_ids)
+    assert f.on_trained_for is not None and f.verdict == "stale" and "named by its config, found here" in f.message
+    import shutil
+
+    same = shutil.copytree(pair["A"], tmp_path / "A-copy")  # A itself in another folder: the reference agrees
+    f = assess(ck, LazyTarget(str(same), "cpu", torch.float32), ck.config.aux_layer_ids)
+    assert f.config == "other" and f.on_trained_for is not None and f.verdict == "fits"
+    cfg["base_model_name_or_path"] = "A"
+    (d / "config.json").write_text(json.dumps(cfg))
+    ck = read_checkpoint(d)
+    f = assess(ck, LazyTarget(str(pair["A"]), "cpu", torch.float32), ck.config.aux_layer_ids)
+    assert f.config == "same" and f.verdict == "fits"
+    (d / "provenance.json").write_text(json.dumps({"target_name": "A"}))
+    del cfg["base_model_name_or_path"]
+    (d / "config.json").write_text(json.dumps(cfg))
+    assert trained_for(read_checkpoint(d)) == ("A", "provenance.json target_name")
+    nothing = assess(read_checkpoint(d), None, None)
+    assert nothing.verdict == "not measured" and not nothing.stale
+
+
+def test_inspect_reports_the_fit_only_with_a_target(pair):
+    from eagle_migrate.inspection import inspect_checkpoint
+
+    assert inspect_checkpoint(pair["oracle"]).target_fit is None
+    r = inspect_checkpoint(pair["oracle"], target=str(pair["B"]), device="cpu", trained_for=str(pair["A"]))
+    assert r.target_fit.verdict == "stale" and r.target_fit.on_trained_for is not None
+    assert inspect_checkpoint(pair["oracle"], target=str(pair["A"]), device="cpu").target_fit.verdict == "fits"
+
+
+def test_inspect_cli_takes_trained_for(pair):
+    from typer.testing import CliRunner
+
+    from eagle_migrate.cli import app
+
+    r = CliRunner().invoke(app, ["inspect", str(pair["oracle"]), "--target", str(pair["B"]), "--trained-for",
+                                 str(pair["A"]), "--device", "cpu", "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["target_fit"]["verdict"] == "stale"
+
+
+# ----- the default decision ------------------------------------------------------------------------------------------
+@pytest.fixture
+def recorded(monkeypatch):
+    """The calibration replaced by a recorder: what convert asks it to do is under test, not the fine-tune."""
+    import eagle_migrate.calibrate as cal_mod
+
+    seen: list = []
+
+    def fake(checkpoint, target, settings, **kw):
+        seen.append(settings)
+        steps = settings.steps if settings.steps is not None else 60
+        return cal_mod.CalibrationResult(train=settings.mode, trainable=[], device="cpu", settings={"steps": steps},
+                                         steps_run=min(steps, 3), best_step=0, stopped_early=False, improved=False,
+                                         score_before=1.5, score_after=1.5, score_source=1.5, suites={}, seconds=0.1,
+                                         tokens_seen=0, train_sequences=0, data=str(settings.data))
+
+    monkeypatch.setattr(cal_mod, "calibrate_checkpoint", fake)
+    return seen
+
+
+def test_convert_fine_tunes_a_drafter_that_does_not_fit_on_a_cpu(pair, recorded, tmp_path):
+    from eagle_migrate.convert import convert
+    from eagle_migrate.convert.defaults import RETARGET_CPU_MINUTES
+
+    res = convert(pair["oracle"], str(pair["B"]), tmp_path / "b", num_sequences=8, device="cpu", command="test")
+    assert res.target_fit.stale
+    assert res.decision.startswith("fine-tuned (trained for another target")
+    s = recorded[-1]
+    assert s.steps is None and s.train == "norms+fc" and s.max_minutes == RETARGET_CPU_MINUTES
+    assert any(w.startswith("warning: target fit:") for w in res.warnings)
+    prov = json.loads((tmp_path / "b" / "provenance.json").read_text())
+    assert prov["target_fit"]["verdict"] == "stale"
+    # --max-minutes given: the budget is the user's
+    convert(pair["oracle"], str(pair["B"]), tmp_path / "b2", num_sequences=8, device="cpu", command="test",
+            max_minutes=2.0)
+    assert recorded[-1].max_minutes == 2.0
+
+
+def test_convert_judges_only_when_the_drafter_fits(pair, recorded, tmp_path):
+    from eagle_migrate.convert import convert
+
+    res = convert(pair["oracle"], str(pair["A"]), tmp_path / "a", num_sequences=8, device="cpu", command="test")
+    assert res.target_fit.verdict == "fits"
+    assert res.decision == "judged only (CPU default)" and recorded[-1].steps == 0
+    assert not any("target fit" in w for w in res.warnings)
+
+
+# ----- traffic data ---------------------------------------------------------------------------------------------------
+def _traffic(path: Path, n: int = 40) -> Path:
+    with open(path, "w") as f:
+        for i in range(n):
+            if i % 3:
+                f.write(json.dumps({"prompt": f"request {i}: count from {i} to {i + 9}"}) + "\n")
+            else:
+                f.write(json.dumps({"messages": [{"role": "system", "content": "be brief"},
+                                                 {"role": "user", "content": f"chat {i}: hello"}]}) + "\n")
+    return path
+
+
+def test_malformed_traffic_lines_name_their_line(pair, tmp_path):
+    """A line that is not JSON, or a record of no known shape, is a DataError naming the file and its line (through
+    the reader, corpora/sources.py), before anything is computed."""
+    lt = LazyTarget(str(pair["A"]), "cpu", torch.float32)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "fine"}\n{"prompt": "also fine"}\n{"prompt": "broken\n')
+    with pytest.raises(DataError, match=r"bad\.jsonl: line 3"):
+        traffic_prompts(lt, bad, 8, 0, 64, 4)
+    shape = tmp_path / "shape.jsonl"
+    shape.write_text('{"prompt": "fine"}\n{"question_text": "no known key"}\n')
+    with pytest.raises(DataError, match=r"shape\.jsonl: line 2"):
+        traffic_prompts(lt, shape, 8, 0, 64, 4)
+
+
+def test_the_held_out_split_is_by_content():
+    convs = [Conversation([{"role": "user", "content": f"prompt {i}"}]) for i in range(200)]
+    train, held = split_traffic(convs)
+    assert 0.08 < len(held) / len(convs) < 0.25  # about TRAFFIC_HELDOUT
+    keys = {content_key(c) for c in held}
+    assert not keys & {content_key(c) for c in train}
+    # the same prompts in another order, with copies: the same split, every copy on the same side
+    again = list(reversed(convs)) + convs[:50]
+    t2, h2 = split_traffic(again)
+    assert {content_key(c) for c in h2} == keys and not {content_key(c) for c in t2} & keys
+    # a small file still gets a few held-out prompts, and keeps as many to train on
+    few_train, few_held = split_traffic(convs[:6])
+    assert len(few_held) == 3 and len(few_train) == 3
+
+
+def test_a_judged_prompt_is_never_trained_on(pair, tmp_path, monkeypatch):
+    """Through calibrate_checkpoint: the held-out prompts are the suite ``traffic`` beside the others, and no
+    training sequence starts with one of them (the training sequences are the target's answers to the others)."""
+    import eagle_migrate.calibrate.checkpoint as ckm
+    from eagle_migrate.calibrate import CalibrationSettings
+
+    data = _traffic(tmp_path / "traffic.jsonl")
+    seen = {}
+
+    def fake_calibrate(model, tgt, train_seqs, held, settings, **kw):
+        seen.update(train=train_seqs, held=held)
+        raise RuntimeError("stop")
+
+    monkeypatch.setattr(ckm, "calibrate", fake_calibrate)
+    with pytest.raises(RuntimeError, match="stop"):
+        ckm.calibrate_checkpoint(pair["oracle"], str(pair["A"]), CalibrationSettings(
+            device="cpu", data=str(data), num_sequences=64, steps=1, suites=("chat",), heldout_per_suite=40))
+    judged = seen["held"][TRAFFIC_SUITE]
+    assert judged and "chat" in seen["held"]
+    assert all(not any(t[: len(p)] == p for p in judged) for t in seen["train"])
+    lt = LazyTarget(str(pair["A"]), "cpu", torch.float32)
+    train_prompts, held_prompts = traffic_prompts(lt, data, 64, 0, 256, 40)
+    assert held_prompts == judged and len(train_prompts) + len(held_prompts) == 40
+    # each training sequence is a training prompt followed by the target's own answer (x + 1 in the toy world)
+    for t, p in zip(seen["train"], train_prompts):
+        assert t[: len(p)] == p and len(t) > len(p)
+        assert all(b == (a + 1) % toy.H for a, b in zip(t[len(p):], t[len(p) + 1:]))
+
+
+def test_the_fine_tune_progress_carries_an_eta():
+    """The fine-tune's progress line: the mean time per step so far times the steps left, bounded by the budget."""
+    from eagle_migrate.calibrate.progress import eta, progress_adapter
+
+    assert eta(0.0, 1, 1, 20, 5.0) == ""  # the first step's record starts the clock
+    assert eta(0.0, 1, 3, 20, 20.0) == "ETA 2m50s"  # 10 s a step, 17 left
+    assert eta(0.0, 1, 3, 20, 20.0, budget_s=60.0) == "ETA 40s"  # the budget ends it first
+    lines = []
+    adapt = progress_adapter(lambda stage, done, total, info="": lines.append(info), budget_s=None)
+    for step in (1, 2, 3):
+        adapt({"phase": "train", "step": step, "steps": 10, "loss": 1.0, "step_acc": [0.5]})
+    assert "ETA" not in lines[0] and lines[-1].endswith("s") and "ETA" in lines[-1]
