@@ -278,7 +278,11 @@ def test_drifting_traffic_alerts_within_two_windows_and_exits_1(replicas, refere
     # once both clients send long prompts, AL 2 at ~1k tokens (before that a window can pool the other client's last
     # short requests, AL 4, with the first one's long ones: seen on a slow host)
     pure = [x for x in drop if x["t_start"] >= max(switched.values())]
-    assert all(x["pooled"]["al"] < 2.5 for x in pure), seen
+    # a short request that finished just before its client switched can land its counters one window later (vLLM
+    # counts a request's drafts when its step's stats are recorded; seen under a load average of 5: a window 0.5 s
+    # after the switch pooled AL 3.0): from one window after both switched, every window is long traffic alone
+    settled = [x for x in pure if x["t_start"] >= max(switched.values()) + 2.0]
+    assert all(x["pooled"]["al"] < 2.5 for x in settled), seen
     # it fires on the second window of drifting traffic at the latest, counted from when both clients send it (a
     # window without drafts, a long prefill on a loaded host, neither counts nor breaks the run)
     ref = pure or drop
