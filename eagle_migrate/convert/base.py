@@ -52,8 +52,7 @@ def run(source: Path, target: str, out: Path, opts: ConvertOptions) -> ConvertRe
         job.warnings.append(f"warning: target fit: {fit.message}")
     choice = choose(kind, job.device, traits, opts.calibrate, opts.calibration, fit)
     want_cal, judge_only, why = choice.run, choice.judge_only, choice.why
-    taken = _recipe_taken(job, kind, retarget=choice.by == "trained for another target") \
-        if want_cal and not judge_only else {}
+    taken = _recipe_taken(job, kind, retarget=choice.retarget) if want_cal and not judge_only else {}
     if taken:
         why += (f"; the fine-tune's recipe for a {kind.kind} source: "
                 + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in taken.items()) + " (convert/defaults.py RECIPE)")

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from .registry import Traits
 
 __all__ = ["Kind", "SourceKind", "Default", "Choice", "POLICY", "RECIPE", "RETARGET", "RETARGET_CPU_MINUTES",
-           "source_kind", "asked_for_fine_tune", "choose", "recipe"]
+           "RETARGET_BY", "source_kind", "asked_for_fine_tune", "choose", "recipe"]
 
 MEANING: dict[str, str] = {
     "plain": "the residual is kept before the hidden norm (SafeAILab, SpecForge, most public EAGLE-3 drafters), so "
@@ -83,6 +83,7 @@ RECIPE: dict[str, dict[str, str]] = {
 RETARGET = ("the drafter does not fit the target it is served with, so the fine-tune runs by default (on a CPU too, "
             "within a wall-clock budget); the judge keeps it only when it beats the structural conversion beyond noise")
 RETARGET_CPU_MINUTES = 8.0
+RETARGET_BY = "trained for another target"  # who decided it (Choice.by)
 
 POLICY: dict[tuple[str, str], Default] = {
     ("plain", "cpu"): Default(False, _CPU_PLAIN),
@@ -145,6 +146,11 @@ class Choice(NamedTuple):
     why: str
     by: str  # "CPU default", "GPU default", "--calibrate", "--train given", ...
 
+    @property
+    def retarget(self) -> bool:
+        """The fine-tune runs because the drafter does not fit its target (:data:`RETARGET`)."""
+        return self.by == RETARGET_BY
+
     def line(self, taken: dict[str, str] | None = None) -> str:
         """The decision in one short line, the same in convert's report and migrate's manifest: "judged only (CPU
         default)", "fine-tuned (GPU default; recipe --train norms+fc --data drift)", "not calibrated (--no-calibrate)"."""
@@ -177,6 +183,6 @@ def choose(kind: SourceKind, device: str, traits: Traits, calibrate: bool | None
     if asked := asked_for_fine_tune(calibration):
         return Choice(True, False, f"{asked[0]} given: the fine-tune runs", f"{asked[0]} given")
     if fit is not None and fit.stale and kind.kind in RECIPE:
-        return Choice(True, False, f"{RETARGET}: {fit.message}", "trained for another target")
+        return Choice(True, False, f"{RETARGET}: {fit.message}", RETARGET_BY)
     pol = POLICY[(kind.kind, dev)]
     return Choice(True, not pol.fine_tune, pol.evidence, f"{'GPU' if dev == 'cuda' else 'CPU'} default")
