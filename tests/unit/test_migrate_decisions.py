@@ -36,23 +36,12 @@ def sources(tmp_path_factory) -> tuple[str, dict[str, Path]]:
 
 
 @pytest.fixture
-def recorded(monkeypatch):
+def recorded(monkeypatch, calibration_recorder):
     """The calibration replaced by a recorder (what it was asked to do is under test, not the fine-tune), and a
     switch that makes convert's decision see a CUDA device."""
-    import eagle_migrate.calibrate as cal_mod
     import eagle_migrate.convert.base as base
 
-    seen: list = []
-
-    def fake(checkpoint, target, settings, **kw):
-        seen.append(settings)
-        steps = settings.steps if settings.steps is not None else 60
-        return cal_mod.CalibrationResult(train=settings.mode, trainable=[], device="cpu", settings={"steps": steps},
-                                         steps_run=min(steps, 3), best_step=0, stopped_early=False, improved=False,
-                                         score_before=1.5, score_after=1.5, score_source=1.5, suites={}, seconds=0.1,
-                                         tokens_seen=0, train_sequences=0, data=str(settings.data))
-
-    monkeypatch.setattr(cal_mod, "calibrate_checkpoint", fake)
+    seen = calibration_recorder
     real = base.choose
 
     def on(device: str) -> None:

@@ -138,22 +138,9 @@ def test_inspect_cli_takes_trained_for(pair):
 
 # ----- the default decision ------------------------------------------------------------------------------------------
 @pytest.fixture
-def recorded(monkeypatch):
+def recorded(calibration_recorder):
     """The calibration replaced by a recorder: what convert asks it to do is under test, not the fine-tune."""
-    import eagle_migrate.calibrate as cal_mod
-
-    seen: list = []
-
-    def fake(checkpoint, target, settings, **kw):
-        seen.append(settings)
-        steps = settings.steps if settings.steps is not None else 60
-        return cal_mod.CalibrationResult(train=settings.mode, trainable=[], device="cpu", settings={"steps": steps},
-                                         steps_run=min(steps, 3), best_step=0, stopped_early=False, improved=False,
-                                         score_before=1.5, score_after=1.5, score_source=1.5, suites={}, seconds=0.1,
-                                         tokens_seen=0, train_sequences=0, data=str(settings.data))
-
-    monkeypatch.setattr(cal_mod, "calibrate_checkpoint", fake)
-    return seen
+    return calibration_recorder
 
 
 def test_convert_fine_tunes_a_drafter_that_does_not_fit_on_a_cpu(pair, recorded, tmp_path):
