@@ -8,7 +8,8 @@ fine-tune, an RL run, a quantized or abliterated A), drafts what A would write. 
   nothing: the config can only say "another model";
 * a measurement on B's own text: the drafter's step-0 top-1 agreement with B's greedy next token where vLLM drafts
   (prompts from the data, each continued greedily by B: :mod:`eagle_migrate.own_text`), from at most
-  :data:`MAX_SEQUENCES` sequences (seconds on the toy, about 15 s on SmolLM2-135M on a CPU). With the target the
+  :data:`MAX_SEQUENCES` sequences (0.5-3.5 s on the toy; on SmolLM2-135M the whole ``inspect --target`` took 26-30 s
+  of CPU, 69-157 s wall on a loaded 2-core box: docs/calibration.md "Retargeting"). With the target the
   drafter was trained for (``trained_for``: a local path), the same measurement on A's own text is the reference,
   and B's agreement below it beyond noise says the drafter is stale; without it, B's agreement is compared with
   :data:`THRESHOLD` (what drafters agree with their own target, measured here), which says less, and the message
