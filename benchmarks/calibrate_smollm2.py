@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from eagle_migrate import assets  # noqa: E402
 from eagle_migrate.corpora import iter_sharegpt  # noqa: E402
 from eagle_migrate.calibrate import calibrate  # noqa: E402
-from eagle_migrate.calibration_data import vllm_continuations  # noqa: E402
+from eagle_migrate.calibration_data import engine_continuations  # noqa: E402
 from eagle_migrate.loader import load_drafter  # noqa: E402
 from eagle_migrate.drafter import EagleDrafter  # noqa: E402
 from eagle_migrate.formats.output import atomic_output_dir  # noqa: E402
@@ -167,7 +167,7 @@ def main() -> None:
             held[s] = su.prompts[: (2 if s == "long" else (a.heldout * 2 if s == "template-shift" else a.heldout))]
         # greedy continuations through vLLM (transformers' generate is ~10x slower on this CPU)
         t1 = time.perf_counter()
-        held = vllm_continuations(tpath, held, 64, max_model_len=4096)
+        held = engine_continuations("vllm", tpath, held, 64, max_model_len=4096)
         summary["heldout_generation_seconds"] = round(time.perf_counter() - t1, 1)
         log("held-out: " + ", ".join(f"{k} {len(v)} x ~{sum(len(h.ids) for h in v) // len(v)} tokens" for k, v in held.items())
             + f" (vLLM greedy continuations, {summary['heldout_generation_seconds']} s)")
@@ -209,7 +209,7 @@ def main() -> None:
 
         from eagle_migrate import corpora as dm
         from eagle_migrate.target import target_info
-        from eagle_migrate.validate.vllm_engine import measure
+        from eagle_migrate.engines.vllm_engine import measure
 
         tok = AutoTokenizer.from_pretrained(str(tpath))
         info = target_info(str(tpath))

@@ -16,7 +16,7 @@ other, k draft tokens, greedy). Per cell and drafter: AL = 1 + accepted / drafts
 draft position, number of drafts and of requests, and the standard error of AL; for every drafter after the first,
 the paired ratio AL / AL(first) with its standard error. The first drafter is the reference (the source).
 
-Standard errors (``eagle_migrate.validate.metrics``, whose docstring derives them; ``validate`` uses the same): the
+Standard errors (``eagle_migrate.engines.metrics``, whose docstring derives them; ``validate`` uses the same): the
 request is the unit, AL's SE is the cluster-robust delta-method SE of a ratio estimator, and the ratio of two drafters
 is paired over the same requests, which removes the between-prompt variance that two independent SEs would
 carry. With a handful of requests per cell (the long buckets) the SE itself is rough: the JSON keeps every
@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 ROOT = Path(__file__).resolve().parents[1]
 
-from eagle_migrate.validate.metrics import RequestCounts, cell_stats, paired_ratio, verdict  # noqa: E402
+from eagle_migrate.engines.metrics import RequestCounts, cell_stats, paired_ratio, verdict  # noqa: E402
 
 BUCKETS = (1024, 2048, 4096, 7680)
 LONG_KINDS = ("pydoc", "stdlib", "chat")
@@ -56,7 +56,7 @@ FULL = {"chat": 32, "shift_requests": 4, "long_per_bucket": 6, "max_tokens": 128
 QUICK = {"chat": 8, "shift_requests": 1, "long_per_bucket": 3, "max_tokens": 64, "long_max_tokens": 64}
 
 
-# ----- statistics (eagle_migrate/validate/metrics.py: the library's one copy, documented there) ----------------------
+# ----- statistics (eagle_migrate/engines/metrics.py: the library's one copy, documented there) ----------------------
 Req = RequestCounts  # one request's counters (the name this script and its tests use)
 
 
@@ -217,7 +217,7 @@ def measure(engine: str, target: str, drafters: list[str], cells: list[dict[str,
             skip_tokenizer_init: bool = False) -> tuple[list[dict[str, list[Req]]], str | None]:
     """Per drafter, {cell: [Req per prompt]} on the same prompts; and the engine's version."""
     if engine == "vllm":
-        from eagle_migrate.validate import vllm_engine
+        from eagle_migrate.engines import vllm_engine
 
         jobs = {c["cell"]: {"prompts": c["prompts"], "max_tokens": c["max_tokens"]} for c in cells}
         res = vllm_engine.measure_many(target, list(drafters), jobs, num_speculative_tokens=k, dtype="float32",
@@ -243,7 +243,7 @@ def measure(engine: str, target: str, drafters: list[str], cells: list[dict[str,
         return out, f"vllm {version}" if version else None
     import torch
 
-    from eagle_migrate.validate import reference
+    from eagle_migrate.engines import reference
 
     jobs = {f"{c['cell']}#{i}": {"prompts": [p], "max_tokens": c["max_tokens"]}
             for c in cells for i, p in enumerate(c["prompts"])}

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from eagle_migrate import assets  # noqa: E402
 from eagle_migrate import corpora as dm  # noqa: E402
-from eagle_migrate.calibration_data import vllm_continuations  # noqa: E402
+from eagle_migrate.calibration_data import engine_continuations  # noqa: E402
 from eagle_migrate.loader import load_drafter  # noqa: E402
 from eagle_migrate.judge import judge_block, paired_difference, simulated_acceptance, walk_chains  # noqa: E402
 from eagle_migrate.target import load_target  # noqa: E402
@@ -69,7 +69,7 @@ def main() -> None:
     su = dm.suite("chat", target.tokenizer, target.info, num_prompts=a.prompts, seed=1000, max_model_len=2048)
     prompts = list({tuple(p): p for p in su.prompts}.values())
     t1 = time.perf_counter()
-    held = vllm_continuations(tpath, {"chat": prompts}, a.new_tokens, max_model_len=2048)["chat"]
+    held = engine_continuations("vllm", tpath, {"chat": prompts}, a.new_tokens, max_model_len=2048)["chat"]
     gen_s = time.perf_counter() - t1
     store = FeatureStore(target, [h.ids for h in held], conv.cfg.aux_layer_ids, batch=4,
                          seq_len=max(len(h.ids) for h in held), keep_in_memory=True)

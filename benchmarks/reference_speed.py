@@ -30,9 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from eagle_migrate import assets, corpora  # noqa: E402
 from eagle_migrate.target import load_target  # noqa: E402
-from eagle_migrate.validate.metrics import AcceptanceStats  # noqa: E402
+from eagle_migrate.engines.metrics import AcceptanceStats  # noqa: E402
 from eagle_migrate.loader import load_drafter  # noqa: E402
-from eagle_migrate.validate.reference import ReferenceEngine, _add  # noqa: E402
+from eagle_migrate.engines.reference import ReferenceEngine, _add  # noqa: E402
 
 
 def main() -> None:

@@ -139,7 +139,7 @@ def generate(a, target_path: str, target, jobs: list[tuple[list[list[int]], int]
     if not any(ps for ps, _ in jobs):
         return [[] for _ in jobs], 0.0
     if a.regen_engine == "vllm":
-        from eagle_migrate.validate.vllm_engine import measure
+        from eagle_migrate.engines.vllm_engine import measure
 
         # one unpinned thread (OMP_NUM_THREADS): on an oversubscribed box pinned, spinning OpenMP threads crawl
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")

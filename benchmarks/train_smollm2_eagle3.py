@@ -158,7 +158,7 @@ def main() -> None:
         summary["simulated_al_chat"] = sim.model_dump()
         log(f"simulated AL (k=3, {sim.num_sequences} chat prompts x 48 tokens): {sim.acceptance_length:.3f} {sim.per_position_rate} ({time.perf_counter() - t0:.0f} s)")
     if a.measure:
-        from eagle_migrate.validate.vllm_engine import measure
+        from eagle_migrate.engines.vllm_engine import measure
 
         prompts = chat_prompts(tok, 20)
         res = measure(str(tpath), str(out), {"chat": {"prompts": prompts, "max_tokens": 64}}, num_speculative_tokens=3, max_model_len=2048)

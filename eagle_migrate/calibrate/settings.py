@@ -141,7 +141,7 @@ class CalibrationSettings(Options):
     cache_dir: Optional[str | Path] = None
     resume_dir: Optional[str | Path] = None
     require_improvement: bool = False
-    engine: str = "auto"  # auto or a registered engine (validate.engine.in_process_engines; checked when resolved)
+    engine: str = "auto"  # auto or a registered engine (engines.in_process.in_process_engines; checked when resolved)
     vllm_python: Optional[str] = None
     progress: Any = Field(None, exclude=True, repr=False)  # a StageProgress (the run's events), not an option
 

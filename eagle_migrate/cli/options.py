@@ -11,7 +11,7 @@ tests/unit/test_cli_options.py checks that every flag maps to a field. Nothing h
 
 from __future__ import annotations
 
-import importlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -23,17 +23,17 @@ from ..choices import AuxIdsConvention, Device, Dtype, OutputFormat, TrainMode
 
 @dataclass(frozen=True)
 class CommandOptions:
-    """How one command's parameters map onto its stage: ``model`` (``module:Class``, imported when used: a stage's
-    options may import torch), the parameters that are the stage's inputs (passed as arguments, not options), and
-    those only the CLI reads, each with its reason."""
+    """How one command's parameters map onto its stage: ``model`` (a function of the command's module, beside the
+    command, that imports and returns the options model, or the library function the options go to: imported when
+    the command runs, so --help imports none of them; None: no options), the parameters that are the stage's inputs
+    (passed as arguments, not options), and those only the CLI reads, each with its reason."""
 
-    model: str
+    model: Optional[Callable[[], Any]]
     inputs: tuple[str, ...] = ()
     cli_only: dict[str, str] = field(default_factory=lambda: {"json": "how the result is printed"})
 
     def load(self) -> Any:
-        mod, _, name = self.model.partition(":")
-        return getattr(importlib.import_module(mod), name)
+        return self.model() if self.model is not None else None
 
 
 COMMANDS: dict[str, CommandOptions] = {}  # command name -> its options mapping (each command module adds its own)

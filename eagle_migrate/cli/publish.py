@@ -5,15 +5,20 @@ from typing import Annotated, Optional
 
 import typer
 
-from . import app
 from .options import COMMANDS, CheckpointArg, CommandOptions, CreatePrOpt, JsonOpt, PrivateOpt, RevisionOpt, options_of
 from .render import log, print_json, stdout
 
 
-COMMANDS["publish"] = CommandOptions("eagle_migrate.publish.options:PublishOptions", inputs=("checkpoint",))
+def options_model():
+    """The command's options model (PublishOptions), imported when the command runs."""
+    from ..publish.options import PublishOptions  # lazy: the publish package stays out of --help
+
+    return PublishOptions
 
 
-@app.command(short_help="Upload a validated drafter to the Hugging Face Hub.")
+COMMANDS["publish"] = CommandOptions(options_model, inputs=("checkpoint",))
+
+
 def publish(
     checkpoint: CheckpointArg,
     repo_id: Annotated[str, typer.Option("--repo-id", help="Hub repository ORG/NAME (created if missing).", show_default=False)],

@@ -7,7 +7,6 @@ import typer
 
 from ..choices import SchemeName
 from ..errors import CheckFailed
-from . import app
 from .options import (
     COMMANDS,
     CheckpointArg,
@@ -36,7 +35,7 @@ def render(result) -> None:
     from rich.table import Table  # lazy: rich.table loads only when a table is printed (--help stays fast)
 
     from ..quantize.gate import paired_words  # lazy: torch (the quantize package imports it)
-    from ..validate.report import value_se as _al  # lazy: torch (validate.report imports it); AL ± SE
+    from ..engines.metrics import value_se as _al  # lazy: pydantic (the metrics' models) stays out of --help; AL ± SE
 
     r = result
     stdout.print(f"[bold]{r.scheme}[/] ({r.scheme_description})")
@@ -79,10 +78,16 @@ def render(result) -> None:
     stdout.print(f"serve: vllm serve TARGET --speculative-config '{json.dumps(r.speculative_config)}'", highlight=False)
 
 
-COMMANDS["quantize"] = CommandOptions("eagle_migrate.quantize.options:QuantizeOptions", inputs=("source", "out"))
+def options_model():
+    """The command's options model (QuantizeOptions), imported when the command runs."""
+    from ..quantize.options import QuantizeOptions  # lazy: the options model's package stays out of --help
+
+    return QuantizeOptions
 
 
-@app.command(short_help="Quantize a drafter to FP8 or NVFP4 (compressed-tensors).")
+COMMANDS["quantize"] = CommandOptions(options_model, inputs=("source", "out"))
+
+
 def quantize(
     source: CheckpointArg,
     out: OutputOpt,

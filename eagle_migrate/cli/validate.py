@@ -7,7 +7,6 @@ import typer
 from rich.console import Console
 
 from ..errors import CheckFailed, ServerError
-from . import app
 from .options import (
     COMMANDS,
     CommandOptions,
@@ -195,10 +194,16 @@ def render_comparison(c) -> None:
     stdout.print(f"  pooled: {c.pooled.text}", highlight=False)
 
 
-COMMANDS["validate"] = CommandOptions("eagle_migrate.validate.options:ValidateOptions", inputs=("checkpoint", "target"))
+def options_model():
+    """The command's options model (ValidateOptions), imported when the command runs."""
+    from ..engines.options import ValidateOptions  # lazy: the engines package stays out of --help
+
+    return ValidateOptions
 
 
-@app.command(short_help="Measure acceptance length per suite (vLLM or reference).")
+COMMANDS["validate"] = CommandOptions(options_model, inputs=("checkpoint", "target"))
+
+
 def validate(
     checkpoint: OptionalCheckpointArg = None,
     target: TargetOpt = None,

@@ -1,15 +1,13 @@
 from __future__ import annotations
 
 from .. import __version__
-from . import app
 from .options import COMMANDS, CommandOptions, JsonOpt
 from .render import print_json, stdout
 
 
-COMMANDS["version"] = CommandOptions("", cli_only={"json": "how the version is printed"})  # no options
+COMMANDS["version"] = CommandOptions(None, cli_only={"json": "how the version is printed"})  # no options
 
 
-@app.command(short_help="Print the eagle-migrate version.")
 def version(json: JsonOpt = False) -> None:
     """Print the eagle-migrate version.
 

@@ -8,7 +8,6 @@ from typing import Annotated, Any, Optional
 import typer
 
 from ..errors import CheckFailed
-from . import app
 from .options import COMMANDS, CommandOptions
 from .render import log_plain, print_json_line, stdout
 
@@ -25,7 +24,7 @@ def _table(title: str, scopes: list[Any], break_even: Any, alerts: list[Any], re
     if reference is not None:
         cap += f"; reference: {reference.text()}"
     if per_request is not None:
-        from ..validate.watch_responses import window_line  # lazy: the validate package stays out of --help
+        from ..watch.responses import window_line  # lazy: the watch package stays out of --help
 
         cap += "\n" + window_line(per_request)
     if alerts:
@@ -117,12 +116,18 @@ class _Display:
             stdout.print(f"restart: {r['scope']} in window {int(r['window']) + 1} ({r['reason']})", highlight=False)
 
 
-COMMANDS["watch"] = CommandOptions("eagle_migrate.validate.watch_models:WatchOptions", cli_only={
+def options_model():
+    """The command's options model (WatchOptions), imported when the command runs."""
+    from ..watch.models import WatchOptions  # lazy: the watch package stays out of --help
+
+    return WatchOptions
+
+
+COMMANDS["watch"] = CommandOptions(options_model, cli_only={
     "json": "how the windows are printed",
     "api_key_env": "the name of the variable the CLI reads the key from (the option is the key, api_key; never stored)"})
 
 
-@app.command(short_help="Watch a live deployment's acceptance against what was validated.")
 def watch(
     servers: Annotated[list[str], typer.Option("--server", metavar="URL", help="A replica's URL (e.g. http://HOST:8000/v1); repeat "
                                               "for each replica of the deployment. Only its /metrics is read.",
@@ -179,8 +184,8 @@ def watch(
     Example: eagle-migrate watch --server http://HOST1:8000/v1 --server http://HOST2:8000/v1 --reference
     ./report/report.json --min-al 2.0 --exit-on-alert --duration 3600
     """
-    from ..validate.server_client import api_key_from_env  # lazy: the validate package stays out of --help
-    from ..validate.watch import WatchOptions, watch as run  # lazy: torch (validate.watch imports it)
+    from ..engines.server_client import api_key_from_env  # lazy: the engines package stays out of --help
+    from ..watch.loop import WatchOptions, watch as run  # lazy: the watch package (pydantic, httpx) stays out of --help
 
     opts = WatchOptions.parse(servers=list(servers), window=window, scrape_every=scrape_every, duration=duration,
                               reference=reference, reference_suite=reference_suite, min_al=min_al,

@@ -26,30 +26,22 @@ from pathlib import Path
 from typing import Any
 
 from ..choices import OutputFormat
+from ..exports import lazy_exports
 from ..progress import StageProgress
-from ..validate.engine import check_engine_name
-from .base import check_improvement, run
 from .options import ConvertOptions
-from .read import check_pairing, default_aux_ids
-from .records import STATS_MAX_SEQUENCES
-from .result import (
-    Agreement,
-    CalibrationStatus,
-    ConvertResult,
-    Eagle2Mapping,
-    FcNormWeight,
-    FeedbackVariant,
-    NormCandidate,
-    NormInit,
-    NormOutputCompensation,
-    Provenance,
-)
 
 __all__ = [
     "STATS_MAX_SEQUENCES", "Agreement", "CalibrationStatus", "ConvertOptions", "ConvertResult",
     "Eagle2Mapping", "FcNormWeight", "FeedbackVariant", "NormCandidate", "NormInit", "NormOutputCompensation",
     "OutputFormat", "Provenance", "check_improvement", "check_pairing", "convert", "default_aux_ids",
 ]
+
+# the torch side, imported on first use: ``convert.options`` (the options model) imports without torch
+__getattr__ = lazy_exports(__name__, {
+    "run": ".base", "check_improvement": ".base", "check_pairing": ".read", "default_aux_ids": ".read",
+    "STATS_MAX_SEQUENCES": ".records",
+    **dict.fromkeys(("Agreement", "CalibrationStatus", "ConvertResult", "Eagle2Mapping", "FcNormWeight",
+                     "FeedbackVariant", "NormCandidate", "NormInit", "NormOutputCompensation", "Provenance"), ".result")})
 
 
 def convert(source: Path | str, target: str, out: Path | str, *, options: ConvertOptions | None = None,
@@ -74,6 +66,9 @@ def convert(source: Path | str, target: str, out: Path | str, *, options: Conver
     writer-unique fingerprint decides, or a measurement on the target (:mod:`eagle_migrate.formats.aux_ids`), and when
     neither decides, PairingError (exit 2) names both readings.
     """
+    from ..engines.in_process import check_engine_name  # lazy: the formats package (numpy); convert.options stays light
+    from .base import run  # lazy: torch (the package's options model imports without it)
+
     opts = ConvertOptions.of(options, progress=progress, **overrides)
     check_engine_name(opts.calibration.engine)  # a typo costs nothing: checked before any work
     return run(Path(source), target, Path(out), opts)

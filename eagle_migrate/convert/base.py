@@ -136,13 +136,13 @@ def target_fit(job: Job, traits: Any) -> TargetFit | None:
 
 def _recipe_taken(job: Job, kind: SourceKind, retarget: bool = False) -> dict[str, str]:
     """The options a fine-tune of this kind of source takes from :data:`~.defaults.RECIPE` (``--train norms+fc`` on
-    ``--data drift`` for an EAGLE-3 source) because the run leaves them open; the norm statistics before it ran on
-    the run's own data."""
+    ``--data drift`` for an EAGLE-3 source; ``retarget``: :data:`~.defaults.RETARGET_RECIPE`, norms+fc on the default
+    data) because the run leaves them open; the norm statistics before it ran on the run's own data."""
     opts = job.opts
     given = opts.data is not None or opts.hidden_states_dir is not None
     # the tokenizer only when the data is open: asking a --hidden-states run's target for it would load the model
     return recipe(kind, opts.calibration, given, not given and job.target.tokenizer is not None,
-                  retarget_cpu=retarget and not str(job.device).startswith("cuda"))
+                  retarget_cpu=retarget and not str(job.device).startswith("cuda"), retarget=retarget)
 
 
 def _calibrate(tmp: Path, job: Job, conv: Converter, ini: Initialised, judge_only: bool = False,

@@ -7,6 +7,8 @@
 * :mod:`.suites`: the validation suites (chat, code, template-shift, long, a prompts file) and
   :func:`prompt_set_hash`; :mod:`.long` builds the long-context suite's prompts.
 * :mod:`.sequences`: calibration sequences for convert, quantize and calibrate.
+* :mod:`.traffic`: a file of served prompts split into training and held-out prompts (:func:`split_traffic`), the
+  one rule of the triage's ``--worst`` files and ``convert --data``.
 * :mod:`.drift`: calibration data shaped like serving under drift (long contexts, other templates and system
   prompts, plain chat), disjoint from the texts the validation suites measure on (:func:`drift_sequences`).
 
@@ -21,7 +23,7 @@ The data-set lookups :func:`sharegpt_file`, :func:`humaneval_file` and :func:`lo
 from __future__ import annotations
 
 
-from . import drift, long, sequences, sources, suites, templates
+from . import drift, long, sequences, sources, suites, templates, traffic
 from .drift import DRIFT_KINDS, DriftSequence, drift_sequences
 from .long import (  # noqa: F401  (used by tests and benchmarks/drift_curve.py)
     CODE_QUESTIONS,
@@ -58,9 +60,11 @@ from .templates import (
     render,
     render_text,
 )
+from .traffic import TRAFFIC_HELDOUT, TRAFFIC_MIN_HELDOUT, content_key, heldout_path, split_traffic
 
 __all__ = ["CODE_QUESTIONS", "DATA_DIR", "DEFAULT_MAX_TOKENS", "DEFAULT_SIZES", "LONG_BUCKETS", "LONG_KINDS",
            "LONG_QUESTIONS", "SHIFT_VARIANTS", "STDLIB_MODULES", "SUITE_NAMES", "SYSTEM_PROMPTS", "TEMPLATES",
            "ByteTokenizer", "Conversation", "Suite", "calibration_sequences", "humaneval_file", "iter_sharegpt",
            "load_conversations", "long", "long_document", "prompt_set_hash", "random_sequences", "render",
-           "render_text", "sequences", "sharegpt_file", "sources", "stdlib_sources", "suite", "suites", "templates"]
+           "render_text", "sequences", "sharegpt_file", "sources", "stdlib_sources", "suite", "suites", "templates",
+           "TRAFFIC_HELDOUT", "TRAFFIC_MIN_HELDOUT", "content_key", "heldout_path", "split_traffic", "traffic"]

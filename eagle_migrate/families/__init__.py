@@ -121,7 +121,7 @@ def detect(names: list[str], flat: dict[str, Any], layout: str) -> tuple[Family,
 
 def vllm_cpu_attention(config: dict[str, Any]) -> bool:
     """One level of a model's config.json asks vLLM's CPU platform for a family's own attention backend
-    (``Family.vllm_cpu_attention``; validate/attention_backend.py picks it)."""
+    (``Family.vllm_cpu_attention``; engines/attention_backend.py picks it)."""
     return any(f.vllm_cpu_attention(config) for f in _REGISTRY.values())
 
 

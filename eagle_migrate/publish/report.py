@@ -3,7 +3,7 @@ its gate rows and suite table for the card (validate's own layout: each AL with 
 baseline, the paired ratio with its SE and verdict; other layouts: whatever numbers their suites hold), its plots,
 and the sha256 of the weights it measured.
 
-Imports: pydantic, ``errors``, ``formats.io``, ``validate.metrics`` (PairedComparison), ``publish.models``,
+Imports: pydantic, ``errors``, ``formats.io``, ``engines.metrics`` (PairedComparison), ``publish.models``,
 ``publish.card`` (row types, cell text).
 """
 
@@ -14,9 +14,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from ..engines.metrics import PairedComparison
 from ..errors import CheckpointError, InputError
 from ..formats.io import read_json
-from ..validate.metrics import PairedComparison
 from .card import GateRow, ValidationInfo, fixed, scalar_str
 from .models import MAX_PLOTS, REPORT_FILE, VALIDATION_DIR
 

@@ -24,14 +24,17 @@ compressed-tensors), ``linears`` (which Linears, which are fused), ``pack`` (a s
 
 from __future__ import annotations
 
-from .calibrate_acts import CalibrationReport, activation_ranges, calibrate_activations
-from .gate import AcceptanceReport, SuiteDrop, ValidateMode, default_suites
-from ..quant import *  # noqa: F401,F403  (the format's names, re-exported: quant.__all__)
-from ..quant import __all__ as _QUANT_NAMES
+from ..exports import lazy_exports
 from .options import QuantizeOptions
-from .stage import QuantizeResult, quantize, write_quantized
 
+# its own names; quant's (quant.__all__: the format's) are re-exported too, on first use
 __all__ = [
-    *_QUANT_NAMES, "AcceptanceReport", "CalibrationReport", "QuantizeOptions", "QuantizeResult", "SuiteDrop", "ValidateMode",
+    "AcceptanceReport", "CalibrationReport", "QuantizeOptions", "QuantizeResult", "SuiteDrop", "ValidateMode",
     "activation_ranges", "calibrate_activations", "default_suites", "quantize", "write_quantized",
 ]
+
+# the torch side and the format's names (quant/), imported on first use: ``quantize.options`` imports without torch
+__getattr__ = lazy_exports(__name__, {
+    **dict.fromkeys(("CalibrationReport", "activation_ranges", "calibrate_activations"), ".calibrate_acts"),
+    **dict.fromkeys(("AcceptanceReport", "SuiteDrop", "ValidateMode", "default_suites"), ".gate"),
+    **dict.fromkeys(("QuantizeResult", "quantize", "write_quantized"), ".stage")}, rest="eagle_migrate.quant")

@@ -1,10 +1,10 @@
 """quantize's acceptance gate: which engine measures the drafter before and after quantization, the default suites,
-the measurement (through ``validate.engine.run_engine``, the one measurement, with per-request counters) and the
+the measurement (through ``engines.in_process.run_engine``, the one measurement, with per-request counters) and the
 drop report: each AL with its standard error and the paired ratio AL(after) / AL(before) with its SE and verdict.
 
-Imports: pydantic, ``corpora``, ``errors``, ``drafter.config``, ``quant.schemes``, ``target``, ``validate.engine``
-(the engines, never validate's stage; what each engine can run and loads is asked of it), ``validate.options`` (the
-measurement's options, taken whole), ``validate.metrics`` (the SEs and the paired ratio).
+Imports: pydantic, ``corpora``, ``errors``, ``drafter.config``, ``quant.schemes``, ``target``, ``engines.in_process``
+(the engines, never validate's stage; what each engine can run and loads is asked of it), ``engines.options`` (the
+measurement's options, taken whole), ``engines.metrics`` (the SEs and the paired ratio).
 """
 
 from __future__ import annotations
@@ -18,14 +18,14 @@ from pydantic import BaseModel, Field
 
 from .. import corpora
 from ..drafter.config import DrafterConfig
+from ..engines import in_process as engines
+from ..engines.metrics import AcceptanceStats, PairedComparison, cell_stats, paired_comparison, per_request_counts
+from ..engines.options import ValidateOptions
 from ..errors import InputError
 from ..quant.schemes import SchemeConfig
 from ..target import load_tokenizer, target_info
-from ..validate import engine as engines
-from ..validate.metrics import AcceptanceStats, PairedComparison, cell_stats, paired_comparison, per_request_counts
-from ..validate.options import ValidateOptions
 
-ValidateMode = str  # auto | none ("off" = none) | a registered in-process engine's name (validate.engine.in_process_engines)
+ValidateMode = str  # auto | none ("off" = none) | a registered in-process engine's name (engines.in_process.in_process_engines)
 
 
 class SuiteDrop(BaseModel):
@@ -35,7 +35,7 @@ class SuiteDrop(BaseModel):
     num_drafts_before: int = 0
     num_drafts_after: int = 0
     before_se: float | None = Field(None, description="standard error of ``before``, the request as the unit "
-                                    "(validate/metrics.py); null without per-request counters (``paired.note`` says why)")
+                                    "(engines/metrics.py); null without per-request counters (``paired.note`` says why)")
     after_se: float | None = Field(None, description="standard error of ``after``")
     paired: PairedComparison | None = Field(None, description="AL(after) / AL(before) on the same requests, its "
                                             "paired SE and verdict (improved / worse beyond 2 SE of 1.0, within noise)")
@@ -82,15 +82,15 @@ def gate_engine(spec: SchemeConfig, validate: str, target: str | None, max_al_dr
     measured). ``auto``: vLLM when it is installed and has a kernel for the scheme here, else the reference engine."""
     if validate == "off":
         validate = "none"
-    if validate not in ("auto", "none") and validate not in engines.in_process_engines():
+    if validate != "none" and validate not in engines.engine_choices():
         raise InputError(f"unknown validate mode '{validate}'",
-                         f"choose auto, none or an engine: {', '.join(engines.in_process_engines())}")
+                         f"choose none or an engine: {', '.join(engines.engine_choices())}")
     if max_al_drop_pct is not None and (target is None or validate == "none"):
         raise InputError("--max-al-drop needs an acceptance measurement", "pass --target (and leave validation on)")
     if spec.calibrated and target is None:
         raise InputError(f"scheme {spec.name} calibrates activation scales on data run through the target and drafter",
                          f"pass --target T (and --data SRC), or use {spec.without_target}")
-    if validate not in ("auto", "none") and target is None:
+    if validate != "none" and target is None and not engines.get_engine(validate).optional:
         raise InputError(f"--validate {validate} measures acceptance against a target", "pass --target T")
     if target is None or validate == "none":
         return validate, None
@@ -132,7 +132,7 @@ def acceptance_report(engine: str, k: int, before: dict[str, tuple[Any, dict[str
                       note: str | None = None) -> AcceptanceReport:
     """The drop per suite and pooled, from the engine's results (``{suite: (stats, extra)}``) of the drafter before
     and after: each AL with its SE and the paired ratio AL(after) / AL(before) with its SE and verdict, the request as
-    the unit (validate/metrics.py), where the engine returned per-request counters (``extra["per_request"]``). The
+    the unit (engines/metrics.py), where the engine returned per-request counters (``extra["per_request"]``). The
     gate itself stays the point estimate ``drop_pct <= max_drop`` (docs/quantize.md)."""
     suites = {}
     for name in before:

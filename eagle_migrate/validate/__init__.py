@@ -1,9 +1,10 @@
-"""Acceptance-length validation: the engines (registered by name in ``engines.py``: vLLM in a subprocess worker,
-the pure-torch reference engine, a running vLLM server), suites, gates and reports.
+"""Acceptance-length validation, the stage: suites, gates, reports and the per-request triage, measured by the
+engines of ``eagle_migrate/engines/`` (registered by name: vLLM in a subprocess worker, the pure-torch reference
+engine, a running vLLM server).
 
 ``run_validation(checkpoint, target, ValidateOptions) -> ValidationReport`` is the one entry point
-(eagle_migrate/validate/api.py; ``validate`` and ``validate_server`` are its keyword forms); it is imported lazily so
-``import eagle_migrate.validate.vllm_worker`` stays light in a vLLM-only Python.
+(eagle_migrate/validate/api.py; ``validate`` and ``validate_server`` are its keyword forms); it is imported lazily, so
+``import eagle_migrate.validate`` stays light.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ def __getattr__(name: str) -> Any:
 
         return ValidationReport
     if name == "ValidateOptions":
-        from .options import ValidateOptions  # lazy: pydantic, kept out of the vLLM worker's Python
+        from ..engines.options import ValidateOptions  # lazy: pydantic, kept out of a light import
 
         return ValidateOptions
     raise AttributeError(name)

@@ -1,13 +1,13 @@
 """``validate()``: acceptance length of a drafter (and a baseline) per suite, in any registered engine (vLLM or the
 reference engine in-process, or a running vLLM server), with gates, drift diagnostics and a report folder.
 
-:func:`run_validation` is the one code path: the engine (``validate/engines.py``'s registry, by
+:func:`run_validation` is the one code path: the engine (``engines/registry.py``'s registry, by
 ``ValidateOptions.engine`` or ``server``) opens a session that says what the suites are built with and measures
 them; the suites (``suites.py``), the results and overall AL (``report.py``), the gates (``gates.py``) and the
 report folder are the same code for every engine. :func:`validate` and :func:`validate_server` are its keyword
 forms (``validate_server``: a running server). Imports: transformers (lazily: its progress bars, quieted), devices,
-errors, loader and target (the drift diagnostics), the version string, validate.{engines, engine, server (both register
-their engines), options, suites, report, gates, diagnostics}."""
+errors, loader and target (the drift diagnostics), the version string, engines.{registry, in_process, server (both register
+their engines), options}, validate.{suites, report, gates, diagnostics}."""
 
 from __future__ import annotations
 
@@ -19,15 +19,15 @@ from typing import Any, Callable
 
 from .. import __version__
 from ..devices import resolve_device, resolve_dtype
+from ..engines import in_process as _in_process  # noqa: F401  (registers the vllm, reference and auto engines)
+from ..engines import server as _server  # noqa: F401  (registers the server engine)
+from ..engines.options import ValidateOptions
+from ..engines.registry import Progress, get_engine
 from ..errors import CheckFailed, EngineError
 from ..loader import load_drafter
 from ..target import load_target
-from . import engine as _in_process  # noqa: F401  (registers the vllm, reference and auto engines)
-from . import server as _server  # noqa: F401  (registers the server engine)
 from .diagnostics import drift_diagnostics
-from .engines import Progress, get_engine
 from .gates import apply_gates
-from .options import ValidateOptions
 from .report import Diagnostics, ValidationReport, overall, suite_result, write_report
 from .suites import build_suites
 
@@ -47,7 +47,7 @@ def validate(checkpoint: str | os.PathLike, target: str, engine: str = "auto", s
     Python via ``vllm_python``), ``reference`` (pure torch), or ``auto`` (vLLM when importable). ``dtype``: ``auto`` =
     float32 on CPU (both engines agree bit for bit there), the model's own on GPU. ``attention_backend``: vLLM's
     attention backend for MLA models (e.g. CPU_MLA, AMX_MLA; default chosen for the host and recorded in
-    ``settings["attention"]``, validate/attention_backend.py). With ``check`` a failed gate raises
+    ``settings["attention"]``, engines/attention_backend.py). With ``check`` a failed gate raises
     :class:`CheckFailed` (after the report is written); otherwise ``report.passed`` says it.
     """
     opts = ValidateOptions.of(engine=engine, suites=suites, prompts_file=prompts_file, k=k, baseline=baseline,

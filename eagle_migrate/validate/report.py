@@ -12,50 +12,24 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from ..formats.output import atomic_write_text
-from .diagnostics import DriftDiagnostics
-from .metrics import (  # noqa: F401  (PairedComparison: re-exported)
+from ..engines.metrics import (  # noqa: F401  (PairedComparison, al_text, fmt_value, value_se: re-exported)
     AcceptanceStats,
+    Metrics,
     PairedComparison,
     RequestCounts,
+    al_text,
     cell_stats,
+    fmt_value,
     paired_comparison,
     per_request_counts,
+    value_se,
 )
+from ..engines.server_models import LatencyStats, LoadRun, ServerInfo, ServingSpeed, SpeedLevel  # noqa: F401  (re-exported: the report's fields)
+from ..formats.output import atomic_write_text
+from .diagnostics import DriftDiagnostics
 from .plots import write_plots
 
 SCHEMA_VERSION = 1
-
-
-class Metrics(BaseModel):
-    """Acceptance metrics of one drafter on one prompt set (vLLM's conventions)."""
-
-    acceptance_length: float = Field(..., description="1 + accepted / drafts (bonus token included)")
-    draft_acceptance_rate: float = Field(..., description="accepted / draft tokens")
-    per_position_rate: list[float] = Field(..., description="accepted at draft position i / drafts")
-    num_drafts: int
-    num_draft_tokens: int
-    num_accepted_tokens: int
-    accepted_per_position: list[int]
-    num_prompts: int
-    num_output_tokens: int
-    seconds: float | None = Field(None, description="wall time of generation (engine-side)")
-    output_tokens_per_second: float | None = None
-    acceptance_length_se: float | None = Field(None, description="standard error of the AL (ratio estimator, "
-                                               "delta method): each request a cluster (vllm / reference engines), "
-                                               "each block of requests (server engine); None below two")
-    per_position_rate_se: list[float] | None = Field(None, description="standard error of each per-position rate")
-    num_blocks: int | None = Field(None, description="blocks of requests the counters were read around (server)")
-
-    @classmethod
-    def from_stats(cls, s: AcceptanceStats, seconds: float | None = None) -> Metrics:
-        tps = s.num_output_tokens / seconds if seconds else None
-        return cls(acceptance_length=round(s.acceptance_length, 4), draft_acceptance_rate=round(s.draft_acceptance_rate, 4),
-                   per_position_rate=[round(x, 4) for x in s.per_position_rate], num_drafts=s.num_drafts,
-                   num_draft_tokens=s.num_draft_tokens, num_accepted_tokens=s.num_accepted_tokens,
-                   accepted_per_position=list(s.accepted_per_position), num_prompts=s.num_prompts,
-                   num_output_tokens=s.num_output_tokens, seconds=None if seconds is None else round(seconds, 3),
-                   output_tokens_per_second=None if tps is None else round(tps, 2))
 
 
 class GroupResult(BaseModel):
@@ -99,73 +73,6 @@ class Diagnostics(BaseModel):
     error: str | None = None
 
 
-class ServerInfo(BaseModel):
-    """What a live server reported about itself (``validate --server``)."""
-
-    url: str = Field(..., description="the API's URL (credentials removed)")
-    vllm_version: str | None = Field(None, description="GET /version")
-    model: str | None = Field(None, description="the served model's id (GET /v1/models)")
-    model_root: str | None = Field(None, description="the model path the server loaded (``root`` in /v1/models)")
-    max_model_len: int | None = None
-    speculative_config: dict[str, Any] = Field(default_factory=dict, description="as reported: num_speculative_tokens "
-                                               "(positions of the per-position counter), and method / model when "
-                                               "the server exposes its config (/server_info)")
-    sources: dict[str, str] = Field(default_factory=dict, description="where each speculative_config value came "
-                                    "from: metrics, server_info or user")
-    chat_template_matches: bool | None = Field(None, description="the server's /tokenize renders built-in chat "
-                                               "requests to the suites' token ids (None: not checkable)")
-    drafter: dict[str, Any] | None = Field(None, description="what the server does not report: the drafter's "
-                                           "aux_layer_ids, flags, weights_sha256, config_sha256 from CKPT's folder, "
-                                           "or null and named in `unknown` (validate/server_tokenizer.py)")
-
-
-class LatencyStats(BaseModel):
-    """Percentiles of one latency over the requests of a load run, in milliseconds."""
-
-    p50: float
-    p90: float
-    p99: float
-    mean: float
-
-
-class LoadRun(BaseModel):
-    """One server at one concurrency: C streaming users sending the suites' prompts, greedy, fixed max tokens."""
-
-    requests: int
-    output_tokens: int
-    seconds: float
-    per_user_tokens_per_second: float = Field(..., description="median over requests of output tokens / request latency")
-    output_tokens_per_second: float = Field(..., description="all output tokens / wall time of the run")
-    ttft_ms: LatencyStats
-    itl_ms: LatencyStats = Field(..., description="gaps between streamed chunks (a speculative step streams several tokens)")
-    tpot_ms: LatencyStats = Field(..., description="(latency - TTFT) / (output tokens - 1) per request")
-
-
-class SpeedLevel(BaseModel):
-    """Speculative vs baseline server at one concurrency, measured in alternation over rounds."""
-
-    concurrency: int
-    rounds: int
-    speculative: list[LoadRun]
-    baseline: list[LoadRun]
-    ratios: list[float] = Field(..., description="per round: per-user tokens/s speculative / baseline")
-    speedup: float = Field(..., description="median of the per-round ratios")
-    speedup_min: float
-    speedup_max: float
-    speedup_se: float | None = Field(None, description="standard error of the mean ratio across rounds")
-
-
-class ServingSpeed(BaseModel):
-    """``--baseline-server``: per-user output throughput and latency of the speculative server against the same
-    target served without speculation."""
-
-    baseline_url: str
-    baseline_vllm_version: str | None = None
-    max_tokens: int
-    requests_per_run: dict[int, int] = Field(default_factory=dict)
-    levels: list[SpeedLevel]
-
-
 class ValidationReport(BaseModel):
     schema_version: int = SCHEMA_VERSION
     tool: str
@@ -201,7 +108,7 @@ class ValidationReport(BaseModel):
 # ----- writing -------------------------------------------------------------------------------------------------------
 # ----- building the report from an engine's counters (every engine) ---------------------------------------------------
 def with_se(m: Metrics, reqs: list[RequestCounts] | None, k: int) -> Metrics:
-    """``m`` with the standard errors of its AL and per-position rates, the request as the unit (validate/metrics.py);
+    """``m`` with the standard errors of its AL and per-position rates, the request as the unit (engines/metrics.py);
     None without per-request counters or below two requests."""
     st = cell_stats(reqs, max(k, len(m.per_position_rate))) if reqs else None
     if st is not None and st["al_se"] is not None:
@@ -284,23 +191,6 @@ def write_report(report: ValidationReport, out: Path) -> list[str]:
     (out / "report.md").write_text(render_markdown(report), encoding="utf-8")
     atomic_write_text(out / "report.json", json.dumps(report.model_dump(mode="json"), indent=2) + "\n")
     return files
-
-
-def fmt_value(x: float | None, nd: int = 3, sign: bool = False) -> str:
-    """``x`` to ``nd`` decimals ("–" for None); a value that rounds to zero is "0.0", never "-0.0"."""
-    if x is None:
-        return "–"
-    s = f"{x:+.{nd}f}" if sign else f"{x:.{nd}f}"
-    return f"{0.0:.{nd}f}" if float(s) == 0 else s
-
-
-def al_text(m: Metrics | None, nd: int = 3) -> str:
-    """``1.519 ± 0.021`` (the AL and its standard error; the AL alone when there is no SE)."""
-    return "–" if m is None else value_se(m.acceptance_length, m.acceptance_length_se, nd)
-
-
-def value_se(x: float | None, se: float | None, nd: int = 3) -> str:
-    return fmt_value(x, nd) + (f" ± {se:.{nd}f}" if x is not None and se is not None else "")
 
 
 def comparison_line(new: Metrics, base: Metrics | None, paired: PairedComparison | None) -> str:

@@ -18,8 +18,8 @@ replay: what was measured before is kept and reported, with the error. Progress:
 ``--report DIR`` writes the report as ``DIR/triage.json``. ``--compare OLD/triage.json``: the old report's groups
 before and after on the requests that pair (``triage_compare.py``; a file of other prompts is refused before any
 request is sent).
-Imports: errors, corpora, formats.output, validate.{metrics, options, report, server, server_client, server_tokenizer,
-triage, triage_compare}.
+Imports: errors, corpora, formats.output, engines.{metrics, options, server, server_client, server_tokenizer},
+validate.{report, triage, triage_compare}.
 """
 
 from __future__ import annotations
@@ -33,14 +33,14 @@ from typing import Any, Callable, Optional
 from pydantic import BaseModel, Field
 
 from ..corpora import Conversation, load_conversations, render_text
+from ..engines.metrics import AcceptanceStats
+from ..engines.options import ValidateOptions
+from ..engines.server import check_block, describe, server_key, settle
+from ..engines.server_client import Completion, ServerClient
+from ..engines.server_tokenizer import chat_refusal
 from ..errors import EagleMigrateError, EngineError, InputError, ServerError
 from ..formats.output import atomic_write_text, check_no_overlap
-from .metrics import AcceptanceStats
-from .options import ValidateOptions
 from .report import ServerInfo
-from .server import _key, _settle, check_block, describe
-from .server_client import Completion, ServerClient
-from .server_tokenizer import chat_refusal
 from .triage import (
     GroupAL,
     Pooled,
@@ -120,7 +120,7 @@ def triage_server(opts: ValidateOptions, log: Callable[[str], None] | None = Non
     if conc < 1:
         raise InputError("--concurrency needs positive integers, e.g. 4")
     max_tokens = opts.max_tokens or DEFAULT_MAX_TOKENS
-    with ServerClient(opts.server, _key(opts), max_connections=max(conc, 4)) as client:
+    with ServerClient(opts.server, server_key(opts), max_connections=max(conc, 4)) as client:
         info, _ = describe(client, k=opts.k)
         k = int(info.speculative_config["num_speculative_tokens"])
         notes: list[str] = []
@@ -265,7 +265,7 @@ class Replay:
             self.mode = "response"
             self.done[p.base.index] = self._from_response(p, comp)
             return before
-        after = _settle(self.client, before, 1)
+        after = settle(self.client, before, 1)
         self.done[p.base.index] = self._from_stats(p, comp, check_block(before, after, 1, [comp]))
         return after
 

@@ -18,8 +18,10 @@ difference (group and rest are disjoint sets of requests, so their SEs add in qu
 to 8k tokens: AL 1.31 +- 0.04 against 1.62 pooled". Features overlap (every long prompt may also be a plain prompt): a
 group below only through another one's requests is marked as explained by it, not named. :func:`write_worst` writes
 the N lowest-AL requests and every request of a group below the pool as a JSONL that ``convert --data`` reads
-(corpora/sources.py's shapes), and a held-out part beside it (``FILE.heldout.jsonl``) for the judge: a prompt is on
-one side only, duplicates included. Imports: errors, corpora (Conversation), formats.output, validate.metrics.
+(corpora/sources.py's shapes), and a held-out part beside it (``FILE.heldout.jsonl``) for the judge, split by
+convert's own rule (corpora/traffic.py: ``convert --data FILE`` judges on exactly that part): a prompt is on one side
+only, duplicates included. Imports: errors, corpora (Conversation, the traffic split), formats.output,
+engines.metrics.
 """
 
 from __future__ import annotations
@@ -34,14 +36,13 @@ from typing import Any, Optional
 
 from pydantic import BaseModel, Field
 
-from ..corpora import Conversation
+from ..corpora import Conversation, content_key, heldout_path, split_traffic
+from ..engines.metrics import ratio_se
 from ..errors import InputError
 from ..formats.output import atomic_write_text, check_no_overlap
-from .metrics import ratio_se
 
 LENGTH_EDGES = (512, 2048, 8192)  # prompt-token buckets of the length feature
 TRIAGE_Z = 3.0  # a group is below the pool when below the rest by more than this many SE (many groups are tested)
-HELDOUT_SHARE = 0.2  # the share of the selected prompts held out for the judge
 FEATURES = ("length", "template", "system", "kind", "tenant")
 _ENGLISH = frozenset("the a an and or of to in is are was be it that this for with on as you i we what how why can "
                      "please do not your my me from at by if".split())
@@ -257,12 +258,6 @@ def prompt_hash(conv: Conversation) -> str:
     return hashlib.sha256(rec.encode()).hexdigest()[:16]
 
 
-def heldout_path(path: str | Path) -> Path:
-    """``worst.jsonl`` -> ``worst.heldout.jsonl`` (beside it)."""
-    p = Path(path)
-    return p.with_name((p.name[: -len(".jsonl")] if p.name.endswith(".jsonl") else p.name) + ".heldout.jsonl")
-
-
 def select_worst(reqs: list[TriagedRequest], groups: list[GroupAL], n: int) -> tuple[list[TriagedRequest], list[str]]:
     """The ``n`` lowest-AL requests (ties by line) and every request of a group below the pool, each once, lowest
     AL first; and the names of those groups."""
@@ -276,25 +271,8 @@ def select_worst(reqs: list[TriagedRequest], groups: list[GroupAL], n: int) -> t
     return sorted(chosen.values(), key=lambda r: (r.acceptance_length, r.index)), [f"{g.feature}: {g.name}" for g in below]
 
 
-def split_heldout(records: list[tuple[TriagedRequest, dict[str, Any]]],
-                  share: float = HELDOUT_SHARE) -> tuple[list[Any], list[Any]]:
-    """(train, held out): each distinct prompt (its record, canonical JSON) on one side only, by a hash of the
-    prompt (stable across runs); with two distinct prompts or more, at least one on each side."""
-    keys = {json.dumps(rec, sort_keys=True) for _, rec in records}
-    cut = int(share * 2 ** 32)
-    held = {k for k in keys if int(hashlib.sha256(k.encode()).hexdigest()[:8], 16) < cut}
-    ordered = sorted(keys)
-    if len(keys) >= 2 and not held:
-        held = {ordered[-1]}
-    if len(keys) >= 2 and held == keys:
-        held.discard(ordered[0])
-    train = [x for x in records if json.dumps(x[1], sort_keys=True) not in held]
-    out = [x for x in records if json.dumps(x[1], sort_keys=True) in held]
-    return train, out
-
-
 def write_worst(reqs: list[TriagedRequest], groups: list[GroupAL], convs: list[Conversation], n: int,
-                path: str | Path, inputs: list[Any] = (), share: float = HELDOUT_SHARE) -> WorstFiles:
+                path: str | Path, inputs: list[Any] = ()) -> WorstFiles:
     """Write the worst requests (:func:`select_worst`) to ``path`` and their held-out part to
     :func:`heldout_path`, each file atomically; one JSON object a line: the prompt's record, its ``id`` and the AL
     it had (``al``: not read by ``convert --data``). Refuses a path that is one of ``inputs``."""
@@ -306,7 +284,10 @@ def write_worst(reqs: list[TriagedRequest], groups: list[GroupAL], convs: list[C
         raise InputError(f"--worst {path}: the folder {path.parent} does not exist")
     chosen, from_groups = select_worst(reqs, groups, n)
     records = [(r, prompt_record(convs[r.index])) for r in chosen]
-    train, held = split_heldout(records, share)
+    _, judged = split_traffic([convs[r.index] for r in chosen])  # convert's own rule: it judges on exactly these
+    held_keys = {content_key(c) for c in judged}
+    train = [x for x in records if content_key(convs[x[0].index]) not in held_keys]
+    held = [x for x in records if content_key(convs[x[0].index]) in held_keys]
 
     def lines(rows: list[tuple[TriagedRequest, dict[str, Any]]]) -> str:
         return "".join(json.dumps({**rec, "id": r.id or str(r.line), "al": r.acceptance_length},

@@ -12,12 +12,12 @@ out and counted (``only_before``, ``only_after``, with their first lines). An ol
 before they existed) pairs by line alone, and says so. Nothing paired is an InputError, raised before any request
 is sent (:func:`check_pairs` on the new file's records).
 
-Statistics (validate/metrics.py, no new math): per group, AL before and after over its paired requests
+Statistics (engines/metrics.py, no new math): per group, AL before and after over its paired requests
 (``al_of``: 1 + accepted / drafts, SE across requests) and the paired ratio AL(after) / AL(before) with its
 delta-method SE, the request as the unit (``paired_comparison``: the between-prompt variance cancels), and its
 verdict: improved / worse beyond 2 SE of 1.0, else within noise (no verdict below two requests). The same over every
 paired request: the pooled ratio.
-Imports: pydantic, errors, corpora (Conversation), validate.{metrics, triage}.
+Imports: pydantic, errors, corpora (Conversation), engines.metrics, validate.triage.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from typing import Optional
 from pydantic import BaseModel, Field, ValidationError
 
 from ..corpora import Conversation
+from ..engines.metrics import PairedComparison, RequestCounts, paired_comparison
 from ..errors import InputError
-from .metrics import PairedComparison, RequestCounts, paired_comparison
 from .triage import GroupAL, TriagedRequest, al_of, prompt_hash
 
 LINES_SHOWN = 10  # lines of unpaired requests listed in the report (all are counted)
@@ -151,7 +151,7 @@ def _r(x: float | None) -> float | None:
 
 def change(feature: str, name: str, pairs: list[tuple[TriagedRequest, TriagedRequest]],
            below_before: bool = False) -> GroupChange:
-    """AL before and after over ``pairs`` and their paired ratio (validate/metrics.py's ``paired_comparison``)."""
+    """AL before and after over ``pairs`` and their paired ratio (engines/metrics.py's ``paired_comparison``)."""
     b, a = [p[0] for p in pairs], [p[1] for p in pairs]
     (alb, seb), (ala, sea) = al_of(b), al_of(a)
     pc = (paired_comparison((_counts(a), None), (_counts(b), None)) if pairs

@@ -20,8 +20,8 @@ import sys
 import pytest
 import torch
 
-from eagle_migrate.validate import attention_backend as ab
-from eagle_migrate.validate.vllm_engine import measure_many
+from eagle_migrate.engines import attention_backend as ab
+from eagle_migrate.engines.vllm_engine import measure_many
 from eagle_migrate.errors import EngineError
 
 from ..conftest import requires_vllm

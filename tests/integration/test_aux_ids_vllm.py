@@ -12,7 +12,7 @@ import torch
 
 from eagle_migrate.convert import convert
 from eagle_migrate.formats import aux_ids as A
-from eagle_migrate.validate.vllm_engine import measure_many
+from eagle_migrate.engines.vllm_engine import measure_many
 
 from .. import aux_world as W
 from ..conftest import requires_vllm

@@ -15,7 +15,7 @@ import pytest
 
 from eagle_migrate import toy
 from eagle_migrate.convert import convert
-from eagle_migrate.validate.vllm_engine import measure_many
+from eagle_migrate.engines.vllm_engine import measure_many
 
 from ..conftest import requires_vllm
 from ..layouts import AUX_CONVENTION, AUX_DECIDED_BY, LAYOUT_NAMES, write_layout

@@ -41,7 +41,7 @@ from eagle_migrate.formats.output import save_safetensors, write_json
 from eagle_migrate.formats.write import write_vllm
 from eagle_migrate.loader import load_drafter
 from eagle_migrate.target import load_target
-from eagle_migrate.validate.vllm_engine import measure_many
+from eagle_migrate.engines.vllm_engine import measure_many
 
 from ..conftest import requires_vllm
 

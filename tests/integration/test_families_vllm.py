@@ -38,7 +38,7 @@ from eagle_migrate.formats.output import write_json
 from eagle_migrate.formats.write import write_vllm
 from eagle_migrate.quantize import quantize
 from eagle_migrate.validate import validate
-from eagle_migrate.validate.vllm_engine import measure_many
+from eagle_migrate.engines.vllm_engine import measure_many
 
 from ..conftest import requires_vllm
 from ..layouts import write_layout

@@ -8,7 +8,7 @@ import pytest
 from eagle_migrate import toy
 from eagle_migrate.formats import read_checkpoint, write_checkpoint
 from eagle_migrate.inspection import inspect_checkpoint
-from eagle_migrate.validate.vllm_engine import measure
+from eagle_migrate.engines.vllm_engine import measure
 
 from ..conftest import requires_vllm
 from ..layouts import write_layout

@@ -10,7 +10,7 @@ import pytest
 
 from eagle_migrate import toy
 from eagle_migrate.convert import convert
-from eagle_migrate.validate.vllm_engine import measure
+from eagle_migrate.engines.vllm_engine import measure
 
 from ..conftest import requires_vllm
 

@@ -11,7 +11,7 @@ import pytest
 
 from eagle_migrate import toy
 from eagle_migrate.publish import publish
-from eagle_migrate.validate.vllm_engine import measure
+from eagle_migrate.engines.vllm_engine import measure
 
 from ..conftest import requires_vllm
 from ..unit.test_publish import write_report

@@ -13,7 +13,7 @@ from eagle_migrate import toy
 from eagle_migrate.convert import convert
 from eagle_migrate.formats import read_checkpoint
 from eagle_migrate.quantize import quantize
-from eagle_migrate.validate import vllm_engine
+from eagle_migrate.engines import vllm_engine
 
 from ..conftest import requires_vllm
 

@@ -13,7 +13,7 @@ import torch
 from eagle_migrate import toy
 from eagle_migrate.errors import EngineError
 from eagle_migrate.quantize import quantize
-from eagle_migrate.validate import vllm_engine
+from eagle_migrate.engines import vllm_engine
 
 from ..conftest import requires_vllm
 

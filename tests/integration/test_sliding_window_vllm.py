@@ -15,7 +15,7 @@ import torch
 
 from eagle_migrate.loader import load_drafter
 from eagle_migrate.target import load_target
-from eagle_migrate.validate.vllm_engine import measure_many
+from eagle_migrate.engines.vllm_engine import measure_many
 
 from ..conftest import requires_vllm
 from .test_equivalence_vllm import K_SPEC, V, _random_drafter, _random_target

@@ -34,8 +34,8 @@ from eagle_migrate.formats import read_checkpoint
 from eagle_migrate.formats.output import save_safetensors
 from eagle_migrate.loader import load_drafter
 from eagle_migrate.target import LazyTarget
-from eagle_migrate.validate.metrics import paired_comparison, per_request_counts
-from eagle_migrate.validate.vllm_engine import DrafterRefused, measure_many
+from eagle_migrate.engines.metrics import paired_comparison, per_request_counts
+from eagle_migrate.engines.vllm_engine import DrafterRefused, measure_many
 
 from ..conftest import requires_vllm
 

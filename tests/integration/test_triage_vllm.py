@@ -15,8 +15,9 @@ import json
 import pytest
 
 from eagle_migrate import corpora, toy
-from eagle_migrate.validate import server_client, server_replay
-from eagle_migrate.validate.options import ValidateOptions
+from eagle_migrate.validate import server_replay
+from eagle_migrate.engines import server_client
+from eagle_migrate.engines.options import ValidateOptions
 
 from .. import vllm_server
 from ..conftest import requires_vllm

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from eagle_migrate import toy
-from eagle_migrate.validate.vllm_engine import measure
+from eagle_migrate.engines.vllm_engine import measure
 
 from ..conftest import requires_vllm
 

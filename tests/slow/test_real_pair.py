@@ -108,7 +108,7 @@ def test_unrolled_forward_equals_drafting_on_the_real_target(target):
 @pytest.mark.vllm
 @requires_vllm
 def test_trained_source_drafter_is_served_with_acceptance_above_one(smollm2):
-    from eagle_migrate.validate.vllm_engine import measure
+    from eagle_migrate.engines.vllm_engine import measure
 
     drafter = _source_drafter()
     from transformers import AutoTokenizer
@@ -134,7 +134,7 @@ def test_committed_best_source_unpacks_and_serves_with_its_acceptance(smollm2, t
 
     from transformers import AutoTokenizer
 
-    from eagle_migrate.validate.vllm_engine import measure
+    from eagle_migrate.engines.vllm_engine import measure
 
     root = Path(__file__).resolve().parents[2]
     spec = importlib.util.spec_from_file_location("strong_source_best", root / "benchmarks" / "strong_source_best.py")

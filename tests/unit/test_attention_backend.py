@@ -1,4 +1,4 @@
-"""The attention backend asked of vLLM on a CPU (validate/attention_backend.py): MLA in float32 on an AMX host must
+"""The attention backend asked of vLLM on a CPU (engines/attention_backend.py): MLA in float32 on an AMX host must
 not get the bf16-only AMX_MLA backend (issue 24); the choice is the same function on hosts with and without AMX."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from eagle_migrate.validate import attention_backend as ab
-from eagle_migrate.validate import vllm_engine
+from eagle_migrate.engines import attention_backend as ab
+from eagle_migrate.engines import vllm_engine
 
 
 @pytest.mark.parametrize("amx", [True, False])

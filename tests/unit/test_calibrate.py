@@ -292,25 +292,26 @@ def test_vllm_continuations_are_cached_by_target_content(tmp_path, monkeypatch):
         calls.append(target)
         return {n: (None, {"outputs": [[7, 8] for _ in s["prompts"]]}) for n, s in suites.items()}
 
-    from eagle_migrate.validate import engine
+    from eagle_migrate.engines import vllm_engine
 
-    monkeypatch.setattr(engine, "measure", fake_measure)  # where calibration_data looks it up
+    monkeypatch.setattr(vllm_engine, "measure", fake_measure)  # where the vLLM engine's continuations look it up
+    monkeypatch.setattr(vllm_engine, "vllm_importable", lambda python=None: True)
     target = tmp_path / "target"
     target.mkdir()
     (target / "config.json").write_text(json.dumps({"hidden_size": 8}))
     prompts = {"chat": [[1, 2, 3], [4, 5]], "long": [[6]]}
-    a = cal.vllm_continuations(target, prompts, 2, cache_dir=tmp_path / "cache")
-    b = cal.vllm_continuations(target, prompts, 2, cache_dir=tmp_path / "cache")
+    a = cal.engine_continuations("vllm", target, prompts, 2, cache_dir=tmp_path / "cache")
+    b = cal.engine_continuations("vllm", target, prompts, 2, cache_dir=tmp_path / "cache")
     assert len(calls) == 1
     assert {n: [(h.ids, h.prompt_len) for h in v] for n, v in a.items()} == \
         {n: [(h.ids, h.prompt_len) for h in v] for n, v in b.items()} == \
         {"chat": [([1, 2, 3, 7, 8], 3), ([4, 5, 7, 8], 2)], "long": [([6, 7, 8], 1)]}
-    cal.vllm_continuations(target, {"chat": [[1, 2, 3]]}, 2, cache_dir=tmp_path / "cache")  # other prompts
+    cal.engine_continuations("vllm", target, {"chat": [[1, 2, 3]]}, 2, cache_dir=tmp_path / "cache")  # other prompts
     assert len(calls) == 2
     (target / "config.json").write_text(json.dumps({"hidden_size": 16}))  # same path, other target
-    cal.vllm_continuations(target, prompts, 2, cache_dir=tmp_path / "cache")
+    cal.engine_continuations("vllm", target, prompts, 2, cache_dir=tmp_path / "cache")
     assert len(calls) == 3
-    cal.vllm_continuations(target, prompts, 2)  # no cache: always served
+    cal.engine_continuations("vllm", target, prompts, 2)  # no cache: always served
     assert len(calls) == 4
 
 

@@ -11,7 +11,7 @@ import torch
 from eagle_migrate import toy
 from eagle_migrate.calibrate import calibrate_checkpoint
 from eagle_migrate.formats.write import write_vllm
-from eagle_migrate.validate.vllm_engine import measure
+from eagle_migrate.engines.vllm_engine import measure
 
 from ..conftest import requires_vllm
 

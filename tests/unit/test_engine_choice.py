@@ -52,37 +52,39 @@ def _held() -> dict[str, list[list[int]]]:
 def test_the_held_out_continuations_come_from_the_engine_asked_for(monkeypatch):
     """vllm (or auto with vLLM there): served by vLLM in --vllm-python; reference: left to transformers' generate;
     vllm asked for and failing: an error, not a silent half-hour fallback."""
+    from eagle_migrate.engines import in_process
+
     calls = []
 
-    def fake_vllm(target, held, new_tokens, cache_dir=None, python=None, progress=None):
+    def fake_vllm(self, target, prompts, new_tokens, python=None, **kw):
         calls.append(python)
-        return {n: [HeldoutSequence(list(p) + [9], len(p)) for p in ps] for n, ps in held.items()}
+        return {n: [[9] for _ in ps] for n, ps in prompts.items()}
 
-    monkeypatch.setattr(checkpoint, "vllm_continuations", fake_vllm)
-    monkeypatch.setattr(checkpoint, "resolve_engine", lambda engine, python: "reference" if engine == "reference" else "vllm")
-    got = checkpoint._vllm_heldout("t", _held(), 1, CalibrationSettings(engine="vllm", vllm_python="/venv/bin/python"))
+    monkeypatch.setattr(in_process.VllmEngine, "continuations", fake_vllm)
+    monkeypatch.setattr(in_process, "resolve_engine", lambda engine, python, **kw: "reference" if engine == "reference" else "vllm")
+    got = checkpoint._heldout_continuations("t", _held(), 1, CalibrationSettings(engine="vllm", vllm_python="/venv/bin/python"))
     assert calls == ["/venv/bin/python"] and got["chat"][0].ids == [1, 2, 3, 9]
-    assert checkpoint._vllm_heldout("t", _held(), 1, CalibrationSettings(engine="reference")) == _held()
+    assert checkpoint._heldout_continuations("t", _held(), 1, CalibrationSettings(engine="reference")) == _held()
     assert calls == ["/venv/bin/python"]  # reference: not served by vLLM
 
     def broken(*a, **k):
         raise RuntimeError("worker died")
 
-    monkeypatch.setattr(checkpoint, "vllm_continuations", broken)
+    monkeypatch.setattr(in_process.VllmEngine, "continuations", broken)
     with pytest.warns(UserWarning, match="using transformers"):  # auto: the fallback, said
-        assert checkpoint._vllm_heldout("t", _held(), 1, CalibrationSettings(engine="auto")) == _held()
+        assert checkpoint._heldout_continuations("t", _held(), 1, CalibrationSettings(engine="auto")) == _held()
     with pytest.raises(RuntimeError, match="worker died"):  # vllm asked for: no silent fallback
-        checkpoint._vllm_heldout("t", _held(), 1, CalibrationSettings(engine="vllm"))
+        checkpoint._heldout_continuations("t", _held(), 1, CalibrationSettings(engine="vllm"))
 
 
 def test_an_engine_that_cannot_run_is_refused_before_serving(monkeypatch):
     from eagle_migrate.errors import EngineError
-    from eagle_migrate.validate import vllm_engine
+    from eagle_migrate.engines import vllm_engine
 
     monkeypatch.setattr(vllm_engine, "vllm_importable", lambda python=None: False)
     with pytest.raises(EngineError, match="not importable in /no/vllm"):
-        checkpoint._vllm_heldout("t", _held(), 1, CalibrationSettings(engine="vllm", vllm_python="/no/vllm"))
-    assert checkpoint._vllm_heldout("t", _held(), 1, CalibrationSettings(engine="auto")) == _held()
+        checkpoint._heldout_continuations("t", _held(), 1, CalibrationSettings(engine="vllm", vllm_python="/no/vllm"))
+    assert checkpoint._heldout_continuations("t", _held(), 1, CalibrationSettings(engine="auto")) == _held()
 
 
 def test_migrate_gives_the_engine_choice_to_convert_and_validate(pair):

@@ -31,7 +31,7 @@ def test_the_recipe_page_has_the_three_sections_and_only_tested_code():
 
 
 def test_add_an_engine(tmp_path):
-    from eagle_migrate.validate.engines import engine_names, unregister_engine
+    from eagle_migrate.engines.registry import engine_names, unregister_engine
 
     blocks = _blocks("Add an engine")
     assert len(blocks) == 2

@@ -99,7 +99,7 @@ def test_qk_norm_weights_change_the_drafts():
 def test_qwen3_toy_drafters_draft_successors(tmp_path):
     """The Qwen3 successor world: same exact behaviour as the Llama one (oracle drafts x+1, x+2, ...)."""
     from eagle_migrate.target import load_target
-    from eagle_migrate.validate.reference import load_drafter
+    from eagle_migrate.engines.reference import load_drafter
 
     target = load_target(str(toy.write_target(tmp_path / "t", family="qwen3")), with_tokenizer=False)
     assert type(target.model).__name__ == "Qwen3ForCausalLM" and target.tokenizer is None

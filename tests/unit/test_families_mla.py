@@ -112,7 +112,7 @@ def test_mla_config_refuses_what_vllm_cannot_build():
 def test_mla_toy_drafters_draft_successors(tmp_path):
     """The MLA successor world (a transformers DeepseekV3ForCausalLM target): oracle drafts x+1, x+2, ..."""
     from eagle_migrate.target import load_target
-    from eagle_migrate.validate.reference import load_drafter
+    from eagle_migrate.engines.reference import load_drafter
 
     target = load_target(str(toy.write_target(tmp_path / "t", family="mla")), with_tokenizer=False)
     assert type(target.model).__name__ == "DeepseekV3ForCausalLM"

@@ -40,14 +40,14 @@ EXCEPTIONS: dict[str, tuple[re.Pattern, str]] = {
     "formats/specforge.py": (re.compile(r"(?i:llama)"), "the architecture SpecForge writes, in the layout's description"),
     "formats/safeailab.py": (re.compile(r"(?i:llama)"), "the architecture SafeAILab's configs say, as they say it"),
     "corpora/templates.py": (re.compile(r"(?i:llama)"), "'Llama style': a tokenizer's BOS convention, not a family"),
-    "validate/server_tokenizer.py": (re.compile(r"(?i:llama)"), "'Llama style' BOS, as corpora/templates.py"),
-    "validate/attention_backend.py": (re.compile(r"(?i:mla|deepseek|kimi)"), "vLLM's CPU attention backends for MLA "
+    "engines/server_tokenizer.py": (re.compile(r"(?i:llama)"), "'Llama style' BOS, as corpora/templates.py"),
+    "engines/attention_backend.py": (re.compile(r"(?i:mla|deepseek|kimi)"), "vLLM's CPU attention backends for MLA "
                                       "models (CPU_MLA / AMX_MLA are vLLM's names; DeepSeek-V3 / Kimi K2 are the "
                                       "models that need them); which config needs one is the family's "
                                       "(Family.vllm_cpu_attention). In the validate-engine area of a concurrent "
                                       "refactor: the backend pair can move to the family after that lands"),
-    "validate/vllm_engine.py": (re.compile(r"(?i:mla)"), "attention_backend.is_mla, as above"),
-    "validate/engine.py": (re.compile(r"(?i:mla)"), "documents --attention-backend, whose values are vLLM's MLA backends"),
+    "engines/vllm_engine.py": (re.compile(r"(?i:mla)"), "attention_backend.is_mla, as above"),
+    "engines/in_process.py": (re.compile(r"(?i:mla)"), "documents --attention-backend, whose values are vLLM's MLA backends"),
     "validate/api.py": (re.compile(r"(?i:mla)"), "documents --attention-backend, whose values are vLLM's MLA backends"),
     "cli/validate.py": (re.compile(r"(?i:mla)"), "the --attention-backend help: its values are vLLM's MLA backends"),
 }

@@ -77,6 +77,31 @@ def test_help_does_not_import_torch(argv):
     assert "torch" not in seen["heavy"] and "transformers" not in seen["heavy"], seen
 
 
+OPTIONS_MODULES = ("eagle_migrate.convert.options", "eagle_migrate.calibrate.settings", "eagle_migrate.quantize.options",
+                   "eagle_migrate.engines.options", "eagle_migrate.publish.options", "eagle_migrate.watch.models",
+                   "eagle_migrate.migrate")
+
+
+def test_the_options_models_load_without_torch():
+    """Every stage's options model imports without torch (its package re-exports the torch side on first use), and
+    so do the commands' options_model() loaders; the package's names still resolve when asked for."""
+    code = f"""
+import sys
+for m in {OPTIONS_MODULES!r}:
+    __import__(m)
+assert "torch" not in sys.modules, [m for m in sys.modules if m.startswith("eagle_migrate")]
+from eagle_migrate.cli.options import COMMANDS
+models = [spec.load() for spec in COMMANDS.values() if spec.model is not None]
+assert "torch" not in sys.modules
+from eagle_migrate.convert import ConvertResult, convert
+from eagle_migrate.quantize import SCHEMES, quantize
+print("torch" in sys.modules, len(models))
+"""
+    r = _python(code)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split() == ["True", "8"], r.stdout
+
+
 # ----- import cycles --------------------------------------------------------------------------------------------
 def _import_graph(lazy: bool) -> dict[str, set[str]]:
     """eagle_migrate module -> the eagle_migrate modules it imports: at module level, or (``lazy``) anywhere,
@@ -262,7 +287,7 @@ def _package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
 
 def test_no_cycle_between_top_level_packages():
     """The import graph with each top-level package as one node (every import, function-level and TYPE_CHECKING
-    ones included) has no cycle: the registries (convert/registry.py, quant/registry.py, validate/engines.py) import
+    ones included) has no cycle: the registries (convert/registry.py, quant/registry.py, engines/registry.py) import
     none of their members, no stage reaches back into a package that imports it, and the loader (loader.py) sits
     above drafter, formats and quant, which it reads; aux_ids is part of formats, whose traps it reports."""
     assert _cycles(_package_graph(_import_graph(lazy=True))) == []
@@ -282,7 +307,7 @@ def test_the_registries_import_none_of_their_members():
     for registry, members in (("eagle_migrate.convert.registry", ("eagle_migrate.convert.eagle2", "eagle_migrate.convert.eagle3",
                                                                   "eagle_migrate.convert.passthrough")),
                               ("eagle_migrate.quant.registry", ("eagle_migrate.quant.schemes", "eagle_migrate.quant.handlers")),
-                              ("eagle_migrate.validate.engines", ("eagle_migrate.validate.engine", "eagle_migrate.validate.server"))):
+                              ("eagle_migrate.engines.registry", ("eagle_migrate.engines.in_process", "eagle_migrate.engines.server"))):
         assert not graph[registry] & set(members), registry
         assert all(registry in graph[m] for m in members), registry
 
@@ -383,13 +408,13 @@ def test_the_layout_names_the_imports_each_entry_makes():
 
 def test_the_layout_check_finds_a_wrong_and_a_missing_import():
     graph = {"eagle_migrate.quantize.gate": {"eagle_migrate.corpora", "eagle_migrate.quantize.options",
-                                             "eagle_migrate.errors", "eagle_migrate.validate.metrics"},
+                                             "eagle_migrate.errors", "eagle_migrate.engines.metrics"},
              "eagle_migrate.quantize.options": set(), "eagle_migrate.corpora": set(), "eagle_migrate.errors": set(),
-             "eagle_migrate.validate.metrics": set(), "eagle_migrate.target": set()}
-    assert _layout_problems("quantize.gate", "corpora, validate.metrics, q.options, hf_hub", graph) == []
+             "eagle_migrate.engines.metrics": set(), "eagle_migrate.target": set()}
+    assert _layout_problems("quantize.gate", "corpora, engines.metrics, q.options, hf_hub", graph) == []
     assert _layout_problems("quantize.gate", "corpora (prompts), target, q.{options}", graph) == [
         "quantize.gate: names target, which it does not import",
-        "quantize.gate: imports validate.metrics, which it does not name"]
+        "quantize.gate: imports engines.metrics, which it does not name"]
 
 
 # ----- function-level imports: each says why it is lazy, and none repeats a module-level one ------------------------
@@ -701,7 +726,7 @@ def test_no_options_module_imports_torch():
     import ast
 
     root = Path(__file__).resolve().parents[2] / "eagle_migrate"
-    mods = ["options.py", "convert/options.py", "calibrate/settings.py", "quantize/options.py", "validate/options.py",
+    mods = ["options.py", "convert/options.py", "calibrate/settings.py", "quantize/options.py", "engines/options.py",
             "publish/options.py"]
     for m in mods:
         tree = ast.parse((root / m).read_text(encoding="utf-8"))

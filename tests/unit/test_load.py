@@ -92,7 +92,7 @@ def test_other_quantization_is_refused_with_a_reason(tmp_path, toy_oracle):
 
 def test_quantize_gate_without_vllm_uses_the_reference_engine(tmp_path, toy_oracle, toy_target, monkeypatch):
     """``--validate auto`` picked vLLM for FP8 whether or not it was installed."""
-    from eagle_migrate.validate import vllm_engine
+    from eagle_migrate.engines import vllm_engine
 
     monkeypatch.setattr(vllm_engine, "vllm_importable", lambda python=None: False)
     suites = {"toy": {"prompts": toy.prompts(2, 12), "max_tokens": 12, "ignore_eos": True}}

@@ -122,12 +122,13 @@ def test_the_validate_line_says_when_vllm_was_missing():
     """--engine auto without vLLM measures with the reference engine and the stage line says so (and why)."""
     from types import SimpleNamespace as NS
 
-    from eagle_migrate.migrate import engine_note, validate_message
+    from eagle_migrate.engines.in_process import get_engine
+    from eagle_migrate.migrate import validate_message
 
-    note = engine_note("auto", "reference")
+    note = get_engine("auto").fallback_note("reference")  # what migrate's validate stage asks the engine asked for
     assert note and "vLLM is not importable" in note
-    assert engine_note("reference", "reference") is None and engine_note("auto", "vllm") is None
-    from eagle_migrate.validate.metrics import PairedComparison
+    assert get_engine("reference").fallback_note("reference") is None and get_engine("auto").fallback_note("vllm") is None
+    from eagle_migrate.engines.metrics import PairedComparison
 
     suite = NS(name="chat", new=NS(acceptance_length=2.9558465286, acceptance_length_se=None),
                baseline=NS(acceptance_length=3.0, acceptance_length_se=None), paired=None)

@@ -30,7 +30,7 @@ def _env(tmp_path: Path) -> dict[str, str]:
 
 
 def test_the_shim_hides_vllm(tmp_path):
-    code = ("import importlib.util\nfrom eagle_migrate.validate.engine import resolve_engine\n"
+    code = ("import importlib.util\nfrom eagle_migrate.engines.in_process import resolve_engine\n"
             "print(importlib.util.find_spec('vllm'), resolve_engine('auto', None))\n"
             "try:\n    import vllm\nexcept ImportError:\n    print('ImportError')\n")
     r = subprocess.run([sys.executable, "-c", code], env=_env(tmp_path), capture_output=True, text=True, timeout=300)
@@ -58,5 +58,5 @@ def test_demo_passes_without_vllm_and_names_the_engine(tmp_path):
     # the table says which engine measured (the re-run resumes: every stage is already done)
     r = subprocess.run(cli + ["demo", "--out", str(tmp_path / "demo")], env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "engine: reference (pure PyTorch): vLLM is not importable" in r.stdout
+    assert "engine: reference: vLLM is not importable" in r.stdout
     assert "constructed toy pair, not a real model" in r.stdout and "ceiling k+1 = 4" in r.stdout

@@ -114,8 +114,8 @@ def test_the_vllm_worker_reports_each_suite_while_it_runs(tmp_path):
     import json
     import os
 
-    from eagle_migrate.validate.vllm_engine import run_worker
-    from eagle_migrate.validate.vllm_worker import PROGRESS_MARK, RESULT_MARK
+    from eagle_migrate.engines.vllm_engine import run_worker
+    from eagle_migrate.engines.vllm_worker import PROGRESS_MARK, RESULT_MARK
 
     fake = tmp_path / "python"
     lines = [PROGRESS_MARK + json.dumps({"done": 0, "total": 2, "info": "loading the engine (target alone)"}),

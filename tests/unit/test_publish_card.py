@@ -180,7 +180,7 @@ def _validate_report(folder: Path, *, ses: bool = True, paired: dict | None = No
     """report.json as ``validate`` writes it (its own models and writer): two suites, each AL with its SE and, with a
     baseline, the paired ratio, and ``overall``; ``ses=False``: as validate wrote it before SEs (no ``*_se``, no
     ``paired``, no ``overall`` SEs)."""
-    from eagle_migrate.validate.metrics import AcceptanceStats, PairedComparison
+    from eagle_migrate.engines.metrics import AcceptanceStats, PairedComparison
     from eagle_migrate.validate.report import Gate, Metrics, SuiteResult, ValidationReport, write_report as write
 
     def m(drafts: int, accepted: int, se: float) -> Metrics:

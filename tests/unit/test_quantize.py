@@ -370,7 +370,7 @@ def test_errors(qdir, random_bf16, outputs, toy_target):
 def _fake_run(al: float, requests: int = 4, drafts: int = 20):
     """One suite's engine result: ``requests`` (even) requests of ``drafts`` drafts each at AL ``al`` in total, with
     the per-request counters the gate asks for, one accepted token more or fewer in turn so the SE is not zero."""
-    from eagle_migrate.validate.metrics import AcceptanceStats
+    from eagle_migrate.engines.metrics import AcceptanceStats
 
     acc = [round((al - 1) * drafts) + (-1) ** (i + 1) for i in range(requests)]
     stats = AcceptanceStats(num_drafts=requests * drafts, num_draft_tokens=3 * requests * drafts,
@@ -381,7 +381,7 @@ def _fake_run(al: float, requests: int = 4, drafts: int = 20):
 def test_max_al_drop_gate(monkeypatch, qdir, toy_oracle, toy_target):
     """A drop above --max-al-drop raises CheckFailed with the report (the paired ratio and its SE in the message) and
     writes nothing; within it, writes. The gate asks the engine for per-request counters."""
-    from eagle_migrate.validate import engine as api
+    from eagle_migrate.engines import in_process as api
 
     suites = {"toy": {"prompts": toy.prompts(2), "max_tokens": 8}}
     asked = []

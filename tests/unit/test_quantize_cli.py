@@ -104,22 +104,22 @@ def test_existing_output_needs_force(tmp_path, toy_random, capsys, no_debug):
 def _fake_engine(per_request: bool = True):
     """run_engine's stand-in: the source at AL 4.0 and the quantized drafter at 3.0 over two requests (one draft
     more or fewer each, so the paired SE is not zero), with or without per-request counters."""
-    from eagle_migrate.validate import engine as api
-    from eagle_migrate.validate.metrics import AcceptanceStats
+    from eagle_migrate.engines import in_process as api
+    from eagle_migrate.engines.metrics import AcceptanceStats
 
     def side(accepted: list[int]):
         stats = AcceptanceStats(num_drafts=10, num_accepted_tokens=sum(accepted), num_prompts=len(accepted))
         pr = [{"num_drafts": 5, "num_accepted_tokens": a} for a in accepted]
         return {"chat": (stats, {"per_request": pr} if per_request else {})}
 
-    def fake(engine, *_a, **_k):  # quantize's gate measures through validate.engine.run_engine
+    def fake(engine, *_a, **_k):  # quantize's gate measures through engines.in_process.run_engine
         return api.EngineRun([side([14, 16]), side([9, 11])], None, "float32")
 
     return fake
 
 
 def test_gate_failure_exits_1_with_report(tmp_path, toy_oracle, toy_target, capsys, monkeypatch, no_debug):
-    from eagle_migrate.validate import engine as api
+    from eagle_migrate.engines import in_process as api
 
     monkeypatch.setattr(api, "run_engine", _fake_engine())
     code = _main(["quantize", str(toy_oracle), "-o", str(tmp_path / "q"), "--scheme", "fp8-dynamic", "--target",
@@ -142,7 +142,7 @@ def test_text_output_shows_al_se_and_the_paired_ratio(tmp_path, toy_oracle, toy_
                                                       per_request):
     """The acceptance lines: each AL ± SE, the drop, the paired ratio ± SE and its verdict; without per-request
     counters the ALs alone and why there is no ratio (never a made-up SE)."""
-    from eagle_migrate.validate import engine as api
+    from eagle_migrate.engines import in_process as api
 
     monkeypatch.setattr(api, "run_engine", _fake_engine(per_request))
     code = _main(["quantize", str(toy_oracle), "-o", str(tmp_path / "q"), "--scheme", "fp8-dynamic", "--target",

@@ -11,7 +11,7 @@ import math
 import pytest
 
 from eagle_migrate.quantize.gate import acceptance_report, paired_words
-from eagle_migrate.validate.metrics import AcceptanceStats, RequestCounts, paired_ratio
+from eagle_migrate.engines.metrics import AcceptanceStats, RequestCounts, paired_ratio
 
 
 def result(reqs: list[tuple[int, int]], *, per_request: bool = True, counted: int | None = None):

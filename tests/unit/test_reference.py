@@ -12,9 +12,9 @@ from eagle_migrate.drafter import DrafterConfig, EagleDrafter
 from eagle_migrate.formats.output import save_safetensors, write_json
 from eagle_migrate.loader import load_drafter
 from eagle_migrate.target import load_target
-from eagle_migrate.validate import reference
+from eagle_migrate.engines import reference
 from eagle_migrate.validate.diagnostics import drift_diagnostics
-from eagle_migrate.validate.reference import ReferenceEngine, measure
+from eagle_migrate.engines.reference import ReferenceEngine, measure
 
 
 @pytest.fixture(scope="module")

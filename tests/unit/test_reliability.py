@@ -389,7 +389,7 @@ def test_report_records_the_weights_it_measured_and_publish_checks_them(pair, tm
 # ----- 5. children die with the parent -----------------------------------------------------------------------------
 FAKE_PARENT = """
 import sys
-from eagle_migrate.validate.vllm_engine import run_worker
+from eagle_migrate.engines.vllm_engine import run_worker
 run_worker({"target": "t", "drafter": None, "suites": {}}, python=sys.executable)
 """
 

@@ -17,7 +17,8 @@ import pytest
 import torch
 
 from eagle_migrate import toy
-from eagle_migrate.calibration_data import TRAFFIC_SUITE, content_key, split_traffic, traffic_prompts
+from eagle_migrate.calibration_data import TRAFFIC_SUITE, traffic_prompts
+from eagle_migrate.corpora import content_key, split_traffic
 from eagle_migrate.corpora.sources import Conversation
 from eagle_migrate.errors import DataError
 from eagle_migrate.formats import read_checkpoint
@@ -252,3 +253,25 @@ def test_the_fine_tune_progress_carries_an_eta():
     for step in (1, 2, 3):
         adapt({"phase": "train", "step": step, "steps": 10, "loss": 1.0, "step_acc": [0.5]})
     assert "ETA" not in lines[0] and lines[-1].endswith("s") and "ETA" in lines[-1]
+
+
+def test_convert_judges_on_the_triage_held_out_file(pair, tmp_path):
+    """``validate --triage --worst FILE`` writes FILE and FILE.heldout.jsonl by convert's own rule; ``convert --data
+    FILE`` then judges on exactly the held-out file's prompts and trains on FILE's (a prompt in both is held out,
+    never trained on); without the file beside it, FILE is split by content as any traffic file."""
+    lt = LazyTarget(str(pair["A"]), "cpu", torch.float32)
+    data = tmp_path / "worst.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"worst prompt number {i}"}) + "\n" for i in range(12)))
+    held = tmp_path / "worst.heldout.jsonl"
+    held.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ("held out one", "held out two", "worst prompt number 3")))
+    from eagle_migrate import corpora
+
+    def rendered(text: str) -> list[int]:  # as traffic_prompts renders a prompt for this tokenizer-less toy
+        return corpora.render(Conversation([{"role": "user", "content": text}]), corpora.ByteTokenizer(lt.info.vocab_size))
+
+    train, judged = traffic_prompts(lt, data, 64, 0, 256, 40)
+    assert sorted(judged) == sorted(rendered(t) for t in ("held out one", "held out two", "worst prompt number 3"))
+    assert len(train) == 11 and rendered("worst prompt number 3") not in train  # in both: held out only
+    held.unlink()
+    train2, judged2 = traffic_prompts(lt, data, 64, 0, 256, 40)
+    assert len(judged2) >= 4 and len(train2) + len(judged2) == 12  # split by content, as any traffic file

@@ -11,7 +11,7 @@ from eagle_migrate.errors import InputError
 from eagle_migrate.options import RunOptions
 from eagle_migrate.publish.options import PublishOptions
 from eagle_migrate.quantize.options import QuantizeOptions
-from eagle_migrate.validate.options import ValidateOptions
+from eagle_migrate.engines.options import ValidateOptions
 
 STAGES = (ConvertOptions, QuantizeOptions, ValidateOptions, PublishOptions)
 

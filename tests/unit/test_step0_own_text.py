@@ -124,7 +124,7 @@ def test_a_large_target_continues_its_prompts_in_vllm(world, monkeypatch):
     importable: the whole budget of prompts in one call, token ids in and out, ignore_eos; a small one (or no vLLM)
     in transformers' generate."""
     from eagle_migrate import own_text
-    from eagle_migrate.validate import vllm_engine
+    from eagle_migrate.engines import vllm_engine
 
     _, target, _, _ = world
     calls = []

@@ -13,10 +13,10 @@ import pytest
 from eagle_migrate import corpora
 from eagle_migrate.errors import EngineError, InputError, ServerError
 from eagle_migrate.validate import server_replay, triage
-from eagle_migrate.validate.metrics import ratio_se
-from eagle_migrate.validate.options import ValidateOptions
-from eagle_migrate.validate.server_client import Completion, parse_metrics
-from eagle_migrate.validate.server_tokenizer import ServedModel, ServerTokenizer
+from eagle_migrate.engines.metrics import ratio_se
+from eagle_migrate.engines.options import ValidateOptions
+from eagle_migrate.engines.server_client import Completion, parse_metrics
+from eagle_migrate.engines.server_tokenizer import ServedModel, ServerTokenizer
 
 from .test_validate_server import FakeVllmMetrics
 
@@ -389,7 +389,7 @@ def test_tenant_is_a_feature_when_the_file_has_one(monkeypatch, tmp_path):
 
 
 def test_triage_refuses_the_suite_options_it_would_ignore():
-    from eagle_migrate.validate.options import ValidateOptions
+    from eagle_migrate.engines.options import ValidateOptions
 
     for extra in ({"suites": "chat"}, {"baseline_server": "http://b"}):
         with pytest.raises(InputError, match="--suite and --baseline-server do not apply"):

@@ -10,7 +10,7 @@ import pytest
 
 from eagle_migrate.errors import InputError
 from eagle_migrate.validate import server_replay, triage_compare
-from eagle_migrate.validate.metrics import RequestCounts, paired_ratio
+from eagle_migrate.engines.metrics import RequestCounts, paired_ratio
 from eagle_migrate.validate.triage import TriagedRequest
 
 from .test_triage import FakeServer, _run, _traffic

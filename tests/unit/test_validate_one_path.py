@@ -10,7 +10,7 @@ import pytest
 
 from eagle_migrate import toy
 from eagle_migrate.validate import api
-from eagle_migrate.validate import server as srv
+from eagle_migrate.engines import server as srv
 
 from .test_validate_server import FakeVllmMetrics
 

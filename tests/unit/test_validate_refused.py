@@ -10,7 +10,9 @@ import pytest
 
 from eagle_migrate import toy
 from eagle_migrate.errors import EngineError
-from eagle_migrate.validate import engine, validate, vllm_engine
+from eagle_migrate.validate import validate
+from eagle_migrate.engines import in_process as engine
+from eagle_migrate.engines import vllm_engine
 
 from ..layouts import write_layout
 from .test_convert import toy_cfg, toy_layout_sd

@@ -10,8 +10,8 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
 from eagle_migrate.errors import ERROR_TABLE, InputError, ServerError
-from eagle_migrate.validate import server as srv
-from eagle_migrate.validate.metrics import AcceptanceStats, ratio_se
+from eagle_migrate.engines import server as srv
+from eagle_migrate.engines.metrics import AcceptanceStats, ratio_se
 
 
 class FakeVllmMetrics:
@@ -101,7 +101,7 @@ def test_check_block_detects_other_traffic():
 
 
 class FakeClient:
-    """Scripted /metrics readings and completions (what measure() and _settle() see of a server)."""
+    """Scripted /metrics readings and completions (what measure() and settle() see of a server)."""
 
     def __init__(self, readings: list[str]):
         self.readings = list(readings)
@@ -124,9 +124,9 @@ def test_settle_waits_for_lagging_counters_and_refuses_overshoot():
     m.serve(1, 4, 3, drafts=1, accepted_per_pos=[1, 1, 1])
     t3 = m.text()
     before = srv.parse_metrics(t0)
-    assert srv._settle(FakeClient([t1, t2]), before, 2).requests == 2  # waited for the second one
+    assert srv.settle(FakeClient([t1, t2]), before, 2).requests == 2  # waited for the second one
     with pytest.raises(srv.OtherTraffic):
-        srv._settle(FakeClient([t3]), before, 2)
+        srv.settle(FakeClient([t3]), before, 2)
 
 
 def test_measure_blocks_and_standard_error():

@@ -11,7 +11,7 @@ import pytest
 
 from eagle_migrate import corpora, toy
 from eagle_migrate.errors import EngineError, InputError, ServerError
-from eagle_migrate.validate.server_tokenizer import DRAFTER_FIELDS, ServedModel, ServerTokenizer, drafter_record
+from eagle_migrate.engines.server_tokenizer import DRAFTER_FIELDS, ServedModel, ServerTokenizer, drafter_record
 
 from ..toy_chat import write_tokenizer
 

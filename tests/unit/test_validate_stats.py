@@ -1,4 +1,4 @@
-"""Standard errors and the paired comparison of offline `validate` (validate/metrics.py, validate/api.py): the
+"""Standard errors and the paired comparison of offline `validate` (engines/metrics.py, validate/api.py): the
 statistics on hand-computed cases, and the report's fields from a faked vLLM worker that counts per request."""
 
 from __future__ import annotations
@@ -10,8 +10,10 @@ import pytest
 
 from eagle_migrate import toy
 from eagle_migrate.cli import main
-from eagle_migrate.validate import engine, validate, vllm_engine
-from eagle_migrate.validate.metrics import RequestCounts as R, cell_stats, paired_ratio, ratio_se, verdict
+from eagle_migrate.validate import validate
+from eagle_migrate.engines import in_process as engine
+from eagle_migrate.engines import vllm_engine
+from eagle_migrate.engines.metrics import RequestCounts as R, cell_stats, paired_ratio, ratio_se, verdict
 
 # three requests of very different difficulty; the new drafter accepts one more token than the baseline in each
 BASE = [R(10, 5, [4, 1, 0]), R(10, 15, [7, 5, 3]), R(10, 25, [10, 8, 7])]
@@ -162,7 +164,7 @@ def test_the_worker_asks_for_per_request_metrics_only_where_vllm_has_them(monkey
     """An older vLLM without ``per_request_spec_decode_metrics`` still builds its engine (validate then reports no SE,
     saying why) instead of failing on an unknown engine argument."""
     pytest.importorskip("vllm")
-    from eagle_migrate.validate import vllm_worker as w
+    from eagle_migrate.engines import vllm_worker as w
 
     req = {"target": "t", "per_request_metrics": True}
     assert w.engine_arg_exists("per_request_spec_decode_metrics") and not w.engine_arg_exists("no_such_argument")

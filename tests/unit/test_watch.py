@@ -17,11 +17,11 @@ import pytest
 from prometheus_client import Gauge, Histogram
 
 from eagle_migrate.errors import InputError, ServerError
-from eagle_migrate.validate import server_client as sc
-from eagle_migrate.validate import watch_stats as ws
-from eagle_migrate.validate.metrics import AcceptanceStats, ratio_se
-from eagle_migrate.validate.watch import WatchOptions, watch
-from eagle_migrate.validate.watch_reference import read_reference
+from eagle_migrate.engines import server_client as sc
+from eagle_migrate.watch import stats as ws
+from eagle_migrate.engines.metrics import AcceptanceStats, ratio_se
+from eagle_migrate.watch.loop import WatchOptions, watch
+from eagle_migrate.watch.reference import read_reference
 
 from .test_validate_server import FakeVllmMetrics
 

@@ -1,5 +1,5 @@
 """``ValidateOptions``: every option of ``validate`` (in-process and ``--server``) in one checked model, taken whole
-by the engines (``validate/engine.py``'s registry) and by the validation (``api.run_validation``). The drafter and
+by the engines (``engines/in_process.py``'s registry) and by the validation (``api.run_validation``). The drafter and
 the target are the validation's arguments, not options. The API key is never stored: the model holds the name of
 the environment variable (``api_key_env``) or, for library callers, the key as a secret that no dump or repr shows.
 Imports: pydantic, errors, options (layer 3: no torch)."""

@@ -1,7 +1,7 @@
 """A running OpenAI-compatible vLLM server as the server engine sees it: its Prometheus ``/metrics`` (parsed with
 ``prometheus_client``'s text parser; the counters summed over their labels) and its HTTP API (``/health``,
 ``/version``, ``/v1/models``, ``/server_info``, ``/tokenize``, ``/v1/completions`` plain and streamed), the API key
-sent as a Bearer token and never shown. Imports: errors, validate.metrics, httpx, prometheus_client."""
+sent as a Bearer token and never shown. Imports: errors, engines.metrics, httpx, prometheus_client."""
 
 from __future__ import annotations
 

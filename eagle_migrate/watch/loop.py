@@ -13,7 +13,7 @@ drafts). The options and results are ``watch_models``'.
 file of the deployment's responses) each window also counts its requests by their own AL (``watch_responses``: one
 line per window, how many fell below ``min_al``). The scrape is injectable
 (``scrape(url) -> Scrape``), as are the clocks, so all of it runs without a server. Imports: errors,
-validate.{server_client, watch_models, watch_reference, watch_responses, watch_stats}.
+engines.server_client, watch.{models, reference, responses, stats}.
 """
 
 from __future__ import annotations
@@ -23,13 +23,24 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
+from ..engines.server_client import Scrape, ServerClient, check_metric_names
 from ..errors import EagleMigrateError, InputError, ServerError, redact
-from .server_client import ServerClient, Scrape, check_metric_names
-from .watch_models import (POOLED, RULES, Alert, BreakEven, ScopeWindow, WatchOptions, WatchResult, WatchStart,
-                           WindowResult, break_even_of, scope_window)
-from .watch_reference import Reference, read_reference
-from .watch_responses import ResponsesTail, per_request_window, window_line
-from .watch_stats import AlertTracker, Slice, break_even_measured, difference
+from .models import (
+    POOLED,
+    RULES,
+    Alert,
+    BreakEven,
+    ScopeWindow,
+    WatchOptions,
+    WatchResult,
+    WatchStart,
+    WindowResult,
+    break_even_of,
+    scope_window,
+)
+from .reference import Reference, read_reference
+from .responses import ResponsesTail, per_request_window, window_line
+from .stats import AlertTracker, Slice, break_even_measured, difference
 
 BREAK_EVEN_WINDOWS = 10  # the measured break-even AL: ITL sums over this many windows (the last ones)
 

@@ -1,4 +1,4 @@
-"""Runs inside the vLLM Python (``python -m eagle_migrate.validate.vllm_worker``): one JSON request on stdin,
+"""Runs inside the vLLM Python (``python -m eagle_migrate.engines.vllm_worker``): one JSON request on stdin,
 one JSON result as the last line of stdout. Kept free of eagle_migrate imports beyond the standard library so it
 runs in any Python that has vLLM (``--vllm-python``), whatever torch that Python pins.
 

@@ -6,7 +6,7 @@ Accepted: a ``report.json``; a folder holding one (validate's ``--report DIR``, 
 table (``publish/card.py``) gives each suite's AL (± SE) and per-position rates and "all suites" the pooled AL.
 Without ``suite`` the reference is every suite pooled: from a report, the suites' counters summed (AL and rates) with
 the pooled SE (``overall.new_se``, else the suites' SEs combined as independent); from a card, its "all suites" row
-(AL only) or its one suite. Imports: errors, formats.io, fingerprints, validate.report.
+(AL only) or its one suite. Imports: errors, formats.io, fingerprints, engines.metrics (the report's Metrics).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pydantic import BaseModel, Field, ValidationError
 from ..errors import CheckpointError, InputError
 from ..fingerprints import is_hub_id
 from ..formats.io import read_json
-from .report import Metrics
+from ..engines.metrics import Metrics
 
 ALL = "all suites"
 

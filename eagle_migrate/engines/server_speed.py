@@ -1,6 +1,6 @@
 """Serving speed of a speculative server against a baseline server (``validate --baseline-server``): streaming load
 runs at each concurrency, both servers in alternation, per-user output tokens/s, TTFT, ITL and TPOT percentiles.
-Imports: errors, validate.{report, server_client}."""
+Imports: errors, engines.{server_models, server_client}."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Sequence
 
 from ..errors import InputError
-from .report import LatencyStats, LoadRun, ServingSpeed, SpeedLevel
 from .server_client import ServerClient
+from .server_models import LatencyStats, LoadRun, ServingSpeed, SpeedLevel
 
 
 def _pct(xs: list[float], q: float) -> float:

@@ -61,7 +61,7 @@ def amx_available() -> bool:
     if platform.machine().lower() not in ("x86_64", "amd64", "i686", "x86"):
         return False
     try:
-        import torch  # lazy: torch stays out of the vLLM engine's parent side (validate.engine imports none)
+        import torch  # lazy: torch stays out of the vLLM engine's parent side (engines.in_process imports none)
 
         return bool(torch.cpu._is_amx_tile_supported())
     except Exception:  # an old torch without the probe: vLLM cannot pick AMX either

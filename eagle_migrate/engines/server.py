@@ -8,13 +8,14 @@ refused (other traffic). Each suite's AL is the sum of its blocks' counters, its
 estimator's across blocks. ``--baseline-server URL`` adds per-user output throughput, TTFT and inter-token latency
 at each concurrency, speculative and baseline server measured in alternation.
 
-The engine is registered as ``server`` (``validate/engines.py``) beside the in-process ones: a
+The engine is registered as ``server`` (``engines/registry.py``) beside the in-process ones: a
 :class:`ServerSession` says what the suites are built with (the target's tokenizer, or the server's own), measures
 them block by block and adds the block standard errors and the serving speed; the suites, gates and report are the
 validation's own (``api.run_validation``), the same code as in-process; ``api.validate_server`` is the keyword form.
 The server's HTTP API and metrics are ``server_client.py``'s, the speed runs ``server_speed.py``'s, the URL-only
 tokenisation ``server_tokenizer.py``'s. Imports: errors, target (lazily: torch), corpora, formats,
-validate.{engines, engine (aux ids), metrics, options, report, server_client, server_speed, server_tokenizer}.
+engines.{registry, in_process (aux ids), metrics, options, server_models, server_client, server_speed,
+server_tokenizer}.
 """
 
 from __future__ import annotations
@@ -30,11 +31,10 @@ from ..corpora import load_conversations, render
 from ..errors import InputError, ServerError
 from ..formats.io import open_checkpoint_path, sha256_files
 from ..formats.output import check_no_overlap
-from .engine import aux_ids_status
-from .engines import Engine, Measured, Session, register_engine
+from .in_process import aux_ids_status
 from .metrics import AcceptanceStats, ratio_se
 from .options import ValidateOptions
-from .report import ServerInfo, ValidationReport
+from .registry import Engine, Measured, Session, register_engine
 from .server_client import (  # noqa: F401  (re-exported: the engine's public names live here)
     PER_POSITION,
     SPEC_COUNTERS,
@@ -49,6 +49,7 @@ from .server_client import (  # noqa: F401  (re-exported: the engine's public na
     check_metric_names,
     parse_metrics,
 )
+from .server_models import ServerInfo
 from .server_speed import load_run, serving_speed  # noqa: F401
 from .server_tokenizer import ServedModel, ServerTokenizer, drafter_record
 
@@ -100,7 +101,7 @@ class OtherTraffic(ServerError):
     pass
 
 
-def _settle(client: ServerClient, before: Scrape, sent: int, *, timeout: float = _SETTLE_SECONDS) -> Scrape:
+def settle(client: ServerClient, before: Scrape, sent: int, *, timeout: float = _SETTLE_SECONDS) -> Scrape:
     """Read /metrics until the finished-request counter has moved by ``sent`` (vLLM records a request's stats just
     after streaming its last chunk); refuse at once when it moved by more."""
     t_end = time.monotonic() + timeout
@@ -167,7 +168,7 @@ def measure(client: ServerClient, jobs: dict[str, dict[str, Any]], *, block_size
                                     ignore_eos=bool(job.get("ignore_eos", False))) for p in chunk]
                 comps = [f.result() for f in futs]
                 secs += time.perf_counter() - t0
-                after = _settle(client, before, len(chunk))
+                after = settle(client, before, len(chunk))
                 blocks.append(check_block(before, after, len(chunk), comps))
                 outputs += [c.token_ids for c in comps]
                 before = after
@@ -228,7 +229,7 @@ class ServerSession(Session):
         if opts.report_dir is not None:
             check_no_overlap(Path(opts.report_dir), [checkpoint, target, opts.prompts_file], what="--report")
         weights_sha = _weights_sha(checkpoint)
-        client = ServerClient(opts.server, _key(opts)).__enter__()
+        client = ServerClient(opts.server, server_key(opts)).__enter__()
         try:
             info, _ = describe(client, drafter=str(checkpoint) if checkpoint is not None else None, k=opts.k)
             kk = int(info.speculative_config["num_speculative_tokens"])
@@ -259,7 +260,7 @@ class ServerSession(Session):
         standard errors across its blocks; the drafter's aux ids as recorded."""
         o = self.opts
         if o.baseline_server:
-            self.speed = _speed(self.client, self.server_info, o.baseline_server, _key(o), built, self.concurrency,
+            self.speed = _speed(self.client, self.server_info, o.baseline_server, server_key(o), built, self.concurrency,
                                 o.speed_rounds, o.seed, self.log)
         _add_block_errors(built, jobs, measured.new, suite_results)
         if self.server_info.drafter.get("source") is not None:
@@ -283,7 +284,7 @@ class ServerSession(Session):
             self.client = None
 
 
-def _key(opts: ValidateOptions) -> str | None:
+def server_key(opts: ValidateOptions) -> str | None:
     """The server's API key: the library's ``api_key``, else the variable ``api_key_env`` names (send-only)."""
     return opts.api_key.get_secret_value() if opts.api_key is not None else api_key_from_env(opts.api_key_env)
 

@@ -18,7 +18,7 @@ forward) and verification costing one decode step (memory-bound decoding), specu
 AL > 1 + k * c. Measured instead (``--baseline-server``): vLLM's ``vllm:inter_token_latency_seconds`` is observed
 once per request per engine step, so its mean is the step time on the speculative servers and the per-token time on
 the baseline; speculation saves iff AL > ITL(speculative) / ITL(baseline).
-Imports: validate.metrics, validate.server_client.
+Imports: engines.metrics, engines.server_client.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from .metrics import AcceptanceStats, ratio_se
-from .server_client import Scrape
+from ..engines.metrics import AcceptanceStats, ratio_se
+from ..engines.server_client import Scrape
 
 
 # ----- one slice: the counters between two readings ----------------------------------------------------------------

@@ -1,7 +1,7 @@
 """The engines that measure acceptance, registered by name, and the one interface they share.
 
 An :class:`Engine` is registered under its name with :func:`register_engine`; :func:`get_engine` finds it. Every
-engine takes one :class:`~eagle_migrate.validate.options.ValidateOptions`:
+engine takes one :class:`~eagle_migrate.engines.options.ValidateOptions`:
 
 * :meth:`Engine.open` starts one validation (a :class:`Session`): it checks the inputs, says what the suites are
   built with (tokenizer, the target's config, context length, k), measures the suites' jobs for the drafters it
@@ -9,15 +9,18 @@ engine takes one :class:`~eagle_migrate.validate.options.ValidateOptions`:
   validation itself (suites, gates, report: ``validate/api.py``'s :func:`~eagle_migrate.validate.api.run_validation`)
   is the same code whichever engine measures.
 * :meth:`Engine.measure` (in-process engines): the counters of given drafters on given jobs (:class:`EngineRun`):
-  what quantize's gate and calibration's held-out continuations call through ``validate.engine.run_engine``.
+  what quantize's gate and calibration's held-out continuations call through ``engines.in_process.run_engine``.
 * what callers would otherwise settle by the engine's name, asked of the engine: whether it runs a quantization
   scheme here (:meth:`Engine.runs_scheme`), in which layout it loads a dense drafter (:meth:`Engine.dense_source`),
-  whether it reuses a target already loaded in this process (``reuses_loaded_target``), whether it writes the
-  calibration's held-out continuations itself (``writes_continuations``; else transformers' generate in the run
-  does), and what its measurement of a quantized drafter means (:meth:`Engine.quantized_note`).
+  whether it reuses a target already loaded in this process (``reuses_loaded_target``), whether its counters are
+  vLLM's own (``serves_vllm``), what its measurement of a quantized drafter means (:meth:`Engine.quantized_note`),
+  and why, asked for, it measures without vLLM here (:meth:`Engine.fallback_note`).
+* :meth:`Engine.continuations`: the target's greedy continuations of held-out prompts (calibration's judge, the
+  target's own text), or None when the engine makes none and the caller's transformers generate does;
+  :meth:`Engine.version` keys their cache.
 
-Built in: ``vllm`` and ``reference`` (in-process; ``validate/engine.py``), ``auto`` (vLLM when it is importable, else
-the reference engine; ``validate/engine.py``), ``server`` (a running vLLM server; ``validate/server.py``, registered
+Built in: ``vllm`` and ``reference`` (in-process; ``engines/in_process.py``), ``auto`` (vLLM when it is importable, else
+the reference engine; ``engines/in_process.py``), ``server`` (a running vLLM server; ``engines/server.py``, registered
 when the validate stage is imported). docs/extending.md: "Add an engine".
 Imports: errors only (layer 3: no torch; the engines register themselves here, this module imports none of them).
 """
@@ -122,8 +125,10 @@ class Engine(ABC):
     in_process: ClassVar[bool] = True
     #: it measures on a target already loaded in this process (``target_obj``), which the caller may pass and reuse
     reuses_loaded_target: ClassVar[bool] = False
-    #: it writes the calibration's held-out continuations itself (vLLM); else transformers' generate in the run does
-    writes_continuations: ClassVar[bool] = False
+    #: its counters are vLLM's own, as a server reports them (else a re-implementation of vLLM's algorithm)
+    serves_vllm: ClassVar[bool] = False
+    #: asked for, it measures where it can (``auto``): without a target nothing is measured, and that is no error
+    optional: ClassVar[bool] = False
 
     def runs_scheme(self, scheme: Any, cuda: bool) -> bool:
         """Whether it measures a drafter quantized with ``scheme`` (a quant.SchemeConfig) here (``cuda``: a GPU)."""
@@ -136,6 +141,25 @@ class Engine(ABC):
 
     def quantized_note(self, scheme: Any) -> str | None:
         """What its measurement of a quantized drafter means, when that needs saying (the report's note)."""
+        return None
+
+    def fallback_note(self, used: str, vllm_python: str | None = None) -> str | None:
+        """Asked for by name, when the engine ``used`` measured: why that is not vLLM (``auto`` where vLLM is not
+        importable in ``vllm_python``), in one sentence; None when it measured as asked."""
+        return None
+
+    def continuations(self, target: str, prompts: dict[str, list[list[int]]], new_tokens: int, *,
+                      dtype: str = "float32", max_model_len: int = 8192, python: str | None = None,
+                      ignore_eos: bool = False, skip_tokenizer_init: bool = False,
+                      progress: Callable[[int, int, str], None] | None = None) -> dict[str, list[list[int]]] | None:
+        """The target alone continuing each prompt greedily for ``new_tokens`` tokens: per suite, each prompt's
+        continuation (token ids); None when this engine makes none (the caller's transformers generate does).
+        ``progress``: ``(done, total, info)`` suite by suite."""
+        return None
+
+    def version(self, python: str | None = None) -> str | None:
+        """What its continuations depend on beyond the target and the settings (its version and interpreter): the
+        continuations' cache key; None: not cached."""
         return None
 
     def available(self, vllm_python: str | None = None) -> bool:

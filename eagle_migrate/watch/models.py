@@ -1,7 +1,7 @@
-"""The typed options and results of ``watch`` (validate/watch.py): :class:`WatchOptions` (every option, checked once),
+"""The typed options and results of ``watch`` (watch/loop.py): :class:`WatchOptions` (every option, checked once),
 :class:`WindowResult` (one window: per replica and pooled :class:`ScopeWindow`, the break-even AL, the alerts) and
 :class:`WatchResult` (the summary), and how a scope's window is built from its slices. Imports: errors,
-validate.{watch_stats, watch_reference}.
+watch.{stats, reference}.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ..errors import InputError
-from .watch_reference import Reference
-from .watch_stats import Slice, break_even_formula, compare, window_stats
+from .reference import Reference
+from .stats import Slice, break_even_formula, compare, window_stats
 
 POOLED = "pooled"
 SE_NOTE = ("SE: each slice of each replica (the counters between two /metrics readings) is a cluster of drafts, the "
@@ -95,7 +95,7 @@ class ScopeWindow(BaseModel):
     prompt_tokens: int
     al: float | None = Field(None, description="1 + accepted / drafts; null without drafts (never 1.0)")
     al_se: float | None = None
-    se_basis: str | None = Field(None, description="slices | drafts (validate/watch_stats.py)")
+    se_basis: str | None = Field(None, description="slices | drafts (watch/stats.py)")
     al_se_slices: float | None = None
     al_se_drafts: float | None = None
     slices: int = Field(0, description="slices with drafts")
@@ -132,7 +132,7 @@ class Alert(BaseModel):
 
 
 class PerRequestWindow(BaseModel):
-    """A window's requests as their responses report them (``--responses``; validate/watch_responses.py)."""
+    """A window's requests as their responses report them (``--responses``; watch/responses.py)."""
 
     requests: int
     no_drafts: int = 0

@@ -7,7 +7,7 @@ gateway or client appends the responses (or just their ``speculative_decoding`` 
 lines appended since the last one (:class:`ResponsesTail`; a file that shrank was rotated and is read from its start)
 and counts the requests, how many fell below the floor (``--min-al``), the histogram of their ALs (buckets of 0.5
 from 1 to k + 1) and their summed histogram of accepted tokens per draft (:func:`per_request_window`).
-Imports: errors, validate.watch_models.
+Imports: errors, watch.models.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
-from .watch_models import PerRequestWindow
+from .models import PerRequestWindow
 
 
 def spec_of(obj: Any) -> dict[str, Any] | None:

