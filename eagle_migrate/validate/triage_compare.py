@@ -170,14 +170,16 @@ def compare(before: BeforeReport, after: list[TriagedRequest], path: str | Path)
     """The old report's groups and the pool, before and after on the paired requests (module docstring)."""
     hashed = _hashed(before)
     pairs, only_b, only_a = pair(before.requests, after, hashed)
-    groups = [change(g.feature, g.name, [p for p in pairs if p[0].feature(g.feature) == g.name], g.named)
+    # the groups and the pool count the requests that drafted on both sides, as the triage's groups do
+    drafted = [p for p in pairs if p[0].num_drafts > 0 and p[1].num_drafts > 0]
+    groups = [change(g.feature, g.name, [p for p in drafted if p[0].feature(g.feature) == g.name], g.named)
               for g in before.groups]
     out = TriageComparison(
         before_file=str(path), before_prompts_file=before.prompts_file, before_server=before.server.get("url"),
         keyed_by="line and prompt hash" if hashed else "line alone (the old report has no prompt hashes)",
         paired=len(pairs), only_before=len(only_b), only_after=len(only_a),
         only_before_lines=[r.line for r in only_b[:LINES_SHOWN]], only_after_lines=[r.line for r in only_a[:LINES_SHOWN]],
-        pooled=change("pool", "all paired requests", pairs), groups=groups)
+        pooled=change("pool", "all paired requests", drafted), groups=groups)
     out.improved = [g.text for g in groups if g.paired.verdict == "improved"]
     out.worse = [g.text for g in groups if g.paired.verdict == "worse"]
     return out

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from eagle_migrate.errors import InputError
-from eagle_migrate.validate import server_replay, triage_compare
+from eagle_migrate.validate import server_replay, triage, triage_compare
 from eagle_migrate.engines.metrics import RequestCounts, paired_ratio
 from eagle_migrate.validate.triage import TriagedRequest
 
@@ -107,6 +107,23 @@ def test_a_worse_group_and_repeated_prompts_pair_in_order():
     assert [r.index for r in only_b] == [5, 6] and only_a == []
     g = triage_compare.change("template", "t", pairs)
     assert g.paired.verdict == "worse" and g.paired.ratio < 1 and g.al_after < g.al_before
+
+
+def test_a_request_without_drafts_counts_in_no_group_before_or_after():
+    """As in the triage's groups: a request that made no draft (it ended after one token) is paired but counts in
+    no group's n, before or after."""
+    def req(i, drafts):
+        return TriagedRequest(index=i, line=i + 1, prompt_hash=f"h{i}", template="t", num_drafts=drafts,
+                              num_accepted_tokens=2 * drafts, acceptance_length=3.0 if drafts else None)
+
+    reqs = [req(i, 10) for i in range(4)] + [req(4, 0)]
+    pooled, groups = triage.group_requests(reqs + [TriagedRequest(index=5, line=6, prompt_hash="h5", template="u",
+                                                                  num_drafts=10, num_accepted_tokens=20,
+                                                                  acceptance_length=3.0)])
+    before = triage_compare.BeforeReport(requests=reqs, groups=groups, prompts_file="p", server={})
+    out = triage_compare.compare(before, reqs, "before/triage.json")
+    assert out.paired == 5 and out.pooled.requests == 4
+    assert next(g for g in out.groups if g.name == "t").requests == 4 == pooled.with_drafts - 1
 
 
 def test_cli_compare_table_json_and_refusal(monkeypatch, tmp_path, capsys):
