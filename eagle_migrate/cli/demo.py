@@ -42,7 +42,7 @@ def demo(
     Example: eagle-migrate demo
     """
     from ..assets import cache_root  # lazy: assets (subprocess, zipfile: 6 ms) stays out of --help
-    from ..demo import drift_about, run_demo  # lazy: torch (registering the commands and --help import none)
+    from ..demo import drift_about, run_demo  # lazy: the demo and its pipeline (pydantic, formats) stay out of --help
     from ..engines.registry import get_engine  # lazy: the engines register when the demo imports them
 
     out = out if out is not None else cache_root() / "demo"  # never a folder dropped into the current directory

@@ -122,7 +122,7 @@ def migrate(
     --quantize fp8-dynamic --publish my-org/llama31-8b-eagle3.1
     """
     opts = options_of("migrate", locals())
-    from ..migrate import migrate as run_migrate  # lazy: torch (registering the commands and --help import none)
+    from ..migrate import migrate as run_migrate  # lazy: every stage's options (pydantic, formats) stay out of --help
 
     with StageBar("migrate", json) as prog:
         res = run_migrate(source, target, out, opts, log=None if json else log_plain, progress=prog)

@@ -34,7 +34,7 @@ def _fmt_bytes(n: int) -> str:
 def render(result) -> None:
     from rich.table import Table  # lazy: rich.table loads only when a table is printed (--help stays fast)
 
-    from ..quantize.gate import paired_words  # lazy: torch (the quantize package imports it)
+    from ..quantize.gate import paired_words  # lazy: torch (quantize.gate imports the target)
     from ..engines.metrics import value_se as _al  # lazy: pydantic (the metrics' models) stays out of --help; AL ± SE
 
     r = result
