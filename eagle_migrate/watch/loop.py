@@ -3,14 +3,14 @@
 It reads only the replicas' ``GET /metrics`` (``server_client.parse_metrics``: the counters and names
 ``validate --server`` reads) and sends no traffic. Each window (``--window`` seconds) is read as slices of
 ``--scrape-every`` seconds; per replica and pooled over the replicas it gives the drafts, finished requests, AL ± SE and
-the per-position rates (``watch_stats``: the SE's unit, restart detection, the break-even AL), compares them with the
-reference (``watch_reference``: a report.json or a model card) and applies the alert rules (below the reference, below
+the per-position rates (``watch.stats``: the SE's unit, restart detection, the break-even AL), compares them with the
+reference (``watch.reference``: a report.json or a model card) and applies the alert rules (below the reference, below
 ``min_al``, below the break-even AL, each by more than ``sigma`` SE, for ``alert_windows`` consecutive windows with
-drafts). The options and results are ``watch_models``'.
+drafts). The options and results are ``watch.models``'.
 
 :func:`watch` takes one :class:`WatchOptions`, reports every window to ``on_window`` and returns the summary
 (:class:`WatchResult`), on Ctrl-C too (with the window in progress, marked partial). With ``responses`` (a JSONL
-file of the deployment's responses) each window also counts its requests by their own AL (``watch_responses``: one
+file of the deployment's responses) each window also counts its requests by their own AL (``watch.responses``: one
 line per window, how many fell below ``min_al``). The scrape is injectable
 (``scrape(url) -> Scrape``), as are the clocks, so all of it runs without a server. Imports: errors,
 engines.server_client, watch.{models, reference, responses, stats}.
