@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -36,11 +37,19 @@ def vllm_version(python: str | None = None) -> str:
 
 
 def vllm_importable(python: str | None = None) -> bool:
+    """Whether ``python`` (default :func:`vllm_python_default`) can import vLLM: this Python's own import system, or
+    another interpreter asked once (:func:`_importable_in`: every resolution of ``auto`` in a run asks it)."""
     python = python or vllm_python_default()
     if python == sys.executable:
         import importlib.util
 
         return importlib.util.find_spec("vllm") is not None
+    return _importable_in(python)
+
+
+@functools.lru_cache(maxsize=None)
+def _importable_in(python: str) -> bool:
+    """Another interpreter asked, in a subprocess, whether it finds vLLM; the answer kept for the process's life."""
     try:
         r = subprocess.run([python, "-c", "import importlib.util,sys; sys.exit(importlib.util.find_spec('vllm') is None)"],
                            capture_output=True, timeout=120)
