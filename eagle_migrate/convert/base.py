@@ -142,7 +142,7 @@ def _recipe_taken(job: Job, kind: SourceKind, retarget: bool = False) -> dict[st
     given = opts.data is not None or opts.hidden_states_dir is not None
     # the tokenizer only when the data is open: asking a --hidden-states run's target for it would load the model
     return recipe(kind, opts.calibration, given, not given and job.target.tokenizer is not None,
-                  retarget_cpu=retarget and not str(job.device).startswith("cuda"), retarget=retarget)
+                  retarget=retarget, cpu=not str(job.device).startswith("cuda"))
 
 
 def _calibrate(tmp: Path, job: Job, conv: Converter, ini: Initialised, judge_only: bool = False,

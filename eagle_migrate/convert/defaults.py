@@ -126,20 +126,20 @@ def asked_for_fine_tune(calibration: Any) -> list[str]:
             if getattr(calibration, n) != fields[n].default and not (n == "steps" and calibration.steps == 0)]
 
 
-def recipe(kind: SourceKind, calibration: Any, data_given: bool, has_tokenizer: bool,
-           retarget_cpu: bool = False, retarget: bool = False) -> dict[str, str]:
+def recipe(kind: SourceKind, calibration: Any, data_given: bool, has_tokenizer: bool, retarget: bool = False,
+           cpu: bool = False) -> dict[str, str]:
     """The fine-tune options :data:`RECIPE` sets for ``kind`` that the run leaves open: ``train`` when ``--train`` is
     not given, ``data`` when neither ``--data`` nor precomputed hidden states are (and the target has a tokenizer:
     drift data is text); ``retarget`` (the default fine-tune of a drafter that does not fit): :data:`RETARGET_RECIPE`
-    instead (the default data: no ``data`` set); ``retarget_cpu`` (that fine-tune on a CPU): also ``max_minutes``
-    :data:`RETARGET_CPU_MINUTES` unless ``--max-minutes`` is given."""
-    r = (RETARGET_RECIPE if retarget or retarget_cpu else RECIPE.get(kind.kind, {})) if kind.kind in RECIPE else {}
+    instead (the default data: no ``data`` set), and on a ``cpu`` also ``max_minutes`` :data:`RETARGET_CPU_MINUTES`
+    unless ``--max-minutes`` is given."""
+    r = (RETARGET_RECIPE if retarget else RECIPE[kind.kind]) if kind.kind in RECIPE else {}
     out: dict[str, Any] = {}
     if "train" in r and calibration.train is None:
         out["train"] = r["train"]
     if "data" in r and not data_given and has_tokenizer:
         out["data"] = r["data"]
-    if retarget_cpu and r and calibration.max_minutes is None:
+    if retarget and cpu and r and calibration.max_minutes is None:
         out["max_minutes"] = RETARGET_CPU_MINUTES
     return out
 

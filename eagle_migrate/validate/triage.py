@@ -286,8 +286,9 @@ def write_worst(reqs: list[TriagedRequest], groups: list[GroupAL], convs: list[C
     records = [(r, prompt_record(convs[r.index])) for r in chosen]
     _, judged = split_traffic([convs[r.index] for r in chosen])  # convert's own rule: it judges on exactly these
     held_keys = {content_key(c) for c in judged}
-    train = [x for x in records if content_key(convs[x[0].index]) not in held_keys]
-    held = [x for x in records if content_key(convs[x[0].index]) in held_keys]
+    is_held = [content_key(convs[r.index]) in held_keys for r in chosen]
+    train = [x for x, h in zip(records, is_held) if not h]
+    held = [x for x, h in zip(records, is_held) if h]
 
     def lines(rows: list[tuple[TriagedRequest, dict[str, Any]]]) -> str:
         return "".join(json.dumps({**rec, "id": r.id or str(r.line), "al": r.acceptance_length},

@@ -609,9 +609,10 @@ def test_recipe_fills_only_what_the_options_leave_open():
     assert recipe(e2, open_, False, True) == {}
     # a drafter that does not fit its target: norms+fc on the default data (ShareGPT chat), 8 minutes on a CPU
     assert recipe(plain, open_, False, True, retarget=True) == {"train": "norms+fc"}
-    assert recipe(plain, open_, False, True, retarget_cpu=True, retarget=True) == {"train": "norms+fc", "max_minutes": 8.0}
-    assert recipe(plain, CalibrationSettings(max_minutes=3), False, True, retarget_cpu=True, retarget=True) == {"train": "norms+fc"}
-    assert recipe(e2, open_, False, True, retarget_cpu=True, retarget=True) == {}
+    assert recipe(plain, open_, False, True, retarget=True, cpu=True) == {"train": "norms+fc", "max_minutes": 8.0}
+    assert recipe(plain, CalibrationSettings(max_minutes=3), False, True, retarget=True, cpu=True) == {"train": "norms+fc"}
+    assert recipe(e2, open_, False, True, retarget=True, cpu=True) == {}
+    assert recipe(plain, open_, False, True, cpu=True) == RECIPE["plain"]  # a fitting source on a CPU: no budget
 
 
 def test_defaults_policy_by_kind_and_device():

@@ -150,7 +150,7 @@ def test_convert_fine_tunes_a_drafter_that_does_not_fit_on_a_cpu(pair, recorded,
 
     res = convert(pair["oracle"], str(pair["B"]), tmp_path / "b", num_sequences=8, device="cpu", command="test")
     assert res.target_fit.stale
-    assert res.decision.startswith("fine-tuned (trained for another target")
+    assert res.decision == "fine-tuned (trained for another target; recipe --train norms+fc --max-minutes 8)"  # docs/calibration.md
     s = recorded[-1]
     assert s.steps is None and s.train == "norms+fc" and s.max_minutes == RETARGET_CPU_MINUTES
     assert any(w.startswith("warning: target fit:") for w in res.warnings)
