@@ -5,6 +5,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from ..engines.registry import get_engine
 from .migrate import render_pipeline
 from .options import COMMANDS, CommandOptions, EngineOpt, JsonOpt
 from .render import StageBar, log_plain, print_json, stdout
@@ -43,7 +44,6 @@ def demo(
     """
     from ..assets import cache_root  # lazy: assets (subprocess, zipfile: 6 ms) stays out of --help
     from ..demo import drift_about, run_demo  # lazy: the demo and its pipeline (pydantic, formats) stay out of --help
-    from ..engines.registry import get_engine  # lazy: the engines register when the demo imports them
 
     out = out if out is not None else cache_root() / "demo"  # never a folder dropped into the current directory
     if not json and not real:

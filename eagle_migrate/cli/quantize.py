@@ -35,7 +35,7 @@ def render(result) -> None:
     from rich.table import Table  # lazy: rich.table loads only when a table is printed (--help stays fast)
 
     from ..quantize.gate import paired_words  # lazy: torch (quantize.gate imports the target)
-    from ..engines.metrics import value_se as _al  # lazy: pydantic (the metrics' models) stays out of --help; AL ± SE
+    from ..engines.metrics import value_se as _al  # lazy: the metrics' models (20 ms) stay out of --help; AL ± SE
 
     r = result
     stdout.print(f"[bold]{r.scheme}[/] ({r.scheme_description})")
