@@ -15,6 +15,16 @@ fine-tune, an RL run, a quantized or abliterated A), drafts what A would write. 
   :data:`THRESHOLD` (what drafters agree with their own target, measured here), which says less, and the message
   says which was measured.
 
+With the reference there is a second measurement on the same text, which does not mix in how predictable each
+text is (:func:`follows`): at the drafted positions of B's own text where A's greedy next token differs from B's,
+which of the two the drafter's step 0 proposes. A drafter that proposes A's token more often than B's there, beyond
+noise, drafts what A would write: stale, although its agreement on B's (more predictable) text may not have fallen.
+Measured on SmolLM2 (docs/benchmarks.md "Which target does the drafter follow", ``benchmarks/retarget/
+fit_probe.py``): a chat fine-tune that costs the source 4 % served AL agrees with it as well as A does (0.44 against
+0.44), while the source proposes A's token at 0.55 +- 0.015 of the 977 such positions where it proposes either (160
+sequences); a drafter trained for B at 0.27, and each recalibration lowers the share about as much as it recovers
+of the served AL.
+
 The verdict (:class:`TargetFit`): ``stale`` (recalibration recommended: convert fine-tunes by default),
 ``fits``, ``no-evidence`` (the drafter drafts almost nothing on B: random weights or a wrong pairing, which a
 recalibration does not fix) or ``not measured`` (no target weights, a quantized drafter: the config's evidence
@@ -60,6 +70,18 @@ FLOOR = 0.05
 THRESHOLD = 0.30
 # with the reference: B's agreement below A's by more than 3 standard errors of the difference and this much
 REFERENCE_MARGIN = 0.03
+# the follows measurement (with the reference): B's own sequences it reads at most (the first MAX_SEQUENCES are the
+# agreement's, replayed; the rest are made as those were), the positions it needs before it says anything, and how
+# far from even the share must be: 3 standard errors (each sequence a cluster). 256: on SmolLM2's chat-format
+# fine-tune the source's share is 0.552 +- 0.015 at 160 sequences (3.6 SE); 256 puts an effect of that size about 4
+# SE from even. It stops early once decided, looking after 64 sequences and every 32 after that: an even share
+# crosses 3 SE at one of those 7 looks about 1 % of the time (0.5 % towards "stale"; simulated), against 0.27 % at one
+# look; a false "stale" costs a fine-tune, which the judge still returns only when it beats the conversion. Each
+# sequence is a generation and two target forwards: 256 took about 25 min of SmolLM2-135M on the loaded 2-core box
+FOLLOW_SEQUENCES = 256
+FOLLOW_FIRST_LOOK = 64
+FOLLOW_LOOK_EVERY = 32
+FOLLOW_MIN_POSITIONS = 100
 # where a producer records the target it trained for (dotted paths in config.json)
 CONFIG_KEYS = ("speculators_config.verifier.name_or_path", "verifier.name_or_path", "target_model",
                "target_model_path", "target_model_name_or_path", "base_model", "base_model_name_or_path",
@@ -83,6 +105,30 @@ class Agreement(BaseModel):
         return f"{self.agreement:.2f} +/- {self.standard_error:.2f} ({self.positions} positions, {self.sequences} sequences)"
 
 
+class Follows(BaseModel):
+    """On the served target's own text, where its greedy next token and the reference's differ and the drafter's step
+    0 proposes one of the two: the share of those positions at which it proposes the reference's."""
+
+    positions: int = Field(..., description="of ``differ``, those where step 0 proposes one of the two tokens")
+    differ: int = Field(..., description="drafted positions where the two targets' greedy next tokens differ")
+    drafted: int = Field(..., description="drafted positions measured")
+    prefers_trained_for: int = Field(..., description="of ``positions``, those where it proposes the reference's")
+    share: float
+    standard_error: float = Field(..., description="clustered by sequence")
+    sequences: int
+    seconds: float
+
+    @property
+    def decided(self) -> bool:
+        """Whether the share is away from even by 3 standard errors, on enough positions."""
+        return self.positions >= FOLLOW_MIN_POSITIONS and abs(self.share - 0.5) > 3 * self.standard_error
+
+    def text(self) -> str:
+        return (f"{self.share:.2f} +/- {self.standard_error:.2f} of the {self.positions} drafted positions where the "
+                f"two targets' greedy tokens differ and it proposes one of them ({self.differ} differ of "
+                f"{self.drafted}, {self.sequences} sequences)")
+
+
 class TargetFit(BaseModel):
     """Whether the drafter fits the served target (module docstring)."""
 
@@ -92,6 +138,8 @@ class TargetFit(BaseModel):
     config: Literal["same", "other", "unknown"] = "unknown"
     on_target: Agreement | None = Field(None, description="step-0 agreement on the served target's own text")
     on_trained_for: Agreement | None = Field(None, description="the same on the target it was trained for (given)")
+    follows: Follows | None = Field(None, description="with the reference: where the two targets differ on the served "
+                                    "target's text, how often step 0 proposes the reference's token")
     threshold: float = THRESHOLD
     verdict: Verdict = "not measured"
     message: str = ""
@@ -171,6 +219,50 @@ def step0_agreement(ck: Checkpoint, target: LazyTarget, ids: list[int], *, seed:
                      seconds=round(time.perf_counter() - t0, 2))
 
 
+def follows(ck: Checkpoint, target: LazyTarget, ref: LazyTarget, ids: list[int], *, seed: int = 0, data: Any = None,
+            sequences: list[list[int]] | None = None, max_length: int = 512, max_sequences: int = FOLLOW_SEQUENCES,
+            progress: Callable[[int, int], None] | None = None) -> Follows:
+    """On ``target``'s own sequences (those :func:`step0_agreement` measured, then more), at the drafted positions where
+    ``ref``'s greedy next token differs from ``target``'s and the drafter's step 0 proposes one of the two (what vLLM
+    drafts first): the share of them where it proposes ``ref``'s."""
+    t0 = time.perf_counter()
+    m = load_drafter(ck, target.loaded, device=target.device, dtype=target.dtype)
+    step = Step0(m, target.info.vocab_size, target.device, target.dtype)
+    pref: list[int] = []
+    sizes: list[int] = []
+    drafted = differ = 0
+    for h in measurement_sequences(target, data, seed, sequences, max_length):
+        states, nb = target_states(target, h.ids, ids)
+        _, na = target_states(ref, h.ids, ids)
+        aux = torch.cat([states[i] for i in sorted(ids)], dim=-1)[: len(h.ids) - 1]
+        top = step.top1(aux, h.ids)  # [T-1]
+        d = drafted_positions(h, nb)[: len(top)]
+        wb, wa = nb[1:][: len(top)], na[1:][: len(top)]
+        diff = d & (wa != wb)
+        drafted += int(d.sum())
+        differ += int(diff.sum())
+        pref.append(int((top == wa)[diff].sum()))
+        sizes.append(pref[-1] + int((top == wb)[diff].sum()))
+        if progress is not None:
+            progress(len(sizes), max_sequences)
+        g = len(sizes)
+        if g >= max_sequences:
+            break
+        if g >= FOLLOW_FIRST_LOOK and (g - FOLLOW_FIRST_LOOK) % FOLLOW_LOOK_EVERY == 0 and _follows(pref, sizes).decided:
+            break
+    fo = _follows(pref, sizes)
+    return fo.model_copy(update={"differ": differ, "drafted": drafted, "seconds": round(time.perf_counter() - t0, 2)})
+
+
+def _follows(pref: list[int], sizes: list[int]) -> Follows:
+    """The share of proposals of the reference's token over the sequences so far, its SE clustered by sequence."""
+    n, g = sum(sizes), len(sizes)
+    p = sum(pref) / n if n else 0.5
+    se = math.sqrt(g / (g - 1) * sum((x - p * k) ** 2 for x, k in zip(pref, sizes)) / n**2) if g >= 2 and n else 1.0
+    return Follows(positions=n, differ=0, drafted=0, prefers_trained_for=sum(pref), share=p, standard_error=se,
+                   sequences=g, seconds=0.0)
+
+
 def assess(ck: Checkpoint, target: LazyTarget | None, ids: list[int] | None, *, trained_for_path: str | None = None,
            seed: int = 0, data: Any = None, sequences: list[list[int]] | None = None, max_length: int = 512,
            measure: bool = True, progress: Callable[[str, int, int], None] | None = None) -> TargetFit:
@@ -195,6 +287,9 @@ def assess(ck: Checkpoint, target: LazyTarget | None, ids: list[int] | None, *, 
             fit.on_trained_for = step0_agreement(ck, ref, ids, seed=seed, data=data, sequences=sequences,
                                                  max_length=max_length,
                                                  progress=(lambda d, t: progress("trained-for", d, t)) if progress else None)
+            fit.follows = follows(ck, target, ref, ids, seed=seed, data=data, sequences=sequences,
+                                  max_length=max_length,
+                                  progress=(lambda d, t: progress("follows", d, t)) if progress else None)
     fit.verdict = _verdict(fit)
     fit.message = _message(fit, trained_for_path, found)
     return fit
@@ -220,7 +315,10 @@ def _verdict(f: TargetFit) -> Verdict:
         if a.agreement < FLOOR or a.positions == 0:
             return "no-evidence"
         se = math.hypot(a.standard_error, b.standard_error)
-        return "stale" if a.agreement - b.agreement > max(3 * se, REFERENCE_MARGIN) else "fits"
+        if a.agreement - b.agreement > max(3 * se, REFERENCE_MARGIN):
+            return "stale"
+        fo = f.follows
+        return "stale" if fo is not None and fo.decided and fo.share > 0.5 else "fits"
     if b.agreement < FLOOR:
         return "no-evidence"
     # without the reference, the config naming another model is said, not acted on: the same model in another folder
@@ -245,6 +343,13 @@ def _message(f: TargetFit, trained_for_path: str | None, found: bool = False) ->
     if a is not None:
         where = "named by its config, found here" if found else "--trained-for"
         ref = f"{meas} against {a.agreement:.2f} on its own target's ({trained_for_path}: {where})"
+        fo = f.follows
+        if fo is not None and fo.positions:
+            said = ("it drafts what its own target would write" if fo.decided and fo.share > 0.5 else
+                    "it drafts the served target's tokens" if fo.decided else
+                    f"too few such positions to tell (under {FOLLOW_MIN_POSITIONS})"
+                    if fo.positions < FOLLOW_MIN_POSITIONS else "within noise of even: cannot tell")
+            ref += f"; it proposes its own target's token at {fo.text()}: {said}"
     else:
         ref = (f"{meas} (its own target not measured: pass --trained-for PATH; threshold {f.threshold:.2f}, what "
                "drafters agree with their own target here)")

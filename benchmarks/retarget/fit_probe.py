@@ -2,40 +2,140 @@
 drafter's step 0 propose A's token (it drafts what A would write: stale) or B's? target_fit.py's step-0 agreement on
 B's text against A's text mixes in how predictable each text is; this compares the two targets on the same positions.
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/retarget/fit_probe.py DRAFTER B A [N_SEQUENCES]
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/retarget/fit_probe.py B A N_SEQUENCES NAME=DRAFTER [NAME=DRAFTER ...]
+    .venv/bin/python benchmarks/retarget/fit_probe.py --summary FILE.jsonl
 
-Prints one JSON line: the drafted positions of B's own sequences (own_text.measurement_sequences, as target_fit), those
-where A's greedy token differs from B's, and the drafter's top-1 hits on B's and on A's token, overall and there.
+Every drafter is scored on the same positions (B's sequences and both targets' forwards are made once): paired.
+Prints one JSON line per drafter: the drafted positions of B's own sequences (own_text.measurement_sequences, as
+target_fit), those where A's greedy token differs from B's, the drafter's top-1 hits on B's and on A's token, overall
+and there, and the per-sequence counts (``rows``). ``--summary`` reads those lines back: A's share where the targets
+differ, on_diff_A / (on_diff_A + on_diff_B), with its standard error clustered by sequence (a ratio estimator), and
+each drafter's share against the first one's, paired by sequence.
 """
-import sys, json, torch
-from eagle_migrate.aux_evidence import Step0, target_states
-from eagle_migrate.formats import read_checkpoint
-from eagle_migrate.loader import load_drafter
-from eagle_migrate.own_text import drafted_positions, measurement_sequences
-from eagle_migrate.target import LazyTarget
+import json
+import math
+import sys
 
-src, B, A = sys.argv[1:4]
-n_seq = int(sys.argv[4]) if len(sys.argv) > 4 else 16
-ck = read_checkpoint(src)
-ids = list(ck.config.aux_layer_ids)
-tb = LazyTarget(B, "cpu", torch.float32); ta = LazyTarget(A, "cpu", torch.float32)
-m = load_drafter(ck, tb.loaded, device="cpu", dtype=torch.float32)
-step = Step0(m, tb.info.vocab_size, "cpu", torch.float32)
-rows = []
-for i, h in enumerate(measurement_sequences(tb, None, 0, None, 512)):
-    sb, nb = target_states(tb, h.ids, ids)
-    _, na = target_states(ta, h.ids, ids)
-    aux = torch.cat([sb[j] for j in sorted(ids)], dim=-1)[: len(h.ids) - 1]
-    prop = step.top1(aux, h.ids)  # [T-1]
-    drafted = drafted_positions(h, nb)
-    wb, wa = nb[1:][: len(prop)], na[1:][: len(prop)]
-    # position i proposes the token after ids[i+1]: compare with the targets' greedy next token there
-    d = drafted[: len(prop)]
-    diff = d & (wa != wb)
-    rows.append({"drafted": int(d.sum()), "differ": int(diff.sum()), "hit_B": int((prop == wb)[d].sum()),
-                 "hit_A": int((prop == wa)[d].sum()), "on_diff_B": int((prop == wb)[diff].sum()),
-                 "on_diff_A": int((prop == wa)[diff].sum())})
-    if len(rows) >= n_seq:
-        break
-tot = {k: sum(r[k] for r in rows) for k in rows[0]}
-print(json.dumps({"sequences": len(rows), **tot}))
+
+def share(rows: list[dict]) -> tuple[float, float]:
+    """A's share of the drafter's hits where the targets differ, and its SE with each sequence a cluster."""
+    a = [r["on_diff_A"] for r in rows]
+    n = [r["on_diff_A"] + r["on_diff_B"] for r in rows]
+    tot = sum(n)
+    p = sum(a) / tot
+    m = len(rows)
+    var = m / (m - 1) * sum((ai - p * ni) ** 2 for ai, ni in zip(a, n)) / tot ** 2
+    return p, math.sqrt(var)
+
+
+def paired(rows: list[dict], base: list[dict]) -> tuple[float, float]:
+    """share(rows) - share(base) over the same sequences, SE by the delta method with each sequence a cluster."""
+    p1, _ = share(rows)
+    p0, _ = share(base)
+    n1 = sum(r["on_diff_A"] + r["on_diff_B"] for r in rows)
+    n0 = sum(r["on_diff_A"] + r["on_diff_B"] for r in base)
+    m = len(rows)
+    z = [(r["on_diff_A"] - p1 * (r["on_diff_A"] + r["on_diff_B"])) / n1
+         - (b["on_diff_A"] - p0 * (b["on_diff_A"] + b["on_diff_B"])) / n0 for r, b in zip(rows, base)]
+    return p1 - p0, math.sqrt(m / (m - 1) * sum(x * x for x in z))
+
+
+def rank_share(rows: list[dict]) -> tuple[float, float]:
+    """The share of the positions where the targets differ at which the drafter ranks A's token above B's, SE
+    clustered by sequence."""
+    a = [r["prefers_A"] for r in rows]
+    n = [r["ranked"] for r in rows]
+    tot = sum(n)
+    p = sum(a) / tot
+    m = len(rows)
+    return p, math.sqrt(m / (m - 1) * sum((ai - p * ni) ** 2 for ai, ni in zip(a, n)) / tot ** 2)
+
+
+def summary(path: str) -> None:
+    """The tables of a file of probe lines, one block per B (the first drafter of each B is the paired base)."""
+    recs = [json.loads(ln) for ln in open(path) if ln.strip()]
+    for b in dict.fromkeys(r["B"] for r in recs):
+        print(f"B = {b}\n")
+        _summary([r for r in recs if r["B"] == b])
+        print()
+
+
+def _summary(recs: list[dict]) -> None:
+    base = recs[0]
+    print("| drafter | sequences | drafted | A and B differ | proposes B's | proposes A's | A's share | vs "
+          f"{base['name']} (paired) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in recs:
+        p, se = share(r["rows"])
+        d = "-" if r is base else "{:+.3f} +- {:.3f}".format(*paired(r["rows"], base["rows"]))
+        print(f"| {r['name']} | {r['sequences']} | {r['drafted']} | {r['differ']} | {r['on_diff_B']} | "
+              f"{r['on_diff_A']} | {p:.3f} +- {se:.3f} ({(p - 0.5) / se:+.1f} SE from even) | {d} |")
+    if "prefers_A" not in base["rows"][0]:
+        return
+    print()
+    # the ranking variant: a token outside the draft vocabulary ranks last, a tie counts as not A's
+    print("| drafter | positions ranked | ranks A's token above B's | share | from even |")
+    print("|---|---|---|---|---|")
+    for r in recs:
+        p, se = rank_share(r["rows"])
+        print(f"| {r['name']} | {r['ranked']} | {r['prefers_A']} | {p:.3f} +- {se:.3f} | {(p - 0.5) / se:+.1f} SE |")
+
+
+def main() -> None:
+    import torch
+
+    from eagle_migrate.aux_evidence import Step0, target_states
+    from eagle_migrate.formats import read_checkpoint
+    from eagle_migrate.loader import load_drafter
+    from eagle_migrate.own_text import drafted_positions, measurement_sequences
+    from eagle_migrate.target import LazyTarget
+
+    B, A = sys.argv[1:3]
+    n_seq = int(sys.argv[3])
+    named = [a.split("=", 1) for a in sys.argv[4:]]
+    tb = LazyTarget(B, "cpu", torch.float32)
+    ta = LazyTarget(A, "cpu", torch.float32)
+    drafters = []
+    for name, path in named:
+        ck = read_checkpoint(path)
+        m = load_drafter(ck, tb.loaded, device="cpu", dtype=torch.float32)
+        drafters.append((name, list(ck.config.aux_layer_ids), Step0(m, tb.info.vocab_size, "cpu", torch.float32)))
+    layers = sorted({i for _, ids, _ in drafters for i in ids})
+    rows: dict[str, list[dict]] = {name: [] for name, _, _ in drafters}
+    for h in measurement_sequences(tb, None, 0, None, 512):
+        sb, nb = target_states(tb, h.ids, layers)
+        _, na = target_states(ta, h.ids, layers)
+        drafted = drafted_positions(h, nb)
+        for name, ids, step in drafters:
+            aux = torch.cat([sb[j] for j in sorted(ids)], dim=-1)[: len(h.ids) - 1]
+            logits = step.logits(aux, h.ids)
+            prop = step.m.to_target_ids(logits.argmax(-1)).cpu()  # [T-1]: what vLLM proposes first
+            wb, wa = nb[1:][: len(prop)], na[1:][: len(prop)]
+            # position i proposes the token after ids[i+1]: compare with the targets' greedy next token there
+            d = drafted[: len(prop)]
+            diff = d & (wa != wb)
+            # the drafter's ranking of the two tokens at every position where they differ (a token outside the
+            # draft vocabulary ranks last): more positions than the top-1 hits
+            lp = torch.log_softmax(logits, -1).cpu()
+            da, db = step.t2d[wa], step.t2d[wb]
+            la = torch.where(da >= 0, lp.gather(1, da.clamp_min(0).unsqueeze(1)).squeeze(1), torch.tensor(-1e9))
+            lb = torch.where(db >= 0, lp.gather(1, db.clamp_min(0).unsqueeze(1)).squeeze(1), torch.tensor(-1e9))
+            ranked = diff & ((da >= 0) | (db >= 0))
+            rows[name].append({"drafted": int(d.sum()), "differ": int(diff.sum()), "hit_B": int((prop == wb)[d].sum()),
+                               "hit_A": int((prop == wa)[d].sum()), "on_diff_B": int((prop == wb)[diff].sum()),
+                               "on_diff_A": int((prop == wa)[diff].sum()), "ranked": int(ranked.sum()),
+                               "prefers_A": int((la > lb)[ranked].sum())})
+        done = len(rows[named[0][0]])
+        if done % 16 == 0:
+            print(f"fit_probe: {done}/{n_seq} sequences", file=sys.stderr, flush=True)
+        if done >= n_seq:
+            break
+    for name, path in named:
+        rs = rows[name]
+        tot = {k: sum(r[k] for r in rs) for k in rs[0]}
+        print(json.dumps({"name": name, "drafter": path, "B": B, "A": A, "sequences": len(rs), **tot, "rows": rs}),
+              flush=True)
+
+
+if __name__ == "__main__":
+    summary(sys.argv[2]) if sys.argv[1] == "--summary" else main()

@@ -1,7 +1,8 @@
 """Retargeting (issue 50): a drafter trained for target A, served with a changed target B.
 
 * detection (target_fit.py): the config's evidence and step 0 on B's own text, against A's (``--trained-for``) or a
-  threshold; it fires on the toy's changed targets and not when B is A;
+  threshold; with A, which of the two targets' tokens the drafter proposes where they differ; it fires on the toy's
+  changed targets and not when B is A;
 * the default: convert fine-tunes a drafter that does not fit its target on a CPU too (within a wall-clock budget),
   and judges only when it fits, as before;
 * traffic data (``--data FILE``): malformed lines are named by their line, the held-out split is by content and a
@@ -23,7 +24,9 @@ from eagle_migrate.corpora.sources import Conversation
 from eagle_migrate.errors import DataError
 from eagle_migrate.formats import read_checkpoint
 from eagle_migrate.target import LazyTarget
-from eagle_migrate.target_fit import THRESHOLD, assess, trained_for
+from eagle_migrate import target_fit
+from eagle_migrate.target_fit import (FOLLOW_FIRST_LOOK, FOLLOW_SEQUENCES, THRESHOLD, Agreement, Follows, TargetFit,
+                                     assess, trained_for)
 
 
 @pytest.fixture(scope="module")
@@ -275,3 +278,53 @@ def test_convert_judges_on_the_triage_held_out_file(pair, tmp_path):
     held.unlink()
     train2, judged2 = traffic_prompts(lt, data, 64, 0, 256, 40)
     assert len(judged2) >= 4 and len(train2) + len(judged2) == 12  # split by content, as any traffic file
+
+
+def test_the_drafter_follows_its_own_target_where_the_two_differ(pair):
+    """With the reference, where A's and B's greedy tokens differ on B's own text, the toy's oracle for A proposes
+    A's token every time it proposes either: decided, and said; when B is A nothing differs and nothing is said."""
+    f = _fit(pair, "oracle", "B", ref="A")
+    fo = f.follows
+    assert fo is not None and fo.decided and fo.share == 1.0 and fo.positions == fo.prefers_trained_for > 100
+    # decided at the first look, so it stops there; when B is A it never decides and reads them all
+    assert fo.positions <= fo.differ <= fo.drafted and fo.sequences == FOLLOW_FIRST_LOOK
+    assert "it drafts what its own target would write" in f.message
+    same = _fit(pair, "oracle", "A", ref="A")
+    assert same.follows.differ == 0 and not same.follows.decided and same.verdict == "fits"
+    assert same.follows.sequences == FOLLOW_SEQUENCES
+    assert "proposes its own target's token" not in same.message
+    assert _fit(pair, "oracle", "B").follows is None  # without the reference there is nothing to compare with
+
+
+def _agreement(x: float) -> Agreement:
+    return Agreement(target="t", agreement=x, standard_error=0.02, positions=2500, sequences=16, seconds=1.0)
+
+
+def _verdict_of(b: float, a: float, share: float | None, se: float = 0.012, positions: int = 900) -> TargetFit:
+    """The verdict and message of a fit whose agreements (B's text, A's) and follows share are given."""
+    fo = None if share is None else Follows(positions=positions, differ=2 * positions, drafted=6000,
+                                            prefers_trained_for=round(share * positions), share=share,
+                                            standard_error=se, sequences=256, seconds=1.0)
+    f = TargetFit(trained_for="A", served_with="B", config="other", on_target=_agreement(b), on_trained_for=_agreement(a),
+                  follows=fo)
+    f.verdict = target_fit._verdict(f)
+    f.message = target_fit._message(f, "A")
+    return f
+
+
+def test_following_the_old_target_decides_stale_where_the_agreement_cannot():
+    """SmolLM2's chat-format fine-tune: the agreement on B's text equals A's (0.44 against 0.44), but the source
+    proposes A's token at 0.55 +- 0.015 where the two differ: stale. Within noise of even, too few positions, or
+    following B: fits, and the message says which."""
+    assert _verdict_of(0.44, 0.44, None).verdict == "fits"
+    stale = _verdict_of(0.44, 0.44, 0.552, 0.015)
+    assert stale.verdict == "stale" and "it drafts what its own target would write" in stale.message
+    assert "recalibration recommended" in stale.message
+    even = _verdict_of(0.44, 0.44, 0.52, 0.015)
+    assert even.verdict == "fits" and "within noise of even: cannot tell" in even.message
+    few = _verdict_of(0.44, 0.44, 0.9, 0.02, positions=40)
+    assert few.verdict == "fits" and "too few such positions" in few.message
+    follows_b = _verdict_of(0.44, 0.44, 0.27, 0.013)
+    assert follows_b.verdict == "fits" and "it drafts the served target's tokens" in follows_b.message
+    # the agreement's drop alone still decides, whatever the share says
+    assert _verdict_of(0.20, 0.44, 0.5, 0.05).verdict == "stale"
