@@ -25,13 +25,13 @@ import argparse
 import json
 import math
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
+from em_cli import run_json  # noqa: E402  (this checkout's package: run from a worktree, that worktree's code)
 from served_al_table import al_se  # noqa: E402
 
 OUT = ROOT / "docs" / "data" / "retarget-curve.jsonl"
@@ -98,21 +98,16 @@ def profile(name: str, folder: Path, n: int, max_tokens: int, seed: int) -> dict
 
 
 def validate(name: str, folder: Path, a: argparse.Namespace) -> tuple[dict, float]:
+    """One ``eagle-migrate validate`` of both sources on B (em_cli.run_json: this checkout's code), its report kept."""
     rep = RUNS / "reports" / (f"{name}.json" if a.out == OUT else f"{name}-{a.out.stem}.json")
     rep.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [str(ROOT / ".venv" / "bin" / "eagle-migrate"), "validate", str(a.best), "--baseline", str(a.plain),
-           "--target", str(folder), "--engine", "vllm", "--suite", a.suites, "-k", str(a.k),
-           "--max-tokens", str(a.max_tokens), "--seed", str(a.seed), "--no-diagnostics", "--json"]
+    args = ["validate", str(a.best), "--baseline", str(a.plain), "--target", str(folder), "--engine", "vllm",
+            "--suite", a.suites, "-k", str(a.k), "--max-tokens", str(a.max_tokens), "--seed", str(a.seed),
+            "--no-diagnostics", "--json"]
     if a.num_prompts:
-        cmd += ["--num-prompts", str(a.num_prompts)]
-    t0 = time.time()
-    with open(rep.with_suffix(".log"), "w") as err:
-        r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=err, text=True, cwd=ROOT)
-    wall = time.time() - t0
-    if not r.stdout.strip():
-        raise SystemExit(f"validate on {name} printed nothing (rc {r.returncode}); see {rep.with_suffix('.log')}")
-    rep.write_text(r.stdout)
-    doc = json.loads(r.stdout)
+        args += ["--num-prompts", str(a.num_prompts)]
+    doc, wall, _ = run_json(args, rep.with_suffix(".log"))
+    rep.write_text(json.dumps(doc))
     if "error" in doc:
         raise SystemExit(f"validate on {name}: {doc['error']}")
     return doc, wall
