@@ -77,7 +77,7 @@ REFERENCE_MARGIN = 0.03
 # SE from even. It stops early once decided, looking after 64 sequences and every 32 after that: an even share
 # crosses 3 SE at one of those 7 looks about 1 % of the time (0.5 % towards "stale"; simulated), against 0.27 % at one
 # look; a false "stale" costs a fine-tune, which the judge still returns only when it beats the conversion. Each
-# sequence is a generation and two target forwards: 256 took about 25 min of SmolLM2-135M on the loaded 2-core box
+# sequence is a generation and two target forwards: about 5 a minute for SmolLM2-135M on the loaded 2-core box
 FOLLOW_SEQUENCES = 256
 FOLLOW_FIRST_LOOK = 64
 FOLLOW_LOOK_EVERY = 32
