@@ -286,12 +286,12 @@ def test_the_drafter_follows_its_own_target_where_the_two_differ(pair):
     f = _fit(pair, "oracle", "B", ref="A")
     fo = f.follows
     assert fo is not None and fo.decided and fo.share == 1.0 and fo.positions == fo.prefers_trained_for > 100
-    # decided at the first look, so it stops there; when B is A it never decides and reads them all
-    assert fo.positions <= fo.differ <= fo.drafted and fo.sequences == FOLLOW_FIRST_LOOK
+    # decided at the first look, so it stops there; when B is A nothing has differed by then: it stops too
+    assert fo.positions <= fo.differ <= fo.drafted and fo.sequences == FOLLOW_FIRST_LOOK < FOLLOW_SEQUENCES
     assert "it drafts what its own target would write" in f.message
     same = _fit(pair, "oracle", "A", ref="A")
     assert same.follows.differ == 0 and not same.follows.decided and same.verdict == "fits"
-    assert same.follows.sequences == FOLLOW_SEQUENCES
+    assert same.follows.sequences == FOLLOW_FIRST_LOOK
     assert "proposes its own target's token" not in same.message
     assert _fit(pair, "oracle", "B").follows is None  # without the reference there is nothing to compare with
 
