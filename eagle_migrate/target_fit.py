@@ -32,7 +32,7 @@ alone, which decides nothing).
 
 Layer: beside ``aux_evidence`` (runs a drafter's step 0 on a target): imports pydantic, torch, aux_evidence (Step0,
 the target's states), fingerprints (target_name), loader (load_drafter), own_text (the measured sequences, the drafted
-positions), target (LazyTarget: the reference target).
+positions), target (LazyTarget: the reference target), engines.metrics (ratio_se: the clustered SE).
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ import torch
 from pydantic import BaseModel, Field
 
 from .aux_evidence import Step0, target_states
+from .engines.metrics import ratio_se
 from .fingerprints import target_name
 from .loader import load_drafter
 from .own_text import drafted_positions, measurement_sequences
@@ -193,13 +194,14 @@ def same_model(recorded: str, served: str | None, served_spec: str) -> bool:
 
 def step0_agreement(ck: Checkpoint, target: LazyTarget, ids: list[int], *, seed: int = 0, data: Any = None,
                     sequences: list[list[int]] | None = None, max_length: int = 512,
-                    max_sequences: int = MAX_SEQUENCES, progress: Callable[[int, int], None] | None = None) -> Agreement:
+                    max_sequences: int = MAX_SEQUENCES, progress: Callable[[int, int], None] | None = None,
+                    step: Step0 | None = None) -> Agreement:
     """The drafter's step-0 top-1 agreement with ``target``'s greedy next token where vLLM drafts, on at most
     ``max_sequences`` of the target's own sequences (:func:`eagle_migrate.own_text.measurement_sequences`: the same
-    ones the aux-id measurement made, replayed), aux states at ``ids`` (vLLM ids)."""
+    ones the aux-id measurement made, replayed), aux states at ``ids`` (vLLM ids); ``step``: the drafter's step 0 on
+    ``target`` when the caller has it (:func:`_step0`)."""
     t0 = time.perf_counter()
-    m = load_drafter(ck, target.loaded, device=target.device, dtype=target.dtype)
-    step = Step0(m, target.info.vocab_size, target.device, target.dtype)
+    step = step if step is not None else _step0(ck, target)
     hits: list[int] = []
     sizes: list[int] = []
     for h in measurement_sequences(target, data, seed, sequences, max_length):
@@ -215,20 +217,19 @@ def step0_agreement(ck: Checkpoint, target: LazyTarget, ids: list[int], *, seed:
             break
     n, g = sum(sizes), len(sizes)
     p = sum(hits) / n if n else 0.0
-    se = math.sqrt(g / (g - 1) * sum((x - p * k) ** 2 for x, k in zip(hits, sizes)) / n**2) if g >= 2 and n else 1.0
-    return Agreement(target=str(target.spec), agreement=p, standard_error=se, positions=n, sequences=g,
+    return Agreement(target=str(target.spec), agreement=p, standard_error=_clustered_se(hits, sizes), positions=n,
+                     sequences=g,
                      seconds=round(time.perf_counter() - t0, 2))
 
 
 def follows(ck: Checkpoint, target: LazyTarget, ref: LazyTarget, ids: list[int], *, seed: int = 0, data: Any = None,
             sequences: list[list[int]] | None = None, max_length: int = 512, max_sequences: int = FOLLOW_SEQUENCES,
-            progress: Callable[[int, int], None] | None = None) -> Follows:
+            progress: Callable[[int, int], None] | None = None, step: Step0 | None = None) -> Follows:
     """On ``target``'s own sequences (those :func:`step0_agreement` measured, then more), at the drafted positions where
     ``ref``'s greedy next token differs from ``target``'s and the drafter's step 0 proposes one of the two (what vLLM
-    drafts first): the share of them where it proposes ``ref``'s."""
+    drafts first): the share of them where it proposes ``ref``'s. ``step`` as in :func:`step0_agreement`."""
     t0 = time.perf_counter()
-    m = load_drafter(ck, target.loaded, device=target.device, dtype=target.dtype)
-    step = Step0(m, target.info.vocab_size, target.device, target.dtype)
+    step = step if step is not None else _step0(ck, target)
     pref: list[int] = []
     sizes: list[int] = []
     drafted = differ = 0
@@ -259,10 +260,21 @@ def follows(ck: Checkpoint, target: LazyTarget, ref: LazyTarget, ids: list[int],
 def _follows(pref: list[int], sizes: list[int]) -> Follows:
     """The share of proposals of the reference's token over the sequences so far, its SE clustered by sequence."""
     n, g = sum(sizes), len(sizes)
-    p = sum(pref) / n if n else 0.5
-    se = math.sqrt(g / (g - 1) * sum((x - p * k) ** 2 for x, k in zip(pref, sizes)) / n**2) if g >= 2 and n else 1.0
-    return Follows(positions=n, differ=0, drafted=0, prefers_trained_for=sum(pref), share=p, standard_error=se,
-                   sequences=g, seconds=0.0)
+    return Follows(positions=n, differ=0, drafted=0, prefers_trained_for=sum(pref), share=sum(pref) / n if n else 0.5,
+                   standard_error=_clustered_se(pref, sizes), sequences=g, seconds=0.0)
+
+
+def _step0(ck: Checkpoint, target: LazyTarget) -> Step0:
+    """The drafter loaded against ``target`` (its embeddings / lm_head where the drafter shares them) and its step 0."""
+    m = load_drafter(ck, target.loaded, device=target.device, dtype=target.dtype)
+    return Step0(m, target.info.vocab_size, target.device, target.dtype)
+
+
+def _clustered_se(counts: list[int], sizes: list[int]) -> float:
+    """The SE of sum(counts) / sum(sizes) with each sequence a cluster (:func:`~eagle_migrate.engines.metrics.ratio_se`);
+    1.0 (nothing known) with fewer than two sequences or no positions."""
+    se = ratio_se([float(c) for c in counts], [float(k) for k in sizes])
+    return 1.0 if se is None else se
 
 
 def assess(ck: Checkpoint, target: LazyTarget | None, ids: list[int] | None, *, trained_for_path: str | None = None,
@@ -271,7 +283,7 @@ def assess(ck: Checkpoint, target: LazyTarget | None, ids: list[int] | None, *, 
     """The fit of the drafter ``ck`` to ``target`` (module docstring). ``ids``: the decided aux ids (vLLM's
     convention); ``trained_for_path``: the target it was trained for, measured the same way as the reference;
     ``measure`` False (or no target, no ids): the config's evidence alone. ``progress(which, done, total)``: after
-    each measured sequence (``which``: ``target`` or ``trained-for``)."""
+    each measured sequence (``which``: ``target``, ``trained-for`` or ``follows``)."""
     rec, key = trained_for(ck)
     spec = str(target.spec) if target is not None else ""
     tn = target_name(spec) if spec else None
@@ -282,8 +294,10 @@ def assess(ck: Checkpoint, target: LazyTarget | None, ids: list[int] | None, *, 
     if found:  # the target its config names is here: measured as the reference, as --trained-for would
         trained_for_path = rec
     if measure and target is not None and ids and not ck.quantization and ck.config.generation == "eagle3":
+        step = _step0(ck, target)  # once: the agreement and the follows measurement run it on the same target
         fit.on_target = step0_agreement(ck, target, ids, seed=seed, data=data, sequences=sequences, max_length=max_length,
-                                        progress=(lambda d, t: progress("target", d, t)) if progress else None)
+                                        progress=(lambda d, t: progress("target", d, t)) if progress else None,
+                                        step=step)
         if trained_for_path:
             ref = LazyTarget(trained_for_path, target.device, target.dtype)
             fit.on_trained_for = step0_agreement(ck, ref, ids, seed=seed, data=data, sequences=sequences,
@@ -291,7 +305,7 @@ def assess(ck: Checkpoint, target: LazyTarget | None, ids: list[int] | None, *, 
                                                  progress=(lambda d, t: progress("trained-for", d, t)) if progress else None)
             fit.follows = follows(ck, target, ref, ids, seed=seed, data=data, sequences=sequences,
                                   max_length=max_length,
-                                  progress=(lambda d, t: progress("follows", d, t)) if progress else None)
+                                  progress=(lambda d, t: progress("follows", d, t)) if progress else None, step=step)
     fit.verdict = _verdict(fit)
     fit.message = _message(fit, trained_for_path, found)
     return fit
