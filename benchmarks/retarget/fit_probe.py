@@ -16,16 +16,18 @@ import json
 import math
 import sys
 
+from eagle_migrate.engines.metrics import ratio_se
+
+
+def _ratio(num: list[int], den: list[int]) -> tuple[float, float]:
+    """sum(num) / sum(den) and its SE with each sequence a cluster (eagle_migrate.engines.metrics.ratio_se, as
+    target_fit uses)."""
+    return sum(num) / sum(den), ratio_se([float(x) for x in num], [float(x) for x in den])
+
 
 def share(rows: list[dict]) -> tuple[float, float]:
     """A's share of the drafter's hits where the targets differ, and its SE with each sequence a cluster."""
-    a = [r["on_diff_A"] for r in rows]
-    n = [r["on_diff_A"] + r["on_diff_B"] for r in rows]
-    tot = sum(n)
-    p = sum(a) / tot
-    m = len(rows)
-    var = m / (m - 1) * sum((ai - p * ni) ** 2 for ai, ni in zip(a, n)) / tot ** 2
-    return p, math.sqrt(var)
+    return _ratio([r["on_diff_A"] for r in rows], [r["on_diff_A"] + r["on_diff_B"] for r in rows])
 
 
 def paired(rows: list[dict], base: list[dict]) -> tuple[float, float]:
@@ -43,12 +45,7 @@ def paired(rows: list[dict], base: list[dict]) -> tuple[float, float]:
 def rank_share(rows: list[dict]) -> tuple[float, float]:
     """The share of the positions where the targets differ at which the drafter ranks A's token above B's, SE
     clustered by sequence."""
-    a = [r["prefers_A"] for r in rows]
-    n = [r["ranked"] for r in rows]
-    tot = sum(n)
-    p = sum(a) / tot
-    m = len(rows)
-    return p, math.sqrt(m / (m - 1) * sum((ai - p * ni) ** 2 for ai, ni in zip(a, n)) / tot ** 2)
+    return _ratio([r["prefers_A"] for r in rows], [r["ranked"] for r in rows])
 
 
 def summary(path: str) -> None:
