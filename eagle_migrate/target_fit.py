@@ -76,10 +76,11 @@ REFERENCE_MARGIN = 0.03
 # far from even the share must be: 3 standard errors (each sequence a cluster). 256: on SmolLM2's chat-format
 # fine-tune the source's share is 0.552 +- 0.015 at 160 sequences (3.6 SE); 256 puts an effect of that size about 4
 # SE from even. It stops early once decided, or when the two targets' greedy tokens have not differed once (the same
-# model in another folder), looking after 64 sequences and every 32 after that: an even share
-# crosses 3 SE at one of those 7 looks about 1 % of the time (0.5 % towards "stale"; simulated), against 0.27 % at one
-# look; a false "stale" costs a fine-tune, which the judge still returns only when it beats the conversion. Each
-# sequence is a generation and two target forwards: about 5 a minute for SmolLM2-135M on the loaded 2-core box
+# model in another folder), looking after 64 sequences and every 32 after that: an even share crosses 3 SE at one of
+# those 7 looks about 1 % of the time (0.5 % towards "stale"; benchmarks/retarget/fit_probe.py --simulate-looks),
+# against 0.27 % at one look; a false "stale" costs a fine-tune, which the judge still returns only when it beats the
+# conversion. Each sequence is a generation and two target forwards: about 5 a minute for SmolLM2-135M on the loaded
+# 2-core box
 FOLLOW_SEQUENCES = 256
 FOLLOW_FIRST_LOOK = 64
 FOLLOW_LOOK_EVERY = 32

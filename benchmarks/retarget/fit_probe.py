@@ -4,19 +4,31 @@ B's text against A's text mixes in how predictable each text is; this compares t
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/retarget/fit_probe.py B A N_SEQUENCES NAME=DRAFTER [NAME=DRAFTER ...]
     .venv/bin/python benchmarks/retarget/fit_probe.py --summary FILE.jsonl
+    .venv/bin/python benchmarks/retarget/fit_probe.py --simulate-looks
 
 Every drafter is scored on the same positions (B's sequences and both targets' forwards are made once): paired.
 Prints one JSON line per drafter: the drafted positions of B's own sequences (own_text.measurement_sequences, as
 target_fit), those where A's greedy token differs from B's, the drafter's top-1 hits on B's and on A's token, overall
 and there, and the per-sequence counts (``rows``). ``--summary`` reads those lines back: A's share where the targets
 differ, on_diff_A / (on_diff_A + on_diff_B), with its standard error clustered by sequence (a ratio estimator), and
-each drafter's share against the first one's, paired by sequence.
+each drafter's share against the first one's, paired by sequence, and target_fit.follows' early stop replayed on them.
+``--simulate-looks``: how often that early stop's looks find an even share 3 SE from even (its false-decision rate).
 """
 import json
 import math
+import random
 import sys
 
+import torch
+
+from eagle_migrate.aux_evidence import Step0, target_states
 from eagle_migrate.engines.metrics import ratio_se
+from eagle_migrate.formats import read_checkpoint
+from eagle_migrate.loader import load_drafter
+from eagle_migrate.own_text import drafted_positions, measurement_sequences
+from eagle_migrate.target import LazyTarget
+from eagle_migrate.target_fit import (FOLLOW_FIRST_LOOK, FOLLOW_LOOK_EVERY, FOLLOW_MIN_POSITIONS,
+                                      FOLLOW_SEQUENCES)
 
 
 def _ratio(num: list[int], den: list[int]) -> tuple[float, float]:
@@ -67,6 +79,7 @@ def _summary(recs: list[dict]) -> None:
         d = "-" if r is base else "{:+.3f} +- {:.3f}".format(*paired(r["rows"], base["rows"]))
         print(f"| {r['name']} | {r['sequences']} | {r['drafted']} | {r['differ']} | {r['on_diff_B']} | "
               f"{r['on_diff_A']} | {p:.3f} +- {se:.3f} ({(p - 0.5) / se:+.1f} SE from even) | {d} |")
+    _looks(recs)
     if "prefers_A" not in base["rows"][0]:
         return
     print()
@@ -78,15 +91,41 @@ def _summary(recs: list[dict]) -> None:
         print(f"| {r['name']} | {r['ranked']} | {r['prefers_A']} | {p:.3f} +- {se:.3f} | {(p - 0.5) / se:+.1f} SE |")
 
 
+def _looks(recs: list[dict]) -> None:
+    """target_fit.follows' early stop replayed on the recorded sequences (the same ones, in the same order): the share
+    and its distance from even at each look, and where the rule stops."""
+    print()
+    print("| drafter | the looks (sequences: share +- SE, SE from even) | stops at |")
+    print("|---|---|---|")
+    for r in recs:
+        cells, stop = [], "-"
+        for g in range(FOLLOW_FIRST_LOOK, len(r["rows"]) + 1, FOLLOW_LOOK_EVERY):
+            rows = r["rows"][:g]
+            p, se = share(rows)
+            cells.append(f"{g}: {p:.3f} +- {se:.3f} ({(p - 0.5) / se:+.1f})")
+            n = sum(x["on_diff_A"] + x["on_diff_B"] for x in rows)
+            if stop == "-" and n >= FOLLOW_MIN_POSITIONS and abs(p - 0.5) > 3 * se:
+                stop = f"{g} ({'stale' if p > 0.5 else 'follows B'})"
+        print(f"| {r['name']} | {' / '.join(cells)} | {stop} |")
+
+
+def simulate_looks(trials: int = 20000, seed: int = 1) -> float:
+    """How often an even share crosses 3 SE at one of follows' looks (64, 96, ..., 256 sequences): each sequence an
+    independent standard normal contribution of equal weight (an approximation: the real clusters differ in size)."""
+    looks = list(range(FOLLOW_FIRST_LOOK, FOLLOW_SEQUENCES + 1, FOLLOW_LOOK_EVERY))
+    rng, hit = random.Random(seed), 0
+    for _ in range(trials):
+        total, n = 0.0, 0
+        for look in looks:
+            while n < look:
+                total, n = total + rng.gauss(0, 1), n + 1
+            if abs(total / math.sqrt(n)) > 3:
+                hit += 1
+                break
+    return hit / trials
+
+
 def main() -> None:
-    import torch
-
-    from eagle_migrate.aux_evidence import Step0, target_states
-    from eagle_migrate.formats import read_checkpoint
-    from eagle_migrate.loader import load_drafter
-    from eagle_migrate.own_text import drafted_positions, measurement_sequences
-    from eagle_migrate.target import LazyTarget
-
     B, A = sys.argv[1:3]
     n_seq = int(sys.argv[3])
     named = [a.split("=", 1) for a in sys.argv[4:]]
@@ -135,4 +174,9 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    summary(sys.argv[2]) if sys.argv[1] == "--summary" else main()
+    if sys.argv[1] == "--summary":
+        summary(sys.argv[2])
+    elif sys.argv[1] == "--simulate-looks":
+        print(f"an even share crosses 3 SE at one of the looks: {simulate_looks():.4f} of 20,000 trials")
+    else:
+        main()
