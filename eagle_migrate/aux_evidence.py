@@ -332,6 +332,31 @@ def _states(target: LazyTarget, seq: list[int], ids: list[int]) -> tuple[dict[in
 target_states = _states  # the public name (target_fit measures step 0 on the same states)
 
 
+def batched_states(target: LazyTarget, seqs: list[list[int]],
+                   ids: list[int]) -> list[tuple[dict[int, torch.Tensor], torch.Tensor]]:
+    """:func:`target_states` of each of ``seqs``: the kept ones as they are, the rest in one right-padded forward
+    (causal attention: a row's positions never see the padding after them, so each row reads as its own forward)."""
+    out: list[Any] = [None] * len(seqs)
+    todo = []
+    for i, s in enumerate(seqs):
+        kept = target.kept(s)
+        if kept is not None and kept[1] is not None and all(j in kept[0] for j in ids):
+            out[i] = (kept[0], kept[1])
+        else:
+            todo.append(i)
+    if todo:
+        union, ht = sorted(set(ids)), target.info.hidden_size
+        x = torch.zeros(len(todo), max(len(seqs[i]) for i in todo), dtype=torch.long)
+        for r, i in enumerate(todo):
+            x[r, : len(seqs[i])] = torch.tensor(seqs[i])
+        aux, logits = target.loaded.forward(x, union)
+        for r, i in enumerate(todo):
+            n = len(seqs[i])
+            out[i] = ({v: aux[r, :n, j * ht:(j + 1) * ht].float().cpu() for j, v in enumerate(union)},
+                      logits[r, :n].argmax(-1).cpu())
+    return out
+
+
 def _scorer(target: LazyTarget, step: Step0, readings: dict[str, tuple[list[int], Callable[[], None]]], keep: bool):
     """``score(h)`` for :func:`sequential`: step 0 under each reading (name -> (its vLLM aux ids, what sets it up on
     the drafter)) at the positions of ``h`` where vLLM drafts, from one target pass (kept on ``target``: ``keep``)."""

@@ -162,10 +162,15 @@ def simulated_acceptance(
     per_draft: list[int] = []
     for bi in range(len(store)):
         fb = store[bi].to(device, None)
-        with _autocast(device, autocast):  # the head too: under autocast h_post is bf16 and lm_head fp32
-            outs = unrolled_forward(model, fb.input_ids, fb.aux.to(model.fc.weight.dtype), k, chunk=chunk)
-            preds = torch.stack([model.to_target_ids(model.logits(o.h_post).argmax(-1)) for o in outs], 1).cpu()  # [B,k,T]
         b, t = fb.input_ids.shape
+        # the drafts are read from the first draftable position on (chain_lengths): the prompt's positions run step 0
+        # alone (their keys), not the later steps nor the head
+        start = max(0, min(prompt_lens[row:row + b]) - 1)
+        with _autocast(device, autocast):  # the head too: under autocast h_post is bf16 and lm_head fp32
+            outs = unrolled_forward(model, fb.input_ids, fb.aux.to(model.fc.weight.dtype), k, chunk=chunk, start=start)
+            preds = torch.full((b, k, t), -1, dtype=torch.long)  # [B,k,T], -1 where nothing is read
+            preds[:, :, start:] = torch.stack([model.to_target_ids(model.logits(o.h_post).argmax(-1))
+                                               for o in outs], 1).cpu()
         lengths = fb.lengths.tolist() if fb.lengths is not None else [t] * b
         for r in range(b):
             ref = fb.input_ids if getattr(fb, "reference", None) is None else fb.reference  # HeldoutFromFiles

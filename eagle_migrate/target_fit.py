@@ -37,6 +37,7 @@ positions), target (LazyTarget: the reference target), engines.metrics (ratio_se
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import time
@@ -47,7 +48,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from pydantic import BaseModel, Field
 
-from .aux_evidence import Step0, target_states
+from .aux_evidence import Step0, batched_states, target_states
 from .engines.metrics import ratio_se
 from .fingerprints import target_name
 from .loader import load_drafter
@@ -85,6 +86,8 @@ FOLLOW_SEQUENCES = 256
 FOLLOW_FIRST_LOOK = 64
 FOLLOW_LOOK_EVERY = 32
 FOLLOW_MIN_POSITIONS = 100
+# the sequences each target runs in one forward (a divisor of the looks above; own_text makes 16 a generate call)
+FOLLOW_BATCH = 16
 # where a producer records the target it trained for (dotted paths in config.json)
 CONFIG_KEYS = ("speculators_config.verifier.name_or_path", "verifier.name_or_path", "target_model",
                "target_model_path", "target_model_name_or_path", "base_model", "base_model_name_or_path",
@@ -234,23 +237,26 @@ def follows(ck: Checkpoint, target: LazyTarget, ref: LazyTarget, ids: list[int],
     pref: list[int] = []
     sizes: list[int] = []
     drafted = differ = 0
-    for h in measurement_sequences(target, data, seed, sequences, max_length):
-        states, nb = target_states(target, h.ids, ids)
-        _, na = target_states(ref, h.ids, ids)
-        aux = torch.cat([states[i] for i in sorted(ids)], dim=-1)[: len(h.ids) - 1]
-        top = step.top1(aux, h.ids)  # [T-1]
-        d = drafted_positions(h, nb)[: len(top)]
-        wb, wa = nb[1:][: len(top)], na[1:][: len(top)]
-        diff = d & (wa != wb)
-        drafted += int(d.sum())
-        differ += int(diff.sum())
-        pref.append(int((top == wa)[diff].sum()))
-        sizes.append(pref[-1] + int((top == wb)[diff].sum()))
+    seqs = measurement_sequences(target, data, seed, sequences, max_length)
+    while len(sizes) < max_sequences:
+        # FOLLOW_BATCH sequences at a time: the two targets each run them in one forward; the looks fall between groups
+        group = list(itertools.islice(seqs, min(FOLLOW_BATCH, max_sequences - len(sizes))))
+        if not group:
+            break
+        ids_ = [h.ids for h in group]
+        for h, (states, nb), (_, na) in zip(group, batched_states(target, ids_, ids), batched_states(ref, ids_, ids)):
+            aux = torch.cat([states[i] for i in sorted(ids)], dim=-1)[: len(h.ids) - 1]
+            top = step.top1(aux, h.ids)  # [T-1]
+            d = drafted_positions(h, nb)[: len(top)]
+            wb, wa = nb[1:][: len(top)], na[1:][: len(top)]
+            diff = d & (wa != wb)
+            drafted += int(d.sum())
+            differ += int(diff.sum())
+            pref.append(int((top == wa)[diff].sum()))
+            sizes.append(pref[-1] + int((top == wb)[diff].sum()))
         if progress is not None:
             progress(len(sizes), max_sequences)
         g = len(sizes)
-        if g >= max_sequences:
-            break
         if g >= FOLLOW_FIRST_LOOK and (g - FOLLOW_FIRST_LOOK) % FOLLOW_LOOK_EVERY == 0:
             if _follows(pref, sizes).decided or differ == 0:  # decided, or the two write the same text here
                 break

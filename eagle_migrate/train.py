@@ -51,10 +51,7 @@ def chain_mask(t: int, j: int, device: torch.device | str = "cpu") -> torch.Tens
     Keys are laid out as [step-0 keys (T) | step-1 keys (T) | ... | step-j keys (T)]: the query of step j at
     position i sees step-0 keys at positions <= i and, in every later block, only column i (its own chain).
     """
-    ar = torch.arange(t, device=device)
-    causal = ar[None, :] <= ar[:, None]
-    eye = torch.eye(t, dtype=torch.bool, device=device)
-    return torch.cat([causal] + [eye] * j, dim=1)[None, None]
+    return _chunk_mask(0, t, j, device)
 
 
 def shift_tokens(ids: torch.Tensor, by: int, fill: int = 0) -> torch.Tensor:
@@ -81,48 +78,58 @@ def unrolled_forward(
     k: int,
     positions: torch.Tensor | None = None,
     chunk: int | None = None,
+    start: int = 0,
 ) -> list[StepOutput]:
-    """k drafter steps over every position at once (see the module docstring). ``outs[j].h_post[:, i]`` is the
-    state from which the drafter predicts t_{i+2+j}; ``input_ids`` [B, T], ``aux`` [B, T, K*Ht].
+    """k drafter steps over every position at once (see the module docstring). ``outs[j].h_post[:, i - start]`` is
+    the state from which the drafter predicts t_{i+2+j}; ``input_ids`` [B, T], ``aux`` [B, T, K*Ht].
 
     ``chunk``: run steps >= 1 in query blocks of this many positions (same result; attention work and mask memory
-    drop from T x (j+1)T to about T x (T/2 + j*chunk), which matters for long held-out sequences)."""
+    drop from T x (j+1)T to about T x (T/2 + j*chunk), which matters for long held-out sequences).
+    ``start``: the positions wanted (the judge reads drafts in the continuation, not in a long prompt): step 0 runs
+    everywhere (its keys), steps >= 1 from ``start`` on (exact: step j at i reads step-0 keys at <= i and its own
+    chain at i alone); every output covers positions ``start``..T-1."""
     b, t = input_ids.shape
     if aux.shape[:2] != (b, t):
         raise ValueError(f"aux covers {tuple(aux.shape[:2])}, input_ids {(b, t)}")
+    start = max(0, min(int(start), t))
     pos = positions if positions is not None else torch.arange(t, device=input_ids.device).expand(b, t)
     hidden = model.combine(aux)
     outs: list[StepOutput] = []
     kv0: list[tuple[torch.Tensor, torch.Tensor]] = []
-    chain: list[list[tuple[torch.Tensor, torch.Tensor]]] = []  # steps 1..j-1, per layer (K, V) over all T
+    chain: list[list[tuple[torch.Tensor, torch.Tensor]]] = []  # steps 1..j-1, per layer (K, V) over start..T-1
     for j in range(k):
         toks = shift_tokens(input_ids, 1 + j)
         if j == 0:
             o = model.forward_step(toks, hidden, pos)
             kv0 = list(o.new_kv)
-        elif chunk is None or chunk >= t:
-            extra = [(torch.cat([k0] + [c[li][0] for c in chain], 2), torch.cat([v0] + [c[li][1] for c in chain], 2))
-                     for li, (k0, v0) in enumerate(kv0)]
-            o = model.forward_step(toks, hidden, pos + j, mask=chain_mask(t, j, input_ids.device), extra_kv=extra)
-            chain.append(list(o.new_kv))
-        else:
-            parts: list[StepOutput] = []
-            for a in range(0, t, chunk):
-                e = min(t, a + chunk)
-                extra = [(torch.cat([k0[:, :, :e]] + [c[li][0][:, :, a:e] for c in chain], 2),
-                          torch.cat([v0[:, :, :e]] + [c[li][1][:, :, a:e] for c in chain], 2))
-                         for li, (k0, v0) in enumerate(kv0)]
-                parts.append(model.forward_step(toks[:, a:e], hidden[:, a:e], pos[:, a:e] + j,
-                                                mask=_chunk_mask(a, e, j, input_ids.device), extra_kv=extra))
-            o = StepOutput(
-                h_post=torch.cat([p.h_post for p in parts], 1), h_feed=torch.cat([p.h_feed for p in parts], 1),
-                new_kv=[(torch.cat([p.new_kv[li][0] for p in parts], 2), torch.cat([p.new_kv[li][1] for p in parts], 2))
-                        for li in range(len(kv0))],
-            )
+            if start:
+                o = StepOutput(h_post=o.h_post[:, start:], h_feed=o.h_feed[:, start:], new_kv=o.new_kv)
+        else:  # one query block [start, T) unless chunked: its mask is chain_mask's rows from start
+            o = _chunked_step(model, toks, hidden, pos, kv0, chain, j, start, chunk or t)
             chain.append(list(o.new_kv))
         outs.append(o)
         hidden = o.h_feed
     return outs
+
+
+def _chunked_step(model: EagleDrafter, toks: torch.Tensor, hidden: torch.Tensor, pos: torch.Tensor,
+                  kv0: list[tuple[torch.Tensor, torch.Tensor]], chain: list[list[tuple[torch.Tensor, torch.Tensor]]],
+                  j: int, start: int, chunk: int) -> StepOutput:
+    """Step j >= 1 of :func:`unrolled_forward` in query blocks of ``chunk`` from ``start`` on (``hidden``, the chain's
+    keys: positions start..T-1; ``toks``, ``pos``, the step-0 keys: all)."""
+    t = toks.shape[1]
+    parts: list[StepOutput] = []
+    for a in range(start, t, chunk):
+        e = min(t, a + chunk)
+        extra = [tuple(torch.cat([x0[:, :, :e]] + [c[li][w][:, :, a - start:e - start] for c in chain], 2)
+                       for w, x0 in enumerate(kv)) for li, kv in enumerate(kv0)]
+        parts.append(model.forward_step(toks[:, a:e], hidden[:, a - start:e - start], pos[:, a:e] + j,
+                                        mask=_chunk_mask(a, e, j, toks.device), extra_kv=extra))
+    return StepOutput(
+        h_post=torch.cat([p.h_post for p in parts], 1), h_feed=torch.cat([p.h_feed for p in parts], 1),
+        new_kv=[(torch.cat([p.new_kv[li][0] for p in parts], 2), torch.cat([p.new_kv[li][1] for p in parts], 2))
+                for li in range(len(kv0))],
+    )
 
 
 def step_weights(k: int, decay: float = STEP_DECAY) -> list[float]:
@@ -443,23 +450,12 @@ class _FitLoop:
         )
 
 
-def fit(
-    model: EagleDrafter,
-    trainable: Sequence[str],
-    data: Any,
-    head: TargetHead | None,
-    cfg: FitConfig,
-    *,
-    device: torch.device | str = "cpu",
-    evaluate: Callable[[], float | Evaluation] | None = None,
-    initial_score: float | Evaluation | None = None,
-    resume_dir: str | os.PathLike | None = None,
-    progress: Progress | None = None,
-    lr_scale: dict[str, float] | None = None,
-    clock: Callable[[], float] = time.perf_counter,
-    better: Better | None = None,
-    give_up: GiveUp | None = None,
-) -> FitResult:
+def fit(model: EagleDrafter, trainable: Sequence[str], data: Any, head: TargetHead | None, cfg: FitConfig, *,
+        device: torch.device | str = "cpu", evaluate: Callable[[], float | Evaluation] | None = None,
+        initial_score: float | Evaluation | None = None, resume_dir: str | os.PathLike | None = None,
+        progress: Progress | None = None, lr_scale: dict[str, float] | None = None,
+        clock: Callable[[], float] = time.perf_counter, better: Better | None = None,
+        give_up: GiveUp | None = None) -> FitResult:
     """Train the parameters named in ``trainable`` (everything else frozen) on ``data`` (indexable FeatureBatches).
 
     ``evaluate()`` returns a score (higher is better; held-out simulated AL): it runs every ``eval_every`` steps and

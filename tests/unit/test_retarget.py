@@ -296,6 +296,25 @@ def test_the_drafter_follows_its_own_target_where_the_two_differ(pair):
     assert _fit(pair, "oracle", "B").follows is None  # without the reference there is nothing to compare with
 
 
+def test_batched_states_read_as_one_forward_per_sequence(pair):
+    """The follows measurement runs each target on a group of sequences of different lengths in one right-padded
+    forward: every row's states and greedy tokens are those of the sequence's own forward; a kept one is reused."""
+    from eagle_migrate.aux_evidence import batched_states, target_states
+
+    lt = LazyTarget(str(pair["B"]), "cpu", torch.float32)
+    g = torch.Generator().manual_seed(3)
+    seqs = [torch.randint(0, lt.info.vocab_size, (n,), generator=g).tolist() for n in (9, 17, 5)]
+    ids = [1, 2]
+    lt.keep(seqs[1], {i: torch.full((17, lt.info.hidden_size), float(i)) for i in ids}, torch.arange(17))
+    got = batched_states(lt, seqs, ids)
+    for s, (states, nxt) in zip([seqs[0], seqs[2]], [got[0], got[2]]):
+        want, wnxt = target_states(lt, s, ids)
+        assert torch.equal(nxt, wnxt) and len(nxt) == len(s)
+        for i in ids:
+            assert torch.allclose(states[i], want[i], atol=1e-5)
+    assert torch.equal(got[1][1], torch.arange(17)) and float(got[1][0][2][0, 0]) == 2.0
+
+
 def _agreement(x: float) -> Agreement:
     return Agreement(target="t", agreement=x, standard_error=0.02, positions=2500, sequences=16, seconds=1.0)
 

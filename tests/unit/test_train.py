@@ -307,6 +307,41 @@ def test_chunked_unrolled_forward_equals_full(chunk):
         assert torch.allclose(a.h_post, b.h_post, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("start,chunk", [(4, None), (4, 3), (10, None), (1, 2)])
+def test_unrolled_forward_from_start_equals_the_full_one_there(start, chunk):
+    # the judge's window: steps >= 1 only from the first draftable position on, exact there
+    m = _model(True, layers=2)
+    ids, aux = torch.randint(0, 50, (2, 11)), torch.randn(2, 11, 72)
+    full = unrolled_forward(m, ids, aux, 3)
+    part = unrolled_forward(m, ids, aux, 3, chunk=chunk, start=start)
+    for a, b in zip(full, part):
+        assert b.h_post.shape[1] == 11 - start
+        assert torch.allclose(a.h_post[:, start:], b.h_post, atol=1e-4, rtol=1e-4)
+        assert torch.allclose(a.h_feed[:, start:], b.h_feed, atol=1e-4, rtol=1e-4)
+
+
+def test_simulated_acceptance_reads_the_same_drafts_as_the_full_forward():
+    # the judge runs steps >= 1 and the head only from the batch's first draftable position; its chains must be those
+    # of the full unrolled forward, scored against a reference that the drafts partly match (so chains are not all 0)
+    from eagle_migrate.features import FeatureBatch
+    from eagle_migrate.judge import chain_lengths, simulated_acceptance, walk_chains
+
+    m, k, t = _model(True, layers=1).eval(), 3, 13
+    ids, aux = torch.randint(0, 40, (2, t)), torch.randn(2, t, 72)
+    with torch.no_grad():
+        full = torch.stack([m.to_target_ids(m.logits(o.h_post).argmax(-1)) for o in unrolled_forward(m, ids, aux, k)], 1)
+    ref = ids.clone()
+    for i in range(4, t - 3, 3):  # the first two drafts made at i are right, the third is whatever it is
+        ref[:, i + 2], ref[:, i + 3] = full[:, 0, i], full[:, 1, i]
+    lens = [5, 7]
+    fb = FeatureBatch(ids, aux, torch.ones(2, t, dtype=torch.bool), reference=ref)
+    got = simulated_acceptance(m, [fb], lens, k)
+    want = [walk_chains(chain_lengths(full[r], ref[r], lens[r], t, k)) for r in range(2)]
+    assert sum(map(sum, want)) > 0
+    assert got.num_drafts == sum(map(len, want))
+    assert got.num_accepted == sum(map(sum, want))
+
+
 def test_precomputed_layouts_read_back(tmp_path):
     from eagle_migrate.features import PrecomputedFeatures
 
