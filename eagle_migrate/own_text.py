@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -46,16 +46,22 @@ _MADE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> {key
 
 
 def measurement_sequences(target: LazyTarget, data: Any, seed: int, first: list[list[int]] | None = None,
-                          max_length: int = 512) -> Iterator[HeldoutSequence]:
+                          max_length: int = 512, batch: int = GENERATE_BATCH) -> Iterator[HeldoutSequence]:
     """The measured sequences: prompts, each continued greedily by the target (:func:`continued`). The prompts are the
     first :data:`PROMPT_TOKENS` tokens of ``first`` (convert: the statistics pass's sequences), then of more
     sequences from the same data up to the budget; a tokenizer-less target without data: random first tokens. When
     the data runs out before the budget (a small data set), prompts made from what was measured: a measured sequence
     cut at a random point, one token there replaced at random (:func:`_perturbed`), until the budget is reached.
     Made once per target and arguments: a second measurement on them (``norm_before_residual`` after the aux ids)
-    replays what the first made before the target generates more."""
+    replays what the first made before the target generates more, ``batch`` prompts a generate call from then on
+    (a measurement that reads many asks for more at a time: a decode step costs little more for 32 than for 16)."""
     key = json.dumps([data if isinstance(data, (list, tuple)) else str(data), seed, first, max_length], default=str)
-    made, source = _MADE.setdefault(target, {}).setdefault(key, ([], _made(target, data, seed, first, max_length)))
+    entry = _MADE.setdefault(target, {}).get(key)
+    if entry is None:
+        entry = _MADE[target][key] = {"made": [], "batch": batch}
+        entry["source"] = _made(target, data, seed, first, max_length, lambda: entry["batch"])
+    entry["batch"] = batch
+    made, source = entry["made"], entry["source"]
     i = 0
     while True:
         if i == len(made):
@@ -67,8 +73,9 @@ def measurement_sequences(target: LazyTarget, data: Any, seed: int, first: list[
         i += 1
 
 
-def _made(target: LazyTarget, data: Any, seed: int, first: list[list[int]] | None, max_length: int) -> Iterator[HeldoutSequence]:
-    """:func:`measurement_sequences`' sequences as the target makes them."""
+def _made(target: LazyTarget, data: Any, seed: int, first: list[list[int]] | None, max_length: int,
+          batch: Callable[[], int]) -> Iterator[HeldoutSequence]:
+    """:func:`measurement_sequences`' sequences as the target makes them, ``batch()`` prompts a generate call."""
     seen: set[tuple[int, ...]] = set()
     have: list[list[int]] = []
     plen = max(1, min(PROMPT_TOKENS, max_length - MIN_CONTINUATION))
@@ -90,11 +97,11 @@ def _made(target: LazyTarget, data: Any, seed: int, first: list[list[int]] | Non
                 seen.add(tuple(p))
                 yield p
 
-    for h in continued(target, fresh(prompts()), new):
+    for h in continued(target, fresh(prompts()), new, batch):
         have.append(h.ids)
         yield h
     if have:
-        yield from continued(target, fresh(_perturbed(target, have, seed)), new)
+        yield from continued(target, fresh(_perturbed(target, have, seed)), new, batch)
 
 
 def approx_params(info: Any) -> int:
@@ -113,7 +120,7 @@ def in_vllm(target: LazyTarget) -> bool:
 
 
 def continued(target: LazyTarget, prompts: Iterable[list[int]], new_tokens: int,
-              batch: int = GENERATE_BATCH) -> Iterator[HeldoutSequence]:
+              batch: int | Callable[[], int] = GENERATE_BATCH) -> Iterator[HeldoutSequence]:
     """``prompts`` continued greedily by the target, each as prompt + continuation of ``new_tokens`` (one shorter
     than :data:`MIN_CONTINUATION` is left out), made only as the caller asks for more: transformers' generate with
     its KV cache, ``batch`` prompts a call; a large target (:func:`in_vllm`) in vLLM, the whole budget in one call
@@ -121,14 +128,15 @@ def continued(target: LazyTarget, prompts: Iterable[list[int]], new_tokens: int,
     vllm = in_vllm(target)
     it = iter(prompts)
     while True:
-        chunk = [p for _, p in zip(range(BUDGET_SEQUENCES if vllm else batch), it)]
+        size = batch() if callable(batch) else batch  # asked anew for every call: the caller may change it
+        chunk = [p for _, p in zip(range(BUDGET_SEQUENCES if vllm else size), it)]
         if not chunk:
             return
         # the continuation runs its full length (ignore_eos): a target that ends its answers early (a toy whose
         # greedy text reaches its end-of-sequence id) still measures; a position where the suppressed
         # end-of-sequence token was the greedy one is not scored (drafted_positions)
         made = _vllm_continuations(target, chunk, new_tokens) if vllm else \
-            greedy_continuations(target.loaded, chunk, new_tokens, batch=batch, ignore_eos=True)
+            greedy_continuations(target.loaded, chunk, new_tokens, batch=size, ignore_eos=True)
         for h in made:
             if len(h.ids) - h.prompt_len >= MIN_CONTINUATION:
                 yield h

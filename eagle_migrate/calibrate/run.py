@@ -26,6 +26,21 @@ from .result import CalibrationResult, Judge, SuiteAcceptance, check_improvement
 from .settings import CalibrationSettings, defaults_for, resolve_device, trainable_names
 
 
+# training features of at most this many bytes are kept in memory after their first capture (a step that draws the
+# same sequence again reads them, not the target): on the SmolLM2 pair, 32 sequences of 256 tokens (57 MB) were
+# captured again at every epoch, 114 s of a 15-minute convert on 2 cores (docs/benchmarks.md "convert's default
+# recalibration in 15 minutes"); larger sets stream as before (or use the disk cache)
+TRAIN_FEATURES_IN_MEMORY = 1 << 30
+
+
+def _in_memory(target: Any, sequences: Sequence[Sequence[int]], layer_ids: Sequence[int], seq_len: int) -> bool:
+    """Whether the training features of ``sequences`` fit :data:`TRAIN_FEATURES_IN_MEMORY` (aux states and the last
+    state per token, in the store's dtype)."""
+    tokens = sum(min(len(x), seq_len) for x in sequences)
+    width = (len(layer_ids) + 1) * target.info.hidden_size * torch.finfo(_feature_dtype(target)).bits // 8
+    return tokens * width <= TRAIN_FEATURES_IN_MEMORY
+
+
 def _feature_dtype(target: Any) -> torch.dtype:
     """Features are kept in the target's own float dtype (a bf16 target's states lose nothing in bf16, and host
     memory, disk cache and the host-to-GPU copy halve); fp32 otherwise."""
@@ -167,7 +182,8 @@ def _training_features(target: Any, train_sequences: Sequence[Sequence[int]] | N
     if not train_sequences:
         raise InputError("calibration needs training sequences (or precomputed features)")
     feats = FeatureStore(target, train_sequences, layer_ids, batch=batch, seq_len=seq_len, loss_masks=loss_masks,
-                         cache_dir=cdir, name="calib-train", store_dtype=_feature_dtype(target))
+                         cache_dir=cdir, name="calib-train", store_dtype=_feature_dtype(target),
+                         keep_in_memory=_in_memory(target, train_sequences, layer_ids, seq_len))
     if cdir is not None:
         feats.prefetch(lambda e: report({"phase": "capture", **e}))
     return feats, len(train_sequences)

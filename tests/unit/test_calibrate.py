@@ -341,6 +341,30 @@ def test_the_verdict_names_what_was_fine_tuned():
     assert not ok and line.startswith("fine-tuned EAGLE-3 drafter (architecture kept) is within noise")
 
 
+@pytest.mark.filterwarnings("ignore:calibration did not improve")
+def test_small_training_sets_are_captured_once(target, monkeypatch):
+    """Training features that fit TRAIN_FEATURES_IN_MEMORY are captured from the target once per batch however many
+    times the fine-tune draws them (on the SmolLM2 pair they were captured again every epoch); above it they stream."""
+    import eagle_migrate.calibrate.run as run_mod
+
+    train = _train()
+    rows: list[tuple[int, ...]] = []
+    real = type(target).capture
+
+    def counted(self, ids, layer_ids, lengths=None):
+        rows.extend(tuple(r[: int(n)]) for r, n in zip(ids.tolist(), lengths.tolist()) if list(r[: int(n)]) in train)
+        return real(self, ids, layer_ids, lengths)
+
+    monkeypatch.setattr(type(target), "capture", counted)
+    kw = dict(train="norms", steps=6, warmup=0, k=2, seq_len=64, batch=4, device="cpu", eval_every=3, patience=None)
+    calibrate(_drafter(8.0), target, train, _heldout(), **kw)
+    assert sorted(rows) == sorted(tuple(s) for s in train)  # 6 steps over 2 batches: each sequence once
+    rows.clear()
+    monkeypatch.setattr(run_mod, "TRAIN_FEATURES_IN_MEMORY", 0)
+    calibrate(_drafter(8.0), target, train, _heldout(), **kw)
+    assert len(rows) == 6 * 4  # streamed: captured at every step
+
+
 def test_steps_0_is_the_judge_alone(target, monkeypatch):
     """steps 0 (convert's CPU default for an EAGLE-3 source): no training feature is captured and nothing trains; the
     judge scores the drafter and the source on the held-out suites, and a broken conversion is still caught."""
