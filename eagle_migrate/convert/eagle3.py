@@ -26,7 +26,7 @@ from ..stats import StatsAccumulator, rms_normalize
 from .agreement import AgreementCounter, chains, cuts, eagle3_runner
 from .registry import Converter, Initialised, Traits, register_converter
 from .read import Job
-from .records import STATS_MAX_SEQUENCES, records, split_stream
+from .records import records, split_stream, stats_sequences
 from .result import (
     Agreement,
     FcNormWeight,
@@ -56,8 +56,8 @@ def scale_columns(w: torch.Tensor, scale: torch.Tensor, rows: int = 4096) -> tor
 def held_out_split(job: Job, want_last: bool, ht: int):
     """(record iterator, total, held-out count) for the statistics pass; DataError when they cannot be split."""
     o = job.opts
-    it, n_total = records(job.target, job.data, o.hidden_states_dir, job.aux_ids, ht, min(o.num_sequences, STATS_MAX_SEQUENCES),
-                          o.seed, o.max_length, want_last=want_last)
+    it, n_total = records(job.target, job.data, o.hidden_states_dir, job.aux_ids, ht,
+                          stats_sequences(o.num_sequences, job.device), o.seed, o.max_length, want_last=want_last)
     n_held = o.held_out if o.held_out is not None else max(1, min(16, n_total // 4))
     if n_total - n_held < 1:
         raise DataError(f"{n_total} calibration sequence(s) cannot be split into statistics and held-out sets",

@@ -31,7 +31,7 @@ from ..formats.output import check_output_dir
 from ..pairing import check_pairing, target_family_note
 from ..target import LazyTarget
 from .options import ConvertOptions
-from .records import STATS_MAX_SEQUENCES, sequences_for
+from .records import sequences_for, stats_sequences
 from .result import Provenance
 
 
@@ -120,7 +120,8 @@ def _first_sequences(job: Job) -> list[list[int]] | None:
     o = job.opts
     if o.hidden_states_dir is not None or (job.data is None and job.target.tokenizer is None):
         return None  # a tokenizer-less toy's statistics run on random tokens: the measurement wants the target's own text
-    return sequences_for(job.data, job.target, min(o.num_sequences, STATS_MAX_SEQUENCES), o.seed, o.max_length)
+    return sequences_for(job.data, job.target, stats_sequences(o.num_sequences, job.device), o.seed,
+                         o.max_length)
 
 
 def decide_aux_ids(job: Job, measure: bool = True) -> tuple[AuxIds | None, list[int]]:

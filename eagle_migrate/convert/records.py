@@ -17,6 +17,14 @@ from ..target import LazyTarget
 # step-0 agreement on the real pair, 64 give 95.2 % (docs/norm-init.md). More --num-sequences feed the calibration
 # fine-tune only (on an H100, 6,000 ShareGPT sequences took 5 min in this pass before the cap)
 STATS_MAX_SEQUENCES = 256
+# on a CPU, 32 (the default --num-sequences): a larger -n feeds the fine-tune, not this pass (256 sequences of 512
+# tokens took 10 minutes of a retarget convert on the 2-core box, the fine-tune's whole data set passing one at a time)
+STATS_MAX_SEQUENCES_CPU = 32
+
+
+def stats_sequences(num_sequences: int, device: str) -> int:
+    """How many of the ``num_sequences`` calibration sequences the statistics pass reads on ``device``."""
+    return min(num_sequences, STATS_MAX_SEQUENCES if str(device).startswith("cuda") else STATS_MAX_SEQUENCES_CPU)
 
 
 def sequences_for(data: str | None, target: LazyTarget, num_sequences: int, seed: int, max_length: int) -> list[list[int]]:

@@ -165,6 +165,20 @@ def test_convert_fine_tunes_a_drafter_that_does_not_fit_on_a_cpu(pair, recorded,
     assert recorded[-1].max_minutes == 2.0
 
 
+def test_a_larger_n_feeds_the_fine_tune_not_the_cpu_statistics_pass(pair, recorded, tmp_path):
+    """On a CPU the statistics pass reads at most STATS_MAX_SEQUENCES_CPU sequences whatever -n is (a retarget's 256
+    passed through it one at a time for 10 minutes); the fine-tune still gets all of them."""
+    from eagle_migrate.convert import STATS_MAX_SEQUENCES, STATS_MAX_SEQUENCES_CPU, convert
+    from eagle_migrate.convert.records import stats_sequences
+
+    totals: list[int | None] = []
+    convert(pair["oracle"], str(pair["A"]), tmp_path / "a", num_sequences=STATS_MAX_SEQUENCES_CPU + 8, device="cpu",
+            command="test", progress=lambda stage, done, total, info="": totals.append(total) if stage == "statistics" else None)
+    assert totals and set(totals) == {STATS_MAX_SEQUENCES_CPU}
+    assert recorded[-1].num_sequences == STATS_MAX_SEQUENCES_CPU + 8
+    assert stats_sequences(1000, "cuda:0") == STATS_MAX_SEQUENCES and stats_sequences(8, "cpu") == 8
+
+
 def test_convert_judges_only_when_the_drafter_fits(pair, recorded, tmp_path):
     from eagle_migrate.convert import convert
 
