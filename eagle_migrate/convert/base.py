@@ -134,19 +134,21 @@ def target_fit(job: Job, traits: Any) -> TargetFit | None:
     return fit
 
 
-def _recipe_taken(job: Job, kind: SourceKind, retarget: bool = False) -> dict[str, str]:
+def _recipe_taken(job: Job, kind: SourceKind, retarget: bool = False) -> dict[str, Any]:
     """The options a fine-tune of this kind of source takes from :data:`~.defaults.RECIPE` (``--train norms+fc`` on
-    ``--data drift`` for an EAGLE-3 source; ``retarget``: :data:`~.defaults.RETARGET_RECIPE`, norms+fc on the default
-    data) because the run leaves them open; the norm statistics before it ran on the run's own data."""
+    ``--data drift`` for an EAGLE-3 source; ``retarget``: :data:`~.defaults.RETARGET_RECIPE`, every weight on 256
+    sequences of the default data) because the run leaves them open; the norm statistics before it ran on the run's
+    own data."""
     opts = job.opts
     given = opts.data is not None or opts.hidden_states_dir is not None
     # the tokenizer only when the data is open: asking a --hidden-states run's target for it would load the model
     return recipe(kind, opts.calibration, given, not given and job.target.tokenizer is not None,
-                  retarget=retarget, cpu=not str(job.device).startswith("cuda"))
+                  retarget=retarget, cpu=not str(job.device).startswith("cuda"),
+                  n_given="num_sequences" in opts.model_fields_set)
 
 
 def _calibrate(tmp: Path, job: Job, conv: Converter, ini: Initialised, judge_only: bool = False,
-               taken: dict[str, str] | None = None) -> CalibrationStatus:
+               taken: dict[str, Any] | None = None) -> CalibrationStatus:
     """The calibration step; ``judge_only``: no training (``steps`` 0), the judge scores the written drafter against
     the source on the held-out suites (the default for EAGLE-3 sources on a CPU: convert/defaults.py); ``taken``: the
     fine-tune's options from the recipe of the source's kind (:func:`_recipe_taken`)."""

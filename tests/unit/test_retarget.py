@@ -151,18 +151,20 @@ def test_convert_fine_tunes_a_drafter_that_does_not_fit_on_a_cpu(pair, recorded,
     from eagle_migrate.convert import convert
     from eagle_migrate.convert.defaults import RETARGET_CPU_MINUTES
 
-    res = convert(pair["oracle"], str(pair["B"]), tmp_path / "b", num_sequences=8, device="cpu", command="test")
+    res = convert(pair["oracle"], str(pair["B"]), tmp_path / "b", device="cpu", command="test")
     assert res.target_fit.stale
-    assert res.decision == "fine-tuned (trained for another target; recipe --train norms+fc --max-minutes 8)"  # docs/calibration.md
+    assert res.decision == ("fine-tuned (trained for another target; recipe --train all --num-sequences 256 --steps 400 "
+                            "--max-minutes 4.5)")  # docs/calibration.md
     s = recorded[-1]
-    assert s.steps is None and s.train == "norms+fc" and s.max_minutes == RETARGET_CPU_MINUTES
+    assert s.steps == 400 and s.train == "all" and s.max_minutes == RETARGET_CPU_MINUTES and s.num_sequences == 256
     assert any(w.startswith("warning: target fit:") for w in res.warnings)
     prov = json.loads((tmp_path / "b" / "provenance.json").read_text())
     assert prov["target_fit"]["verdict"] == "stale"
     # --max-minutes given: the budget is the user's
+    # --max-minutes and -n given: the budget and the data's size are the user's
     convert(pair["oracle"], str(pair["B"]), tmp_path / "b2", num_sequences=8, device="cpu", command="test",
             max_minutes=2.0)
-    assert recorded[-1].max_minutes == 2.0
+    assert recorded[-1].max_minutes == 2.0 and recorded[-1].num_sequences == 8
 
 
 def test_a_larger_n_feeds_the_fine_tune_not_the_cpu_statistics_pass(pair, recorded, tmp_path):
