@@ -80,8 +80,9 @@ REFERENCE_MARGIN = 0.03
 # model in another folder), looking after 64 sequences and every 32 after that: an even share crosses 3 SE at one of
 # those 7 looks about 1 % of the time (0.5 % towards "stale"; benchmarks/retarget/fit_probe.py --simulate-looks),
 # against 0.27 % at one look; a false "stale" costs a fine-tune, which the judge still returns only when it beats the
-# conversion. Each sequence is a generation and two target forwards: about 5 a minute for SmolLM2-135M on the loaded
-# 2-core box
+# conversion. Each sequence is a generation and two target forwards: for SmolLM2-135M on the quiet 2-core box 192
+# sequences took 251 s (convert's format B, 16 a generate call; docs/benchmarks.md "convert's default recalibration in
+# 15 minutes")
 FOLLOW_SEQUENCES = 256
 FOLLOW_FIRST_LOOK = 64
 FOLLOW_LOOK_EVERY = 32

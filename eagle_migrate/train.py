@@ -258,6 +258,7 @@ class FitResult:
     stopped_early: bool = False
     resumed_from: int | None = None
     stop_reason: str | None = None  # "patience" | "time limit" | "no reachable improvement" when stopped_early
+    best_eval: Evaluation | None = None  # the evaluation of the returned weights, when this run made it
 
 
 def _state_path(resume_dir: Path) -> Path:
@@ -294,6 +295,7 @@ class _FitLoop:
         self.history: list[dict[str, Any]] = []
         self.tokens = 0
         self.best_eval = initial_score if isinstance(initial_score, Evaluation) else None
+        self.best_eval_step = 0  # the step best_eval scored (a resumed run's best was scored by the run before)
         self.best_score = initial_score.score if isinstance(initial_score, Evaluation) else initial_score
         self.best_step = 0
         self.best_state = self._snapshot()
@@ -408,6 +410,7 @@ class _FitLoop:
             improved = self.best_score is None or score > self.best_score + self.cfg.min_delta
         if improved:
             self.best_score, self.best_step, self.bad, self.best_eval = score, self.step, 0, ev
+            self.best_eval_step = self.step
             self.best_state = self._snapshot()
         else:
             self.bad += 1
@@ -447,6 +450,7 @@ class _FitLoop:
             best_score=self.best_score, initial_score=self.initial_score, history=self.history,
             tokens_seen=self.tokens, seconds=seconds, stopped_early=stopped, resumed_from=self.resumed_from,
             stop_reason=stop_reason,
+            best_eval=self.best_eval if self.evaluate is not None and self.best_eval_step == self.best_step else None,
         )
 
 

@@ -17,6 +17,7 @@ docs/data/retarget-arms.jsonl) are skipped. Folders: runs/retarget/arms/<B>/<sou
     nice -n 19 .venv/bin/python benchmarks/retarget/arms.py runs/retarget/targets/format-lr0.0002-s40 \
         --source best=runs/retarget/src-best --drafter arm0=runs/retarget/arm0-format-s40/checkpoints-plain/2
     .venv/bin/python benchmarks/retarget/arms.py --table
+    .venv/bin/python benchmarks/retarget/arms.py --pooled arm0-2ep-drafter
 """
 
 from __future__ import annotations
@@ -146,6 +147,34 @@ def table(out: Path) -> None:
               f"{c.get('wall_s', '-')} | {c.get('decision') or '-'} |")
 
 
+def pooled(out: Path, reference: str) -> None:
+    """Per (B, label, k): the paired ratios against the source pooled over the suites (inverse-variance; the suites'
+    prompts are disjoint, so independent), and the share of ``reference``'s pooled gain (arm 0: what retraining gives)
+    it recovers, (r - 1) / (r0 - 1), with its delta-method SE (the two measured on the same source, treated as
+    independent: conservative where they correlate)."""
+    import math
+
+    groups: dict[tuple, list[dict]] = {}
+    base: dict[tuple, str] = {}
+    for r in _records(out):
+        if (r.get("paired") or {}).get("se"):
+            groups.setdefault((r["target"], r["label"], r["k"]), []).append(r["paired"])
+            base[(r["target"], r["label"], r["k"])] = r["baseline_path"]
+    pool = {}
+    for key, ps in groups.items():
+        w = [1 / p["se"] ** 2 for p in ps]
+        pool[key] = (sum(wi * p["ratio"] for wi, p in zip(w, ps)) / sum(w), 1 / math.sqrt(sum(w)), len(ps))
+    print("| B | arm | k | suites | pooled ratio +- SE | share of the reference's gain |")
+    print("|---|---|---|---|---|---|")
+    for (b, label, k), (r, se, n) in pool.items():
+        ref = pool.get((b, reference, k))
+        share = "-"  # only against the reference served over the same source
+        if ref and ref[0] != 1 and base[(b, label, k)] == base[(b, reference, k)]:
+            g0, s0 = ref[0] - 1, ref[1]
+            share = f"{(r - 1) / g0:.0%} +- {math.hypot(se / g0, (r - 1) * s0 / g0 ** 2):.0%}"
+        print(f"| {b} | {label} | {k} | {n} | {r:.3f} +- {se:.3f} | {share} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("target", nargs="?", help="the changed target B (a folder written by make_target.py)")
@@ -163,9 +192,13 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--runs", type=Path, default=RUNS, help="where the converted drafters and raw reports go")
     ap.add_argument("--table", action="store_true", help="print the markdown table of what is recorded")
+    ap.add_argument("--pooled", metavar="REFERENCE", help="print each arm's ratio pooled over the suites and the share "
+                    "of REFERENCE's gain it recovers (REFERENCE: arm 0's label, arm0-2ep-drafter)")
     a = ap.parse_args()
     if a.table:
         return table(a.out)
+    if a.pooled:
+        return pooled(a.out, a.pooled)
     if not a.target:
         ap.error("give the target B (or --table)")
     run(a)

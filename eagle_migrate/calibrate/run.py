@@ -269,7 +269,9 @@ def _fit_judged(model: EagleDrafter, names: list[str], feats: Any, head: TargetH
     fr = fit(model, names, feats, head, cfg, device=dev, evaluate=evaluate if suites else None,
              initial_score=Evaluation(_score(before), before) if suites else None, resume_dir=resume_dir,
              progress=report, lr_scale=lr_scale, better=better, give_up=futility if suites else None)
-    after = _evaluate_suites(model, suites, cfg.k, dev)
+    # the returned weights' evaluation is the one that made them the best (the same weights: the judge's simulated AL
+    # is deterministic), else scored again
+    after = fr.best_eval.detail if fr.best_eval is not None and suites else _evaluate_suites(model, suites, cfg.k, dev)
     vs_initial = Comparison.of(after, before, block) if suites else None
     if vs_initial is not None and fr.best_step > 0 and not vs_initial.better():
         # accepted step by step, yet not beyond noise against the initial drafter itself: hand back the initial one
@@ -277,7 +279,7 @@ def _fit_judged(model: EagleDrafter, names: list[str], feats: Any, head: TargetH
             for n in names:
                 params[n].copy_(initial[n])
         fr.best_step = 0
-        after = _evaluate_suites(model, suites, cfg.k, dev)
+        after = before
         vs_initial = Comparison.of(after, before, block)
     return fr, after, vs_initial
 

@@ -71,6 +71,12 @@ def test_calibration_recovers_a_broken_norm_and_reports(target, tmp_path):
     assert res.suites["chat"].after.per_position_rate[0] > res.suites["chat"].before.per_position_rate[0]
     assert "| chat |" in res.markdown()
     assert res.model_dump(mode="json")["train"] == "norms"
+    # the returned drafter's reported scores are its own (the evaluation that made it the best, not scored again):
+    # the judge alone on the returned weights reads the same
+    again = calibrate(m, target, None, _heldout(), train="norms", steps=0, k=3, device="cpu")
+    assert again.score_before == res.score_after
+    assert {n: s.after.acceptance_length for n, s in res.suites.items()} == \
+        {n: s.before.acceptance_length for n, s in again.suites.items()}
 
 
 def test_no_improvement_keeps_initial_weights_and_warns(target):
@@ -242,6 +248,7 @@ def test_device_resolution_is_one_function_and_refuses_missing_cuda(monkeypatch)
     `--device cuda` on a CPU box crashed inside torch instead of exit 2)."""
     import torch
 
+    import eagle_migrate.convert.read  # noqa: F401  (the submodule checked below; other tests may not have loaded it)
     from eagle_migrate import calibrate, convert, devices
     from eagle_migrate.errors import InputError
 
