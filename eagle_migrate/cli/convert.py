@@ -37,7 +37,7 @@ from .options import (
 from .render import StageBar, evidence_rows, print_json, stdout
 
 HiddenStatesOpt = Annotated[Optional[Path], typer.Option("--hidden-states", help="Precomputed target hidden states instead of running the target, never loaded whole then (speculators prepare-data folder with hidden_states/ or data_*.pt, SpecForge *.ckpt, eagle-migrate; docs/scale.md).")]
-NumSeqOpt = Annotated[int, typer.Option("--num-sequences", "-n", min=2, help="Calibration sequences (norm statistics use at most 256, a quarter of those up to 16 held out for the agreement).")]
+NumSeqOpt = Annotated[Optional[int], typer.Option("--num-sequences", "-n", min=2, show_default=False, help="Calibration sequences (default 32; 256 for the default recalibration of a drafter that does not fit its target). Norm statistics use at most 256 of them (32 on a CPU), a quarter of those up to 16 held out for the agreement.")]
 RequireImprovementOpt = Annotated[bool, typer.Option("--require-improvement", help="Exit 1 (output still written) when calibration does not beat the initialised drafter beyond noise, or the result is below the source beyond noise.")]
 CacheDirOpt = Annotated[Optional[Path], typer.Option("--cache-dir", help="Keep the target's hidden states for calibration on disk here (reused by later runs).")]
 HeldoutLongOpt = Annotated[Optional[int], typer.Option("--heldout-long", min=1, help="Long documents per length bucket in the calibration judge's long suite (default 8 on a CPU, of 1k and 2k tokens; 4 on a GPU, of 1k to 8k). The judge's pooled score is the mean of its suites, and the long suite is the smallest: more documents let it see a long-context gain, at the cost of longer held-out generation.")]
@@ -60,7 +60,7 @@ def convert(
     out: OutputOpt,
     data: DataOpt = None,
     hidden_states_dir: HiddenStatesOpt = None,
-    num_sequences: NumSeqOpt = 32,
+    num_sequences: NumSeqOpt = None,
     steps: StepsOpt = None,
     lr: LrOpt = None,
     max_minutes: MaxMinutesOpt = None,
@@ -108,7 +108,8 @@ def convert(
 
     Example: eagle-migrate convert ./eagle3-ckpt --target ./Llama-3.1-8B-Instruct -o ./eagle31
     """
-    opts = options_of("convert", locals())
+    # -n not given: the options' default (and a retarget's recipe may set it), not a value the user chose
+    opts = options_of("convert", {k: v for k, v in locals().items() if not (k == "num_sequences" and v is None)})
     from ..convert import check_improvement  # lazy: torch (registering the commands and --help import none)
     from ..convert.base import run  # lazy: torch
 

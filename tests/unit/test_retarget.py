@@ -167,6 +167,22 @@ def test_convert_fine_tunes_a_drafter_that_does_not_fit_on_a_cpu(pair, recorded,
     assert recorded[-1].max_minutes == 2.0 and recorded[-1].num_sequences == 8
 
 
+def test_the_cli_leaves_n_to_the_retarget_recipe_unless_given(pair, recorded, tmp_path):
+    """`convert` without -n: the recipe's 256 sequences for a drafter that does not fit (the CLI once passed its
+    default 32 as if chosen, so the CLI's recalibration trained on 32); with -n, the user's number."""
+    from typer.testing import CliRunner
+
+    from eagle_migrate.cli import app
+
+    base = ["convert", str(pair["oracle"]), "--target", str(pair["B"]), "--device", "cpu", "--json"]
+    r = CliRunner().invoke(app, [*base, "-o", str(tmp_path / "a")])
+    assert r.exit_code == 0, r.output
+    assert recorded[-1].num_sequences == 256 and "--num-sequences 256" in json.loads(r.stdout)["decision"]
+    r = CliRunner().invoke(app, [*base, "-o", str(tmp_path / "b"), "-n", "12"])
+    assert r.exit_code == 0, r.output
+    assert recorded[-1].num_sequences == 12 and "--num-sequences" not in json.loads(r.stdout)["decision"]
+
+
 def test_a_larger_n_feeds_the_fine_tune_not_the_cpu_statistics_pass(pair, recorded, tmp_path):
     """On a CPU the statistics pass reads at most STATS_MAX_SEQUENCES_CPU sequences whatever -n is (a retarget's 256
     passed through it one at a time for 10 minutes); the fine-tune still gets all of them."""
