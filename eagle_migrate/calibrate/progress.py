@@ -39,6 +39,16 @@ def eta(started: float, first_step: int, step: int, steps: int, now: float, budg
     return f"ETA {_clock(left)}"
 
 
+def steps_within(started: float, first_step: int, step: int, steps: int, now: float, budget_s: float | None) -> int:
+    """The steps the fine-tune will reach: ``steps``, or fewer when the wall-clock budget ``budget_s`` ends it first at
+    the mean time per step so far (the progress bar's total, so that its own ETA agrees with :func:`eta`)."""
+    done = step - first_step
+    if budget_s is None or done <= 0:
+        return steps
+    per_step = (now - started) / done
+    return max(step, min(steps, step + int(max(0.0, budget_s - (now - started)) / per_step)))
+
+
 def progress_adapter(progress: StageProgress | None, budget_s: float | None = None) -> Progress:
     """The trainer's per-step records -> the library's stage events (``eagle_migrate.progress``): training steps
     carry the loss, per-step top-1, the last held-out AL and the fine-tune's ETA (:func:`eta`; ``budget_s``: its
@@ -56,7 +66,8 @@ def progress_adapter(progress: StageProgress | None, budget_s: float | None = No
             clock.setdefault("t0", now)  # the clock starts at the first step's record: the ETA from the second on
             clock.setdefault("first", float(e["step"]))
             left = eta(clock["t0"], int(clock["first"]), e["step"], e["steps"], now, budget_s)
-            progress("calibrate", e["step"], e["steps"], _train_info(e, last_al["text"]) + (f"; {left}" if left else ""))
+            total = steps_within(clock["t0"], int(clock["first"]), e["step"], e["steps"], now, budget_s)
+            progress("calibrate", e["step"], total, _train_info(e, last_al["text"]) + (f"; {left}" if left else ""))
         elif ph == "generate":  # the held-out continuations, batch by batch (transformers' generate)
             progress(f"calibrate: {e['stage']}", e["done"], e["total"], e.get("info", ""))
         elif ph == "capture":

@@ -278,7 +278,7 @@ def test_a_judged_prompt_is_never_trained_on(pair, tmp_path, monkeypatch):
 
 def test_the_fine_tune_progress_carries_an_eta():
     """The fine-tune's progress line: the mean time per step so far times the steps left, bounded by the budget."""
-    from eagle_migrate.calibrate.progress import eta, progress_adapter
+    from eagle_migrate.calibrate.progress import eta, progress_adapter, steps_within
 
     assert eta(0.0, 1, 1, 20, 5.0) == ""  # the first step's record starts the clock
     assert eta(0.0, 1, 3, 20, 20.0) == "ETA 2m50s"  # 10 s a step, 17 left
@@ -288,6 +288,10 @@ def test_the_fine_tune_progress_carries_an_eta():
     for step in (1, 2, 3):
         adapt({"phase": "train", "step": step, "steps": 10, "loss": 1.0, "step_acc": [0.5]})
     assert "ETA" not in lines[0] and lines[-1].endswith("s") and "ETA" in lines[-1]
+    # with a budget the bar's total is the steps the budget lets it reach (its own ETA then agrees): at 10 s a step
+    # with 60 s of budget left after step 3, step 9 of the planned 400
+    assert steps_within(0.0, 1, 3, 400, 20.0, budget_s=80.0) == 9 and steps_within(0.0, 1, 3, 400, 20.0, None) == 400
+    assert steps_within(0.0, 1, 3, 5, 20.0, budget_s=800.0) == 5 and steps_within(0.0, 1, 9, 400, 200.0, 80.0) == 9
 
 
 def test_convert_judges_on_the_triage_held_out_file(pair, tmp_path):
