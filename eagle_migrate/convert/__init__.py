@@ -31,9 +31,10 @@ from ..progress import StageProgress
 from .options import ConvertOptions
 
 __all__ = [
-    "STATS_MAX_SEQUENCES", "STATS_MAX_SEQUENCES_CPU", "Agreement", "CalibrationStatus", "ConvertOptions", "ConvertResult",
-    "Eagle2Mapping", "FcNormWeight", "FeedbackVariant", "NormCandidate", "NormInit", "NormOutputCompensation",
-    "OutputFormat", "Provenance", "check_improvement", "check_pairing", "convert", "default_aux_ids",
+    "STATS_MAX_SEQUENCES", "STATS_MAX_SEQUENCES_CPU", "Agreement", "CalibrationStatus", "ConvertOptions",
+    "ConvertResult", "Eagle2Mapping", "FcNormWeight", "FeedbackVariant", "NormCandidate", "NormInit",
+    "NormOutputCompensation", "OutputFormat", "Provenance", "check_improvement", "check_pairing", "convert",
+    "default_aux_ids",
 ]
 
 # the torch side, imported on first use: ``convert.options`` (the options model) imports without torch
@@ -60,8 +61,8 @@ def convert(source: Path | str, target: str, out: Path | str, *, options: Conver
     ``result.calibration.improved`` says whether the fine-tune beat the initialised drafter on the held-out suites
     (``require_improvement``: :func:`check_improvement`, which the CLI calls, exits 1 when it did not).
     ``num_sequences`` calibration sequences are used by the fine-tune; a seeded sample of at most
-    :data:`STATS_MAX_SEQUENCES` of them (:data:`STATS_MAX_SEQUENCES_CPU` on a CPU) feeds the norm statistics, ``held_out`` of those (default: a quarter, 1..16)
-    only for measuring agreement. ``evaluate=False`` skips the agreement runs (the source's ``lm_head`` is never
+    :data:`STATS_MAX_SEQUENCES` of them (:data:`STATS_MAX_SEQUENCES_CPU` on a CPU) feeds the norm statistics,
+    ``held_out`` of those (default: a quarter, 1..16) only for measuring agreement. ``evaluate=False`` skips the agreement runs (the source's ``lm_head`` is never
     loaded): the fc_norm candidate is chosen by its fc-output error on the held-out sequences alone.
     ``aux_ids_convention`` (vllm | output-of-layer) overrides how the stored aux ids are read; otherwise a
     writer-unique fingerprint decides, or a measurement on the target (:mod:`eagle_migrate.formats.aux_ids`), and when
