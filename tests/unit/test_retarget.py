@@ -183,6 +183,19 @@ def test_the_cli_leaves_n_to_the_retarget_recipe_unless_given(pair, recorded, tm
     assert recorded[-1].num_sequences == 12 and "--num-sequences" not in json.loads(r.stdout)["decision"]
 
 
+def test_migrate_leaves_n_to_the_retarget_recipe_unless_given():
+    """migrate hands convert only what was given: -n unset reaches convert unset (the retarget recipe's 256 applies)."""
+    from eagle_migrate.convert.defaults import SourceKind, recipe
+    from eagle_migrate.migrate import MigrateOptions, convert_options
+
+    kind = SourceKind(kind="speculators-style", meaning="")
+    for given, want in ((None, 256), (12, None)):
+        o = convert_options(MigrateOptions.of() if given is None else MigrateOptions.of(num_sequences=given))
+        taken = recipe(kind, o.calibration, False, True, retarget=True, cpu=True,
+                       n_given="num_sequences" in o.model_fields_set)
+        assert taken.get("num_sequences") == want and taken["train"] == "all"
+
+
 def test_a_larger_n_feeds_the_fine_tune_not_the_cpu_statistics_pass(pair, recorded, tmp_path):
     """On a CPU the statistics pass reads at most STATS_MAX_SEQUENCES_CPU sequences whatever -n is (a retarget's 256
     passed through it one at a time for 10 minutes); the fine-tune still gets all of them."""
