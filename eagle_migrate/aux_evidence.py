@@ -318,15 +318,8 @@ def worse_than_literal(m: Measurement, literal: str) -> str:
 # ----- the states, once per sequence --------------------------------------------------------------------------------
 def _states(target: LazyTarget, seq: list[int], ids: list[int]) -> tuple[dict[int, torch.Tensor], torch.Tensor]:
     """{vLLM id: state [T, Ht]} and the target's greedy next token at every position [T]: the ones kept for ``seq``
-    when they hold every id in ``ids``, else one forward."""
-    kept = target.kept(seq)
-    if kept is not None and kept[1] is not None and all(i in kept[0] for i in ids):
-        return kept[0], kept[1]
-    union = sorted(set(ids))
-    aux, logits = target.loaded.forward(torch.tensor([seq]), union)
-    ht = target.info.hidden_size
-    states = {i: aux[0, :, j * ht:(j + 1) * ht].float().cpu() for j, i in enumerate(union)}
-    return states, logits[0].argmax(-1).cpu()
+    when they hold every id in ``ids``, else one forward (:func:`batched_states` of the one sequence)."""
+    return batched_states(target, [seq], ids)[0]
 
 
 target_states = _states  # the public name (target_fit measures step 0 on the same states)
@@ -334,8 +327,9 @@ target_states = _states  # the public name (target_fit measures step 0 on the sa
 
 def batched_states(target: LazyTarget, seqs: list[list[int]],
                    ids: list[int]) -> list[tuple[dict[int, torch.Tensor], torch.Tensor]]:
-    """:func:`target_states` of each of ``seqs``: the kept ones as they are, the rest in one right-padded forward
-    (causal attention: a row's positions never see the padding after them, so each row reads as its own forward)."""
+    """:func:`target_states` of each of ``seqs``: the ones kept for a sequence when they hold every id in ``ids`` (the
+    aux-id measurement's), the rest in one right-padded forward (causal attention: a row's positions never see the
+    padding after them, so each row reads as its own forward)."""
     out: list[Any] = [None] * len(seqs)
     todo = []
     for i, s in enumerate(seqs):

@@ -260,9 +260,9 @@ def follows(ck: Checkpoint, target: LazyTarget, ref: LazyTarget, ids: list[int],
         if progress is not None:
             progress(len(sizes), max_sequences)
         g = len(sizes)
-        if g >= FOLLOW_FIRST_LOOK and (g - FOLLOW_FIRST_LOOK) % FOLLOW_LOOK_EVERY == 0:
-            if _follows(pref, sizes).decided or differ == 0:  # decided, or the two write the same text here
-                break
+        looks = g >= FOLLOW_FIRST_LOOK and (g - FOLLOW_FIRST_LOOK) % FOLLOW_LOOK_EVERY == 0
+        if looks and (_follows(pref, sizes).decided or differ == 0):  # decided, or the two write the same text here
+            break
     fo = _follows(pref, sizes)
     return fo.model_copy(update={"differ": differ, "drafted": drafted, "seconds": round(time.perf_counter() - t0, 2)})
 
