@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shlex
 import sys
 from pathlib import Path
@@ -152,8 +153,6 @@ def pooled(out: Path, reference: str) -> None:
     prompts are disjoint, so independent), and the share of ``reference``'s pooled gain (arm 0: what retraining gives)
     it recovers, (r - 1) / (r0 - 1), with its delta-method SE (the two measured on the same source, treated as
     independent: conservative where they correlate)."""
-    import math
-
     groups: dict[tuple, list[dict]] = {}
     base: dict[tuple, str] = {}
     for r in _records(out):
