@@ -6,7 +6,9 @@ code: 2 for bad input or usage, 1 for a check that ran and failed. ``EAGLE_MIGRA
 
 from __future__ import annotations
 
+import contextlib
 import re
+from collections.abc import Iterator
 
 EXIT_OK = 0
 EXIT_CHECK_FAILED = 1
@@ -99,6 +101,37 @@ class CheckFailed(EagleMigrateError):
 
     exit_code = EXIT_CHECK_FAILED
     default_hint = "see the report for the failing suite; the thresholds are the options you passed"
+
+
+class Interrupted(KeyboardInterrupt):
+    """Raised in the main thread when the process gets SIGTERM (:func:`sigterm_raises`; SIGINT raises
+    KeyboardInterrupt): every ``finally`` and cleanup runs, as for Ctrl-C, and the exit code is 128 + ``signum``."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"interrupted by signal {signum}")
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def sigterm_raises() -> Iterator[None]:
+    """While the block runs, SIGTERM (``timeout``, ``kill``, a container stop) raises :class:`Interrupted` in the main
+    thread instead of ending the process where it stands: temporary folders are removed and locks released. Outside
+    the main thread signals are left alone."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: object) -> None:  # noqa: ARG001
+        raise Interrupted(signum)
+
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 # The table: class -> (exit code, default hint). docs/cli.md is generated from it.

@@ -14,7 +14,7 @@ import typer
 
 from .. import __version__
 from ..allocator import fixed_mmap_threshold
-from ..errors import EagleMigrateError
+from ..errors import EagleMigrateError, Interrupted, sigterm_raises
 from . import convert, demo, inspect, migrate, publish, quantize, render, validate, version, watch
 from .render import install_warning_handler, print_error, print_json, redact
 
@@ -78,9 +78,13 @@ def main(argv: list[str] | None = None) -> int:
     if json_mode:  # typer prints usage errors itself: keep a copy to put into the JSON error document
         sys.stderr = _Tee(real_stderr)
     try:
-        app(args=argv, prog_name="eagle-migrate", standalone_mode=True)
+        with sigterm_raises():  # SIGTERM unwinds like Ctrl-C: temporary outputs removed, then exit 143
+            app(args=argv, prog_name="eagle-migrate", standalone_mode=True)
         return 0
     except SystemExit as e:
+        term = _interrupted_by(e)
+        if e.code == 130 and term is not None:  # typer says 130 for any KeyboardInterrupt, SIGTERM's included
+            e = SystemExit(128 + term.signum)
         if e.code in INTERRUPTED_CODES and not render.interrupted_reported:
             sys.stderr = real_stderr
             _interrupted(args, int(e.code), json_mode)
@@ -89,13 +93,14 @@ def main(argv: list[str] | None = None) -> int:
             sys.stderr = real_stderr
             render.print_json({"error": {"code": "UsageError", "message": message,
                                          "hint": "see 'eagle-migrate COMMAND --help'", "exit_code": 2}})
-        raise
+        raise e from None
     except EagleMigrateError as e:
         _fail(e.__class__.__name__, e.message, e.hint, e.exit_code, debug, json_mode)
-    except KeyboardInterrupt:  # outside typer (while importing): the same line and code
+    except KeyboardInterrupt as e:  # outside typer (while importing): the same line and code
         sys.stderr = real_stderr
-        _interrupted(args, 130, json_mode)
-        raise SystemExit(130) from None
+        code = 128 + e.signum if isinstance(e, Interrupted) else 130
+        _interrupted(args, code, json_mode)
+        raise SystemExit(code) from None
     except Exception as e:
         first = str(e).splitlines()[0][:300] if str(e) else ""
         _fail("InternalError", f"unexpected {e.__class__.__name__}: {first}",
@@ -105,7 +110,19 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-INTERRUPTED_CODES = (130, 143)  # 128 + SIGINT (typer turns Ctrl-C into exit 130), 128 + SIGTERM (migrate)
+def _interrupted_by(exc: BaseException) -> Interrupted | None:
+    """The :class:`Interrupted` (SIGTERM) behind typer's exit, if one is in its chain of causes."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        if isinstance(e, Interrupted):
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
+
+
+INTERRUPTED_CODES = (130, 143)  # 128 + SIGINT (typer turns Ctrl-C into exit 130), 128 + SIGTERM
 
 
 def interrupted_line(args: list[str]) -> str:

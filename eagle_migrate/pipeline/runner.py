@@ -10,7 +10,6 @@ import os
 import re
 import shutil
 import signal
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -20,7 +19,15 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, ValidationError
 
 from .. import __version__
-from ..errors import EXIT_CHECK_FAILED, EXIT_OK, EagleMigrateError, InputError, OutputExistsError
+from ..errors import (
+    EXIT_CHECK_FAILED,
+    EXIT_OK,
+    EagleMigrateError,
+    InputError,
+    Interrupted,
+    OutputExistsError,
+    sigterm_raises,
+)
 from ..formats.output import atomic_output_dir, atomic_write_text, check_no_overlap, check_writable_parent
 from .hashing import Hasher, files_changed, files_digest, folder_sha256, inputs_digest
 from .manifest import MANIFEST_NAME, Manifest, StageRecord, Status, display_inputs, jsonable_outputs, now
@@ -100,14 +107,6 @@ class PipelineResult(BaseModel):
     hint: str | None = Field(None, description="what to do next when a stage failed")
     tool_version: str = __version__
     stages: list[StageSummary]
-
-
-class Interrupted(KeyboardInterrupt):
-    """Raised inside the running stage when the process gets SIGTERM (SIGINT raises KeyboardInterrupt)."""
-
-    def __init__(self, signum: int):
-        super().__init__(f"interrupted by signal {signum}")
-        self.signum = signum
 
 
 def _pid_alive(pid: int | None) -> bool:
@@ -219,22 +218,6 @@ class Pipeline:
                 with contextlib.suppress(OSError):
                     p.unlink()
 
-    @contextlib.contextmanager
-    def _signals(self) -> Iterator[None]:
-        """SIGTERM raises ``Interrupted`` in the main thread (the default would end the process with no cleanup)."""
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
-
-        def handler(signum, frame):  # noqa: ARG001
-            raise Interrupted(signum)
-
-        old = signal.signal(signal.SIGTERM, handler)
-        try:
-            yield
-        finally:
-            signal.signal(signal.SIGTERM, old)
-
     # -- running ----------------------------------------------------------------------------------------------
     def run(self, *, force: bool = False, force_stage: str | None = None) -> PipelineResult:
         """Run (or resume) the pipeline. ``force`` re-runs every stage; ``force_stage`` re-runs that stage and
@@ -247,7 +230,7 @@ class Pipeline:
             self.out_dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise InputError(f"cannot create the output folder {self.out_dir} ({e.strerror or e})", "choose an -o you can write") from None
-        with self._lock(), self._signals():
+        with self._lock(), sigterm_raises():
             return self._run(force, force_stage)
 
     def _run(self, force: bool, force_stage: str | None = None) -> PipelineResult:

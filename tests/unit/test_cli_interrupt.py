@@ -1,8 +1,12 @@
-"""Ctrl-C: one line (with the resume command for migrate), exit 130, nothing half-written (temporary folders gone)."""
+"""Ctrl-C and SIGTERM: one line (with the resume command for migrate), exit 130 / 143, nothing half-written (temporary
+folders gone)."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import time
 
 import pytest
 
@@ -42,6 +46,31 @@ def test_convert_interrupted_says_so_exits_130_and_leaves_no_temp_folder(pair, t
     code, stdout, err = _run(capsys, ["convert", str(src), "--target", str(target), "-o", str(out), "--no-calibrate",
                                       "-n", "4", "--json"])
     assert code == 130 and json.loads(stdout)["error"]["code"] == "Interrupted"
+
+
+def test_sigterm_unwinds_like_ctrl_c_exits_143_and_leaves_no_temp_folder(pair, tmp_path, capsys, monkeypatch):
+    """`timeout`, `kill` or a container stop sends SIGTERM, whose default ends the process where it stands and
+    leaves the half-written output's hidden temporary folder behind: every command now unwinds instead."""
+    import eagle_migrate.convert.base as base
+
+    def terminated(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)  # a real signal to this process while the output is half-written
+        time.sleep(10)
+        raise AssertionError("SIGTERM did not interrupt the command")
+
+    target, src = pair
+    before = signal.getsignal(signal.SIGTERM)
+    monkeypatch.setattr(base, "verify_written", terminated)
+    out = tmp_path / "out"
+    argv = ["convert", str(src), "--target", str(target), "-o", str(out), "--no-calibrate", "-n", "4"]
+    code, stdout, err = _run(capsys, argv)
+    assert code == 143
+    assert [ln for ln in err.splitlines() if "interrupted" in ln] == ["interrupted; nothing was written"]
+    assert list(tmp_path.iterdir()) == []  # neither the output nor its temporary sibling
+    assert signal.getsignal(signal.SIGTERM) is before  # the handler is the command's only
+    code, stdout, err = _run(capsys, [*argv, "--json"])
+    assert code == 143 and json.loads(stdout)["error"] == {"code": "Interrupted", "exit_code": 143, "hint": None,
+                                                           "message": "interrupted; nothing was written"}
 
 
 def test_migrate_interrupted_prints_the_resume_command(pair, tmp_path, capsys, monkeypatch):
