@@ -348,6 +348,7 @@ class _FitLoop:
                 self._load(self.best_state)
                 ev = self.evaluate()
                 self.best_eval = ev if isinstance(ev, Evaluation) else Evaluation(float(ev))
+                self.best_eval_step = self.best_step  # the saved best's own evaluation: finish() may return it
                 self._load(now)
         if self.progress:
             self.progress({"phase": "resume", "step": self.step})

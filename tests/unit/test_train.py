@@ -285,6 +285,42 @@ def test_a_time_limited_run_resumes_to_the_uninterrupted_weights(tmp_path):
         assert torch.equal(p, dict(m2.named_parameters())[n]), n
 
 
+def test_a_resumed_run_whose_best_came_before_returns_that_best_s_own_evaluation(tmp_path):
+    """The judge compares against the best's own evaluation, so a resumed run re-evaluates the saved best weights;
+    when nothing after the resume beats them, that re-evaluation is the returned drafter's (calibrate reuses it
+    instead of a second pass) and reads what evaluating the returned weights reads."""
+    from eagle_migrate.train import Evaluation
+
+    teacher = _model(True, seed=5)
+    data = _toy_batches(teacher)
+    names = ["fc.weight"]
+    cfg = FitConfig(steps=12, lr=5e-3, warmup=0, k=2, seed=3, eval_every=3, patience=None)
+    m = _model(True, seed=0)
+    allow = [True]
+
+    def evaluate():  # a function of the weights themselves: the same weights read the same
+        return Evaluation(float(m.fc.weight.detach().double().sum()))
+
+    def better(new, best):
+        return allow[0], {}
+
+    clock = _FakeClock()
+
+    def slow_step_6(e):
+        if e.get("phase") == "train" and e["step"] == 6:
+            clock.now += 1.1
+
+    r1 = fit(m, names, data, None, cfg.model_copy(update={"max_seconds": 1.0}), evaluate=evaluate,
+             initial_score=evaluate(), resume_dir=tmp_path, progress=slow_step_6, clock=clock, better=better)
+    assert r1.stop_reason == "time limit" and r1.best_step == 6
+    allow[0] = False  # after the resume nothing beats the saved best
+    m = _model(True, seed=0)
+    r2 = fit(m, names, data, None, cfg, evaluate=evaluate, initial_score=evaluate(), resume_dir=tmp_path,
+             better=better)
+    assert r2.resumed_from == 6 and r2.steps_run == 12 and r2.best_step == 6
+    assert r2.best_eval is not None and r2.best_eval.score == evaluate().score == r1.best_eval.score
+
+
 def test_lr_schedule():
     cfg = FitConfig(steps=100, lr=1.0, warmup=10, schedule="cosine", min_lr_ratio=0.1)
     assert lr_at(0, cfg) == pytest.approx(0.1) and lr_at(9, cfg) == pytest.approx(1.0)
