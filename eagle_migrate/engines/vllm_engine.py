@@ -124,7 +124,7 @@ def _communicate(cmd: list[str], stdin: str, env: dict[str, str], timeout: float
         pass
     try:
         p.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
+    except BaseException:  # the timeout, Ctrl-C or SIGTERM (errors.sigterm_raises): the worker ends with this call
         p.kill()
         p.wait()
         raise

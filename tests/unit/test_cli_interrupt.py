@@ -91,3 +91,30 @@ def test_the_line_names_the_resume_command_only_where_there_is_one():
     assert "continue from the last saved calibration step with: eagle-migrate convert a --resume r" in \
         interrupted_line(["convert", "a", "--resume", "r"])
     assert interrupted_line(["demo"]) == "interrupted; resume with: eagle-migrate demo"
+
+
+def test_an_interrupted_engine_call_ends_its_vllm_worker_at_once(monkeypatch):
+    """SIGTERM (or Ctrl-C) while the vLLM worker runs: the worker is killed by the call, not left running until this
+    process has exited (its parent-death signal) while the reader threads wait on its pipes."""
+    import subprocess
+    import sys
+    import threading
+
+    from eagle_migrate.engines import vllm_engine
+    from eagle_migrate.errors import Interrupted, sigterm_raises
+
+    started: list[subprocess.Popen] = []
+    real = subprocess.Popen
+
+    def popen(*args, **kwargs):
+        started.append(real(*args, **kwargs))
+        return started[-1]
+
+    monkeypatch.setattr(vllm_engine.subprocess, "Popen", popen)
+    timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM))
+    t0 = time.monotonic()
+    with pytest.raises(Interrupted), sigterm_raises():
+        timer.start()
+        vllm_engine._communicate([sys.executable, "-c", "import time; time.sleep(120)"], "", dict(os.environ), 300, None)
+    assert started and started[0].poll() is not None  # ended, not left to sleep
+    assert time.monotonic() - t0 < 60
