@@ -63,6 +63,9 @@ class PairedDifference(BaseModel):
     base_al: float = Field(description="1 + mean accepted by b over every position")
     num_positions: int
     num_blocks: int
+    walk_diff: float = Field(0.0, description="AL(a) - AL(b) by vLLM's walk over the same sequences (the ALs reported "
+                             "and served; the walk visits only some positions, so it can disagree with diff)")
+    walk_se: float = Field(0.0, description="standard error of walk_diff, each sequence a cluster (paired)")
 
     def z(self) -> float:
         return self.diff / self.se if self.se > 0 else (math.inf if self.diff > 0 else -math.inf if self.diff < 0 else 0.0)
@@ -125,8 +128,23 @@ def paired_difference(a: SimulatedAcceptance, b: SimulatedAcceptance, block: int
     mean = sum(sums) / n
     var = g / (g - 1) * sum((sg - mean * ng) ** 2 for sg, ng in zip(sums, sizes)) / n**2 if g > 1 else 0.0
     base_al = 1.0 + base / n
+    walk_diff, walk_se = _walk_difference(a.chains, b.chains)
     return PairedDifference(diff=mean, se=math.sqrt(var), relative=mean / base_al, base_al=base_al, num_positions=n,
-                            num_blocks=g)
+                            num_blocks=g, walk_diff=walk_diff, walk_se=walk_se)
+
+
+def _walk_difference(ca: Sequence[Sequence[int]], cb: Sequence[Sequence[int]]) -> tuple[float, float]:
+    """AL(a) - AL(b) of vLLM's walk (:func:`walk_chains`) over the same sequences, and its standard error with each
+    sequence a cluster: the two ratios' delta-method residuals (accepted - r * drafts) / drafts, differenced per
+    sequence (pairing keeps what the sequences share)."""
+    wa, wb = [walk_chains(c) for c in ca], [walk_chains(c) for c in cb]
+    na, nb = sum(len(w) for w in wa), sum(len(w) for w in wb)
+    if not na or not nb:
+        return 0.0, 0.0
+    ra, rb = sum(map(sum, wa)) / na, sum(map(sum, wb)) / nb
+    e = [(sum(x) - ra * len(x)) / na - (sum(y) - rb * len(y)) / nb for x, y in zip(wa, wb)]
+    g = len(e)
+    return ra - rb, math.sqrt(g / (g - 1) * sum(v * v for v in e)) if g > 1 else 0.0
 
 
 @dataclass
@@ -278,9 +296,14 @@ class Comparison(BaseModel):
     diff: float
     se: float
     relative: float = Field(description="mean over the suites of diff_s / AL_s(b)")
+    walk_diff: float = Field(0.0, description="mean over the suites of the walk's AL difference (the score's)")
+    walk_se: float = Field(0.0, description="its standard error (sequences as clusters, suites independent)")
 
     def better(self, z: float = JUDGE_Z) -> bool:
-        return self.diff > 0 and self.diff > z * self.se
+        """Beyond ``z`` standard errors at every position, and the AL of vLLM's walk (the score, what is served)
+        higher too: the two can disagree in sign (a drafter whose right drafts come in runs gains at every position
+        and loses in the walk, which crosses a run in one draft), and "better" must not lower the AL it reports."""
+        return self.diff > 0 and self.diff > z * self.se and self.walk_diff > 0
 
     def worst(self) -> tuple[str, PairedDifference]:
         return min(self.suites.items(), key=lambda kv: kv[1].relative)
@@ -294,7 +317,9 @@ class Comparison(BaseModel):
         per = {n: paired_difference(a[n], b[n], block) for n in a if n in b}
         s = max(len(per), 1)
         return cls(suites=per, diff=sum(d.diff for d in per.values()) / s,
-                   se=sum(d.se**2 for d in per.values()) ** 0.5 / s, relative=sum(d.relative for d in per.values()) / s)
+                   se=sum(d.se**2 for d in per.values()) ** 0.5 / s, relative=sum(d.relative for d in per.values()) / s,
+                   walk_diff=sum(d.walk_diff for d in per.values()) / s,
+                   walk_se=sum(d.walk_se**2 for d in per.values()) ** 0.5 / s)
 
 
 # ----- when calibration stops: no reachable improvement ---------------------------------------------------------------

@@ -258,7 +258,8 @@ def _fit_judged(model: EagleDrafter, names: list[str], feats: Any, head: TargetH
 
     def better(new: Evaluation, best: Evaluation) -> tuple[bool, dict[str, Any]]:
         c = Comparison.of(new.detail, best.detail, block)
-        return c.better(), {"diff_vs_best": c.diff, "diff_se": c.se}
+        return c.better(), {"diff_vs_best": c.diff, "diff_se": c.se, "walk_diff_vs_best": c.walk_diff,
+                            "walk_diff_se": c.walk_se}
 
     # norm weights range from ~1 to ~25 (fc_norm = the aux layers' RMS): Adam's steps are absolute, so each norm's
     # learning rate is scaled by its mean |weight| -> the same relative change per step for every norm

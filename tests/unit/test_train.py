@@ -442,6 +442,28 @@ def test_paired_difference_is_the_blocked_mean_and_its_standard_error():
         paired_difference(a, _sim([[1, 1, 0]]))
 
 
+def test_better_at_every_position_but_lower_in_vllm_s_walk_is_not_better():
+    """The judge's paired difference is over every draftable position; vLLM's walk (the AL reported and served)
+    visits only some. A drafter right in runs gains at every position and loses in the walk, which crosses a run
+    in one draft: seen on a --train all recalibration (paired +0.036 +- 0.018 at every position, walk AL 1.426 ->
+    1.389, served 0.986). The judge calls it better only when the walk's AL is higher too."""
+    from eagle_migrate.judge import Comparison, paired_difference, walk_chains
+
+    runs = _sim([[3, 3, 3, 3, 0, 0, 0, 0]] * 6)  # at every position 1.5 on average; the walk: 3, 0, 0, 0, 0
+    even = _sim([[1] * 8] * 6)  # 1 everywhere; the walk: 1, 1, 1, 1
+    d = paired_difference(runs, even, block=8)
+    assert d.diff == pytest.approx(0.5) and d.se == 0  # better at every position, beyond any noise
+    walk_al = lambda s: sum(sum(walk_chains(c)) for c in s.chains) / sum(len(walk_chains(c)) for c in s.chains)  # noqa: E731
+    assert d.walk_diff == pytest.approx(walk_al(runs) - walk_al(even)) == pytest.approx(3 / 5 - 1)
+    assert not Comparison.of({"chat": runs}, {"chat": even}, 8).better()
+    assert Comparison.of({"chat": even}, {"chat": _sim([[0] * 8] * 6)}, 8).better()  # higher both ways
+    noisy = _sim([[1] * 8, [0] * 8] * 3)  # the walk's standard error: sequences as clusters
+    w = paired_difference(even, noisy, block=8)
+    # walk: even 24 drafts, 24 accepted; noisy 3 x 4 drafts all accepted + 3 x 8 drafts none: 12 of 36 (r = 1/3);
+    # per sequence residual (accepted - r drafts) / 36 = +-(8/3) / 36 = +-2/27
+    assert w.walk_diff == pytest.approx(1 - 1 / 3) and w.walk_se == pytest.approx((6 / 5 * 6 * (2 / 27) ** 2) ** 0.5)
+
+
 def test_fit_keeps_the_initial_weights_when_the_judge_sees_only_noise():
     """Scores that rise a little every evaluation replace the best under the plain min_delta rule; with a judge
     that calls them noise, the initial weights come back (the bug: "best step" picked among noisy evaluations)."""
