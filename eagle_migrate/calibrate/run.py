@@ -244,6 +244,21 @@ def _score(res: Mapping[str, SimulatedAcceptance]) -> float:
     return sum(r.acceptance_length for r in res.values()) / len(res) if res else float("nan")
 
 
+def lr_scales(model: EagleDrafter, names: Sequence[str]) -> dict[str, float]:
+    """Per-parameter learning-rate multipliers for Adam, whose steps are absolute: each norm's lr is scaled by its
+    mean |weight| (they range from ~1 to ~25: fc_norm holds the aux layers' RMS), so every norm changes by the same
+    share per step; under ``norm_output`` lm_head's lr is divided by the final norm's mean |weight|. lm_head reads
+    that norm's output, whose scale is the norm's weight: convert's norm_output fold puts R there (flat, ~18 on a
+    plain EAGLE-3 source) and divides lm_head by it, so undivided steps would move the logits R times as far as on
+    the unfolded drafter (on the plain source the fine-tune diverged, loss 4.8 -> 5.4, session 20)."""
+    params = dict(model.named_parameters())
+    norms = set(trainable_names(model, "norms"))
+    scale = {n: max(float(params[n].detach().abs().mean()), 1e-3) for n in names if n in norms}
+    if model.cfg.norm_output and "lm_head.weight" in names and "norm.weight" in params:
+        scale["lm_head.weight"] = 1.0 / max(float(params["norm.weight"].detach().abs().mean()), 1e-3)
+    return scale
+
+
 def _fit_judged(model: EagleDrafter, names: list[str], feats: Any, head: TargetHead, cfg: FitConfig, dev: torch.device,
                 suites: Mapping[str, tuple[FeatureStore, list[int]]], before: dict[str, SimulatedAcceptance],
                 block: int, *, resume_dir: str | Path | None,
@@ -261,11 +276,8 @@ def _fit_judged(model: EagleDrafter, names: list[str], feats: Any, head: TargetH
         return c.better(), {"diff_vs_best": c.diff, "diff_se": c.se, "walk_diff_vs_best": c.walk_diff,
                             "walk_diff_se": c.walk_se}
 
-    # norm weights range from ~1 to ~25 (fc_norm = the aux layers' RMS): Adam's steps are absolute, so each norm's
-    # learning rate is scaled by its mean |weight| -> the same relative change per step for every norm
     params = dict(model.named_parameters())
-    norms = set(trainable_names(model, "norms"))
-    lr_scale = {n: max(float(params[n].detach().abs().mean()), 1e-3) for n in names if n in norms}
+    lr_scale = lr_scales(model, names)
     initial = {n: params[n].detach().clone() for n in names}
     fr = fit(model, names, feats, head, cfg, device=dev, evaluate=evaluate if suites else None,
              initial_score=Evaluation(_score(before), before) if suites else None, resume_dir=resume_dir,

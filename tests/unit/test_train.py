@@ -321,6 +321,43 @@ def test_a_resumed_run_whose_best_came_before_returns_that_best_s_own_evaluation
     assert r2.best_eval is not None and r2.best_eval.score == evaluate().score == r1.best_eval.score
 
 
+def test_lm_head_lr_follows_the_norm_output_fold():
+    """convert's norm_output fold puts R in the final norm (flat) and divides lm_head by it. Adam's steps are
+    absolute, so lm_head's lr is divided by R too (calibrate's lr_scales): fine-tuning the folded drafter then moves
+    lm_head times R exactly as on the unfolded one; without it each step moves the logits R times as far (the plain
+    source's default recalibration diverged)."""
+    import copy
+
+    from eagle_migrate.calibrate.run import lr_scales
+
+    teacher = _model(True, seed=5)
+    data = _toy_batches(teacher)
+    unfolded = _model(True, seed=0)
+    with torch.no_grad():
+        unfolded.norm.weight.fill_(1.0)
+    r = 18.0
+    folded = copy.deepcopy(unfolded)
+    with torch.no_grad():
+        folded.norm.weight.fill_(r)
+        folded.lm_head.weight.div_(r)
+    names = ["lm_head.weight"]
+    assert lr_scales(folded, names) == {"lm_head.weight": pytest.approx(1 / r)}
+    assert lr_scales(unfolded, names) == {"lm_head.weight": pytest.approx(1.0)}
+    assert lr_scales(_model(False, seed=0), names) == {}  # without norm_output lm_head reads no folded norm
+    cfg = FitConfig(steps=6, lr=1e-2, warmup=0, k=1, patience=None, clip=1e9)  # k = 1: the two are the same function
+    start = unfolded.lm_head.weight.detach().clone()
+    fit(unfolded, names, data, None, cfg, lr_scale=lr_scales(unfolded, names))
+    fit(folded, names, data, None, cfg, lr_scale=lr_scales(folded, names))
+    assert not torch.allclose(unfolded.lm_head.weight, start)
+    assert torch.allclose(folded.lm_head.weight * r, unfolded.lm_head.weight, rtol=1e-4, atol=1e-5)
+    blind = copy.deepcopy(unfolded)
+    with torch.no_grad():
+        blind.lm_head.weight.copy_(start / r)
+        blind.norm.weight.fill_(r)
+    fit(blind, names, data, None, cfg)  # the old way: lm_head's lr undivided
+    assert not torch.allclose(blind.lm_head.weight * r, unfolded.lm_head.weight, rtol=1e-2, atol=1e-3)
+
+
 def test_lr_schedule():
     cfg = FitConfig(steps=100, lr=1.0, warmup=10, schedule="cosine", min_lr_ratio=0.1)
     assert lr_at(0, cfg) == pytest.approx(0.1) and lr_at(9, cfg) == pytest.approx(1.0)
