@@ -247,15 +247,17 @@ def _score(res: Mapping[str, SimulatedAcceptance]) -> float:
 def lr_scales(model: EagleDrafter, names: Sequence[str]) -> dict[str, float]:
     """Per-parameter learning-rate multipliers for Adam, whose steps are absolute: each norm's lr is scaled by its
     mean |weight| (they range from ~1 to ~25: fc_norm holds the aux layers' RMS), so every norm changes by the same
-    share per step; under ``norm_output`` lm_head's lr is divided by the final norm's mean |weight|. lm_head reads
-    that norm's output, whose scale is the norm's weight: convert's norm_output fold puts R there (flat, ~18 on a
-    plain EAGLE-3 source) and divides lm_head by it, so undivided steps would move the logits R times as far as on
-    the unfolded drafter (on the plain source the fine-tune diverged, loss 4.8 -> 5.4, session 20)."""
+    share per step; lm_head's lr is divided by R where convert folded the final norm for ``norm_output``
+    (``convert/eagle3.py``: ``norm.weight`` = R, flat, ~18 on a plain EAGLE-3 source, and lm_head divided by R).
+    lm_head reads that norm's output, so undivided steps would move the logits R times as far as on the unfolded
+    drafter (on the plain source the fine-tune diverged, loss 4.8 -> 5.4, session 20). A norm that is not flat was
+    trained, not folded: lm_head keeps the plain lr."""
     params = dict(model.named_parameters())
     norms = set(trainable_names(model, "norms"))
     scale = {n: max(float(params[n].detach().abs().mean()), 1e-3) for n in names if n in norms}
-    if model.cfg.norm_output and "lm_head.weight" in names and "norm.weight" in params:
-        scale["lm_head.weight"] = 1.0 / max(float(params["norm.weight"].detach().abs().mean()), 1e-3)
+    w = params["norm.weight"].detach() if "norm.weight" in params else None
+    if model.cfg.norm_output and "lm_head.weight" in names and w is not None and bool((w == w.flatten()[0]).all()):
+        scale["lm_head.weight"] = 1.0 / max(float(w.abs().mean()), 1e-3)
     return scale
 
 

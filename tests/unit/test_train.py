@@ -343,6 +343,7 @@ def test_lm_head_lr_follows_the_norm_output_fold():
     names = ["lm_head.weight"]
     assert lr_scales(folded, names) == {"lm_head.weight": pytest.approx(1 / r)}
     assert lr_scales(unfolded, names) == {"lm_head.weight": pytest.approx(1.0)}
+    assert lr_scales(_model(True, seed=0), names) == {}  # a trained (not flat) final norm: no fold, the plain lr
     assert lr_scales(_model(False, seed=0), names) == {}  # without norm_output lm_head reads no folded norm
     cfg = FitConfig(steps=6, lr=1e-2, warmup=0, k=1, patience=None, clip=1e9)  # k = 1: the two are the same function
     start = unfolded.lm_head.weight.detach().clone()
