@@ -124,7 +124,7 @@ def sigterm_raises() -> Iterator[None]:
         yield
         return
 
-    def handler(signum: int, frame: object) -> None:  # noqa: ARG001
+    def handler(signum: int, frame: object) -> None:
         raise Interrupted(signum)
 
     old = signal.signal(signal.SIGTERM, handler)

@@ -491,7 +491,7 @@ def test_better_at_every_position_but_lower_in_vllm_s_walk_is_not_better():
     even = _sim([[1] * 8] * 6)  # 1 everywhere; the walk: 1, 1, 1, 1
     d = paired_difference(runs, even, block=8)
     assert d.diff == pytest.approx(0.5) and d.se == 0  # better at every position, beyond any noise
-    walk_al = lambda s: sum(sum(walk_chains(c)) for c in s.chains) / sum(len(walk_chains(c)) for c in s.chains)  # noqa: E731
+    walk_al = lambda s: sum(sum(walk_chains(c)) for c in s.chains) / sum(len(walk_chains(c)) for c in s.chains)
     assert d.walk_diff == pytest.approx(walk_al(runs) - walk_al(even)) == pytest.approx(3 / 5 - 1)
     assert not Comparison.of({"chat": runs}, {"chat": even}, 8).better()
     assert Comparison.of({"chat": even}, {"chat": _sim([[0] * 8] * 6)}, 8).better()  # higher both ways
