@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import re
+import signal
+import threading
 from collections.abc import Iterator
 
 EXIT_OK = 0
@@ -117,9 +119,6 @@ def sigterm_raises() -> Iterator[None]:
     """While the block runs, SIGTERM (``timeout``, ``kill``, a container stop) raises :class:`Interrupted` in the main
     thread instead of ending the process where it stands: temporary folders are removed and locks released. Outside
     the main thread signals are left alone."""
-    import signal
-    import threading
-
     if threading.current_thread() is not threading.main_thread():
         yield
         return
