@@ -288,6 +288,11 @@ def judge_block(k: int) -> int:
     return 4 * (k + 1)
 
 
+def _beyond(x: float, se: float, z: float) -> bool:
+    """x > 0 beyond z standard errors (an se of 0 with a walk not measured, x = 0, is never beyond)."""
+    return x > 0 and x > z * se
+
+
 class Comparison(BaseModel):
     """Drafter a minus drafter b on the same held-out positions: per suite and pooled (mean over the suites, as
     the score is; se = sqrt(sum se_s^2) / S, the suites being independent)."""
@@ -309,8 +314,9 @@ class Comparison(BaseModel):
         return min(self.suites.items(), key=lambda kv: kv[1].relative)
 
     def below(self, z: float = JUDGE_Z) -> dict[str, PairedDifference]:
-        """The suites where a is below b beyond noise."""
-        return {n: d for n, d in self.suites.items() if d.diff < 0 and -d.diff > z * d.se}
+        """The suites where a is below b beyond noise: at every position, or in vLLM's walk (the AL served; the two
+        can disagree in sign, see :meth:`better`)."""
+        return {n: d for n, d in self.suites.items() if _beyond(-d.diff, d.se, z) or _beyond(-d.walk_diff, d.walk_se, z)}
 
     @classmethod
     def of(cls, a: Mapping[str, SimulatedAcceptance], b: Mapping[str, SimulatedAcceptance], block: int) -> Comparison:

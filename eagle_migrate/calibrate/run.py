@@ -314,7 +314,7 @@ def _improvement_warning(suites: Mapping[str, Any], best_step: int, improved: bo
     if worse:
         return "simulated AL went down beyond noise on " + ", ".join(
             f"{n} ({before[n].acceptance_length:.3f} -> {after[n].acceptance_length:.3f}, paired {d.diff:+.3f} "
-            f"+/- {d.se:.3f})" for n, d in worse.items())
+            f"+/- {d.se:.3f}, in vLLM's walk {d.walk_diff:+.3f} +/- {d.walk_se:.3f})" for n, d in worse.items())
     return None
 
 

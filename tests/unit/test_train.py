@@ -502,6 +502,27 @@ def test_better_at_every_position_but_lower_in_vllm_s_walk_is_not_better():
     assert w.walk_diff == pytest.approx(1 - 1 / 3) and w.walk_se == pytest.approx((6 / 5 * 6 * (2 / 27) ** 2) ** 0.5)
 
 
+def test_below_the_source_in_vllm_s_walk_is_below_though_higher_at_every_position():
+    """The source warning ("drafts below the source") reads the walk too: a drafter higher at every position and
+    lower in the walk beyond noise is below where it is served; the verdict says which measure found it."""
+    from eagle_migrate.calibrate.result import source_verdict
+    from eagle_migrate.judge import Comparison
+
+    runs, even = _sim([[3, 3, 3, 3, 0, 0, 0, 0]] * 6), _sim([[1] * 8] * 6)  # walk: 3 of 5 drafts against 1 of 1
+    c = Comparison.of({"chat": runs}, {"chat": even}, 8)
+    assert c.suites["chat"].diff > 0 and c.suites["chat"].walk_diff == pytest.approx(-0.4)
+    assert set(c.below()) == {"chat"}
+    worse, line = source_verdict(c, {"chat": runs}, {"chat": even})
+    assert worse and "40 % below the source on chat" in line and "vLLM's walk -0.400" in line
+    # lower both ways only within the noise (sequences as clusters, paired): not below
+    noisy = Comparison.of({"chat": _sim([[1] * 8, [0] * 8] * 3)},
+                          {"chat": _sim([[0] * 8, [1] * 8] * 2 + [[1] * 8, [1, 0] * 4])}, 8)
+    d = noisy.suites["chat"]
+    assert d.walk_diff < 0 and -d.walk_diff <= 2 * d.walk_se and d.diff < 0 and -d.diff <= 2 * d.se
+    assert noisy.below() == {}
+    assert set(Comparison.of({"chat": even}, {"chat": runs}, 8).below()) == {"chat"}  # below at every position
+
+
 def test_fit_keeps_the_initial_weights_when_the_judge_sees_only_noise():
     """Scores that rise a little every evaluation replace the best under the plain min_delta rule; with a judge
     that calls them noise, the initial weights come back (the bug: "best step" picked among noisy evaluations)."""
