@@ -150,9 +150,10 @@ def table(out: Path) -> None:
 
 def pooled(out: Path, reference: str) -> None:
     """Per (B, label, k): the paired ratios against the source pooled over the suites (inverse-variance; the suites'
-    prompts are disjoint, so independent), and the share of ``reference``'s pooled gain (arm 0: what retraining gives)
-    it recovers, (r - 1) / (r0 - 1), with its delta-method SE (the two measured on the same source, treated as
-    independent: conservative where they correlate)."""
+    prompts are disjoint, so independent), and the share of the reference's pooled gain (arm 0: what retraining
+    gives) it recovers, (r - 1) / (r0 - 1), with its delta-method SE (the two measured on the same source, treated as
+    independent: conservative where they correlate). ``reference``: arm 0's label, or comma-separated labels, one per
+    source: each arm against the one served over the same source."""
     groups: dict[tuple, list[dict]] = {}
     base: dict[tuple, str] = {}
     for r in _records(out):
@@ -165,10 +166,13 @@ def pooled(out: Path, reference: str) -> None:
         pool[key] = (sum(wi * p["ratio"] for wi, p in zip(w, ps)) / sum(w), 1 / math.sqrt(sum(w)), len(ps))
     print("| B | arm | k | suites | pooled ratio +- SE | share of the reference's gain |")
     print("|---|---|---|---|---|---|")
+    refs = reference.split(",")
     for (b, label, k), (r, se, n) in pool.items():
-        ref = pool.get((b, reference, k))
-        share = "-"  # only against the reference served over the same source
-        if ref and ref[0] != 1 and base[(b, label, k)] == base[(b, reference, k)]:
+        # the reference served over the same source as this arm (one arm 0 per source)
+        ref_label = next((x for x in refs if base.get((b, x, k)) == base[(b, label, k)]), None)
+        ref = pool.get((b, ref_label, k)) if ref_label else None
+        share = "-"
+        if ref and ref[0] != 1:
             g0, s0 = ref[0] - 1, ref[1]
             share = f"{(r - 1) / g0:.0%} +- {math.hypot(se / g0, (r - 1) * s0 / g0 ** 2):.0%}"
         print(f"| {b} | {label} | {k} | {n} | {r:.3f} +- {se:.3f} | {share} |")
@@ -192,7 +196,8 @@ def main() -> None:
     ap.add_argument("--runs", type=Path, default=RUNS, help="where the converted drafters and raw reports go")
     ap.add_argument("--table", action="store_true", help="print the markdown table of what is recorded")
     ap.add_argument("--pooled", metavar="REFERENCE", help="print each arm's ratio pooled over the suites and the share "
-                    "of REFERENCE's gain it recovers (REFERENCE: arm 0's label, arm0-2ep-drafter)")
+                    "of REFERENCE's gain it recovers (REFERENCE: arm 0's label, arm0-2ep-drafter; comma-separated, "
+                    "one per source: each arm against the one served over its source)")
     a = ap.parse_args()
     if a.table:
         return table(a.out)
