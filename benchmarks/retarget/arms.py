@@ -76,7 +76,9 @@ def convert_arm(src: Path, target: Path, out: Path, arm: str, extra: list[str]) 
 
 
 def validate_arm(model: Path, src: Path, target: Path, out: Path, a: argparse.Namespace) -> tuple[dict, float]:
-    rep = out / f"validate-k{a.k}.json"
+    # one report per suite set (chat,template-shift keeps its old name): a later --suites long is measured, not read back
+    tail = "" if a.suites == "chat,template-shift" else "-" + a.suites.replace(",", "+")
+    rep = out / f"validate-k{a.k}{tail}.json"
     if rep.exists():
         return json.loads(rep.read_text()), 0.0
     cmd = ["validate", str(model), "--baseline", str(src), "--target", str(target), "--engine", "vllm",
@@ -86,7 +88,7 @@ def validate_arm(model: Path, src: Path, target: Path, out: Path, a: argparse.Na
         cmd += ["--num-prompts", str(a.num_prompts)]
     if a.prompts:
         cmd += ["--prompts", str(a.prompts)]
-    doc, wall = _run_json(cmd, out / f"validate-k{a.k}.log")
+    doc, wall = _run_json(cmd, out / f"validate-k{a.k}{tail}.log")
     rep.write_text(json.dumps(doc))
     return doc, wall
 
@@ -148,16 +150,17 @@ def table(out: Path) -> None:
               f"{c.get('wall_s', '-')} | {c.get('decision') or '-'} |")
 
 
-def pooled(out: Path, reference: str) -> None:
+def pooled(out: Path, reference: str, suites: str = "chat,template-shift") -> None:
     """Per (B, label, k): the paired ratios against the source pooled over the suites (inverse-variance; the suites'
     prompts are disjoint, so independent), and the share of the reference's pooled gain (arm 0: what retraining
     gives) it recovers, (r - 1) / (r0 - 1), with its delta-method SE (the two measured on the same source, treated as
     independent: conservative where they correlate). ``reference``: arm 0's label, or comma-separated labels, one per
-    source: each arm against the one served over the same source."""
+    source: each arm against the one served over the same source. ``suites``: those pooled (an arm without one of
+    them is pooled over fewer: the suites column says how many)."""
     groups: dict[tuple, list[dict]] = {}
     base: dict[tuple, str] = {}
     for r in _records(out):
-        if (r.get("paired") or {}).get("se"):
+        if (r.get("paired") or {}).get("se") and r["suite"] in suites.split(","):
             groups.setdefault((r["target"], r["label"], r["k"]), []).append(r["paired"])
             base[(r["target"], r["label"], r["k"])] = r["baseline_path"]
     pool = {}
@@ -202,7 +205,7 @@ def main() -> None:
     if a.table:
         return table(a.out)
     if a.pooled:
-        return pooled(a.out, a.pooled)
+        return pooled(a.out, a.pooled, a.suites)
     if not a.target:
         ap.error("give the target B (or --table)")
     run(a)
