@@ -32,16 +32,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
-from pydantic import BaseModel, Field
 
 from .drafter.model import EagleDrafter, StepOutput
 from .features import FeatureBatch, Progress, TargetHead
+from .fit_config import STEP_DECAY, FitConfig, Schedule, lr_at  # noqa: F401  (re-exported: train.FitConfig)
 from .formats.output import atomic_file
-
-STEP_DECAY = 0.8
 
 
 # ----- the unrolled forward ------------------------------------------------------------------------------------------
@@ -193,40 +191,6 @@ def _autocast(device: torch.device | str, enabled: bool):
 
 
 # ----- the optimisation loop -----------------------------------------------------------------------------------------
-Schedule = Literal["cosine", "linear", "constant"]
-
-
-class FitConfig(BaseModel):
-    steps: int = Field(200, ge=0)
-    lr: float = Field(1e-3, gt=0)
-    warmup: int = Field(20, ge=0)
-    schedule: Schedule = "cosine"
-    min_lr_ratio: float = Field(0.1, ge=0, le=1)
-    clip: float = Field(1.0, gt=0)
-    weight_decay: float = Field(0.0, ge=0)
-    k: int = Field(3, ge=1)
-    decay: float = Field(STEP_DECAY, gt=0)
-    seed: int = 0
-    eval_every: int = Field(25, ge=1)
-    save_every: int | None = Field(None, ge=1, description="resume checkpoint period (default: eval_every)")
-    patience: int | None = Field(4, ge=1, description="early stop after this many evaluations without improvement")
-    min_delta: float = Field(1e-3, ge=0, description="an evaluation must beat the best score by this much")
-    max_seconds: float | None = Field(None, gt=0, description="stop after the first step that ends past this much "
-                                      "training time (an evaluation is made there); the schedule stays step-based")
-
-
-def lr_at(step: int, cfg: FitConfig) -> float:
-    if cfg.warmup and step < cfg.warmup:
-        return cfg.lr * (step + 1) / cfg.warmup
-    if cfg.schedule == "constant" or cfg.steps <= cfg.warmup:
-        return cfg.lr
-    frac = min(1.0, (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup))
-    lo = cfg.lr * cfg.min_lr_ratio
-    if cfg.schedule == "linear":
-        return cfg.lr - (cfg.lr - lo) * frac
-    return lo + 0.5 * (cfg.lr - lo) * (1 + math.cos(math.pi * frac))
-
-
 def batch_order(n: int, step: int, seed: int) -> int:
     """The batch index used at ``step``: a fresh seeded permutation each epoch (resume needs no RNG state)."""
     epoch, r = divmod(step, n)
@@ -300,6 +264,7 @@ class _FitLoop:
         self.best_step = 0
         self.best_state = self._snapshot()
         self.bad = 0
+        self.evals_done = 1  # timed: the next evaluation is at this many time_evals-ths of max_seconds
         self.resumed_from: int | None = None
         self.rdir = Path(resume_dir) if resume_dir is not None else None
 
@@ -372,7 +337,7 @@ class _FitLoop:
     def train_step(self) -> None:
         """One optimiser step on the batch the seeded order picks for this step."""
         cfg, step = self.cfg, self.step
-        lr = lr_at(step, cfg)
+        lr = lr_at(step, cfg, self.horizon())
         for g_ in self.opt.param_groups:
             g_["lr"] = lr * g_.get("scale", 1.0)
         fb = self.data[batch_order(self.n_batches, step, cfg.seed)].to(self.device, self.model.fc.weight.dtype)
@@ -395,6 +360,14 @@ class _FitLoop:
         if self.cfg.max_seconds is not None and done > 0 and spent > 0:
             left = min(left, max(0, math.floor((self.cfg.max_seconds - spent) / (spent / done))) + 1)
         return left
+
+    @property
+    def timed(self) -> bool:
+        return self.cfg.horizon == "time" and self.cfg.max_seconds is not None
+
+    def horizon(self) -> int:
+        """The schedule's length: ``steps``; timed, the steps that fit in ``max_seconds`` at this run's pace."""
+        return min(self.cfg.steps, self.step + self.steps_left()) if self.timed else self.cfg.steps
 
     def run_eval(self) -> str | None:
         """Evaluate; keep the best (``better`` decides when given, else a gain over ``min_delta``); "patience", "no
@@ -429,7 +402,12 @@ class _FitLoop:
         """After a step: evaluate when due; "patience", "no reachable improvement" or "time limit" when the loop
         stops here (a step that ends past ``max_seconds`` is evaluated first), else None."""
         cfg, step = self.cfg, self.step
-        evaluated = step % cfg.eval_every == 0 or step == cfg.steps
+        if self.timed:  # at each time_evals-th of max_seconds
+            period = cfg.max_seconds / cfg.time_evals  # type: ignore[operator]
+            evaluated = step == cfg.steps or clock() - self.t0 >= self.evals_done * period
+            self.evals_done = int((clock() - self.t0) // period) + 1 if evaluated else self.evals_done
+        else:
+            evaluated = step % cfg.eval_every == 0 or step == cfg.steps
         if evaluated:
             why = self.run_eval()
             if why:

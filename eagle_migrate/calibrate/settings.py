@@ -2,8 +2,8 @@
 :class:`CalibrationSettings`, every option of a run in one typed, checked options model (held whole by convert's
 ``ConvertOptions.calibration``, or built from the keywords of :func:`~eagle_migrate.calibrate.calibrate` /
 :func:`~eagle_migrate.calibrate.calibrate_checkpoint`) that flows from the checkpoint wrapper into the run.
-Imports: pydantic, choices, devices, options; drafter.model (a type); torch and train (FitConfig) where a function
-needs them, never at import: the options model imports no torch."""
+Imports: pydantic, choices, devices, options, fit_config (the trainer's FitConfig, without torch); drafter.model (a
+type); torch where a function needs it, never at import: the options model imports no torch."""
 
 from __future__ import annotations
 
@@ -14,13 +14,13 @@ from pydantic import Field
 
 from ..choices import TRAIN_MODES, TrainMode
 from ..devices import resolve_device as _resolve
+from ..fit_config import FitConfig
 from ..options import Options, check_choice, choice
 
 if TYPE_CHECKING:
     import torch
 
     from ..drafter.model import EagleDrafter
-    from ..train import FitConfig
 
 __all__ = ["TRAIN_MODES", "DEFAULT_LR", "DEFAULTS", "CPU_DEFAULTS", "DRIFT_SEQ_LEN", "NORM_SUFFIXES", "CalibrationSettings",
            "defaults_for", "resolve_device", "seq_len_for", "trainable_names"]
@@ -153,8 +153,6 @@ class CalibrationSettings(Options):
 
     def fit_config(self, dflt: dict[str, Any]) -> FitConfig:
         """The trainer's settings: these where given, else the device's defaults ``dflt`` (:func:`defaults_for`)."""
-        from ..train import FitConfig  # lazy: the trainer imports torch, the options model does not
-
         return FitConfig(
             steps=dflt["steps"] if self.steps is None else self.steps, lr=self.lr or DEFAULT_LR.get(self.mode, 5e-4),
             warmup=dflt["warmup"] if self.warmup is None else self.warmup, schedule=self.schedule or dflt["schedule"],
@@ -162,4 +160,5 @@ class CalibrationSettings(Options):
             eval_every=self.eval_every or dflt["eval_every"],
             patience=_default_patience(self.mode, dflt) if self.patience is None else self.patience,
             max_seconds=None if self.max_minutes is None else self.max_minutes * 60.0,
+            horizon="steps" if self.max_minutes is None else "time",  # a budget: the schedule ends within it
         )
