@@ -256,6 +256,47 @@ def test_time_limit_stops_after_the_step_that_runs_past_it_and_evaluates_it():
     assert not r2.stopped_early and r2.stop_reason is None and r2.steps_run == 6
 
 
+def _timed_run(horizon: str):
+    """fit with a 30-second budget on a fake clock where every step takes one second: (result, learning rates)."""
+    teacher = _model(True, seed=5)
+    data = _toy_batches(teacher)
+    cfg = FitConfig(steps=400, lr=1e-3, warmup=2, k=2, eval_every=4, patience=None, max_seconds=30.0,
+                    horizon=horizon, time_evals=3)
+    clock, lrs = _FakeClock(), []
+
+    def one_second_a_step(e):
+        if e.get("phase") == "train":
+            lrs.append(e["lr"])
+            clock.now += 1.0
+
+    r = fit(_model(True, seed=0), ["fc.weight"], data, None, cfg, evaluate=lambda: 1.0, initial_score=0.0,
+            progress=one_second_a_step, clock=clock)
+    return r, lrs
+
+
+def test_a_time_horizon_ends_the_schedule_within_the_budget_and_evaluates_at_each_third():
+    """A budget of 30 steps' time under a schedule of 400 steps: with the time horizon the cosine has decayed to its
+    floor when the time is up and the evaluations fall at 10, 20 and 30 s; with the step horizon (the control) the
+    learning rate is still near its peak and the evaluations come every eval_every steps."""
+    r, lrs = _timed_run("time")
+    assert r.stop_reason == "time limit" and r.steps_run == 30
+    assert [h["step"] for h in r.history] == [10, 20, 30]
+    assert lrs[-1] < 0.15e-3 and lrs[15] < 0.9e-3  # min_lr_ratio 0.1: the floor is 1e-4
+    assert all(b <= a + 1e-12 for a, b in zip(lrs[2:], lrs[3:]))  # after the warm-up it only decays
+    r0, lrs0 = _timed_run("steps")
+    assert r0.steps_run == 30 and [h["step"] for h in r0.history] == [4, 8, 12, 16, 20, 24, 28, 30]
+    assert lrs0[-1] > 0.95e-3
+
+
+def test_a_wall_clock_budget_sets_the_time_horizon():
+    from eagle_migrate.calibrate.settings import CalibrationSettings, defaults_for
+
+    dflt = defaults_for("cpu")
+    assert CalibrationSettings(max_minutes=4.5).fit_config(dflt).horizon == "time"
+    assert CalibrationSettings(max_minutes=4.5).fit_config(dflt).max_seconds == 270.0
+    assert CalibrationSettings().fit_config(dflt).horizon == "steps"
+
+
 def test_a_time_limited_run_resumes_to_the_uninterrupted_weights(tmp_path):
     """--max-minutes with --resume trains in slots: the stopped run saves its step, the next run continues there
     and ends with the weights of a run that was never stopped."""
