@@ -160,5 +160,6 @@ class CalibrationSettings(Options):
             eval_every=self.eval_every or dflt["eval_every"],
             patience=_default_patience(self.mode, dflt) if self.patience is None else self.patience,
             max_seconds=None if self.max_minutes is None else self.max_minutes * 60.0,
-            horizon="steps" if self.max_minutes is None else "time",  # a budget: the schedule ends within it
+            # a budget: the schedule ends within it; with --resume it stays step-based (slots reach the same weights)
+            horizon="time" if self.max_minutes is not None and self.resume_dir is None else "steps",
         )

@@ -61,7 +61,7 @@ DeviceOpt = Annotated[Device, typer.Option("--device", help="auto uses CUDA when
 DtypeOpt = Annotated[Dtype, typer.Option("--dtype", help="auto: bfloat16 on GPU, float32 on CPU.")]
 SeedOpt = Annotated[int, typer.Option("--seed", help="Random seed (results are deterministic for a seed).")]
 TrainOpt = Annotated[Optional[TrainMode], typer.Option("--train", help="What calibration updates: norms (the inserted and neighbouring norms), norms+fc, or all (EAGLE-2 sources need it). Default: norms+fc on --data drift for an EAGLE-3 source (the fine-tune that served a gain under drift; docs/calibration.md), all on 256 sequences for one that does not fit its target, norms otherwise.", show_default=False)]
-MaxMinutesOpt = Annotated[Optional[float], typer.Option("--max-minutes", min=0.01, help="Wall-clock budget for the calibration fine-tune: the learning-rate schedule runs over the steps that fit in it at the pace so far, it is evaluated at each third of it, and it stops after the step that runs past it (that step is evaluated; the best evaluation is kept).")]
+MaxMinutesOpt = Annotated[Optional[float], typer.Option("--max-minutes", min=0.01, help="Wall-clock budget for the calibration fine-tune: the learning-rate schedule runs over the steps that fit in it at the pace so far (with --resume: over --steps), it is evaluated at each third of it, and it stops after the step that runs past it (that step is evaluated; the best evaluation is kept).")]
 AuxIdsConventionOpt = Annotated[Optional[AuxIdsConvention], typer.Option(
     "--aux-ids-convention",
     help="How the drafter's stored aux layer ids are meant: vllm (residual stream after i layers, what vLLM reads) or "

@@ -295,6 +295,8 @@ def test_a_wall_clock_budget_sets_the_time_horizon():
     assert CalibrationSettings(max_minutes=4.5).fit_config(dflt).horizon == "time"
     assert CalibrationSettings(max_minutes=4.5).fit_config(dflt).max_seconds == 270.0
     assert CalibrationSettings().fit_config(dflt).horizon == "steps"
+    # with --resume the schedule stays step-based: a run in slots reaches the uninterrupted run's weights
+    assert CalibrationSettings(max_minutes=4.5, resume_dir="r").fit_config(dflt).horizon == "steps"
 
 
 def test_a_time_limited_run_resumes_to_the_uninterrupted_weights(tmp_path):
