@@ -349,7 +349,7 @@ class _FitLoop:
         self.opt.step()
         self.tokens += out.tokens
         self.step += 1
-        rec = {"phase": "train", "step": self.step, "steps": cfg.steps, "loss": float(out.loss.detach()), "lr": lr,
+        rec = {"phase": "train", "step": self.step, "steps": cfg.steps, "reach": self.reach(), "loss": float(out.loss.detach()), "lr": lr,
                "grad_norm": float(gnorm), "step_acc": out.step_acc, "tokens": self.tokens}
         if self.progress:
             self.progress(rec)
@@ -365,9 +365,13 @@ class _FitLoop:
     def timed(self) -> bool:
         return self.cfg.horizon == "time" and self.cfg.max_seconds is not None
 
+    def reach(self) -> int:
+        """The steps this run will reach: ``steps``; with ``max_seconds``, those that fit in it at this run's pace."""
+        return min(self.cfg.steps, self.step + self.steps_left()) if self.cfg.max_seconds is not None else self.cfg.steps
+
     def horizon(self) -> int:
-        """The schedule's length: ``steps``; timed, the steps that fit in ``max_seconds`` at this run's pace."""
-        return min(self.cfg.steps, self.step + self.steps_left()) if self.timed else self.cfg.steps
+        """The schedule's length: ``steps``; timed, :meth:`reach`."""
+        return self.reach() if self.timed else self.cfg.steps
 
     def run_eval(self) -> str | None:
         """Evaluate; keep the best (``better`` decides when given, else a gain over ``min_delta``); "patience", "no

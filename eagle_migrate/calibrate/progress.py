@@ -26,33 +26,20 @@ def _clock(seconds: float) -> str:
     return f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
 
 
-def eta(started: float, first_step: int, step: int, steps: int, now: float, budget_s: float | None = None) -> str:
-    """The fine-tune's remaining time at ``step`` of ``steps``: the mean time per step since ``first_step`` (the
-    step the clock started at, a resumed run's first) times the steps left, bounded by what is left of the
-    wall-clock budget ``budget_s`` (seconds since ``started``); '' before a step's time is known."""
+def eta(started: float, first_step: int, step: int, steps: int, now: float) -> str:
+    """The fine-tune's remaining time at ``step`` of the ``steps`` it will reach (the trainer's ``reach``: under a
+    wall-clock budget, the steps that fit in it): the mean time per step since ``first_step`` (the step the clock
+    started at, a resumed run's first) times the steps left; '' before a step's time is known."""
     done = step - first_step
     if done <= 0 or steps <= step:
         return ""
-    left = (now - started) / done * (steps - step)
-    if budget_s is not None:
-        left = min(left, max(0.0, budget_s - (now - started)))
-    return f"ETA {_clock(left)}"
+    return f"ETA {_clock((now - started) / done * (steps - step))}"
 
 
-def steps_within(started: float, first_step: int, step: int, steps: int, now: float, budget_s: float | None) -> int:
-    """The steps the fine-tune will reach: ``steps``, or fewer when the wall-clock budget ``budget_s`` ends it first at
-    the mean time per step so far (the progress bar's total, so that its own ETA agrees with :func:`eta`)."""
-    done = step - first_step
-    if budget_s is None or done <= 0:
-        return steps
-    per_step = (now - started) / done
-    return max(step, min(steps, step + int(max(0.0, budget_s - (now - started)) / per_step)))
-
-
-def progress_adapter(progress: StageProgress | None, budget_s: float | None = None) -> Progress:
+def progress_adapter(progress: StageProgress | None) -> Progress:
     """The trainer's per-step records -> the library's stage events (``eagle_migrate.progress``): training steps
-    carry the loss, per-step top-1, the last held-out AL and the fine-tune's ETA (:func:`eta`; ``budget_s``: its
-    wall-clock budget) as ``info``."""
+    carry the loss, per-step top-1, the last held-out AL and the fine-tune's ETA (:func:`eta`) as ``info``; the bar's
+    total is the steps the trainer says it will reach (``reach``: fewer than ``steps`` under a wall-clock budget)."""
     if progress is None:
         return lambda e: None
     counts = {"heldout": 0, "eval": 0}
@@ -65,8 +52,8 @@ def progress_adapter(progress: StageProgress | None, budget_s: float | None = No
             now = time.perf_counter()
             clock.setdefault("t0", now)  # the clock starts at the first step's record: the ETA from the second on
             clock.setdefault("first", float(e["step"]))
-            left = eta(clock["t0"], int(clock["first"]), e["step"], e["steps"], now, budget_s)
-            total = steps_within(clock["t0"], int(clock["first"]), e["step"], e["steps"], now, budget_s)
+            total = int(e.get("reach", e["steps"]))
+            left = eta(clock["t0"], int(clock["first"]), e["step"], total, now)
             progress("calibrate", e["step"], total, _train_info(e, last_al["text"]) + (f"; {left}" if left else ""))
         elif ph == "generate":  # the held-out continuations, batch by batch (transformers' generate)
             progress(f"calibrate: {e['stage']}", e["done"], e["total"], e.get("info", ""))

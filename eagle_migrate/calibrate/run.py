@@ -70,9 +70,8 @@ def calibrate(
     continues it greedily for ``heldout_new_tokens``). ``source``: the original drafter, evaluated on the same suites
     for the report. ``settings.hidden_states_dir``: a folder of feature files
     (:class:`eagle_migrate.features.PrecomputedFeatures`) used instead of running the target on
-    ``train_sequences``. ``max_minutes``: a wall-clock budget for the training loop, checked after every step; the
-    step where it runs out is evaluated and the best evaluation kept (the schedule stays step-based: with a budget
-    shorter than ``steps`` need, the learning rate has not decayed when it stops). ``steps`` 0: the judge alone (no
+    ``train_sequences``. ``max_minutes`` / ``ends_by``: the fine-tune's wall-clock budget
+    (:meth:`CalibrationSettings.budget_s`; docs/calibration.md ``--max-minutes``). ``steps`` 0: the judge alone (no
     training feature is captured and nothing trains; the drafter and the source are scored). Returns the report; the model
     holds the best weights (possibly the initial ones). Raises :class:`CheckFailed` when ``require_improvement``
     and the held-out score did not improve, or the returned drafter is below ``source`` beyond noise.
@@ -83,7 +82,7 @@ def calibrate(
     ``data_name`` and ``data_warning`` are reported as they are (convert's statistics pass, the data's name).
     """
     s = CalibrationSettings.of(settings, **options)
-    report = progress_adapter(s.progress, None if s.max_minutes is None else s.max_minutes * 60.0)
+    report = progress_adapter(s.progress)
     t0 = time.perf_counter()
     dev = resolve_device(s.device)
     dflt = defaults_for(dev)
@@ -116,6 +115,7 @@ def calibrate(
         fr = FitResult(steps_run=0, best_step=0, best_score=s_before, initial_score=s_before)
         after, vs_initial = before, None
     else:
+        cfg = cfg.model_copy(update={"max_seconds": s.budget_s(time.time())})  # ends_by: what is left now
         fr, after, vs_initial = _fit_judged(model, names, feats, head, cfg, dev, suites, before, block,
                                             resume_dir=s.resume_dir, report=report)
     s_after = _score(after)

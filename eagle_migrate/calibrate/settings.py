@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
     from ..drafter.model import EagleDrafter
 
-__all__ = ["TRAIN_MODES", "DEFAULT_LR", "DEFAULTS", "CPU_DEFAULTS", "DRIFT_SEQ_LEN", "NORM_SUFFIXES", "CalibrationSettings",
+__all__ = ["TRAIN_MODES", "DEFAULT_LR", "DEFAULTS", "CPU_DEFAULTS", "DRIFT_SEQ_LEN", "MIN_BUDGET_S", "NORM_SUFFIXES", "CalibrationSettings",
            "defaults_for", "resolve_device", "seq_len_for", "trainable_names"]
 # learning rates per mode (docs/calibration.md has the sweep they come from)
 # all: 1e-3 from a sweep of the EAGLE-2 -> 3.1 fine-tune on the SmolLM2 pair (3e-4 / 1e-3 / 3e-3 at 120 steps: held-out
@@ -45,6 +45,10 @@ CPU_DEFAULTS: dict[str, Any] = {"steps": 60, "seq_len": 256, "eval_every": 10, "
                                 "heldout_per_suite": 40, "heldout_long_buckets": (1024, 2048),
                                 "heldout_long_per_bucket": 8, "heldout_shift_max": 40}
 
+
+# the least a fine-tune with a deadline (ends_by) gets when the work before it has used the time up: a few steps and
+# their evaluations (the run then ends past the deadline, and says how long it took)
+MIN_BUDGET_S = 60.0
 
 # --data drift trains on 1k-4k-token contexts (corpora.drift.DRIFT_LENGTHS): the sequence length that keeps them whole
 DRIFT_SEQ_LEN = 4096
@@ -138,6 +142,9 @@ class CalibrationSettings(Options):
     eval_every: Optional[int] = None
     patience: Optional[int] = None
     max_minutes: Optional[float] = None
+    ends_by: Optional[float] = Field(None, description="a time (time.time()) by which the fine-tune ends: its budget is "
+                                     "the smaller of max_minutes and what is left then, at least MIN_BUDGET_S (convert's "
+                                     "default recalibration on a CPU: the whole convert within 15 minutes)")
     cache_dir: Optional[str | Path] = None
     resume_dir: Optional[str | Path] = None
     require_improvement: bool = False
@@ -161,5 +168,15 @@ class CalibrationSettings(Options):
             patience=_default_patience(self.mode, dflt) if self.patience is None else self.patience,
             max_seconds=None if self.max_minutes is None else self.max_minutes * 60.0,
             # a budget: the schedule ends within it; with --resume it stays step-based (slots reach the same weights)
-            horizon="time" if self.max_minutes is not None and self.resume_dir is None else "steps",
+            horizon="time" if (self.max_minutes is not None or self.ends_by is not None) and self.resume_dir is None
+            else "steps",
         )
+
+    def budget_s(self, now: float) -> float | None:
+        """The fine-tune's wall-clock budget in seconds when it starts at ``now`` (time.time()): ``max_minutes``, or
+        what is left until ``ends_by`` when that is less (at least :data:`MIN_BUDGET_S`); None: no budget."""
+        cap = None if self.max_minutes is None else self.max_minutes * 60.0
+        if self.ends_by is None:
+            return cap
+        left = max(MIN_BUDGET_S, self.ends_by - now)
+        return left if cap is None else min(cap, left)

@@ -19,7 +19,7 @@ from ..formats.traps import TRAPS
 from ..target_fit import TargetFit, assess
 from . import eagle2, eagle3, passthrough  # noqa: F401  (the built-in converters register themselves)
 from .calibration import run_calibration
-from .defaults import SourceKind, choose, recipe, source_kind
+from .defaults import RETARGET_CPU_ENDS_BY, SourceKind, choose, recipe, source_kind
 from .options import ConvertOptions
 from .read import Job, check_pairing, map_source, now, read, resolve_data
 from .records import hidden_states_evidence
@@ -55,7 +55,8 @@ def run(source: Path, target: str, out: Path, opts: ConvertOptions) -> ConvertRe
     taken = _recipe_taken(job, kind, retarget=choice.retarget) if want_cal and not judge_only else {}
     if taken:
         why += (f"; the fine-tune's recipe for a {kind.kind} source: "
-                + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in taken.items()) + " (convert/defaults.py RECIPE)")
+                + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in taken.items()) + " (convert/defaults.py RECIPE)"
+                + (f", ending by {RETARGET_CPU_ENDS_BY:g} minutes into convert" if "max_minutes" in taken else ""))
     required = traits.calibration_required
     prov = job.provenance
     prov.num_sequences = ini.statistics.num_sequences if ini.statistics is not None else 0
@@ -158,6 +159,8 @@ def _calibrate(tmp: Path, job: Job, conv: Converter, ini: Initialised, judge_onl
         settings = settings.replace(steps=0)
     elif taken:
         settings = settings.replace(**taken)
+        if "max_minutes" in taken:  # the retarget default on a CPU: the whole convert within 15 minutes
+            settings = settings.replace(ends_by=job.t0 + RETARGET_CPU_ENDS_BY * 60.0)
     cal = run_calibration(tmp, job.target.spec, settings,
                           loaded_target=job.target.loaded_or_none,
                           source_checkpoint=job.source if conv.traits.judged_against_source else None,

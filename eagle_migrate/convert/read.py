@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,6 +61,7 @@ class Job:
     ck: Any  # formats.base.Checkpoint
     target: LazyTarget
     started: str
+    t0: float = field(default_factory=time.time)  # when the conversion started (the retarget fine-tune's deadline)
     data: str | None = None  # the data actually used (a default picked for a real target)
     warnings: list[str] = field(default_factory=list)
     source_findings: list[Any] = field(default_factory=list)  # the source's error / warning findings (formats Finding)

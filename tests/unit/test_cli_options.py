@@ -30,6 +30,7 @@ UNMAPPED: dict[str, dict[str, str]] = {
         "calibration.suites": "library only (the held-out suites)", "calibration.heldout_per_suite": "library only",
         "calibration.heldout_new_tokens": "library only", "calibration.eval_every": "library only",
         "calibration.patience": "library only",
+        "calibration.ends_by": "set by convert itself: the retarget default's deadline on a CPU (--max-minutes replaces it)",
     },
     "validate": {
         "diagnostic_sequences": "library only: sequences per suite for the drift diagnostics",

@@ -596,7 +596,7 @@ def test_an_eagle3_fine_tune_takes_the_recipe_of_its_kind(world, target, fake_ca
 
 def test_recipe_fills_only_what_the_options_leave_open():
     from eagle_migrate.calibrate import CalibrationSettings
-    from eagle_migrate.convert.defaults import RECIPE, recipe, source_kind
+    from eagle_migrate.convert.defaults import RECIPE, RETARGET_CPU_MINUTES, recipe, source_kind
     from eagle_migrate.convert.registry import Traits
 
     plain = source_kind(toy_cfg(), {}, Traits())
@@ -611,7 +611,7 @@ def test_recipe_fills_only_what_the_options_leave_open():
     # minutes on a CPU; -n given keeps the user's number, --max-minutes the user's budget
     full = {"train": "all", "num_sequences": 256, "steps": 400}
     assert recipe(plain, open_, False, True, retarget=True) == full
-    assert recipe(plain, open_, False, True, retarget=True, cpu=True) == {**full, "max_minutes": 4.5}
+    assert recipe(plain, open_, False, True, retarget=True, cpu=True) == {**full, "max_minutes": RETARGET_CPU_MINUTES}
     assert recipe(plain, CalibrationSettings(max_minutes=3), False, True, retarget=True, cpu=True) == full
     assert recipe(plain, open_, False, True, retarget=True, n_given=True) == {"train": "all", "steps": 400}
     assert recipe(e2, open_, False, True, retarget=True, cpu=True) == {}

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -149,14 +150,18 @@ def recorded(calibration_recorder):
 
 def test_convert_fine_tunes_a_drafter_that_does_not_fit_on_a_cpu(pair, recorded, tmp_path):
     from eagle_migrate.convert import convert
-    from eagle_migrate.convert.defaults import RETARGET_CPU_MINUTES
+    from eagle_migrate.convert.defaults import RETARGET_CPU_ENDS_BY, RETARGET_CPU_MINUTES
 
+    t0 = time.time()
     res = convert(pair["oracle"], str(pair["B"]), tmp_path / "b", device="cpu", command="test")
     assert res.target_fit.stale
     assert res.decision == ("fine-tuned (trained for another target; recipe --train all --num-sequences 256 --steps 400 "
-                            "--max-minutes 4.5)")  # docs/calibration.md
+                            "--max-minutes 8)")  # docs/calibration.md
     s = recorded[-1]
     assert s.steps == 400 and s.train == "all" and s.max_minutes == RETARGET_CPU_MINUTES and s.num_sequences == 256
+    # on a CPU the fine-tune also ends by RETARGET_CPU_ENDS_BY minutes after convert started (the 15-minute convert)
+    assert t0 <= s.ends_by - RETARGET_CPU_ENDS_BY * 60.0 <= time.time()
+    assert f"ending by {RETARGET_CPU_ENDS_BY:g} minutes into convert" in res.defaults
     assert any(w.startswith("warning: target fit:") for w in res.warnings)
     prov = json.loads((tmp_path / "b" / "provenance.json").read_text())
     assert prov["target_fit"]["verdict"] == "stale"
@@ -164,7 +169,7 @@ def test_convert_fine_tunes_a_drafter_that_does_not_fit_on_a_cpu(pair, recorded,
     # --max-minutes and -n given: the budget and the data's size are the user's
     convert(pair["oracle"], str(pair["B"]), tmp_path / "b2", num_sequences=8, device="cpu", command="test",
             max_minutes=2.0)
-    assert recorded[-1].max_minutes == 2.0 and recorded[-1].num_sequences == 8
+    assert recorded[-1].max_minutes == 2.0 and recorded[-1].num_sequences == 8 and recorded[-1].ends_by is None
 
 
 def test_the_cli_leaves_n_to_the_retarget_recipe_unless_given(pair, recorded, tmp_path):
@@ -290,21 +295,32 @@ def test_a_judged_prompt_is_never_trained_on(pair, tmp_path, monkeypatch):
 
 
 def test_the_fine_tune_progress_carries_an_eta():
-    """The fine-tune's progress line: the mean time per step so far times the steps left, bounded by the budget."""
-    from eagle_migrate.calibrate.progress import eta, progress_adapter, steps_within
+    """The fine-tune's progress line: the mean time per step so far times the steps left of those the trainer says
+    it will reach (under a budget, those that fit in it); the bar's total is that reach."""
+    from eagle_migrate.calibrate.progress import eta, progress_adapter
 
     assert eta(0.0, 1, 1, 20, 5.0) == ""  # the first step's record starts the clock
     assert eta(0.0, 1, 3, 20, 20.0) == "ETA 2m50s"  # 10 s a step, 17 left
-    assert eta(0.0, 1, 3, 20, 20.0, budget_s=60.0) == "ETA 40s"  # the budget ends it first
-    lines = []
-    adapt = progress_adapter(lambda stage, done, total, info="": lines.append(info), budget_s=None)
+    lines, totals = [], []
+    adapt = progress_adapter(lambda stage, done, total, info="": (lines.append(info), totals.append(total)))
     for step in (1, 2, 3):
-        adapt({"phase": "train", "step": step, "steps": 10, "loss": 1.0, "step_acc": [0.5]})
+        adapt({"phase": "train", "step": step, "steps": 400, "reach": 9 + step, "loss": 1.0, "step_acc": [0.5]})
     assert "ETA" not in lines[0] and lines[-1].endswith("s") and "ETA" in lines[-1]
-    # with a budget the bar's total is the steps the budget lets it reach (its own ETA then agrees): at 10 s a step
-    # with 60 s of budget left after step 3, step 9 of the planned 400
-    assert steps_within(0.0, 1, 3, 400, 20.0, budget_s=80.0) == 9 and steps_within(0.0, 1, 3, 400, 20.0, None) == 400
-    assert steps_within(0.0, 1, 3, 5, 20.0, budget_s=800.0) == 5 and steps_within(0.0, 1, 9, 400, 200.0, 80.0) == 9
+    assert totals == [10, 11, 12]  # the trainer's reach, not the planned 400
+    adapt({"phase": "train", "step": 4, "steps": 400, "loss": 1.0, "step_acc": [0.5]})  # a record without it
+    assert totals[-1] == 400
+
+
+def test_a_deadline_caps_the_fine_tune_s_budget():
+    """``ends_by``: the budget is what is left until then when that is less than ``max_minutes`` (at least
+    MIN_BUDGET_S); without it, ``max_minutes``; with neither, none."""
+    from eagle_migrate.calibrate.settings import MIN_BUDGET_S, CalibrationSettings
+
+    assert CalibrationSettings(max_minutes=8.0, ends_by=1000.0).budget_s(800.0) == 200.0
+    assert CalibrationSettings(max_minutes=2.0, ends_by=1000.0).budget_s(800.0) == 120.0
+    assert CalibrationSettings(max_minutes=8.0, ends_by=1000.0).budget_s(990.0) == MIN_BUDGET_S
+    assert CalibrationSettings(ends_by=1000.0).budget_s(700.0) == 300.0
+    assert CalibrationSettings(max_minutes=8.0).budget_s(990.0) == 480.0 and CalibrationSettings().budget_s(0.0) is None
 
 
 def test_convert_judges_on_the_triage_held_out_file(pair, tmp_path):

@@ -262,15 +262,18 @@ def _timed_run(horizon: str):
     data = _toy_batches(teacher)
     cfg = FitConfig(steps=400, lr=1e-3, warmup=2, k=2, eval_every=4, patience=None, max_seconds=30.0,
                     horizon=horizon, time_evals=3)
-    clock, lrs = _FakeClock(), []
+    clock, lrs, reach = _FakeClock(), [], []
 
     def one_second_a_step(e):
         if e.get("phase") == "train":
             lrs.append(e["lr"])
+            reach.append(e["reach"])
             clock.now += 1.0
 
     r = fit(_model(True, seed=0), ["fc.weight"], data, None, cfg, evaluate=lambda: 1.0, initial_score=0.0,
             progress=one_second_a_step, clock=clock)
+    # the steps that fit in the budget at the pace so far (this clock moves after each step's record)
+    assert reach[0] == 400 and max(reach[1:]) < 100 and 30 <= reach[-1] <= 32
     return r, lrs
 
 
