@@ -162,6 +162,9 @@ def test_convert_fine_tunes_a_drafter_that_does_not_fit_on_a_cpu(pair, recorded,
     # on a CPU the fine-tune also ends by RETARGET_CPU_ENDS_BY minutes after convert started (the 15-minute convert)
     assert t0 <= s.ends_by - RETARGET_CPU_ENDS_BY * 60.0 <= time.time()
     assert f"ending by {RETARGET_CPU_ENDS_BY:g} minutes into convert" in res.defaults
+    from eagle_migrate.cli.options import MaxMinutesOpt  # --help says the same deadline
+
+    assert f"ends {RETARGET_CPU_ENDS_BY:g} minutes into convert" in MaxMinutesOpt.__metadata__[0].help
     assert any(w.startswith("warning: target fit:") for w in res.warnings)
     prov = json.loads((tmp_path / "b" / "provenance.json").read_text())
     assert prov["target_fit"]["verdict"] == "stale"
