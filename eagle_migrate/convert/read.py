@@ -29,7 +29,7 @@ from ..formats import read_checkpoint
 from ..formats.aux_ids import AuxIds
 from ..formats.io import sha256_files
 from ..formats.output import check_output_dir
-from ..pairing import check_pairing, target_family_note
+from ..pairing import TargetInfo, check_pairing, target_family_note
 from ..target import LazyTarget
 from .options import ConvertOptions
 from .records import sequences_for, stats_sequences
