@@ -367,7 +367,7 @@ class _FitLoop:
 
     def reach(self) -> int:
         """The steps this run will reach: ``steps``; with ``max_seconds``, those that fit in it at this run's pace."""
-        return min(self.cfg.steps, self.step + self.steps_left()) if self.cfg.max_seconds is not None else self.cfg.steps
+        return self.step + self.steps_left()
 
     def horizon(self) -> int:
         """The schedule's length: ``steps``; timed, :meth:`reach`."""
@@ -407,9 +407,10 @@ class _FitLoop:
         stops here (a step that ends past ``max_seconds`` is evaluated first), else None."""
         cfg, step = self.cfg, self.step
         if self.timed:  # at each time_evals-th of max_seconds
-            period = cfg.max_seconds / cfg.time_evals  # type: ignore[operator]
-            evaluated = step == cfg.steps or clock() - self.t0 >= self.evals_done * period
-            self.evals_done = int((clock() - self.t0) // period) + 1 if evaluated else self.evals_done
+            period, elapsed = cfg.max_seconds / cfg.time_evals, clock() - self.t0  # type: ignore[operator]
+            evaluated = step == cfg.steps or elapsed >= self.evals_done * period
+            if evaluated:
+                self.evals_done = int(elapsed // period) + 1
         else:
             evaluated = step % cfg.eval_every == 0 or step == cfg.steps
         if evaluated:

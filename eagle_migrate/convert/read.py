@@ -36,8 +36,10 @@ from .records import sequences_for, stats_sequences
 from .result import Provenance
 
 
-def now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+def now(t: float | None = None) -> str:
+    """``t`` (time.time(); default: now) as an ISO timestamp in UTC, to the second."""
+    when = _dt.datetime.now(_dt.timezone.utc) if t is None else _dt.datetime.fromtimestamp(t, _dt.timezone.utc)
+    return when.isoformat(timespec="seconds")
 
 
 def default_aux_ids(num_target_layers: int, k: int = 3) -> list[int]:
@@ -60,8 +62,7 @@ class Job:
     dtype: torch.dtype
     ck: Any  # formats.base.Checkpoint
     target: LazyTarget
-    started: str
-    t0: float = field(default_factory=time.time)  # when the conversion started (the retarget fine-tune's deadline)
+    t0: float  # when the conversion started (time.time(): the retarget fine-tune's deadline counts from it)
     data: str | None = None  # the data actually used (a default picked for a real target)
     warnings: list[str] = field(default_factory=list)
     source_findings: list[Any] = field(default_factory=list)  # the source's error / warning findings (formats Finding)
@@ -82,7 +83,7 @@ class Job:
 
 def read(source: Path, target: str, out: Path, opts: ConvertOptions) -> Job:
     """*read*: check the arguments, read the source checkpoint (memory-mapped) and the target's config."""
-    started = now()
+    t0 = time.time()
     if not source.exists():
         raise InputError(f"{source}: no such file or folder")
     check_output_dir(out, opts.force, opts.inputs(source, target))
@@ -100,7 +101,7 @@ def read(source: Path, target: str, out: Path, opts: ConvertOptions) -> Job:
     if ck.quantization:
         raise UnsupportedError(f"{source}: the drafter is quantized ({ck.quantization.get('scheme')}); convert the unquantized drafter, then quantize")
     job = Job(opts=opts, source=source, out=out, device=dev, dtype=cdtype, ck=ck, target=LazyTarget(target, dev, cdtype),
-              started=started, data=opts.data)
+              t0=t0, data=opts.data)
     # the source's problems: listed as fixed or as still there once the output is written (base.sort_findings)
     job.source_findings = [f for f in ck.findings if f.severity in ("error", "warning")]
     return job
@@ -240,7 +241,7 @@ def map_source(job: Job, aux: AuxIds | None, aux_ids: list[int]) -> None:
         target_config_sha256=sha256_files([tcfg_path]) if tcfg_path.is_file() else None,
         data=job.data, hidden_states_dir=str(opts.hidden_states_dir) if opts.hidden_states_dir else None, seed=opts.seed,
         device=job.device, dtype=str(job.dtype).removeprefix("torch."), output_format=opts.output_format,
-        started_at=job.started, aux_ids=aux, norm_before_residual_evidence=job.nbr_measurement)
+        started_at=now(job.t0), aux_ids=aux, norm_before_residual_evidence=job.nbr_measurement)
     job.store_dtype = _float_dtype([ck.info(n).dtype for n in ("fc.weight", "norm.weight", "layers.0.post_attention_layernorm.weight")
                                     if ck.has(n)])
     cfg, ids = job.cfg, job.aux_ids
