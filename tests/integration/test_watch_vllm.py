@@ -275,7 +275,11 @@ def test_drifting_traffic_alerts_within_two_windows_and_exits_1(replicas, refere
     assert fired and fired[0] is wins[-1]
     seen = [(x["index"], round(x["t_start"] - t_switch, 2), x["pooled"]["al"], x["pooled"]["drafts"]) for x in wins]
     drop = [x for x in after if x["pooled"]["drafts"]]  # windows of drifting traffic with drafts
-    assert drop and all(x["pooled"]["al"] < 4.0 for x in drop), seen  # every one of them dropped
+    # together they dropped. Not every one: a window just after the first switch can hold only the other client's
+    # last short requests, or short counts that reached /metrics late (CI, 2 cores: a window 0.67 s after the first
+    # switch pooled AL 4 over 3 drafts); the long traffic's own AL is read exactly below
+    d_drafts, d_acc = sum(x["pooled"]["drafts"] for x in drop), sum(x["pooled"]["accepted"] for x in drop)
+    assert drop and 1 + d_acc / d_drafts < 4.0, seen
     # once both clients send long prompts, AL 2 at ~1k tokens (before that a window can pool the other client's last
     # short requests, AL 4, with the first one's long ones: seen on a slow host)
     pure = [x for x in drop if x["t_start"] >= max(switched.values())]
