@@ -11,6 +11,7 @@ Layer: beside ``judge``: imports corpora, judge (HeldoutSequence, greedy_continu
 from __future__ import annotations
 
 import json
+import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -37,8 +38,11 @@ GENERATE_BATCH = 16
 BUDGET_SEQUENCES = 64
 # a target at least this large makes its continuations in vLLM where vLLM is importable: transformers' generate
 # reads every weight at each decode step, which costs seconds a step for a multi-billion-parameter model on a CPU,
-# while vLLM's start (about a minute on the 2-core box) is paid once for the whole budget
+# while vLLM's start is paid once for all the sequences a measurement wants
 VLLM_MIN_PARAMS = 1_000_000_000
+# (not a small target whose measurement reads many: SmolLM2-135M's 128 sequences of convert's fit measurement took
+# 105 s with the continuations in vLLM, its start included, and 98 s in transformers' generate, 32 a call, on the
+# 2-core box: benchmarks/retarget/fit_time.py, docs/benchmarks.md "The fixed part of convert")
 VLLM_ENGINE = "vllm"  # the engine that makes them (engines/in_process.py)
 
 
@@ -46,7 +50,8 @@ _MADE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> {key
 
 
 def measurement_sequences(target: LazyTarget, data: Any, seed: int, first: list[list[int]] | None = None,
-                          max_length: int = 512, batch: int = GENERATE_BATCH) -> Iterator[HeldoutSequence]:
+                          max_length: int = 512, batch: int = GENERATE_BATCH,
+                          want: int = BUDGET_SEQUENCES) -> Iterator[HeldoutSequence]:
     """The measured sequences: prompts, each continued greedily by the target (:func:`continued`). The prompts are the
     first :data:`PROMPT_TOKENS` tokens of ``first`` (convert: the statistics pass's sequences), then of more
     sequences from the same data up to the budget; a tokenizer-less target without data: random first tokens. When
@@ -54,13 +59,17 @@ def measurement_sequences(target: LazyTarget, data: Any, seed: int, first: list[
     cut at a random point, one token there replaced at random (:func:`_perturbed`), until the budget is reached.
     Made once per target and arguments: a second measurement on them (``norm_before_residual`` after the aux ids)
     replays what the first made before the target generates more, ``batch`` prompts a generate call from then on
-    (a measurement that reads many asks for more at a time: a decode step costs little more for 32 than for 16)."""
+    (a measurement that reads many asks for more at a time: a decode step costs little more for 32 than for 16).
+    ``want``: the sequences the caller reads at most; the data gives that many prompts (at least the budget: real
+    text before perturbed prompts), and a large target (:func:`in_vllm`) makes all that are still wanted in one vLLM
+    call (:func:`continued`)."""
     key = json.dumps([data if isinstance(data, (list, tuple)) else str(data), seed, first, max_length], default=str)
     entry = _MADE.setdefault(target, {}).get(key)
     if entry is None:
-        entry = _MADE[target][key] = {"made": [], "batch": batch}
-        entry["source"] = _made(target, data, seed, first, max_length, lambda: entry["batch"])
+        entry = _MADE[target][key] = {"made": [], "batch": batch, "want": want}
+        entry["source"] = _made(target, data, seed, first, max_length, lambda: entry["batch"], lambda: entry["want"])
     entry["batch"] = batch
+    entry["want"] = max(entry["want"], want)
     made, source = entry["made"], entry["source"]
     i = 0
     while True:
@@ -74,8 +83,9 @@ def measurement_sequences(target: LazyTarget, data: Any, seed: int, first: list[
 
 
 def _made(target: LazyTarget, data: Any, seed: int, first: list[list[int]] | None, max_length: int,
-          batch: Callable[[], int]) -> Iterator[HeldoutSequence]:
-    """:func:`measurement_sequences`' sequences as the target makes them, ``batch()`` prompts a generate call."""
+          batch: Callable[[], int], want: Callable[[], int] = lambda: BUDGET_SEQUENCES) -> Iterator[HeldoutSequence]:
+    """:func:`measurement_sequences`' sequences as the target makes them, ``batch()`` prompts a generate call;
+    ``want()``: the sequences the callers read at most so far (it grows when a later measurement reads more)."""
     seen: set[tuple[int, ...]] = set()
     have: list[list[int]] = []
     plen = max(1, min(PROMPT_TOKENS, max_length - MIN_CONTINUATION))
@@ -87,9 +97,16 @@ def _made(target: LazyTarget, data: Any, seed: int, first: list[list[int]] | Non
         if data is None and target.tokenizer is None:
             g = torch.Generator().manual_seed(seed)
             yield from torch.randint(0, target.info.vocab_size, (BUDGET_SEQUENCES, 1), generator=g).tolist()
-        else:
-            for s in calibration_sequences(data, target.tokenizer, target.info.vocab_size, BUDGET_SEQUENCES, max_length, seed):
+            return
+        drawn = 0
+        while (n := max(BUDGET_SEQUENCES, want())) > drawn:  # more when a later measurement wants more (fresh() dedups)
+            for s in calibration_sequences(data, target.tokenizer, target.info.vocab_size, n, max_length, seed):
                 yield list(s[:plen])
+            drawn = n
+
+    def in_one_call() -> int:
+        """The prompts the next vLLM call continues (what is still wanted), or 0: transformers' generate."""
+        return max(max(BUDGET_SEQUENCES, want()) - len(have), 1) if in_vllm(target) else 0
 
     def fresh(ps: Iterable[list[int]]) -> Iterator[list[int]]:
         for p in ps:
@@ -97,11 +114,11 @@ def _made(target: LazyTarget, data: Any, seed: int, first: list[list[int]] | Non
                 seen.add(tuple(p))
                 yield p
 
-    for h in continued(target, fresh(prompts()), new, batch):
+    for h in continued(target, fresh(prompts()), new, batch, in_one_call):
         have.append(h.ids)
         yield h
     if have:
-        yield from continued(target, fresh(_perturbed(target, have, seed)), new, batch)
+        yield from continued(target, fresh(_perturbed(target, have, seed)), new, batch, in_one_call)
 
 
 def approx_params(info: Any) -> int:
@@ -120,35 +137,49 @@ def in_vllm(target: LazyTarget) -> bool:
 
 
 def continued(target: LazyTarget, prompts: Iterable[list[int]], new_tokens: int,
-              batch: int | Callable[[], int] = GENERATE_BATCH) -> Iterator[HeldoutSequence]:
+              batch: int | Callable[[], int] = GENERATE_BATCH,
+              in_one_call: Callable[[], int] | None = None) -> Iterator[HeldoutSequence]:
     """``prompts`` continued greedily by the target, each as prompt + continuation of ``new_tokens`` (one shorter
     than :data:`MIN_CONTINUATION` is left out), made only as the caller asks for more: transformers' generate with
-    its KV cache, ``batch`` prompts a call; a large target (:func:`in_vllm`) in vLLM, the whole budget in one call
-    (its start costs more than a batch)."""
-    vllm = in_vllm(target)
+    its KV cache, ``batch`` prompts a call; in vLLM (its start costs more than a batch) as many as ``in_one_call()``
+    says (asked anew for every call; 0: transformers), by default a large target's (:func:`in_vllm`) whole budget."""
+    if in_one_call is None:
+        in_one_call = (lambda: BUDGET_SEQUENCES) if in_vllm(target) else (lambda: 0)
     it = iter(prompts)
     while True:
         size = batch() if callable(batch) else batch  # asked anew for every call: the caller may change it
-        chunk = [p for _, p in zip(range(BUDGET_SEQUENCES if vllm else size), it)]
+        n_vllm = in_one_call()
+        vllm = n_vllm > 0
+        chunk = [p for _, p in zip(range(n_vllm if vllm else size), it)]
         if not chunk:
             return
         # the continuation runs its full length (ignore_eos): a target that ends its answers early (a toy whose
         # greedy text reaches its end-of-sequence id) still measures; a position where the suppressed
         # end-of-sequence token was the greedy one is not scored (drafted_positions)
-        made = _vllm_continuations(target, chunk, new_tokens) if vllm else \
-            greedy_continuations(target.loaded, chunk, new_tokens, batch=size, ignore_eos=True)
+        made = _vllm_continuations(target, chunk, new_tokens) if vllm else None
+        if made is None:  # transformers (or vLLM failed: said, and the rest made here too)
+            if vllm:
+                in_one_call = lambda: 0  # noqa: E731
+            made = greedy_continuations(target.loaded, chunk, new_tokens, batch=size, ignore_eos=True)
         for h in made:
             if len(h.ids) - h.prompt_len >= MIN_CONTINUATION:
                 yield h
 
 
-def _vllm_continuations(target: LazyTarget, prompts: list[list[int]], new_tokens: int) -> list[HeldoutSequence]:
+def _vllm_continuations(target: LazyTarget, prompts: list[list[int]], new_tokens: int) -> list[HeldoutSequence] | None:
     """``prompts`` continued greedily by the target served in vLLM (no drafter), in the target's dtype, token ids in
-    and out (the engine's continuations)."""
+    and out (the engine's continuations); None, with a warning, when vLLM fails (the caller's transformers makes
+    them: slower, the same text but for near-ties)."""
     longest = max(len(p) for p in prompts) + new_tokens
-    made = get_engine(VLLM_ENGINE).continuations(str(target.spec), {"own": prompts}, new_tokens,
-                                                 dtype=str(target.dtype).replace("torch.", ""),
-                                                 max_model_len=longest + 16, ignore_eos=True, skip_tokenizer_init=True)
+    try:
+        made = get_engine(VLLM_ENGINE).continuations(str(target.spec), {"own": prompts}, new_tokens,
+                                                     dtype=str(target.dtype).replace("torch.", ""),
+                                                     max_model_len=longest + 16, ignore_eos=True,
+                                                     skip_tokenizer_init=True)
+    except Exception as e:  # any failure of the engine's worker: the measurement goes on in transformers
+        warnings.warn(f"vLLM could not continue the measured prompts ({str(e)[:160]}); using transformers' generate",
+                      stacklevel=2)
+        return None
     return [HeldoutSequence(list(p) + list(o), len(p)) for p, o in zip(prompts, made["own"])]
 
 

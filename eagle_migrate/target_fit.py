@@ -202,16 +202,17 @@ def same_model(recorded: str, served: str | None, served_spec: str) -> bool:
 def step0_agreement(ck: Checkpoint, target: LazyTarget, ids: list[int], *, seed: int = 0, data: Any = None,
                     sequences: list[list[int]] | None = None, max_length: int = 512,
                     max_sequences: int = MAX_SEQUENCES, progress: Callable[[int, int], None] | None = None,
-                    step: Step0 | None = None) -> Agreement:
+                    step: Step0 | None = None, want: int | None = None) -> Agreement:
     """The drafter's step-0 top-1 agreement with ``target``'s greedy next token where vLLM drafts, on at most
     ``max_sequences`` of the target's own sequences (:func:`eagle_migrate.own_text.measurement_sequences`: the same
     ones the aux-id measurement made, replayed), aux states at ``ids`` (vLLM ids); ``step``: the drafter's step 0 on
-    ``target`` when the caller has it (:func:`_step0`)."""
+    ``target`` when the caller has it (:func:`_step0`); ``want``: the sequences a later measurement on the same text
+    reads (:func:`follows`), made with these where that is cheaper (in vLLM: own_text.in_vllm)."""
     t0 = time.perf_counter()
     step = step if step is not None else _step0(ck, target)
     hits: list[int] = []
     sizes: list[int] = []
-    for h in measurement_sequences(target, data, seed, sequences, max_length):
+    for h in measurement_sequences(target, data, seed, sequences, max_length, want=want or max_sequences):
         states, nxt = target_states(target, h.ids, ids)
         aux = torch.cat([states[i] for i in sorted(ids)], dim=-1)[: len(h.ids) - 1]
         _, hit, _ = step(aux, h.ids, nxt[1:], drafted_positions(h, nxt))
@@ -240,7 +241,8 @@ def follows(ck: Checkpoint, target: LazyTarget, ref: LazyTarget, ids: list[int],
     pref: list[int] = []
     sizes: list[int] = []
     drafted = differ = 0
-    seqs = measurement_sequences(target, data, seed, sequences, max_length, batch=FOLLOW_GENERATE_BATCH)
+    seqs = measurement_sequences(target, data, seed, sequences, max_length, batch=FOLLOW_GENERATE_BATCH,
+                                 want=max_sequences)
     while len(sizes) < max_sequences:
         # FOLLOW_BATCH sequences at a time: the two targets each run them in one forward; the looks fall between groups
         group = list(itertools.islice(seqs, min(FOLLOW_BATCH, max_sequences - len(sizes))))
@@ -307,7 +309,7 @@ def assess(ck: Checkpoint, target: LazyTarget | None, ids: list[int] | None, *, 
         step = _step0(ck, target)  # once: the agreement and the follows measurement run it on the same target
         fit.on_target = step0_agreement(ck, target, ids, seed=seed, data=data, sequences=sequences, max_length=max_length,
                                         progress=(lambda d, t: progress("target", d, t)) if progress else None,
-                                        step=step)
+                                        step=step, want=FOLLOW_SEQUENCES if trained_for_path else None)
         if trained_for_path:
             ref = LazyTarget(trained_for_path, target.device, target.dtype)
             fit.on_trained_for = step0_agreement(ck, ref, ids, seed=seed, data=data, sequences=sequences,

@@ -150,3 +150,54 @@ def test_a_large_target_continues_its_prompts_in_vllm(world, monkeypatch):
         assert h.prompt_len == own_text.PROMPT_TOKENS and len(h.ids) == h.prompt_len + own_text.CONTINUATION_TOKENS
         cont = h.ids[h.prompt_len - 1:]
         assert all(b == (a + 1) % H for a, b in zip(cont, cont[1:]))
+
+
+def test_a_measurement_that_reads_many_takes_real_prompts_and_a_large_target_makes_them_in_one_vllm_call(world,
+                                                                                                       monkeypatch):
+    """A measurement that wants more sequences than the budget (the follows measurement's 256) gets them from the
+    data's prompts (not perturbed copies of what was measured), replaying what an earlier, smaller measurement made; a
+    small target makes them in transformers (vLLM's start does not pay there), a large one all that is still wanted
+    in one vLLM call; a vLLM that fails leaves them to transformers, with a warning."""
+    from eagle_migrate import own_text
+    from eagle_migrate.engines import vllm_engine
+    from eagle_migrate.engines.in_process import CONTINUATION_MAX_NUM_SEQS_CPU
+
+    _, target, _, _ = world
+    calls: list[int] = []
+    fail = [False]
+
+    def fake(tgt, drafter, suites, **kw):
+        if fail[0]:
+            raise RuntimeError("worker died")
+        job = suites["own"]
+        calls.append(len(job["prompts"]))
+        assert kw["max_num_seqs"] == CONTINUATION_MAX_NUM_SEQS_CPU and job["ignore_eos"] is True
+        outs = [[(p[-1] + 1 + j) % H for j in range(job["max_tokens"])] for p in job["prompts"]]
+        return {"own": (None, {"outputs": outs})}
+
+    monkeypatch.setattr(vllm_engine, "measure", fake)
+    monkeypatch.setattr(vllm_engine, "vllm_importable", lambda python=None: True)
+    data = _random_text(n=300)
+
+    def prompts(hs):
+        return [tuple(h.ids[:h.prompt_len]) for h in hs]
+
+    small = LazyTarget(target, "cpu", torch.float32)
+    first = [h for _, h in zip(range(16), ev.measurement_sequences(small, data, seed=5))]
+    many = [h for _, h in zip(range(200), ev.measurement_sequences(small, data, seed=5, want=200))]
+    assert calls == [] and prompts(many[:16]) == prompts(first)  # transformers; replayed
+    data_prompts = {tuple(s[:own_text.PROMPT_TOKENS]) for s in data}
+    assert len(set(prompts(many))) == 200 and set(prompts(many)) <= data_prompts  # real prompts, none perturbed
+
+    monkeypatch.setattr(own_text, "VLLM_MIN_PARAMS", 1)  # a large target
+    large = LazyTarget(target, "cpu", torch.float32)
+    got = [h for _, h in zip(range(200), ev.measurement_sequences(large, data, seed=5, want=200))]
+    assert calls == [200] and prompts(got) == prompts(many)  # all it wants in one call, the same prompts
+    for h in got:
+        cont = h.ids[h.prompt_len - 1:]
+        assert all(b == (a + 1) % H for a, b in zip(cont, cont[1:]))
+    fail[0] = True
+    again_t = LazyTarget(target, "cpu", torch.float32)
+    with pytest.warns(UserWarning, match="vLLM could not continue the measured prompts"):
+        again = [h for _, h in zip(range(200), ev.measurement_sequences(again_t, data, seed=5, want=200))]
+    assert prompts(again) == prompts(many) and [h.ids for h in again[:16]] == [h.ids for h in first]
