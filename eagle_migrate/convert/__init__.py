@@ -23,12 +23,15 @@ generation), ``write`` (the output plan, written and read back), ``calibration``
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..choices import OutputFormat
 from ..exports import lazy_exports
 from ..progress import StageProgress
 from .options import ConvertOptions
+
+if TYPE_CHECKING:  # pragma: no cover  (the result model is imported on first use: lazy_exports below)
+    from .result import ConvertResult
 
 __all__ = [
     "STATS_MAX_SEQUENCES", "STATS_MAX_SEQUENCES_CPU", "Agreement", "CalibrationStatus", "ConvertOptions",
