@@ -80,15 +80,16 @@ REFERENCE_MARGIN = 0.03
 # model in another folder), looking after 64 sequences and every 32 after that: an even share crosses 3 SE at one of
 # those 7 looks about 1 % of the time (0.5 % towards "stale"; benchmarks/retarget/fit_probe.py --simulate-looks),
 # against 0.27 % at one look; a false "stale" costs a fine-tune, which the judge still returns only when it beats the
-# conversion. Each sequence is a generation and two target forwards: for SmolLM2-135M on the quiet 2-core box 192
-# sequences took 251 s (convert's format B, 16 a generate call; docs/benchmarks.md "convert's default recalibration in
-# 15 minutes")
+# conversion. Each sequence is a generation and two target forwards, its prompt from the data (own_text's ``want``):
+# for SmolLM2-135M on the quiet 2-core box convert's format B decided at 128 sequences, the whole fit measurement in
+# 98-122 s (with perturbed prompts after the first 64 it read 192 in 245 s; docs/benchmarks.md "The fixed part of
+# convert")
 FOLLOW_SEQUENCES = 256
 FOLLOW_FIRST_LOOK = 64
 FOLLOW_LOOK_EVERY = 32
 FOLLOW_MIN_POSITIONS = 100
 # the sequences each target runs in one forward (a divisor of the looks above), and those B continues in one
-# generate call (the agreement's first 16 are replayed): on the 2-core box, generation was 72 % of the measurement
+# generate call (the agreement's first 16 are replayed; a decode step costs little more for 32 than for 16)
 FOLLOW_BATCH = 16
 FOLLOW_GENERATE_BATCH = 32
 # where a producer records the target it trained for (dotted paths in config.json)
