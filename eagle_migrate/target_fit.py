@@ -82,7 +82,7 @@ REFERENCE_MARGIN = 0.03
 # against 0.27 % at one look; a false "stale" costs a fine-tune, which the judge still returns only when it beats the
 # conversion. Each sequence is a generation and two target forwards, its prompt from the data (own_text's ``want``):
 # for SmolLM2-135M on the quiet 2-core box convert's format B decided at 128 sequences, the whole fit measurement in
-# 98-122 s (with perturbed prompts after the first 64 it read 192 in 245 s; docs/benchmarks.md "The fixed part of
+# 98-122 s (with perturbed prompts after the first 64 it read 192 in 242 s; docs/benchmarks.md "The fixed part of
 # convert")
 FOLLOW_SEQUENCES = 256
 FOLLOW_FIRST_LOOK = 64
