@@ -11,7 +11,6 @@ Layer: beside ``judge``: imports corpora, judge (HeldoutSequence, greedy_continu
 from __future__ import annotations
 
 import json
-import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -44,6 +43,7 @@ VLLM_MIN_PARAMS = 1_000_000_000
 # 105 s with the continuations in vLLM, its start included, and 98 s in transformers' generate, 32 a call, on the
 # 2-core box: benchmarks/retarget/fit_time.py, docs/benchmarks.md "The fixed part of convert")
 VLLM_ENGINE = "vllm"  # the engine that makes them (engines/in_process.py)
+FALLBACK_ENGINE = "auto"  # asked for them: vLLM, or None with a warning when vLLM fails (transformers then)
 
 
 _MADE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> {key: (sequences made, their source)}
@@ -168,17 +168,14 @@ def continued(target: LazyTarget, prompts: Iterable[list[int]], new_tokens: int,
 
 def _vllm_continuations(target: LazyTarget, prompts: list[list[int]], new_tokens: int) -> list[HeldoutSequence] | None:
     """``prompts`` continued greedily by the target served in vLLM (no drafter), in the target's dtype, token ids in
-    and out (the engine's continuations); None, with a warning, when vLLM fails (the caller's transformers makes
-    them: slower, the same text but for near-ties)."""
+    and out; None, with the ``auto`` engine's warning, when vLLM fails (the caller's transformers makes them: slower,
+    the same text but for near-ties)."""
     longest = max(len(p) for p in prompts) + new_tokens
-    try:
-        made = get_engine(VLLM_ENGINE).continuations(str(target.spec), {"own": prompts}, new_tokens,
+    made = get_engine(FALLBACK_ENGINE).continuations(str(target.spec), {"own": prompts}, new_tokens,
                                                      dtype=str(target.dtype).replace("torch.", ""),
                                                      max_model_len=longest + 16, ignore_eos=True,
                                                      skip_tokenizer_init=True)
-    except Exception as e:  # any failure of the engine's worker: the measurement goes on in transformers
-        warnings.warn(f"vLLM could not continue the measured prompts ({str(e)[:160]}); using transformers' generate",
-                      stacklevel=2)
+    if made is None:
         return None
     return [HeldoutSequence(list(p) + list(o), len(p)) for p, o in zip(prompts, made["own"])]
 

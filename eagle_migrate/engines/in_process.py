@@ -232,7 +232,7 @@ class AutoEngine(InProcessEngine):
         try:
             return get_engine(resolve_engine("auto", kw.get("python"))).continuations(target, prompts, new_tokens, **kw)
         except Exception as e:  # transformers' generate is the slower fallback
-            warnings.warn(f"vLLM could not generate the held-out continuations ({str(e)[:120]}); using transformers",
+            warnings.warn(f"vLLM could not generate the target's continuations ({str(e)[:120]}); using transformers",
                           stacklevel=4)
             return None
 

@@ -198,6 +198,6 @@ def test_a_measurement_that_reads_many_takes_real_prompts_and_a_large_target_mak
         assert all(b == (a + 1) % H for a, b in zip(cont, cont[1:]))
     fail[0] = True
     again_t = LazyTarget(target, "cpu", torch.float32)
-    with pytest.warns(UserWarning, match="vLLM could not continue the measured prompts"):
+    with pytest.warns(UserWarning, match="vLLM could not generate the target's continuations"):
         again = [h for _, h in zip(range(200), ev.measurement_sequences(again_t, data, seed=5, want=200))]
     assert prompts(again) == prompts(many) and [h.ids for h in again[:16]] == [h.ids for h in first]
