@@ -70,12 +70,12 @@ def _write_cached(f: Path, data: Any) -> None:
 
 
 def engine_continuations(engine: str, target_path: str | Path, prompts: Mapping[str, Sequence[Sequence[int]]],
-                         new_tokens: int, max_model_len: int = 8192, dtype: str = "float32",
+                         new_tokens: int | Mapping[str, int], max_model_len: int = 8192, dtype: str = "float32",
                          cache_dir: str | Path | None = None, *, python: str | None = None,
                          progress: StageProgress | None = None) -> dict[str, list[HeldoutSequence]] | None:
     """Greedy continuations of the held-out prompts from the target served by ``engine`` (no drafter; the engine's
     :meth:`~eagle_migrate.engines.registry.Engine.continuations`: vLLM, much faster than transformers' generate on
-    CPU), or None when the engine makes none (the reference engine: transformers' generate in the run does). An
+    CPU; ``new_tokens`` for every set, or per set name), or None when the engine makes none (the reference engine: transformers' generate in the run does). An
     engine asked for by name that cannot run here is an EngineError before anything is served; ``auto`` whose vLLM
     fails falls back with a warning. ``calibrate`` uses the sequences as given. With ``cache_dir`` they are kept there
     as JSON, keyed by the prompts, the target's content fingerprint (not its path), the settings and the engine's
@@ -90,7 +90,8 @@ def engine_continuations(engine: str, target_path: str | Path, prompts: Mapping[
     if version is not None:
         key = _seq_hash([p for n in sorted(suites) for p in suites[n]],
                         [sorted((n, len(s)) for n, s in suites.items()), target_fingerprint(str(target_path)),
-                         new_tokens, max_model_len, dtype, version])
+                         new_tokens if isinstance(new_tokens, int) else sorted(new_tokens.items()), max_model_len,
+                         dtype, version])
         f = Path(cache_dir) / f"heldout-vllm-{key}.json"
         if f.exists():
             return _read_cached(json.loads(f.read_text()))
@@ -171,6 +172,7 @@ def default_data(target: Any, data: str | None, num_sequences: int, seed: int, s
 # or size, and a duplicate of a judged prompt is judged too, never trained on.
 TRAFFIC_SUITE = "traffic"
 TRAFFIC_ANSWER_TOKENS = 128  # the target's answer to a training prompt, at most (and within the sequence length)
+TRAFFIC_TRAIN = "traffic-train"  # the training prompts' answers: their name in progress lines and cache files
 TRAFFIC_SUFFIXES = (".jsonl", ".json", ".gz")
 
 
@@ -231,5 +233,11 @@ def answered(target: Any, prompts: Sequence[Sequence[int]], seq_len: int, cache_
              progress: StageProgress | None = None) -> list[list[int]]:
     """The training sequences of traffic prompts: each prompt followed by the target's own greedy answer (at most
     :data:`TRAFFIC_ANSWER_TOKENS`, within ``seq_len``), made by :func:`heldout_sequences` (cached in ``cache_dir``)."""
-    new = max(1, min(TRAFFIC_ANSWER_TOKENS, seq_len - max(len(p) for p in prompts))) if prompts else 1
-    return [h.ids[:seq_len] for h in heldout_sequences(target, list(prompts), new, cache_dir, "traffic-train", progress)]
+    return [h.ids[:seq_len] for h in heldout_sequences(target, list(prompts), answer_tokens(prompts, seq_len), cache_dir,
+                                                      TRAFFIC_TRAIN, progress)]
+
+
+def answer_tokens(prompts: Sequence[Sequence[int]], seq_len: int) -> int:
+    """The new tokens of the target's answers to traffic prompts: :data:`TRAFFIC_ANSWER_TOKENS`, within ``seq_len``
+    after the longest prompt."""
+    return max(1, min(TRAFFIC_ANSWER_TOKENS, seq_len - max(len(p) for p in prompts))) if prompts else 1

@@ -15,6 +15,8 @@ import torch
 
 from ..calibration_data import (
     TRAFFIC_SUITE,
+    TRAFFIC_TRAIN,
+    answer_tokens,
     answered,
     default_data,
     engine_continuations,
@@ -78,10 +80,17 @@ def calibrate_checkpoint(
                                         heldout_per_suite=s.heldout_per_suite or dflt["heldout_per_suite"],
                                         long_buckets=dflt["heldout_long_buckets"], shift_max=dflt["heldout_shift_max"],
                                         long_per_bucket=s.heldout_long_per_bucket or dflt["heldout_long_per_bucket"])
+    asked = None  # the traffic's training prompts, answered by the target with the held-out continuations
     if hs is None and is_traffic(data):  # the served prompts: a held-out part is the judge's own suite
-        train_seqs, held = _traffic(tgt, data, held or {}, seq_len, s, s.heldout_per_suite or dflt["heldout_per_suite"])
+        asked, held = _traffic(tgt, data, held or {}, seq_len, s, s.heldout_per_suite or dflt["heldout_per_suite"])
+        train_seqs = None  # the answers to ``asked`` (none when the run only judges)
     if not _is_target(target) and tgt.tokenizer is not None and held:
-        held = _heldout_continuations(str(target), held, s.heldout_new_tokens or dflt["heldout_new_tokens"], s)
+        held, answers = _heldout_continuations(str(target), held, s.heldout_new_tokens or dflt["heldout_new_tokens"],
+                                               s, asked, seq_len)
+        if answers is not None:
+            train_seqs, asked = answers, None
+    if asked is not None:  # no engine made the answers: transformers' generate in the run (cached)
+        train_seqs = answered(tgt, asked, seq_len, Path(s.cache_dir) if s.cache_dir is not None else None, _tick(s))
     res = calibrate(model, tgt, train_seqs, held, s.replace(device=dev, seq_len=seq_len, require_improvement=False),
                     source=source, statistics_tokens=statistics_tokens, data_name=str(hs or data or "builtin:chat"),
                     data_warning=data_warning)
@@ -93,20 +102,22 @@ def calibrate_checkpoint(
 
 
 def _traffic(tgt: Any, data: Any, held: dict[str, Any], seq_len: int, s: CalibrationSettings,
-             heldout_max: int) -> tuple[list[list[int]], dict[str, Any]]:
-    """``--data FILE`` of served prompts: (training sequences, held-out suites). The file is split by content
+             heldout_max: int) -> tuple[list[list[int]] | None, dict[str, Any]]:
+    """``--data FILE`` of served prompts: (training prompts, held-out suites). The file is split by content
     (:func:`eagle_migrate.calibration_data.traffic_prompts`: the triage's held-out file beside it, else
-    :func:`eagle_migrate.corpora.split_traffic`): the training prompts are answered by the target (its own
-    greedy text, transformers' generate, cached in ``--cache-dir``), the held-out ones become the suite
-    :data:`~eagle_migrate.calibration_data.TRAFFIC_SUITE` beside the others; no held-out prompt is trained on."""
+    :func:`eagle_migrate.corpora.split_traffic`): the training prompts are to be answered by the target (its own
+    greedy text; None when the run only judges: ``steps`` 0 reads no training sequence), the held-out ones become the
+    suite :data:`~eagle_migrate.calibration_data.TRAFFIC_SUITE` beside the others; no held-out prompt is trained on."""
     train_prompts, judged = traffic_prompts(tgt, data, s.num_sequences or 64, s.seed, seq_len, heldout_max)
     if not train_prompts:
         raise DataError(f"{data}: every prompt is held out for the judge; nothing is left to train on",
                         f"give at least {2 * TRAFFIC_MIN_HELDOUT} distinct prompts")
-    tick = (lambda stage, done, total, info="": s.progress(f"calibrate: {stage}", done, total, info)) \
+    return (None if s.steps == 0 else train_prompts), ({**held, TRAFFIC_SUITE: judged} if judged else dict(held))
+
+
+def _tick(s: CalibrationSettings) -> Any:
+    return (lambda stage, done, total, info="": s.progress(f"calibrate: {stage}", done, total, info)) \
         if s.progress is not None else None
-    train = answered(tgt, train_prompts, seq_len, Path(s.cache_dir) if s.cache_dir is not None else None, tick)
-    return train, {**held, TRAFFIC_SUITE: judged} if judged else dict(held)
 
 
 def _is_target(target: Any) -> bool:
@@ -126,16 +137,26 @@ def _target(target: Any, loaded_target: Any, s: CalibrationSettings, dev: torch.
     return load_target(str(target), device=str(dev), dtype=tdtype)
 
 
-def _heldout_continuations(target: str, held: Any, new_tokens: int, s: CalibrationSettings) -> Any:
-    """The held-out prompts with the target's greedy continuations from the engine ``s.engine`` names
-    (``s.vllm_python`` the interpreter that has vLLM; ``calibration_data.engine_continuations``: vLLM, or ``auto``'s
-    choice); else the prompts as they are, continued by transformers' generate in the run (the slower fallback: the
-    reference engine, or ``auto`` whose vLLM failed, with a warning). An engine asked for by name that fails fails."""
-    tick = (lambda stage, done, total, info="": s.progress(f"calibrate: {stage}", done, total, info)) \
-        if s.progress is not None else None
-    made = engine_continuations(s.engine, target, held, new_tokens, cache_dir=s.cache_dir, python=s.vllm_python,
-                                progress=tick)
-    return held if made is None else made
+def _heldout_continuations(target: str, held: Any, new_tokens: int, s: CalibrationSettings,
+                           asked: list[list[int]] | None = None, seq_len: int = 0) -> tuple[Any, Any]:
+    """(the held-out prompts with the target's greedy continuations, the traffic's training sequences or None) from
+    the engine ``s.engine`` names (``s.vllm_python`` the interpreter that has vLLM;
+    ``calibration_data.engine_continuations``: vLLM, or ``auto``'s choice), in one call: the training prompts
+    ``asked`` (a traffic file's) answered there too (:func:`~eagle_migrate.calibration_data.answer_tokens` new
+    tokens within ``seq_len``). When the engine makes none, the prompts as they are and None: transformers' generate
+    in the run continues them (the slower fallback: the reference engine, or ``auto`` whose vLLM failed, with a
+    warning). An engine asked for by name that fails fails."""
+    sets = dict(held)
+    budget: Any = new_tokens
+    if asked:
+        sets[TRAFFIC_TRAIN] = asked
+        budget = {**{n: new_tokens for n in held}, TRAFFIC_TRAIN: answer_tokens(asked, seq_len)}
+    made = engine_continuations(s.engine, target, sets, budget, cache_dir=s.cache_dir, python=s.vllm_python,
+                                progress=_tick(s))
+    if made is None:
+        return held, None
+    train = [h.ids[:seq_len] for h in made.pop(TRAFFIC_TRAIN)] if asked else None
+    return made, train
 
 
 def _write_back(checkpoint: Path, dest: Path, ck: Any, model: Any, res: CalibrationResult) -> None:

@@ -144,7 +144,8 @@ class VllmEngine(InProcessEngine):
         """The target served by vLLM with no drafter: much faster than transformers' generate on CPU; vLLM's fp32
         greedy output equals transformers' except at rare near-ties (docs/calibration.md). ``max_num_seqs`` None:
         :data:`CONTINUATION_MAX_NUM_SEQS_CPU` (``_CUDA`` on a GPU)."""
-        suites = {n: {"prompts": [list(p) for p in ps], "max_tokens": new_tokens, **({"ignore_eos": True} if ignore_eos else {})}
+        suites = {n: {"prompts": [list(p) for p in ps], "max_tokens": new_tokens if isinstance(new_tokens, int) else new_tokens[n],
+                      **({"ignore_eos": True} if ignore_eos else {})}
                   for n, ps in prompts.items() if ps}
         seqs = max_num_seqs or (CONTINUATION_MAX_NUM_SEQS_CUDA if cuda_available() else CONTINUATION_MAX_NUM_SEQS_CPU)
         res = vllm_engine.measure(str(target), None, suites, dtype=dtype, max_model_len=max_model_len, python=python,

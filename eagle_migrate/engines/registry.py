@@ -148,11 +148,11 @@ class Engine(ABC):
         importable in ``vllm_python``), in one sentence; None when it measured as asked."""
         return None
 
-    def continuations(self, target: str, prompts: dict[str, list[list[int]]], new_tokens: int, *,
+    def continuations(self, target: str, prompts: dict[str, list[list[int]]], new_tokens: int | dict[str, int], *,
                       dtype: str = "float32", max_model_len: int = 8192, python: str | None = None,
                       ignore_eos: bool = False, skip_tokenizer_init: bool = False, max_num_seqs: int | None = None,
                       progress: Callable[[int, int, str], None] | None = None) -> dict[str, list[list[int]]] | None:
-        """The target alone continuing each prompt greedily for ``new_tokens`` tokens: per suite, each prompt's
+        """The target alone continuing each prompt greedily for ``new_tokens`` tokens (or ``new_tokens[suite]``): per suite, each prompt's
         continuation (token ids); None when this engine makes none (the caller's transformers generate does).
         ``max_num_seqs``: the sequences the engine runs at once (None: its default); ``progress``: ``(done, total,
         info)`` suite by suite."""

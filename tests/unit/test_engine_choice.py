@@ -62,9 +62,9 @@ def test_the_held_out_continuations_come_from_the_engine_asked_for(monkeypatch):
 
     monkeypatch.setattr(in_process.VllmEngine, "continuations", fake_vllm)
     monkeypatch.setattr(in_process, "resolve_engine", lambda engine, python, **kw: "reference" if engine == "reference" else "vllm")
-    got = checkpoint._heldout_continuations("t", _held(), 1, CalibrationSettings(engine="vllm", vllm_python="/venv/bin/python"))
+    got, _ = checkpoint._heldout_continuations("t", _held(), 1, CalibrationSettings(engine="vllm", vllm_python="/venv/bin/python"))
     assert calls == ["/venv/bin/python"] and got["chat"][0].ids == [1, 2, 3, 9]
-    assert checkpoint._heldout_continuations("t", _held(), 1, CalibrationSettings(engine="reference")) == _held()
+    assert checkpoint._heldout_continuations("t", _held(), 1, CalibrationSettings(engine="reference")) == (_held(), None)
     assert calls == ["/venv/bin/python"]  # reference: not served by vLLM
 
     def broken(*a, **k):
@@ -72,7 +72,7 @@ def test_the_held_out_continuations_come_from_the_engine_asked_for(monkeypatch):
 
     monkeypatch.setattr(in_process.VllmEngine, "continuations", broken)
     with pytest.warns(UserWarning, match="using transformers"):  # auto: the fallback, said
-        assert checkpoint._heldout_continuations("t", _held(), 1, CalibrationSettings(engine="auto")) == _held()
+        assert checkpoint._heldout_continuations("t", _held(), 1, CalibrationSettings(engine="auto")) == (_held(), None)
     with pytest.raises(RuntimeError, match="worker died"):  # vllm asked for: no silent fallback
         checkpoint._heldout_continuations("t", _held(), 1, CalibrationSettings(engine="vllm"))
 
@@ -84,7 +84,7 @@ def test_an_engine_that_cannot_run_is_refused_before_serving(monkeypatch):
     monkeypatch.setattr(vllm_engine, "vllm_importable", lambda python=None: False)
     with pytest.raises(EngineError, match="not importable in /no/vllm"):
         checkpoint._heldout_continuations("t", _held(), 1, CalibrationSettings(engine="vllm", vllm_python="/no/vllm"))
-    assert checkpoint._heldout_continuations("t", _held(), 1, CalibrationSettings(engine="auto")) == _held()
+    assert checkpoint._heldout_continuations("t", _held(), 1, CalibrationSettings(engine="auto")) == (_held(), None)
 
 
 def test_migrate_gives_the_engine_choice_to_convert_and_validate(pair):

@@ -76,7 +76,8 @@ def test_calibration_leaves_the_continuations_to_transformers(counting):
     from eagle_migrate.calibrate.settings import CalibrationSettings
 
     held = {"chat": [[1, 2, 3]]}
-    assert checkpoint._heldout_continuations("t", held, 4, CalibrationSettings(engine="counting")) is held  # it makes none
+    got, answers = checkpoint._heldout_continuations("t", held, 4, CalibrationSettings(engine="counting"))
+    assert got is held and answers is None  # it makes none
 
 
 def test_calibration_takes_the_continuations_a_plugin_makes(tmp_path):
@@ -104,7 +105,7 @@ def test_calibration_takes_the_continuations_a_plugin_makes(tmp_path):
         target.mkdir()
         (target / "config.json").write_text("{}")
         s = CalibrationSettings(engine="echo", cache_dir=tmp_path / "cache")
-        got = checkpoint._heldout_continuations(str(target), {"chat": [[1, 2, 3]]}, 2, s)
+        got, _ = checkpoint._heldout_continuations(str(target), {"chat": [[1, 2, 3]]}, 2, s)
         assert [(h.ids, h.prompt_len) for h in got["chat"]] == [([1, 2, 3, 3, 3], 3)] and len(made) == 1
         checkpoint._heldout_continuations(str(target), {"chat": [[1, 2, 3]]}, 2, s)
         assert len(made) == 1  # from the cache

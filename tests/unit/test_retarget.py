@@ -297,6 +297,46 @@ def test_a_judged_prompt_is_never_trained_on(pair, tmp_path, monkeypatch):
         assert all(b == (a + 1) % toy.H for a, b in zip(t[len(p):], t[len(p) + 1:]))
 
 
+def test_traffic_answers_come_in_the_held_out_continuations_engine_call(pair, tmp_path, monkeypatch):
+    """The training prompts of ``--data FILE`` are answered by the target in the same engine call as the held-out
+    continuations (vLLM: one engine start; the answers at most TRAFFIC_ANSWER_TOKENS within the sequence length, the
+    held-out sets at their own length); an engine that makes none leaves them to transformers; a run that only
+    judges asks for no answer at all."""
+    import eagle_migrate.calibrate.checkpoint as ckm
+    from eagle_migrate.calibrate import CalibrationSettings
+    from eagle_migrate.calibration_data import TRAFFIC_TRAIN, answer_tokens
+    from eagle_migrate.engines import vllm_engine
+
+    calls = []
+
+    def fake_measure(target, drafter, suites, **kw):
+        calls.append({n: (len(j["prompts"]), j["max_tokens"]) for n, j in suites.items()})
+        return {n: (None, {"outputs": [[7] * j["max_tokens"] for _ in j["prompts"]]}) for n, j in suites.items()}
+
+    monkeypatch.setattr(vllm_engine, "measure", fake_measure)
+    monkeypatch.setattr(vllm_engine, "vllm_importable", lambda python=None: True)
+    held = {"chat": [[1, 2, 3]], TRAFFIC_SUITE: [[4, 5], [6]]}
+    asked = [[9] * 10, [8] * 30]
+    s = CalibrationSettings(device="cpu", engine="vllm")
+    got, train = ckm._heldout_continuations(str(pair["A"]), held, 16, s, asked, 100)
+    assert answer_tokens(asked, 100) == 70 and answer_tokens([[1] * 10], 1000) == 128
+    assert calls == [{"chat": (1, 16), TRAFFIC_SUITE: (2, 16), TRAFFIC_TRAIN: (2, 70)}]
+    assert set(got) == {"chat", TRAFFIC_SUITE} and got["chat"][0].ids == [1, 2, 3] + [7] * 16
+    assert train == [[9] * 10 + [7] * 70, [8] * 30 + [7] * 70]
+    # without training prompts: the held-out sets alone
+    got, train = ckm._heldout_continuations(str(pair["A"]), held, 16, s)
+    assert train is None and calls[-1] == {"chat": (1, 16), TRAFFIC_SUITE: (2, 16)}
+    # the reference engine makes none: the prompts as they are, the answers left to transformers
+    got, train = ckm._heldout_continuations(str(pair["A"]), held, 16, s.replace(engine="reference"), asked, 100)
+    assert got is held and train is None and len(calls) == 2
+    # the judge alone (steps 0) reads no training sequence, so none is asked for
+    lt = LazyTarget(str(pair["A"]), "cpu", torch.float32)
+    data = _traffic(tmp_path / "traffic.jsonl")
+    asked_j, suites = ckm._traffic(lt, data, {}, 256, CalibrationSettings(device="cpu", steps=0), 40)
+    asked_t, suites_t = ckm._traffic(lt, data, {}, 256, CalibrationSettings(device="cpu", steps=5), 40)
+    assert asked_j is None and asked_t and suites[TRAFFIC_SUITE] == suites_t[TRAFFIC_SUITE]
+
+
 def test_the_fine_tune_progress_carries_an_eta():
     """The fine-tune's progress line: the mean time per step so far times the steps left of those the trainer says
     it will reach (under a budget, those that fit in it); the bar's total is that reach."""
