@@ -48,7 +48,7 @@ def run(source: Path, target: str, out: Path, opts: ConvertOptions) -> ConvertRe
         job.warnings.extend(f"warning: {w}" for w in ini.norm_init.warnings)
     kind = source_kind(job.cfg, job.ck.meta, traits)
     fit = target_fit(job, traits)
-    if fit is not None and fit.stale:
+    if fit is not None and fit.recalibrate:
         job.warnings.append(f"warning: target fit: {fit.message}")
     choice = choose(kind, job.device, traits, opts.calibrate, opts.calibration, fit)
     want_cal, judge_only, why = choice.run, choice.judge_only, choice.why

@@ -96,6 +96,9 @@ RECIPE: dict[str, dict[str, str]] = {
 RETARGET_RECIPE: dict[str, Any] = {"train": "all", "num_sequences": 256, "steps": 400}
 RETARGET = ("the drafter does not fit the target it is served with, so the fine-tune runs by default (on a CPU too, "
             "within a wall-clock budget); the judge keeps it only when it beats the structural conversion beyond noise")
+RETARGET_UNDECIDED = ("the drafter was trained for another model and the measurement cannot tell whether it still fits "
+                      "the one it is served with, so the fine-tune runs by default (on a CPU too, within a wall-clock "
+                      "budget); the judge keeps it only when it beats the structural conversion beyond noise")
 RETARGET_CPU_MINUTES = 8.0  # the fine-tune's cap; RETARGET_CPU_ENDS_BY usually ends it first
 RETARGET_CPU_ENDS_BY = 14.25  # minutes after convert started: the final evaluation and the write take ~25 s more
 RETARGET_BY = "trained for another target"  # who decided it (Choice.by)
@@ -186,8 +189,8 @@ def choose(kind: SourceKind, device: str, traits: Traits, calibrate: bool | None
     """(run the calibration step, judge only, why, by whom): ``calibrate`` as given (``--calibrate`` /
     ``--no-calibrate``) or the converter's default, and for an EAGLE-3 source the :data:`POLICY` of its kind on
     ``device``, unless a fine-tune option was given (then it fine-tunes; ``--steps 0`` asks for the judge alone) or
-    ``fit`` (a :class:`~eagle_migrate.target_fit.TargetFit`) says the drafter does not fit its target (then it
-    fine-tunes on every device: :data:`RETARGET`)."""
+    ``fit`` (a :class:`~eagle_migrate.target_fit.TargetFit`) says the drafter does not fit its target, or cannot tell
+    whether it fits a model it was not trained for (then it fine-tunes on every device: :data:`RETARGET`)."""
     dev = "cuda" if str(device).startswith("cuda") else "cpu"
     if calibrate is False:
         return Choice(False, False, "--no-calibrate: no calibration step", "--no-calibrate")
@@ -203,7 +206,7 @@ def choose(kind: SourceKind, device: str, traits: Traits, calibrate: bool | None
                       "already EAGLE-3.1: re-written as it is, no calibration by default", "already EAGLE-3.1")
     if asked := asked_for_fine_tune(calibration):
         return Choice(True, False, f"{asked[0]} given: the fine-tune runs", f"{asked[0]} given")
-    if fit is not None and fit.stale and kind.kind in RECIPE:
-        return Choice(True, False, f"{RETARGET}: {fit.message}", RETARGET_BY)
+    if fit is not None and fit.recalibrate and kind.kind in RECIPE:
+        return Choice(True, False, f"{RETARGET if fit.stale else RETARGET_UNDECIDED}: {fit.message}", RETARGET_BY)
     pol = POLICY[(kind.kind, dev)]
     return Choice(True, not pol.fine_tune, pol.evidence, f"{'GPU' if dev == 'cuda' else 'CPU'} default")

@@ -439,6 +439,25 @@ def _verdict_of(b: float, a: float, share: float | None, se: float = 0.012, posi
     return f
 
 
+def test_an_undecided_fit_recalibrates_by_default_and_says_why():
+    """convert's choice: a stale drafter and one whose fit cannot be told are both fine-tuned by default (each with
+    its own reason), a fitting one on a CPU is judged only, and --no-calibrate wins over either."""
+    from eagle_migrate.calibrate import CalibrationSettings
+    from eagle_migrate.convert.defaults import RETARGET, RETARGET_BY, RETARGET_UNDECIDED, choose, source_kind
+    from eagle_migrate.convert.registry import Traits
+    kind = source_kind(toy.drafter_config(norm_before_residual=True), {}, Traits())
+    assert kind.kind == "speculators-style"
+    dflt = CalibrationSettings()
+    stale, even, fits = (_verdict_of(0.44, 0.44, x, 0.016, positions=1343) for x in (0.56, 0.518, 0.40))
+    c = choose(kind, "cpu", Traits(), None, dflt, stale)
+    assert (c.run, c.judge_only, c.by, c.retarget) == (True, False, RETARGET_BY, True) and c.why.startswith(RETARGET)
+    c = choose(kind, "cpu", Traits(), None, dflt, even)
+    assert (c.run, c.judge_only, c.retarget) == (True, False, True) and c.why.startswith(RETARGET_UNDECIDED)
+    assert "cannot tell" in c.why
+    assert choose(kind, "cpu", Traits(), None, dflt, fits)[:2] == (True, True)
+    assert choose(kind, "cpu", Traits(), False, dflt, even).run is False
+
+
 def test_following_the_old_target_decides_stale_where_the_agreement_cannot():
     """SmolLM2's chat-format fine-tune: the agreement on B's text equals A's (0.44 against 0.44), but the source
     proposes A's token at 0.55 +- 0.015 where the two differ: stale. Within noise of even, too few positions, or
@@ -447,11 +466,16 @@ def test_following_the_old_target_decides_stale_where_the_agreement_cannot():
     stale = _verdict_of(0.44, 0.44, 0.552, 0.015)
     assert stale.verdict == "stale" and "it drafts what its own target would write" in stale.message
     assert "recalibration recommended" in stale.message
-    even = _verdict_of(0.44, 0.44, 0.52, 0.015)
-    assert even.verdict == "fits" and "within noise of even: cannot tell" in even.message
+    assert stale.recalibrate
+    # within noise of even on enough positions: the measurement cannot tell, which is not "fits" (a coding
+    # assistant's traffic on the format B: 0.518 +- 0.016, while a recalibration served +12.6 % there)
+    even = _verdict_of(0.44, 0.44, 0.518, 0.016, positions=1343)
+    assert even.verdict == "undecided" and even.recalibrate and not even.stale
+    assert "within noise of even: cannot tell" in even.message and "--no-calibrate" in even.message
     few = _verdict_of(0.44, 0.44, 0.9, 0.02, positions=40)
-    assert few.verdict == "fits" and "too few such positions" in few.message
+    assert few.verdict == "fits" and not few.recalibrate and "too few such positions" in few.message
     follows_b = _verdict_of(0.44, 0.44, 0.27, 0.013)
-    assert follows_b.verdict == "fits" and "it drafts the served target's tokens" in follows_b.message
+    assert follows_b.verdict == "fits" and not follows_b.recalibrate
+    assert "it drafts the served target's tokens" in follows_b.message
     # the agreement's drop alone still decides, whatever the share says
     assert _verdict_of(0.20, 0.44, 0.5, 0.05).verdict == "stale"
