@@ -82,8 +82,10 @@ def validate_arm(model: Path, src: Path, target: Path, out: Path, a: argparse.Na
     rep = out / f"validate-k{a.k}{tail}.json"
     if rep.exists():
         return json.loads(rep.read_text()), 0.0
+    # --suites prompts with --prompts: the file's prompts alone (validate's suite "prompts")
+    suite = [] if a.prompts and a.suites == "prompts" else ["--suite", a.suites]
     cmd = ["validate", str(model), "--baseline", str(src), "--target", str(target), "--engine", "vllm",
-           "--suite", a.suites, "-k", str(a.k), "--max-tokens", str(a.max_tokens), "--seed", str(a.seed),
+           *suite, "-k", str(a.k), "--max-tokens", str(a.max_tokens), "--seed", str(a.seed),
            "--no-diagnostics", "--json"]
     if a.num_prompts:
         cmd += ["--num-prompts", str(a.num_prompts)]
