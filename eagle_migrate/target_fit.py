@@ -100,6 +100,7 @@ CONFIG_KEYS = ("speculators_config.verifier.name_or_path", "verifier.name_or_pat
 PROVENANCE_KEYS = ("target_hub_id", "target_name")
 
 Verdict = Literal["fits", "stale", "undecided", "no-evidence", "not measured"]
+Until = Literal["verdict", "action"]  # follows: read until the verdict is decided, or until convert's action is
 
 
 class Agreement(BaseModel):
@@ -128,6 +129,8 @@ class Follows(BaseModel):
     standard_error: float = Field(..., description="clustered by sequence")
     sequences: int
     seconds: float
+    stopped: str = Field("", description="why it stopped before reading all it could: decided, same text, action "
+                         "(convert: at or above even, where more sequences cannot change what convert does)")
 
     @property
     def decided(self) -> bool:
@@ -240,15 +243,18 @@ def step0_agreement(ck: Checkpoint, target: LazyTarget, ids: list[int], *, seed:
 
 def follows(ck: Checkpoint, target: LazyTarget, ref: LazyTarget, ids: list[int], *, seed: int = 0, data: Any = None,
             sequences: list[list[int]] | None = None, max_length: int = 512, max_sequences: int = FOLLOW_SEQUENCES,
-            progress: Callable[[int, int], None] | None = None, step: Step0 | None = None) -> Follows:
+            progress: Callable[[int, int], None] | None = None, step: Step0 | None = None,
+            until: Until = "verdict") -> Follows:
     """On ``target``'s own sequences (those :func:`step0_agreement` measured, then more), at the drafted positions where
     ``ref``'s greedy next token differs from ``target``'s and the drafter's step 0 proposes one of the two (what vLLM
-    drafts first): the share of them where it proposes ``ref``'s. ``step`` as in :func:`step0_agreement`."""
+    drafts first): the share of them where it proposes ``ref``'s. ``step`` as in :func:`step0_agreement`; ``until``:
+    when it stops (:func:`_stop`)."""
     t0 = time.perf_counter()
     step = step if step is not None else _step0(ck, target)
     pref: list[int] = []
     sizes: list[int] = []
     drafted = differ = 0
+    why = ""  # why it stopped early (_stop)
     seqs = measurement_sequences(target, data, seed, sequences, max_length, batch=FOLLOW_GENERATE_BATCH,
                                  want=max_sequences)
     while len(sizes) < max_sequences:
@@ -271,10 +277,27 @@ def follows(ck: Checkpoint, target: LazyTarget, ref: LazyTarget, ids: list[int],
             progress(len(sizes), max_sequences)
         g = len(sizes)
         looks = g >= FOLLOW_FIRST_LOOK and (g - FOLLOW_FIRST_LOOK) % FOLLOW_LOOK_EVERY == 0
-        if looks and (_follows(pref, sizes).decided or differ == 0):  # decided, or the two write the same text here
+        if looks and (why := _stop(_follows(pref, sizes), differ, until)):
             break
     fo = _follows(pref, sizes)
-    return fo.model_copy(update={"differ": differ, "drafted": drafted, "seconds": round(time.perf_counter() - t0, 2)})
+    return fo.model_copy(update={"differ": differ, "drafted": drafted, "seconds": round(time.perf_counter() - t0, 2),
+                                 "stopped": why})
+
+
+def _stop(fo: Follows, differ: int, until: Until) -> str:
+    """Why the follows measurement stops at a look ("" to go on): ``decided`` (3 SE from even), ``same text`` (the two
+    targets' greedy tokens have not differed once: the same model in another folder), and with ``until="action"``
+    (convert) ``action``: the share at or above even on enough positions, where the verdict is ``stale`` or
+    ``undecided`` whatever more sequences would say (only ``fits``, a share below even beyond noise, changes what
+    convert does, and that is out of reach from there): convert's fine-tune gets the time instead (on a coding
+    assistant's prompts the measurement read 256 sequences in 342 s of convert's 15 minutes)."""
+    if fo.decided:
+        return "decided"
+    if differ == 0:
+        return "same text"
+    if until == "action" and fo.positions >= FOLLOW_MIN_POSITIONS and fo.share >= 0.5:
+        return "action"
+    return ""
 
 
 def _follows(pref: list[int], sizes: list[int]) -> Follows:
@@ -299,11 +322,14 @@ def _clustered_se(counts: list[int], sizes: list[int]) -> float:
 
 def assess(ck: Checkpoint, target: LazyTarget | None, ids: list[int] | None, *, trained_for_path: str | None = None,
            seed: int = 0, data: Any = None, sequences: list[list[int]] | None = None, max_length: int = 512,
-           measure: bool = True, progress: Callable[[str, int, int], None] | None = None) -> TargetFit:
+           measure: bool = True, progress: Callable[[str, int, int], None] | None = None,
+           until: Until = "verdict") -> TargetFit:
     """The fit of the drafter ``ck`` to ``target`` (module docstring). ``ids``: the decided aux ids (vLLM's
     convention); ``trained_for_path``: the target it was trained for, measured the same way as the reference;
     ``measure`` False (or no target, no ids): the config's evidence alone. ``progress(which, done, total)``: after
-    each measured sequence (``which``: ``target``, ``trained-for`` or ``follows``)."""
+    each measured sequence (``which``: ``target``, ``trained-for`` or ``follows``); ``until``: ``action`` (convert)
+    stops the follows measurement once what convert does is known (:func:`_stop`), ``verdict`` (inspect) reads on
+    until the verdict is decided."""
     rec, key = trained_for(ck)
     spec = str(target.spec) if target is not None else ""
     tn = target_name(spec) if spec else None
@@ -325,7 +351,8 @@ def assess(ck: Checkpoint, target: LazyTarget | None, ids: list[int] | None, *, 
                                                  progress=(lambda d, t: progress("trained-for", d, t)) if progress else None)
             fit.follows = follows(ck, target, ref, ids, seed=seed, data=data, sequences=sequences,
                                   max_length=max_length,
-                                  progress=(lambda d, t: progress("follows", d, t)) if progress else None, step=step)
+                                  progress=(lambda d, t: progress("follows", d, t)) if progress else None, step=step,
+                                  until=until)
     fit.verdict = _verdict(fit)
     fit.message = _message(fit, trained_for_path, found)
     return fit
@@ -391,7 +418,9 @@ def _message(f: TargetFit, trained_for_path: str | None, found: bool = False) ->
             said = ("it drafts what its own target would write" if fo.decided and fo.share > 0.5 else
                     "it drafts the served target's tokens" if fo.decided else
                     f"too few such positions to tell (under {FOLLOW_MIN_POSITIONS})"
-                    if fo.positions < FOLLOW_MIN_POSITIONS else "within noise of even: cannot tell")
+                    if fo.positions < FOLLOW_MIN_POSITIONS else "within noise of even: cannot tell"
+                    + (" (convert stopped reading there: at or above even, more sequences would not change what it "
+                       "does)" if fo.stopped == "action" else ""))
             ref += f"; it proposes its own target's token at {fo.text()}: {said}"
     else:
         ref = (f"{meas} (its own target not measured: pass --trained-for PATH; threshold {f.threshold:.2f}, what "

@@ -127,7 +127,8 @@ def target_fit(job: Job, traits: Any) -> TargetFit | None:
     try:
         fit = assess(job.ck, job.target, job.aux_ids, trained_for_path=opts.trained_for, seed=opts.seed,
                      data=job.data, sequences=job.first_sequences if measure else None, max_length=opts.max_length,
-                     measure=measure, progress=lambda which, d, t: opts.progress(f"target fit ({which})", d, t))
+                     measure=measure, progress=lambda which, d, t: opts.progress(f"target fit ({which})", d, t),
+                     until="action")
     except TargetError as e:  # e.g. a config-only target folder: the config's evidence alone
         fit = assess(job.ck, job.target, job.aux_ids, measure=False)
         fit.message += f" (not measured: {e.message})"

@@ -439,6 +439,25 @@ def _verdict_of(b: float, a: float, share: float | None, se: float = 0.012, posi
     return f
 
 
+def test_convert_stops_the_follows_measurement_once_its_action_is_known():
+    """At a look: decided (3 SE from even) or the same text stop both; convert (``until="action"``) also stops at or
+    above even on enough positions (stale or undecided: it recalibrates either way; only a share below even beyond
+    noise, ``fits``, would change that), and reads on below even, where ``fits`` may still come; inspect reads on."""
+    def fo(share: float, se: float, positions: int = 900) -> Follows:
+        return Follows(positions=positions, differ=2 * positions, drafted=6000, prefers_trained_for=round(share * positions),
+                       share=share, standard_error=se, sequences=64, seconds=1.0)
+
+    stop = target_fit._stop
+    assert stop(fo(0.60, 0.02), 1800, "verdict") == stop(fo(0.60, 0.02), 1800, "action") == "decided"
+    assert stop(fo(0.5, 1.0, 0), 0, "verdict") == "same text"
+    assert stop(fo(0.52, 0.03), 1800, "verdict") == "" and stop(fo(0.52, 0.03), 1800, "action") == "action"
+    assert stop(fo(0.48, 0.03), 1800, "action") == ""  # below even: fits may still be decided
+    assert stop(fo(0.9, 0.2, positions=40), 80, "action") == ""  # too few positions to say anything
+    f = _verdict_of(0.44, 0.44, 0.52, 0.03)
+    f.follows.stopped = "action"
+    assert target_fit._verdict(f) == "undecided" and "convert stopped reading there" in target_fit._message(f, "A")
+
+
 def test_an_undecided_fit_recalibrates_by_default_and_says_why():
     """convert's choice: a stale drafter and one whose fit cannot be told are both fine-tuned by default (each with
     its own reason), a fitting one on a CPU is judged only, and --no-calibrate wins over either."""
