@@ -6,6 +6,10 @@ from record START on: the validate suites sample ShareGPT's first 3,000 records,
 records 5,000-6,199, so no request here is one of theirs. Deterministic (file order, no sampling).
 
     .venv/bin/python benchmarks/retarget/make_traffic.py runs/retarget/traffic/code.jsonl [--n 400] [--start 12000]
+    .venv/bin/python benchmarks/retarget/make_traffic.py runs/retarget/traffic/chat.jsonl --kind chat --start 3000
+
+``--kind chat``: ShareGPT's first user turns as they are, from record 3,000 on (where `--data sharegpt` trains): the
+default data's prompts, answered by the target instead of ShareGPT's replies (the control for the data's text).
 
 Writes FILE (every request: what convert --data reads) and FILE's held-out part under another name,
 `<stem>.served.jsonl`, by convert's own rule (`corpora.split_traffic`): the prompts `convert --data FILE` holds out
@@ -31,7 +35,9 @@ CODE = re.compile(r"```|\bpython\b|\bjavascript\b|\bsql\b|\bfunction\b|\bcode\b|
                   r"\breact\b|\bapi\b|\bbug\b|\berror\b", re.I)
 
 
-def requests(n: int, start: int) -> list[dict]:
+def requests(n: int, start: int, kind: str = "code") -> list[dict]:
+    """``code``: the coding assistant's requests (SYSTEM and a code question); ``chat``: ShareGPT's first user turns
+    as they are (no system prompt, any topic): the prompts of the default data, for the target to answer."""
     out: list[dict] = []
     for i, rec in enumerate(sources.iter_sharegpt(sources.sharegpt_file())):
         if i < start:
@@ -40,10 +46,16 @@ def requests(n: int, start: int) -> list[dict]:
         if not turns or turns[0].get("from") not in ("human", "user"):
             continue
         q = turns[0].get("value", "")
-        if 40 <= len(q) <= 2000 and CODE.search(q) and sum(c.isascii() for c in q) > 0.97 * len(q):
+        if not (40 <= len(q) <= 2000 and sum(c.isascii() for c in q) > 0.97 * len(q)):
+            continue
+        if kind == "chat":
+            out.append({"messages": [{"role": "user", "content": q}]})
+        elif CODE.search(q):
             out.append({"messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}]})
-            if len(out) == n:
-                break
+        else:
+            continue
+        if len(out) == n:
+            break
     return out
 
 
@@ -52,8 +64,9 @@ def main() -> None:
     ap.add_argument("out", type=Path)
     ap.add_argument("--n", type=int, default=400)
     ap.add_argument("--start", type=int, default=12000)
+    ap.add_argument("--kind", choices=("code", "chat"), default="code")
     a = ap.parse_args()
-    reqs = requests(a.n, a.start)
+    reqs = requests(a.n, a.start, a.kind)
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text("".join(json.dumps(r) + "\n" for r in reqs))
     convs = sources.load_conversations(a.out)  # read back as convert reads it: the split is over these
