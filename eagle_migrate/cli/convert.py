@@ -99,8 +99,9 @@ def convert(
 
     It says whether the drafter fits the target: the target its config names, and its step-0 agreement with the
     target's greedy next token on the target's own text (against --trained-for's when given). A drafter that does not
-    fit is fine-tuned by default, on a CPU too (a wall-clock budget there); the judge keeps the fine-tune only when it
-    beats the structural conversion beyond noise. --data FILE.jsonl of served prompts: a held-out part (by content
+    fit, or whose fit to a model it was not trained for the measurement cannot tell, is fine-tuned by default, on a
+    CPU too (a wall-clock budget there); the judge keeps the fine-tune only when it beats the structural conversion
+    beyond noise. --data FILE.jsonl of served prompts: a held-out part (by content
     hash) is the judge's own suite "traffic", the rest is answered by the target and trained on.
 
     Exit codes: 0 ok, 1 --require-improvement and calibration did not improve the drafter, 2 bad input (unreadable
