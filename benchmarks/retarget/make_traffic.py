@@ -48,12 +48,10 @@ def requests(n: int, start: int, kind: str = "code") -> list[dict]:
         q = turns[0].get("value", "")
         if not (40 <= len(q) <= 2000 and sum(c.isascii() for c in q) > 0.97 * len(q)):
             continue
-        if kind == "chat":
-            out.append({"messages": [{"role": "user", "content": q}]})
-        elif CODE.search(q):
-            out.append({"messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}]})
-        else:
+        if kind == "code" and not CODE.search(q):
             continue
+        system = [{"role": "system", "content": SYSTEM}] if kind == "code" else []
+        out.append({"messages": [*system, {"role": "user", "content": q}]})
         if len(out) == n:
             break
     return out
