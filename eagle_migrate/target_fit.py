@@ -290,7 +290,7 @@ def _stop(fo: Follows, differ: int, until: Until) -> str:
     (convert) ``action``: the share at or above even on enough positions, where the verdict is ``stale`` or
     ``undecided`` whatever more sequences would say (only ``fits``, a share below even beyond noise, changes what
     convert does, and that is out of reach from there): convert's fine-tune gets the time instead (on a coding
-    assistant's prompts the measurement read 256 sequences in 342 s of convert's 15 minutes)."""
+    assistant's prompts the measurement read 256 sequences in 352 s of convert's 15 minutes)."""
     if fo.decided:
         return "decided"
     if differ == 0:
