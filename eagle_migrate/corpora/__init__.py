@@ -37,6 +37,7 @@ from .long import (  # noqa: F401  (used by tests and benchmarks/drift_curve.py)
 )
 from .sequences import calibration_sequences, random_sequences
 from .sources import (
+    ANSWERED,
     DATA_DIR,
     Conversation,
     humaneval_file,
@@ -59,12 +60,13 @@ from .templates import (
     ByteTokenizer,
     render,
     render_text,
+    render_within,
 )
 from .traffic import TRAFFIC_HELDOUT, TRAFFIC_MIN_HELDOUT, content_key, heldout_path, split_traffic
 
-__all__ = ["CODE_QUESTIONS", "DATA_DIR", "DEFAULT_MAX_TOKENS", "DEFAULT_SIZES", "LONG_BUCKETS", "LONG_KINDS",
+__all__ = ["ANSWERED", "CODE_QUESTIONS", "DATA_DIR", "DEFAULT_MAX_TOKENS", "DEFAULT_SIZES", "LONG_BUCKETS", "LONG_KINDS",
            "LONG_QUESTIONS", "SHIFT_VARIANTS", "STDLIB_MODULES", "SUITE_NAMES", "SYSTEM_PROMPTS", "TEMPLATES",
            "ByteTokenizer", "Conversation", "Suite", "calibration_sequences", "humaneval_file", "iter_sharegpt",
            "load_conversations", "long", "long_document", "prompt_set_hash", "random_sequences", "render",
-           "render_text", "sequences", "sharegpt_file", "sources", "stdlib_sources", "suite", "suites", "templates",
+           "render_text", "render_within", "sequences", "sharegpt_file", "sources", "stdlib_sources", "suite", "suites", "templates",
            "TRAFFIC_HELDOUT", "TRAFFIC_MIN_HELDOUT", "content_key", "heldout_path", "split_traffic", "traffic"]

