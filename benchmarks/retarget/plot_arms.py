@@ -6,6 +6,15 @@ and, for arm 1 (the source on its own target A), the staleness curve's record of
     .venv/bin/python benchmarks/retarget/plot_arms.py format-lr0.0002-s40 --source best \
         --out docs/img/retarget-arms-format-s40.png --name "defaults-s19c-drafter=3: defaults now (all, 256, 4.5 min)" \
         --name "defaults-s19b-drafter=3: all, 32 seq, 4.5 min" --name "defaults-s19-drafter=3: old defaults (replay)"
+
+Session 25's plot (the arms as they stand; every arm's record is in docs/data/retarget-arms.jsonl):
+
+    .venv/bin/python benchmarks/retarget/plot_arms.py format-lr0.0002-s40 --source best --only \
+        --out docs/img/retarget-arms-format-s40-s25.png \
+        --name "arm0r-2ep-drafter=0: trained for B (2 epochs)" \
+        --name "answered-s25a-drafter=3: defaults now (B's own answers)" \
+        --name "replies-s25a-drafter=3: control (ShareGPT's replies)" \
+        --name "best-4-defaults-s20=4: --keep-architecture (s20)" --name "arm5s753-drafter=5: speculators from source"
 """
 
 from __future__ import annotations
@@ -24,13 +33,14 @@ def _records(path: Path) -> list[dict]:
 
 
 def arms_of(target: str, source: str, k: int, arms: Path = ARMS, curve: Path = CURVE,
-            names: dict[str, str] | None = None) -> tuple[list[str], dict]:
+            names: dict[str, str] | None = None, only: bool = False) -> tuple[list[str], dict]:
     """(suites, {arm label: {suite: (AL, SE, ratio, ratio SE)}}) for ``source`` on ``target`` at ``k``: arm 1 (the source
     on A, from the curve), arm 2 (the source on B: the arms' baseline), and every recorded arm served against it (ratio
-    None for arms 1 and 2)."""
+    None for arms 1 and 2); ``only``: of those, the arms ``names`` names."""
     recs = [r for r in _records(arms) if r["target"] == target and r["k"] == k and r["new"]
-            and Path(r["baseline_path"]).name == Path(_source_path(source, arms)).name]
-    suites = sorted({r["suite"] for r in recs}, key=["chat", "template-shift", "long"].index)
+            and Path(r["baseline_path"]).name == Path(_source_path(source, arms)).name
+            and (not only or r["label"] in (names or {}))]
+    suites = sorted({r["suite"] for r in recs}, key=["chat", "template-shift", "long", "prompts"].index)
     out: dict[str, dict] = {"1: source on A": {}, "2: source on B": {}}
     hashes = {r["suite"]: r["prompt_set_hash"] for r in recs}
     for c in _records(curve):
@@ -60,13 +70,13 @@ def _name(r: dict) -> str:
     return f"{r['arm']}: {r['tag'] or 'defaults'}"
 
 
-def plot(target: str, source: str, k: int, out: Path, names: dict[str, str] | None = None) -> None:
+def plot(target: str, source: str, k: int, out: Path, names: dict[str, str] | None = None, only: bool = False) -> None:
     import matplotlib  # lazy: only the plot needs it
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    suites, arms = arms_of(target, source, k, names=names)
+    suites, arms = arms_of(target, source, k, names=names, only=only)
     names = sorted(arms, key=lambda s: (s.split(":")[0] not in ("1", "2"), s))
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 5))
     w = 0.8 / max(1, len(names))
@@ -102,8 +112,9 @@ def main() -> None:
     ap.add_argument("-k", type=int, default=3)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--name", action="append", default=[], help="LABEL=TEXT: how an arm's record label is shown")
+    ap.add_argument("--only", action="store_true", help="plot only the arms --name names (besides arms 1 and 2)")
     a = ap.parse_args()
-    plot(a.target, a.source, a.k, a.out, dict(n.split("=", 1) for n in a.name))
+    plot(a.target, a.source, a.k, a.out, dict(n.split("=", 1) for n in a.name), a.only)
 
 
 if __name__ == "__main__":
