@@ -14,7 +14,8 @@ Session 25's plot (the arms as they stand; every arm's record is in docs/data/re
         --name "arm0r-2ep-drafter=0: trained for B (2 epochs)" \
         --name "answered-s25a-drafter=3: defaults now (B's own answers)" \
         --name "replies-s25a-drafter=3: control (ShareGPT's replies)" \
-        --name "best-4-defaults-s20=4: --keep-architecture (s20)" --name "arm5s753-drafter=5: speculators from source"
+        --name "answered-s25a-arm4-drafter=4: --keep-architecture (B's own answers)" \
+        --name "arm5s753-drafter=5: speculators from source"
 """
 
 from __future__ import annotations
