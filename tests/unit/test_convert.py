@@ -607,13 +607,16 @@ def test_recipe_fills_only_what_the_options_leave_open():
     assert recipe(plain, open_, False, False) == {"train": "norms+fc"}  # no tokenizer: drift data is text
     assert recipe(plain, CalibrationSettings(train="all"), False, True) == {"data": "drift"}
     assert recipe(e2, open_, False, True) == {}
-    # a drafter that does not fit its target: every weight on 256 sequences of the default data (ShareGPT chat), 4.5
-    # minutes on a CPU; -n given keeps the user's number, --max-minutes the user's budget
-    full = {"train": "all", "num_sequences": 256, "steps": 400}
+    # a drafter that does not fit its target: every weight on the target's own answers to 256 of the default data's
+    # prompts, a wall-clock budget on a CPU; -n given keeps the user's number, --max-minutes the user's budget, --data
+    # (or a tokenizer-less target) the data
+    full = {"train": "all", "num_sequences": 256, "steps": 400, "data": "answered"}
     assert recipe(plain, open_, False, True, retarget=True) == full
     assert recipe(plain, open_, False, True, retarget=True, cpu=True) == {**full, "max_minutes": RETARGET_CPU_MINUTES}
     assert recipe(plain, CalibrationSettings(max_minutes=3), False, True, retarget=True, cpu=True) == full
-    assert recipe(plain, open_, False, True, retarget=True, n_given=True) == {"train": "all", "steps": 400}
+    assert recipe(plain, open_, False, True, retarget=True, n_given=True) == {"train": "all", "steps": 400,
+                                                                             "data": "answered"}
+    assert recipe(plain, open_, True, False, retarget=True) == {"train": "all", "num_sequences": 256, "steps": 400}
     assert recipe(e2, open_, False, True, retarget=True, cpu=True) == {}
     assert recipe(plain, open_, False, True, cpu=True) == RECIPE["plain"]  # a fitting source on a CPU: no budget
 
