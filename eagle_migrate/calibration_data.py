@@ -244,15 +244,9 @@ def _asked(target: Any, convs: Sequence[Any], seq_len: int) -> list[list[int]]:
 # ----- --data answered[:SPEC]: the target's own answers (the retarget default) ----------------------------------------
 # vLLM drafts after text the target wrote, so a drafter recalibrated for a changed target trains best on that text:
 # the first request of each conversation of SPEC (ShareGPT by default), answered by the target itself, in place of the
-# conversation's own replies (docs/benchmarks.md "The target's own answers, the default").
-def is_answered(data: Any) -> bool:
-    """Whether ``data`` names the target's own answers to a source's prompts (``answered`` / ``answered:SPEC``)."""
-    if data is None or isinstance(data, (list, tuple)):
-        return False
-    d = str(data)
-    return (d == dm.ANSWERED or d.startswith(dm.ANSWERED + ":")) and not Path(d).expanduser().exists()
-
-
+# conversation's own replies (docs/benchmarks.md "The target's own answers, the default"). Whether data names it:
+# corpora.is_answered (the reader's own rule).
+is_answered = dm.is_answered
 def answered_prompts(target: Any, data: Any, num_sequences: int, seed: int, seq_len: int) -> list[list[int]]:
     """The training prompts of ``answered:SPEC``: the first requests of a seeded sample of ``num_sequences``
     conversations of ``SPEC`` (ShareGPT from record ``SUITE_POOL`` on, past what the judge's suites sample), rendered

@@ -41,6 +41,7 @@ from .sources import (
     DATA_DIR,
     Conversation,
     humaneval_file,
+    is_answered,
     iter_sharegpt,
     load_conversations,
     sharegpt_file,
@@ -66,7 +67,7 @@ from .traffic import TRAFFIC_HELDOUT, TRAFFIC_MIN_HELDOUT, content_key, heldout_
 
 __all__ = ["ANSWERED", "CODE_QUESTIONS", "DATA_DIR", "DEFAULT_MAX_TOKENS", "DEFAULT_SIZES", "LONG_BUCKETS", "LONG_KINDS",
            "LONG_QUESTIONS", "SHIFT_VARIANTS", "STDLIB_MODULES", "SUITE_NAMES", "SYSTEM_PROMPTS", "TEMPLATES",
-           "ByteTokenizer", "Conversation", "Suite", "calibration_sequences", "humaneval_file", "iter_sharegpt",
+           "ByteTokenizer", "Conversation", "Suite", "calibration_sequences", "humaneval_file", "is_answered", "iter_sharegpt",
            "load_conversations", "long", "long_document", "prompt_set_hash", "random_sequences", "render",
            "render_text", "render_within", "sequences", "sharegpt_file", "sources", "stdlib_sources", "suite", "suites", "templates",
            "TRAFFIC_HELDOUT", "TRAFFIC_MIN_HELDOUT", "content_key", "heldout_path", "split_traffic", "traffic"]

@@ -211,6 +211,15 @@ def _fetch_default() -> bool:
     return os.environ.get("EAGLE_MIGRATE_FETCH_DATA", "0") not in ("", "0")
 
 
+def is_answered(spec: Any) -> bool:
+    """Whether ``spec`` names a source's first requests for the target to answer (``answered`` / ``answered:SPEC``;
+    an existing file of that name is a file)."""
+    if spec is None or isinstance(spec, (list, tuple)):
+        return False
+    s = str(spec)
+    return (s == ANSWERED or s.startswith(ANSWERED + ":")) and not Path(s).expanduser().exists()
+
+
 def load_conversations(spec: str | os.PathLike | None, limit: int | None = None, seed: int = 0,
                        fetch: bool | None = None, training: bool = False) -> list[Conversation]:
     """Conversations from ``spec`` (see the module docstring); ``limit`` picks a seeded subset, order kept.
@@ -219,7 +228,7 @@ def load_conversations(spec: str | os.PathLike | None, limit: int | None = None,
     (:meth:`Conversation.first_request`; a conversation without a user turn is left out)."""
     fetch = _fetch_default() if fetch is None else fetch
     s = None if spec is None else str(spec)
-    if s is not None and (s == ANSWERED or s.startswith(ANSWERED + ":")) and not Path(s).expanduser().exists():
+    if is_answered(s):
         inner = s[len(ANSWERED) + 1:] or None
         return [r for c in load_conversations(inner, limit, seed, fetch, training)
                 if (r := c.first_request()) is not None]
