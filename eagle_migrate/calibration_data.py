@@ -122,7 +122,7 @@ def resolve_data(data: Any, tokenizer: Any) -> tuple[Any, str | None]:
     with EAGLE_MIGRATE_FETCH_DATA=1), else the built-in set with :data:`BUILTIN_DATA_WARNING`; the toy world
     (no tokenizer) gets the built-in set, still with the warning in the report. ``answered`` / ``answered:SPEC``:
     ``SPEC`` (none: the same default) resolved so, as ``answered:SPEC``."""
-    if is_answered(data):  # the prompts' source resolved as the data is: answered:sharegpt where it is here
+    if dm.is_answered(data):  # the prompts' source resolved as the data is: answered:sharegpt where it is here
         inner, warning = resolve_data(str(data)[len(dm.ANSWERED) + 1:] or None, tokenizer)
         return f"{dm.ANSWERED}:{inner or 'builtin'}", warning
     if data is not None and str(data) not in ("builtin", "builtin:chat"):
@@ -246,7 +246,6 @@ def _asked(target: Any, convs: Sequence[Any], seq_len: int) -> list[list[int]]:
 # the first request of each conversation of SPEC (ShareGPT by default), answered by the target itself, in place of the
 # conversation's own replies (docs/benchmarks.md "The target's own answers, the default"). Whether data names it:
 # corpora.is_answered (the reader's own rule).
-is_answered = dm.is_answered
 def answered_prompts(target: Any, data: Any, num_sequences: int, seed: int, seq_len: int) -> list[list[int]]:
     """The training prompts of ``answered:SPEC``: the first requests of a seeded sample of ``num_sequences``
     conversations of ``SPEC`` (ShareGPT from record ``SUITE_POOL`` on, past what the judge's suites sample), rendered

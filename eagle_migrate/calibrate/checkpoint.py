@@ -22,12 +22,11 @@ from ..calibration_data import (
     answered_prompts,
     default_data,
     engine_continuations,
-    is_answered,
     is_traffic,
     resolve_data,
     traffic_prompts,
 )
-from ..corpora import TRAFFIC_MIN_HELDOUT
+from ..corpora import TRAFFIC_MIN_HELDOUT, is_answered
 from ..devices import resolve_dtype
 from ..errors import DataError, UnsupportedError
 from ..formats import read_checkpoint

@@ -168,7 +168,7 @@ def render_within(conv: Conversation, tokenizer: Any, room: int) -> list[int]:
     if last is None:
         return ids[:room]
     text, best = msgs[last]["content"], None
-    lo, hi = 1, len(msgs[last]["content"]) - 1
+    lo, hi = 1, len(text) - 1
     while lo <= hi:
         mid = (lo + hi) // 2
         msgs[last]["content"] = text[:mid]
